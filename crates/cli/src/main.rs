@@ -1,0 +1,56 @@
+//! `trapline`: record a program's allocations, locks and CPU samples, then analyse the trace.
+
+mod leaks;
+mod run;
+mod stats;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exit status of analysis commands on an analysis error (bad trace, unreadable file).
+pub const EXIT_ANALYSIS_ERROR: u8 = 1;
+/// Exit status on bad usage (clap uses it too).
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser)]
+#[command(name = "trapline", version, about = "Diagnose native programs while they run: leaks, allocation errors, locks, CPU.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Output format of an analysis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// For people.
+    Text,
+    /// A stable schema, documented in the README.
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command with the agent preloaded and record a trace.
+    Run(run::RunArgs),
+    /// Report the blocks still allocated at exit and the allocation errors.
+    Leaks(leaks::LeaksArgs),
+    /// Allocation statistics: calls per function, bytes, peak heap, trace size.
+    Stats(stats::StatsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Leaks(args) => leaks::main(args),
+        Command::Stats(args) => stats::main(args),
+    }
+}
+
+/// A trace path argument shared by analyses.
+#[derive(clap::Args, Debug)]
+pub struct TraceArg {
+    /// The trace file written by `trapline run`.
+    pub trace: PathBuf,
+}

@@ -1,0 +1,903 @@
+//! The event model: everything the agent records, and its binary encoding.
+//!
+//! Every event is one tag byte followed by LEB128 fields. Timed events store
+//! the nanoseconds since the previous timed event of the same chunk (the first
+//! one of a chunk stores its absolute time), so a busy thread pays one or two
+//! bytes for its clock. Addresses of allocations are stored as deltas from the
+//! previous address in the chunk, zig-zag encoded, because consecutive blocks
+//! tend to sit close together.
+
+use crate::varint::{get_u64, put_u64, unzigzag, zigzag, MAX_VARINT_LEN};
+
+/// The allocation or deallocation function that the program called.
+///
+/// The numeric values are part of the trace format: append, never reorder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum AllocFn {
+    Malloc = 1,
+    Calloc,
+    Realloc,
+    ReallocArray,
+    PosixMemalign,
+    AlignedAlloc,
+    Memalign,
+    Valloc,
+    Pvalloc,
+    Free,
+    New,
+    NewNothrow,
+    NewAligned,
+    NewAlignedNothrow,
+    NewArray,
+    NewArrayNothrow,
+    NewArrayAligned,
+    NewArrayAlignedNothrow,
+    Delete,
+    DeleteSized,
+    DeleteAligned,
+    DeleteSizedAligned,
+    DeleteNothrow,
+    DeleteAlignedNothrow,
+    DeleteArray,
+    DeleteArraySized,
+    DeleteArrayAligned,
+    DeleteArraySizedAligned,
+    DeleteArrayNothrow,
+    DeleteArrayAlignedNothrow,
+}
+
+/// Which allocator interface a block belongs to; freeing through another
+/// family is a mismatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// malloc, calloc, realloc, memalign and friends, released by free.
+    Malloc,
+    /// Scalar `operator new`, released by `operator delete`.
+    New,
+    /// Array `operator new[]`, released by `operator delete[]`.
+    NewArray,
+}
+
+impl Family {
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Malloc => "malloc",
+            Family::New => "new",
+            Family::NewArray => "new[]",
+        }
+    }
+}
+
+impl AllocFn {
+    /// Every function, in format order.
+    pub const ALL: [AllocFn; 30] = [
+        AllocFn::Malloc,
+        AllocFn::Calloc,
+        AllocFn::Realloc,
+        AllocFn::ReallocArray,
+        AllocFn::PosixMemalign,
+        AllocFn::AlignedAlloc,
+        AllocFn::Memalign,
+        AllocFn::Valloc,
+        AllocFn::Pvalloc,
+        AllocFn::Free,
+        AllocFn::New,
+        AllocFn::NewNothrow,
+        AllocFn::NewAligned,
+        AllocFn::NewAlignedNothrow,
+        AllocFn::NewArray,
+        AllocFn::NewArrayNothrow,
+        AllocFn::NewArrayAligned,
+        AllocFn::NewArrayAlignedNothrow,
+        AllocFn::Delete,
+        AllocFn::DeleteSized,
+        AllocFn::DeleteAligned,
+        AllocFn::DeleteSizedAligned,
+        AllocFn::DeleteNothrow,
+        AllocFn::DeleteAlignedNothrow,
+        AllocFn::DeleteArray,
+        AllocFn::DeleteArraySized,
+        AllocFn::DeleteArrayAligned,
+        AllocFn::DeleteArraySizedAligned,
+        AllocFn::DeleteArrayNothrow,
+        AllocFn::DeleteArrayAlignedNothrow,
+    ];
+
+    /// Decodes the format value.
+    pub fn from_u8(value: u8) -> Option<AllocFn> {
+        AllocFn::ALL.get(usize::from(value).checked_sub(1)?).copied()
+    }
+
+    /// The C or C++ spelling used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocFn::Malloc => "malloc",
+            AllocFn::Calloc => "calloc",
+            AllocFn::Realloc => "realloc",
+            AllocFn::ReallocArray => "reallocarray",
+            AllocFn::PosixMemalign => "posix_memalign",
+            AllocFn::AlignedAlloc => "aligned_alloc",
+            AllocFn::Memalign => "memalign",
+            AllocFn::Valloc => "valloc",
+            AllocFn::Pvalloc => "pvalloc",
+            AllocFn::Free => "free",
+            AllocFn::New => "operator new(unsigned long)",
+            AllocFn::NewNothrow => "operator new(unsigned long, std::nothrow_t const&)",
+            AllocFn::NewAligned => "operator new(unsigned long, std::align_val_t)",
+            AllocFn::NewAlignedNothrow => {
+                "operator new(unsigned long, std::align_val_t, std::nothrow_t const&)"
+            }
+            AllocFn::NewArray => "operator new[](unsigned long)",
+            AllocFn::NewArrayNothrow => "operator new[](unsigned long, std::nothrow_t const&)",
+            AllocFn::NewArrayAligned => "operator new[](unsigned long, std::align_val_t)",
+            AllocFn::NewArrayAlignedNothrow => {
+                "operator new[](unsigned long, std::align_val_t, std::nothrow_t const&)"
+            }
+            AllocFn::Delete => "operator delete(void*)",
+            AllocFn::DeleteSized => "operator delete(void*, unsigned long)",
+            AllocFn::DeleteAligned => "operator delete(void*, std::align_val_t)",
+            AllocFn::DeleteSizedAligned => "operator delete(void*, unsigned long, std::align_val_t)",
+            AllocFn::DeleteNothrow => "operator delete(void*, std::nothrow_t const&)",
+            AllocFn::DeleteAlignedNothrow => {
+                "operator delete(void*, std::align_val_t, std::nothrow_t const&)"
+            }
+            AllocFn::DeleteArray => "operator delete[](void*)",
+            AllocFn::DeleteArraySized => "operator delete[](void*, unsigned long)",
+            AllocFn::DeleteArrayAligned => "operator delete[](void*, std::align_val_t)",
+            AllocFn::DeleteArraySizedAligned => {
+                "operator delete[](void*, unsigned long, std::align_val_t)"
+            }
+            AllocFn::DeleteArrayNothrow => "operator delete[](void*, std::nothrow_t const&)",
+            AllocFn::DeleteArrayAlignedNothrow => {
+                "operator delete[](void*, std::align_val_t, std::nothrow_t const&)"
+            }
+        }
+    }
+
+    /// The family this function allocates into or releases from.
+    pub fn family(self) -> Family {
+        use AllocFn::*;
+        match self {
+            New | NewNothrow | NewAligned | NewAlignedNothrow | Delete | DeleteSized
+            | DeleteAligned | DeleteSizedAligned | DeleteNothrow | DeleteAlignedNothrow => {
+                Family::New
+            }
+            NewArray
+            | NewArrayNothrow
+            | NewArrayAligned
+            | NewArrayAlignedNothrow
+            | DeleteArray
+            | DeleteArraySized
+            | DeleteArrayAligned
+            | DeleteArraySizedAligned
+            | DeleteArrayNothrow
+            | DeleteArrayAlignedNothrow => Family::NewArray,
+            _ => Family::Malloc,
+        }
+    }
+
+    /// True for the functions that release memory.
+    pub fn is_release(self) -> bool {
+        use AllocFn::*;
+        matches!(
+            self,
+            Free | Delete
+                | DeleteSized
+                | DeleteAligned
+                | DeleteSizedAligned
+                | DeleteNothrow
+                | DeleteAlignedNothrow
+                | DeleteArray
+                | DeleteArraySized
+                | DeleteArrayAligned
+                | DeleteArraySizedAligned
+                | DeleteArrayNothrow
+                | DeleteArrayAlignedNothrow
+        )
+    }
+}
+
+/// Misuse of the allocator detected while the program ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum ErrorKind {
+    /// A block was released twice.
+    DoubleFree = 1,
+    /// A pointer that was never returned by an allocation function was released.
+    InvalidFree = 2,
+    /// A block was released through another family than the one that allocated it.
+    MismatchedFree = 3,
+    /// realloc was given a pointer that is not a live block.
+    InvalidRealloc = 4,
+}
+
+impl ErrorKind {
+    /// Decodes the format value.
+    pub fn from_u8(value: u8) -> Option<ErrorKind> {
+        Some(match value {
+            1 => ErrorKind::DoubleFree,
+            2 => ErrorKind::InvalidFree,
+            3 => ErrorKind::MismatchedFree,
+            4 => ErrorKind::InvalidRealloc,
+            _ => return None,
+        })
+    }
+
+    /// The name used in JSON reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::DoubleFree => "double_free",
+            ErrorKind::InvalidFree => "invalid_free",
+            ErrorKind::MismatchedFree => "mismatched_free",
+            ErrorKind::InvalidRealloc => "invalid_realloc",
+        }
+    }
+}
+
+/// How a process image ended, as far as its agent saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    /// exit(), return from main or _exit with this status.
+    Code(i32),
+    /// Killed by this signal after the agent flushed the trace.
+    Signal(i32),
+    /// Replaced itself with execve; the new image writes its own trace.
+    Exec,
+}
+
+/// Why a snapshot of the live blocks was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SnapshotKind {
+    /// At the end of the process, after atexit handlers and libc's freeres.
+    Exit = 1,
+}
+
+/// Permission bits of a mapped segment of a module.
+pub mod segment_flags {
+    pub const READ: u8 = 4;
+    pub const WRITE: u8 = 2;
+    pub const EXEC: u8 = 1;
+}
+
+/// One mapped segment (ELF `PT_LOAD`) of a module, in process addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub start: u64,
+    pub end: u64,
+    /// Bits from [`segment_flags`].
+    pub flags: u8,
+}
+
+/// A loaded executable or shared library.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleInfo {
+    /// Trace-wide module number.
+    pub id: u32,
+    /// Path as the dynamic loader reported it ("" for the main program is replaced by its path).
+    pub path: String,
+    /// GNU build id (may be empty).
+    pub build_id: Vec<u8>,
+    /// Load bias: process address = file virtual address + bias.
+    pub bias: u64,
+    pub segments: Vec<Segment>,
+}
+
+/// Facts about the traced process, first event of every trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    /// Wall-clock time of time 0 of this trace, nanoseconds since the Unix epoch.
+    pub start_unix_ns: u64,
+    pub exe: String,
+    pub argv: Vec<String>,
+}
+
+/// Counters the agent keeps for the whole process, written at its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndCounters {
+    /// Events written to the trace.
+    pub events: u64,
+    /// Events that could not be recorded (must be 0); every report shows it.
+    pub events_lost: u64,
+    /// Allocator calls made while the same thread was already inside the agent
+    /// (a signal handler interrupting a hook): passed through unrecorded, but
+    /// their blocks are still known to the agent so no false errors follow.
+    pub untracked_calls: u64,
+}
+
+/// One trace event. The owned form, as the reader yields it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// First event of the trace.
+    Process(ProcessInfo),
+    ModuleLoad(ModuleInfo),
+    ModuleUnload { id: u32 },
+    /// A thread's name (as set by pthread_setname_np or from /proc).
+    ThreadName { tid: u32, name: String },
+    /// A distinct call stack, innermost frame first. Written once, before or
+    /// after the first event that refers to its id (ids start at 1; 0 = none).
+    StackDef { id: u32, frames: Vec<u64> },
+    Alloc { time: u64, addr: u64, size: u64, align: u64, func: AllocFn, stack: u32 },
+    Free { time: u64, addr: u64, func: AllocFn, stack: u32 },
+    /// realloc/reallocarray that moved or resized a block. `old_addr` 0 is a
+    /// realloc(NULL, n); `size` 0 with `new_addr` 0 is a realloc(p, 0) that freed.
+    Realloc { time: u64, old_addr: u64, new_addr: u64, size: u64, func: AllocFn, stack: u32 },
+    /// Misuse detected at the time of the call. Stacks are 0 when unknown.
+    Error {
+        time: u64,
+        kind: ErrorKind,
+        func: AllocFn,
+        addr: u64,
+        stack: u32,
+        /// For mismatched and double frees: how the block was allocated.
+        alloc_func: Option<AllocFn>,
+        alloc_size: u64,
+        alloc_stack: u32,
+        free_stack: u32,
+        /// Whether the call was passed on to the C library anyway.
+        passed_on: bool,
+    },
+    SnapshotBegin { time: u64, kind: SnapshotKind },
+    /// A block live when the snapshot was taken.
+    LiveBlock { addr: u64, size: u64, func: AllocFn, stack: u32 },
+    SnapshotEnd { blocks: u64, bytes: u64 },
+    /// The process forked; the child writes its own trace.
+    Fork { time: u64, child_pid: u32 },
+    /// Last event of a process image.
+    End { time: u64, exit: ExitKind, counters: EndCounters },
+}
+
+/// Event tags (format values).
+pub(crate) mod tag {
+    pub const PROCESS: u8 = 1;
+    pub const MODULE_LOAD: u8 = 2;
+    pub const MODULE_UNLOAD: u8 = 3;
+    pub const THREAD_NAME: u8 = 4;
+    pub const STACK_DEF: u8 = 5;
+    pub const ALLOC: u8 = 16;
+    pub const FREE: u8 = 17;
+    pub const REALLOC: u8 = 18;
+    pub const ERROR: u8 = 19;
+    pub const SNAPSHOT_BEGIN: u8 = 32;
+    pub const LIVE_BLOCK: u8 = 33;
+    pub const SNAPSHOT_END: u8 = 34;
+    pub const FORK: u8 = 48;
+    pub const END: u8 = 49;
+}
+
+/// Longest frames list a stack may have in a trace; longer input is corrupt.
+pub const MAX_STACK_FRAMES: usize = 1024;
+/// Longest string the decoder accepts.
+pub const MAX_STRING_LEN: usize = 1 << 20;
+/// Most command-line arguments the decoder accepts.
+pub const MAX_ARGS: usize = 1 << 16;
+
+/// Space that guarantees an allocation-path event fits (Alloc, Free, Realloc, Error).
+pub const MAX_HOT_EVENT_LEN: usize = 1 + 12 * MAX_VARINT_LEN;
+
+/// Per-chunk state shared by the encoder and decoder: the previous time and
+/// address, which timed events and addresses are delta-coded against.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChunkContext {
+    pub prev_time: u64,
+    pub prev_addr: u64,
+}
+
+/// Writes events into a fixed byte slice without allocating. Used by the agent
+/// on the allocation path and by tests and tools through [`encode_to_vec`].
+pub struct Encoder<'a> {
+    out: &'a mut [u8],
+    pos: usize,
+}
+
+/// The output slice had no room for the event; nothing was committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoRoom;
+
+impl<'a> Encoder<'a> {
+    pub fn new(out: &'a mut [u8]) -> Self {
+        Encoder { out, pos: 0 }
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+
+    #[inline]
+    fn byte(&mut self, b: u8) -> Result<(), NoRoom> {
+        *self.out.get_mut(self.pos).ok_or(NoRoom)? = b;
+        self.pos += 1;
+        Ok(())
+    }
+
+    #[inline]
+    fn u64(&mut self, v: u64) -> Result<(), NoRoom> {
+        if self.out.len() - self.pos >= MAX_VARINT_LEN {
+            self.pos += put_u64(&mut self.out[self.pos..], v);
+            Ok(())
+        } else {
+            let mut tmp = [0u8; MAX_VARINT_LEN];
+            let n = put_u64(&mut tmp, v);
+            let dst = self.out.get_mut(self.pos..self.pos + n).ok_or(NoRoom)?;
+            dst.copy_from_slice(&tmp[..n]);
+            self.pos += n;
+            Ok(())
+        }
+    }
+
+    fn bytes(&mut self, b: &[u8]) -> Result<(), NoRoom> {
+        self.u64(b.len() as u64)?;
+        let dst = self.out.get_mut(self.pos..self.pos + b.len()).ok_or(NoRoom)?;
+        dst.copy_from_slice(b);
+        self.pos += b.len();
+        Ok(())
+    }
+
+    #[inline]
+    fn time(&mut self, ctx: &mut ChunkContext, t: u64) -> Result<(), NoRoom> {
+        // Clocks are monotonic per thread, but a chunk written by the agent's own
+        // thread can mix sources; a backwards step is stored as 0 (clamped).
+        let delta = t.saturating_sub(ctx.prev_time);
+        self.u64(delta)?;
+        ctx.prev_time = ctx.prev_time.max(t);
+        Ok(())
+    }
+
+    #[inline]
+    fn addr(&mut self, ctx: &mut ChunkContext, a: u64) -> Result<(), NoRoom> {
+        self.u64(zigzag(a.wrapping_sub(ctx.prev_addr) as i64))?;
+        ctx.prev_addr = a;
+        Ok(())
+    }
+
+    /// Encodes an allocation without building an [`Event`].
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn alloc(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        addr: u64,
+        size: u64,
+        align: u64,
+        func: AllocFn,
+        stack: u32,
+    ) -> Result<(), NoRoom> {
+        self.byte(tag::ALLOC)?;
+        self.time(ctx, time)?;
+        self.addr(ctx, addr)?;
+        self.u64(size)?;
+        self.u64(align)?;
+        self.byte(func as u8)?;
+        self.u64(u64::from(stack))
+    }
+
+    /// Encodes a release without building an [`Event`].
+    #[inline]
+    pub fn free(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        addr: u64,
+        func: AllocFn,
+        stack: u32,
+    ) -> Result<(), NoRoom> {
+        self.byte(tag::FREE)?;
+        self.time(ctx, time)?;
+        self.addr(ctx, addr)?;
+        self.byte(func as u8)?;
+        self.u64(u64::from(stack))
+    }
+
+    /// Encodes a stack definition from a borrowed frame list.
+    pub fn stack_def(&mut self, id: u32, frames: &[u64]) -> Result<(), NoRoom> {
+        self.byte(tag::STACK_DEF)?;
+        self.u64(u64::from(id))?;
+        self.u64(frames.len() as u64)?;
+        let mut prev = 0u64;
+        for &f in frames {
+            self.u64(zigzag(f.wrapping_sub(prev) as i64))?;
+            prev = f;
+        }
+        Ok(())
+    }
+
+    /// Encodes any event.
+    pub fn event(&mut self, ctx: &mut ChunkContext, ev: &Event) -> Result<(), NoRoom> {
+        match ev {
+            Event::Process(p) => {
+                self.byte(tag::PROCESS)?;
+                self.u64(u64::from(p.pid))?;
+                self.u64(u64::from(p.ppid))?;
+                self.u64(p.start_unix_ns)?;
+                self.bytes(p.exe.as_bytes())?;
+                self.u64(p.argv.len() as u64)?;
+                for a in &p.argv {
+                    self.bytes(a.as_bytes())?;
+                }
+                Ok(())
+            }
+            Event::ModuleLoad(m) => {
+                self.byte(tag::MODULE_LOAD)?;
+                self.u64(u64::from(m.id))?;
+                self.bytes(m.path.as_bytes())?;
+                self.bytes(&m.build_id)?;
+                self.u64(m.bias)?;
+                self.u64(m.segments.len() as u64)?;
+                for s in &m.segments {
+                    self.u64(s.start)?;
+                    self.u64(s.end.wrapping_sub(s.start))?;
+                    self.byte(s.flags)?;
+                }
+                Ok(())
+            }
+            Event::ModuleUnload { id } => {
+                self.byte(tag::MODULE_UNLOAD)?;
+                self.u64(u64::from(*id))
+            }
+            Event::ThreadName { tid, name } => {
+                self.byte(tag::THREAD_NAME)?;
+                self.u64(u64::from(*tid))?;
+                self.bytes(name.as_bytes())
+            }
+            Event::StackDef { id, frames } => self.stack_def(*id, frames),
+            Event::Alloc { time, addr, size, align, func, stack } => {
+                self.alloc(ctx, *time, *addr, *size, *align, *func, *stack)
+            }
+            Event::Free { time, addr, func, stack } => self.free(ctx, *time, *addr, *func, *stack),
+            Event::Realloc { time, old_addr, new_addr, size, func, stack } => {
+                self.byte(tag::REALLOC)?;
+                self.time(ctx, *time)?;
+                self.addr(ctx, *old_addr)?;
+                self.addr(ctx, *new_addr)?;
+                self.u64(*size)?;
+                self.byte(*func as u8)?;
+                self.u64(u64::from(*stack))
+            }
+            Event::Error {
+                time,
+                kind,
+                func,
+                addr,
+                stack,
+                alloc_func,
+                alloc_size,
+                alloc_stack,
+                free_stack,
+                passed_on,
+            } => {
+                self.byte(tag::ERROR)?;
+                self.time(ctx, *time)?;
+                self.byte(*kind as u8)?;
+                self.byte(*func as u8)?;
+                self.u64(*addr)?;
+                self.u64(u64::from(*stack))?;
+                self.byte(alloc_func.map_or(0, |f| f as u8))?;
+                self.u64(*alloc_size)?;
+                self.u64(u64::from(*alloc_stack))?;
+                self.u64(u64::from(*free_stack))?;
+                self.byte(u8::from(*passed_on))
+            }
+            Event::SnapshotBegin { time, kind } => {
+                self.byte(tag::SNAPSHOT_BEGIN)?;
+                self.time(ctx, *time)?;
+                self.byte(*kind as u8)
+            }
+            Event::LiveBlock { addr, size, func, stack } => {
+                self.byte(tag::LIVE_BLOCK)?;
+                self.addr(ctx, *addr)?;
+                self.u64(*size)?;
+                self.byte(*func as u8)?;
+                self.u64(u64::from(*stack))
+            }
+            Event::SnapshotEnd { blocks, bytes } => {
+                self.byte(tag::SNAPSHOT_END)?;
+                self.u64(*blocks)?;
+                self.u64(*bytes)
+            }
+            Event::Fork { time, child_pid } => {
+                self.byte(tag::FORK)?;
+                self.time(ctx, *time)?;
+                self.u64(u64::from(*child_pid))
+            }
+            Event::End { time, exit, counters } => {
+                self.byte(tag::END)?;
+                self.time(ctx, *time)?;
+                match exit {
+                    ExitKind::Code(c) => {
+                        self.byte(0)?;
+                        self.u64(zigzag(i64::from(*c)))?;
+                    }
+                    ExitKind::Signal(s) => {
+                        self.byte(1)?;
+                        self.u64(zigzag(i64::from(*s)))?;
+                    }
+                    ExitKind::Exec => self.byte(2)?,
+                }
+                self.u64(counters.events)?;
+                self.u64(counters.events_lost)?;
+                self.u64(counters.untracked_calls)
+            }
+        }
+    }
+}
+
+/// Encodes one event onto the end of a vector.
+pub fn encode_to_vec(out: &mut Vec<u8>, ctx: &mut ChunkContext, ev: &Event) {
+    let mut room = 256;
+    loop {
+        let start = out.len();
+        out.resize(start + room, 0);
+        let mut saved = *ctx;
+        let mut enc = Encoder::new(&mut out[start..]);
+        match enc.event(&mut saved, ev) {
+            Ok(()) => {
+                let n = enc.len();
+                out.truncate(start + n);
+                *ctx = saved;
+                return;
+            }
+            Err(NoRoom) => {
+                out.truncate(start);
+                room *= 4;
+            }
+        }
+    }
+}
+
+/// Why an event could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("event ends early")]
+    Truncated,
+    #[error("unknown event tag {0}")]
+    UnknownTag(u8),
+    #[error("invalid value for {0}")]
+    Invalid(&'static str),
+    #[error("{what} too long ({len})")]
+    TooLong { what: &'static str, len: u64 },
+}
+
+/// Reads events out of one decompressed chunk payload.
+pub struct Decoder<'a> {
+    input: &'a [u8],
+    pos: usize,
+    ctx: ChunkContext,
+}
+
+impl<'a> Decoder<'a> {
+    pub fn new(input: &'a [u8]) -> Self {
+        Decoder { input, pos: 0, ctx: ChunkContext::default() }
+    }
+
+    /// Byte offset of the next event inside the payload.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        get_u64(self.input, &mut self.pos).ok_or(DecodeError::Truncated)
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        u32::try_from(self.u64()?).map_err(|_| DecodeError::Invalid(what))
+    }
+
+    fn i32(&mut self, what: &'static str) -> Result<i32, DecodeError> {
+        i32::try_from(unzigzag(self.u64()?)).map_err(|_| DecodeError::Invalid(what))
+    }
+
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        let b = *self.input.get(self.pos).ok_or(DecodeError::Truncated)?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let len = self.u64()?;
+        if len > MAX_STRING_LEN as u64 {
+            return Err(DecodeError::TooLong { what, len });
+        }
+        let end = self.pos.checked_add(len as usize).ok_or(DecodeError::Truncated)?;
+        let s = self.input.get(self.pos..end).ok_or(DecodeError::Truncated)?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+        Ok(String::from_utf8_lossy(self.bytes(what)?).into_owned())
+    }
+
+    fn time(&mut self) -> Result<u64, DecodeError> {
+        let t = self.ctx.prev_time.checked_add(self.u64()?).ok_or(DecodeError::Invalid("time"))?;
+        self.ctx.prev_time = t;
+        Ok(t)
+    }
+
+    fn addr(&mut self) -> Result<u64, DecodeError> {
+        let a = self.ctx.prev_addr.wrapping_add(unzigzag(self.u64()?) as u64);
+        self.ctx.prev_addr = a;
+        Ok(a)
+    }
+
+    fn func(&mut self) -> Result<AllocFn, DecodeError> {
+        AllocFn::from_u8(self.byte()?).ok_or(DecodeError::Invalid("allocation function"))
+    }
+
+    fn decode_one(&mut self) -> Result<Event, DecodeError> {
+        let t = self.byte()?;
+        Ok(match t {
+            tag::PROCESS => {
+                let pid = self.u32("pid")?;
+                let ppid = self.u32("ppid")?;
+                let start_unix_ns = self.u64()?;
+                let exe = self.string("executable path")?;
+                let n = self.u64()?;
+                if n > MAX_ARGS as u64 {
+                    return Err(DecodeError::TooLong { what: "argument list", len: n });
+                }
+                let mut argv = Vec::with_capacity(n.min(64) as usize);
+                for _ in 0..n {
+                    argv.push(self.string("argument")?);
+                }
+                Event::Process(ProcessInfo { pid, ppid, start_unix_ns, exe, argv })
+            }
+            tag::MODULE_LOAD => {
+                let id = self.u32("module id")?;
+                let path = self.string("module path")?;
+                let build_id = self.bytes("build id")?.to_vec();
+                let bias = self.u64()?;
+                let n = self.u64()?;
+                if n > 256 {
+                    return Err(DecodeError::TooLong { what: "segment list", len: n });
+                }
+                let mut segments = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let start = self.u64()?;
+                    let len = self.u64()?;
+                    let flags = self.byte()?;
+                    let end = start.checked_add(len).ok_or(DecodeError::Invalid("segment"))?;
+                    segments.push(Segment { start, end, flags });
+                }
+                Event::ModuleLoad(ModuleInfo { id, path, build_id, bias, segments })
+            }
+            tag::MODULE_UNLOAD => Event::ModuleUnload { id: self.u32("module id")? },
+            tag::THREAD_NAME => {
+                let tid = self.u32("thread id")?;
+                let name = self.string("thread name")?;
+                Event::ThreadName { tid, name }
+            }
+            tag::STACK_DEF => {
+                let id = self.u32("stack id")?;
+                let n = self.u64()?;
+                if n > MAX_STACK_FRAMES as u64 {
+                    return Err(DecodeError::TooLong { what: "stack", len: n });
+                }
+                let mut frames = Vec::with_capacity(n as usize);
+                let mut prev = 0u64;
+                for _ in 0..n {
+                    prev = prev.wrapping_add(unzigzag(self.u64()?) as u64);
+                    frames.push(prev);
+                }
+                Event::StackDef { id, frames }
+            }
+            tag::ALLOC => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let size = self.u64()?;
+                let align = self.u64()?;
+                let func = self.func()?;
+                let stack = self.u32("stack id")?;
+                Event::Alloc { time, addr, size, align, func, stack }
+            }
+            tag::FREE => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let func = self.func()?;
+                let stack = self.u32("stack id")?;
+                Event::Free { time, addr, func, stack }
+            }
+            tag::REALLOC => {
+                let time = self.time()?;
+                let old_addr = self.addr()?;
+                let new_addr = self.addr()?;
+                let size = self.u64()?;
+                let func = self.func()?;
+                let stack = self.u32("stack id")?;
+                Event::Realloc { time, old_addr, new_addr, size, func, stack }
+            }
+            tag::ERROR => {
+                let time = self.time()?;
+                let kind = ErrorKind::from_u8(self.byte()?).ok_or(DecodeError::Invalid("error kind"))?;
+                let func = self.func()?;
+                let addr = self.u64()?;
+                let stack = self.u32("stack id")?;
+                let alloc_func = match self.byte()? {
+                    0 => None,
+                    v => Some(AllocFn::from_u8(v).ok_or(DecodeError::Invalid("allocation function"))?),
+                };
+                let alloc_size = self.u64()?;
+                let alloc_stack = self.u32("stack id")?;
+                let free_stack = self.u32("stack id")?;
+                let passed_on = match self.byte()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(DecodeError::Invalid("passed_on flag")),
+                };
+                Event::Error {
+                    time,
+                    kind,
+                    func,
+                    addr,
+                    stack,
+                    alloc_func,
+                    alloc_size,
+                    alloc_stack,
+                    free_stack,
+                    passed_on,
+                }
+            }
+            tag::SNAPSHOT_BEGIN => {
+                let time = self.time()?;
+                let kind = match self.byte()? {
+                    1 => SnapshotKind::Exit,
+                    _ => return Err(DecodeError::Invalid("snapshot kind")),
+                };
+                Event::SnapshotBegin { time, kind }
+            }
+            tag::LIVE_BLOCK => {
+                let addr = self.addr()?;
+                let size = self.u64()?;
+                let func = self.func()?;
+                let stack = self.u32("stack id")?;
+                Event::LiveBlock { addr, size, func, stack }
+            }
+            tag::SNAPSHOT_END => Event::SnapshotEnd { blocks: self.u64()?, bytes: self.u64()? },
+            tag::FORK => {
+                let time = self.time()?;
+                Event::Fork { time, child_pid: self.u32("pid")? }
+            }
+            tag::END => {
+                let time = self.time()?;
+                let exit = match self.byte()? {
+                    0 => ExitKind::Code(self.i32("exit code")?),
+                    1 => ExitKind::Signal(self.i32("signal")?),
+                    2 => ExitKind::Exec,
+                    _ => return Err(DecodeError::Invalid("exit kind")),
+                };
+                let counters = EndCounters {
+                    events: self.u64()?,
+                    events_lost: self.u64()?,
+                    untracked_calls: self.u64()?,
+                };
+                Event::End { time, exit, counters }
+            }
+            other => return Err(DecodeError::UnknownTag(other)),
+        })
+    }
+}
+
+impl Iterator for Decoder<'_> {
+    type Item = Result<Event, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.pos >= self.input.len() {
+            return None;
+        }
+        let r = self.decode_one();
+        if r.is_err() {
+            // A chunk is checksummed as a whole; past a bad event nothing in it can be trusted.
+            self.pos = self.input.len();
+        }
+        Some(r)
+    }
+}

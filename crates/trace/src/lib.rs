@@ -1,0 +1,18 @@
+//! trapline's trace format.
+//!
+//! A trace is written by the agent inside the traced process and read by every
+//! analysis. See `docs/design.md` for the layout; [`format`] holds the file and
+//! chunk framing, [`event`] the event model and its encoding.
+
+pub mod event;
+pub mod format;
+pub mod varint;
+
+mod builder;
+
+pub use builder::TraceBuilder;
+pub use event::{
+    AllocFn, ChunkContext, DecodeError, Decoder, Encoder, EndCounters, ErrorKind, Event, ExitKind,
+    Family, ModuleInfo, ProcessInfo, Segment, SnapshotKind,
+};
+pub use format::{Chunk, ChunkHeader, TraceError, TraceReader, FORMAT_VERSION};
