@@ -1,0 +1,226 @@
+//! End-to-end: bad commands, paths, programs and traces give clear errors,
+//! never a panic.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+fn trapline_cmd(args: &[&str]) -> Command {
+    let mut cmd = Command::new(trapline());
+    cmd.args(args).env("TRAPLINE_AGENT", agent());
+    cmd
+}
+
+fn no_panic(finished: &Finished) {
+    assert!(
+        !finished.stderr.contains("panicked"),
+        "panic\n{}",
+        finished.describe()
+    );
+}
+
+#[test]
+fn run_nonexistent_command() {
+    let dir = TestDir::new("run_nonexistent");
+    let mut cmd = trapline_cmd(&["run", "-o"]);
+    cmd.arg(dir.trace())
+        .args(["--", "/nonexistent/cmd", "arg"])
+        .current_dir(dir.path());
+    let finished = output_of(cmd, "trapline run -- /nonexistent/cmd");
+    no_panic(&finished);
+    assert_ne!(finished.code(), 0, "{}", finished.describe());
+    assert!(
+        finished.stderr.contains("/nonexistent/cmd"),
+        "stderr must name the command\n{}",
+        finished.describe()
+    );
+    assert!(
+        !dir.trace().exists(),
+        "nothing ran, so no trace should be left"
+    );
+    assert_eq!(dir.other_traces().len(), 0);
+}
+
+#[test]
+fn run_output_in_missing_directory() {
+    let dir = TestDir::new("run_bad_output");
+    let mut cmd = trapline_cmd(&["run", "-o", "/nonexistent-dir/x.trace", "--", "/bin/true"]);
+    cmd.current_dir(dir.path());
+    let finished = output_of(cmd, "trapline run -o /nonexistent-dir/x.trace");
+    no_panic(&finished);
+    assert_ne!(finished.code(), 0, "{}", finished.describe());
+    assert!(
+        finished.stderr.contains("/nonexistent-dir/x.trace"),
+        "stderr must name the output path\n{}",
+        finished.describe()
+    );
+}
+
+#[test]
+fn run_static_binary_is_refused() {
+    let dir = TestDir::new("run_static");
+    let prog = compile_c_with(&dir, "static_hello.c", "static_hello", &["-static"]);
+    let finished = output_of(
+        run_command(&dir, &[], &prog, &[]),
+        "trapline run static_hello",
+    );
+    no_panic(&finished);
+    assert_ne!(finished.code(), 0, "{}", finished.describe());
+    assert!(
+        finished.stderr.to_lowercase().contains("statically linked"),
+        "stderr must say the program is statically linked\n{}",
+        finished.describe()
+    );
+    assert!(
+        !finished.stdout.contains("static ran"),
+        "the static program must not be run untraced\n{}",
+        finished.describe()
+    );
+}
+
+fn analyses_fail_cleanly(path: &Path, what: &str) {
+    for subcommand in ["leaks", "stats"] {
+        let finished = analysis(subcommand, path);
+        assert_eq!(
+            finished.code(),
+            1,
+            "trapline {subcommand} on {what}\n{}",
+            finished.describe()
+        );
+        assert!(
+            !finished.stderr.trim().is_empty(),
+            "trapline {subcommand} on {what}: no message"
+        );
+    }
+}
+
+#[test]
+fn analyses_reject_a_file_that_is_not_a_trace() {
+    let dir = TestDir::new("not_a_trace");
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "this is not a trace\n".repeat(20)).unwrap();
+    analyses_fail_cleanly(&text, "a text file");
+    let empty = dir.path().join("empty.trace");
+    std::fs::write(&empty, b"").unwrap();
+    analyses_fail_cleanly(&empty, "an empty file");
+    let missing = dir.path().join("missing.trace");
+    analyses_fail_cleanly(&missing, "a missing file");
+    let finished = analysis("leaks", &missing);
+    assert!(
+        finished.stderr.contains("missing.trace"),
+        "the message must name the file\n{}",
+        finished.describe()
+    );
+}
+
+/// The end of the first chunk (header 16 bytes, chunk header 44 bytes, whose
+/// bytes 16..20 hold the stored payload length).
+fn first_chunk_end(bytes: &[u8]) -> usize {
+    let header = 16;
+    assert!(
+        bytes.len() >= header + 44
+            && &bytes[..8] == b"TRAPLINE"
+            && &bytes[header..header + 4] == b"TLCK"
+    );
+    let stored = u32::from_le_bytes(bytes[header + 16..header + 20].try_into().unwrap()) as usize;
+    header + 44 + stored
+}
+
+/// Truncated copies of a real trace: never a panic; once at least one whole
+/// chunk is there, a report of what was read that says the trace is not
+/// complete and where it stopped.
+#[test]
+fn truncated_traces_are_reported_incomplete() {
+    let dir = TestDir::new("truncated");
+    let prog = compile_c(&dir, "clean.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let bytes = std::fs::read(dir.trace()).unwrap();
+    let len = bytes.len();
+    let first = first_chunk_end(&bytes);
+    assert!(first < len, "the trace has more than one chunk");
+
+    let mut cuts = vec![
+        8,
+        16,
+        30,
+        16 + 44,
+        first - 1,
+        first,
+        first + 1,
+        first + 50,
+        len / 2,
+        len * 3 / 4,
+        len - 1,
+    ];
+    cuts.retain(|&c| c < len);
+    cuts.sort_unstable();
+    cuts.dedup();
+    for cut in cuts {
+        let path = dir.path().join(format!("cut{cut}.trace"));
+        std::fs::write(&path, &bytes[..cut]).unwrap();
+        for subcommand in ["leaks", "stats"] {
+            let finished = analysis(subcommand, &path);
+            let code = finished.code();
+            assert!(
+                code == 0 || code == 1,
+                "{subcommand} on {cut} of {len} bytes\n{}",
+                finished.describe()
+            );
+            if code == 1 {
+                assert!(
+                    !finished.stderr.trim().is_empty(),
+                    "{subcommand} on {cut} bytes: no message"
+                );
+            }
+            if subcommand != "leaks" {
+                continue;
+            }
+            if cut >= first {
+                assert_eq!(
+                    code,
+                    0,
+                    "leaks on {cut} of {len} bytes (first chunk whole)\n{}",
+                    finished.describe()
+                );
+            }
+            if code == 0 {
+                let report: Value = serde_json::from_str(&finished.stdout).unwrap_or_else(|e| {
+                    panic!(
+                        "leaks on {cut} bytes: not JSON ({e})\n{}",
+                        finished.describe()
+                    )
+                });
+                let trace = field(&report, "trace");
+                assert_eq!(
+                    field(trace, "complete"),
+                    &Value::Bool(false),
+                    "cut at {cut} of {len}: {}",
+                    pretty(trace)
+                );
+                // Cut inside a chunk: reading must say where it stopped.
+                // (Cut on a chunk boundary, it may just have run out of chunks.)
+                let stopped = field(trace, "stopped");
+                if cut == first + 1 || cut == len - 1 {
+                    assert!(
+                        !stopped.is_null(),
+                        "cut at {cut} of {len}: trace.stopped is null"
+                    );
+                }
+                if !stopped.is_null() {
+                    let offset = as_u64(stopped, "offset");
+                    assert!(offset <= cut as u64, "cut at {cut}: stopped at {offset}");
+                    assert!(!as_str(stopped, "reason").is_empty(), "{}", pretty(stopped));
+                }
+                assert_eq!(
+                    process_exit(&report),
+                    &Value::Null,
+                    "cut at {cut}: the end was not read"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! End-to-end: allocation errors (double, invalid and mismatched frees,
+//! invalid realloc) are reported with their stacks, and by default not passed
+//! to the C library.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// The only error of `kind` whose stack[0] is `function`.
+fn error_at<'a>(report: &'a Value, kind: &str, function: &str) -> &'a Value {
+    let found: Vec<&Value> = errors(report)
+        .iter()
+        .filter(|e| {
+            as_str(e, "kind") == kind
+                && stack_of(e, "stack").first().map(frame_function) == Some(function)
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {kind} error from {function}; errors: {}",
+        pretty(field(report, "errors"))
+    );
+    found[0]
+}
+
+/// Fields beyond the documented contract: checked when the report has them.
+fn assert_optional(error: &Value, key: &str, expected: Value) {
+    if let Some(value) = error.get(key) {
+        assert_eq!(value, &expected, "{key} of {}", pretty(error));
+    }
+}
+
+/// Every error of these fixtures happens once at its stack, and (by default)
+/// is not passed on to the C library.
+fn assert_each_once(report: &Value, passed_on: bool) {
+    for error in errors(report) {
+        assert_optional(error, "count", json!(1));
+        assert_optional(error, "passed_on", json!(passed_on));
+    }
+}
+
+fn kinds(report: &Value) -> Vec<String> {
+    let mut kinds: Vec<String> = errors(report)
+        .iter()
+        .map(|e| as_str(e, "kind").to_owned())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+#[test]
+fn errors_c_reported_and_program_survives() {
+    let dir = TestDir::new("errors_c");
+    let prog = compile_c(&dir, "errors.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "survived\n", "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    assert_eq!(
+        kinds(&report),
+        [
+            "double_free",
+            "invalid_free",
+            "invalid_free",
+            "invalid_realloc"
+        ]
+    );
+    assert_each_once(&report, false);
+    assert_eq!(
+        unfreed_summary(&report),
+        (0, 0),
+        "records: {:?}",
+        record_summaries(&report)
+    );
+    assert_eq!(records(&report).len(), 0);
+
+    let src = "errors.c";
+    let m = |marker: &str| marker_line(src, marker);
+
+    let df = error_at(&report, "double_free", "double_free");
+    assert_eq!(as_str(df, "function"), "free");
+    assert!(as_str(df, "address").starts_with("0x"));
+    assert_stack_top(
+        stack_of(df, "stack"),
+        &[
+            ("double_free", src, m("DF-FREE2")),
+            ("main", src, m("CALL-DOUBLE-FREE")),
+        ],
+        "double_free.stack",
+    );
+    assert_stack_top(
+        stack_of(df, "alloc_stack"),
+        &[("double_free", src, m("DF-ALLOC"))],
+        "double_free.alloc_stack",
+    );
+    assert_optional(df, "alloc_size", json!(24));
+    assert_optional(df, "alloc_function", json!("malloc"));
+    assert_stack_top(
+        stack_of(df, "free_stack"),
+        &[("double_free", src, m("DF-FREE1"))],
+        "double_free.free_stack",
+    );
+
+    let stack_free = error_at(&report, "invalid_free", "free_stack_address");
+    assert_eq!(as_str(stack_free, "function"), "free");
+    assert_stack_top(
+        stack_of(stack_free, "stack"),
+        &[
+            ("free_stack_address", src, m("INVALID-STACK")),
+            ("main", src, m("CALL-INVALID-STACK")),
+        ],
+        "invalid_free (stack address).stack",
+    );
+    // A stack address was never allocated: no allocation stack.
+    let has_alloc_stack = stack_free
+        .get("alloc_stack")
+        .and_then(Value::as_array)
+        .is_some_and(|stack| !stack.is_empty());
+    assert!(
+        !has_alloc_stack,
+        "alloc_stack of a stack address: {}",
+        pretty(stack_free)
+    );
+
+    let interior = error_at(&report, "invalid_free", "free_interior");
+    assert_eq!(as_str(interior, "function"), "free");
+    assert_stack_top(
+        stack_of(interior, "stack"),
+        &[
+            ("free_interior", src, m("INVALID-INTERIOR")),
+            ("main", src, m("CALL-INVALID-INTERIOR")),
+        ],
+        "invalid_free (interior pointer).stack",
+    );
+    // If the report names the block the pointer falls into, it is the right one.
+    if let Some(alloc) = interior.get("alloc_stack").and_then(Value::as_array) {
+        if !alloc.is_empty() {
+            assert_stack_top(
+                alloc,
+                &[("free_interior", src, m("INTERIOR-ALLOC"))],
+                "interior alloc_stack",
+            );
+        }
+    }
+
+    let realloc = error_at(&report, "invalid_realloc", "realloc_stack_address");
+    assert_eq!(as_str(realloc, "function"), "realloc");
+    assert_stack_top(
+        stack_of(realloc, "stack"),
+        &[
+            ("realloc_stack_address", src, m("INVALID-REALLOC")),
+            ("main", src, m("CALL-INVALID-REALLOC")),
+        ],
+        "invalid_realloc.stack",
+    );
+}
+
+#[test]
+fn errors_cpp_mismatched_frees() {
+    let dir = TestDir::new("errors_cpp");
+    let prog = compile_cpp(&dir, "errors.cpp");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "survived\n", "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    assert_eq!(kinds(&report), ["mismatched_free"; 4]);
+    assert_each_once(&report, false);
+    // The mismatched releases still release their blocks.
+    assert_eq!(
+        unfreed_summary(&report),
+        (0, 0),
+        "records: {:?}",
+        record_summaries(&report)
+    );
+
+    let src = "errors.cpp";
+    let m = |marker: &str| marker_line(src, marker);
+    for (caller, release, bad_line, alloc_line) in [
+        ("new_free()", "free", "NEW-FREE", "NEW-FREE-ALLOC"),
+        (
+            "array_delete()",
+            "operator delete(void*, unsigned long)",
+            "ARRAY-DELETE",
+            "ARRAY-DELETE-ALLOC",
+        ),
+        (
+            "malloc_delete()",
+            "operator delete(void*, unsigned long)",
+            "MALLOC-DELETE",
+            "MALLOC-DELETE-ALLOC",
+        ),
+        (
+            "new_delete_array()",
+            "operator delete[](void*)",
+            "NEW-DELETE-ARRAY",
+            "NEW-DELETE-ARRAY-ALLOC",
+        ),
+    ] {
+        let error = error_at(&report, "mismatched_free", caller);
+        assert_eq!(as_str(error, "function"), release, "{}", pretty(error));
+        assert_stack_top(
+            stack_of(error, "stack"),
+            &[
+                (caller, src, m(bad_line)),
+                ("main", src, m(&format!("CALL-{bad_line}"))),
+            ],
+            caller,
+        );
+        assert_stack_top(
+            stack_of(error, "alloc_stack"),
+            &[(caller, src, m(alloc_line))],
+            &format!("{caller} alloc_stack"),
+        );
+    }
+}
+
+/// Without --pass-invalid-frees the double free is swallowed.
+#[test]
+fn double_free_not_passed_by_default() {
+    let dir = TestDir::new("pass_invalid_default");
+    let prog = compile_c(&dir, "pass_invalid.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "survived\n");
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(kinds(&report), ["double_free"]);
+    assert_each_once(&report, false);
+    assert_eq!(unfreed_summary(&report), (0, 0));
+}
+
+/// With --pass-invalid-frees the C library sees the double free and aborts;
+/// the trace is flushed on SIGABRT and still holds the error.
+#[test]
+fn pass_invalid_frees_lets_libc_abort() {
+    let dir = TestDir::new("pass_invalid");
+    let prog = compile_c(&dir, "pass_invalid.c");
+    let run = run(&dir, &["--pass-invalid-frees"], &prog, &[]);
+    assert_eq!(run.code(), 134, "{}", run.describe());
+    assert_eq!(
+        run.stdout, "",
+        "the program must not get past the double free"
+    );
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"signal": 6}));
+    assert_eq!(kinds(&report), ["double_free"]);
+    assert_each_once(&report, true);
+    let src = "pass_invalid.c";
+    let m = |marker: &str| marker_line(src, marker);
+    let error = &errors(&report)[0];
+    assert_eq!(as_str(error, "function"), "free");
+    assert_stack_top(
+        stack_of(error, "stack"),
+        &[("main", src, m("PASS-FREE2"))],
+        "stack",
+    );
+    assert_stack_top(
+        stack_of(error, "alloc_stack"),
+        &[("main", src, m("PASS-ALLOC"))],
+        "alloc_stack",
+    );
+    assert_stack_top(
+        stack_of(error, "free_stack"),
+        &[("main", src, m("PASS-FREE1"))],
+        "free_stack",
+    );
+    assert_eq!(
+        unfreed_summary(&report),
+        (0, 0),
+        "records: {:?}",
+        record_summaries(&report)
+    );
+}

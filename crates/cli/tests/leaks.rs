@@ -1,0 +1,299 @@
+//! End-to-end: `trapline run` then `trapline leaks --format json` on programs
+//! whose leaks are known exactly (tests/fixtures/).
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// leaks.c: seven leak records from every allocation function, sorted by
+/// bytes, each with the allocating line and its caller; the blocks that were
+/// freed are not reported.
+#[test]
+fn leaks_c_reports_each_leak_with_its_stack() {
+    let dir = TestDir::new("leaks_c");
+    let prog = compile_c(&dir, "leaks.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    assert_summary_names(&run, &dir.trace());
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    assert_eq!(
+        process_command(&report),
+        vec![prog.to_str().unwrap().to_owned()]
+    );
+    assert!(process_pid(&report) > 0);
+    assert_eq!(errors(&report), &Vec::<Value>::new(), "errors");
+
+    let m = |marker: &str| marker_line("leaks.c", marker);
+    let src = "leaks.c";
+    assert_records(
+        &report,
+        &[
+            ExpectedRecord {
+                bytes: 300,
+                blocks: 1,
+                allocated_by: "realloc",
+                stack: vec![
+                    ("leak_realloc", src, m("REALLOC-GROW")),
+                    ("main", src, m("CALL-REALLOC")),
+                ],
+            },
+            ExpectedRecord {
+                bytes: 200,
+                blocks: 1,
+                allocated_by: "calloc",
+                stack: vec![
+                    ("leak_calloc", src, m("CALLOC")),
+                    ("main", src, m("CALL-CALLOC")),
+                ],
+            },
+            ExpectedRecord {
+                bytes: 192,
+                blocks: 3,
+                allocated_by: "malloc",
+                stack: vec![("leak_loop", src, m("LOOP")), ("main", src, m("CALL-LOOP"))],
+            },
+            ExpectedRecord {
+                bytes: 128,
+                blocks: 1,
+                allocated_by: "posix_memalign",
+                stack: vec![
+                    ("leak_aligned", src, m("POSIX-MEMALIGN")),
+                    ("main", src, m("CALL-ALIGNED")),
+                ],
+            },
+            ExpectedRecord {
+                bytes: 100,
+                blocks: 1,
+                allocated_by: "malloc",
+                stack: vec![
+                    ("leak_one", src, m("LEAK-ONE")),
+                    ("middle", src, m("CALL-LEAK-ONE")),
+                    ("main", src, m("MAIN-MIDDLE")),
+                ],
+            },
+            ExpectedRecord {
+                bytes: 96,
+                blocks: 1,
+                allocated_by: "aligned_alloc",
+                stack: vec![
+                    ("leak_aligned", src, m("ALIGNED-ALLOC")),
+                    ("main", src, m("CALL-ALIGNED")),
+                ],
+            },
+            // strdup is checked separately below: its stack[0] is the C library.
+            ExpectedRecord {
+                bytes: 16,
+                blocks: 1,
+                allocated_by: "malloc",
+                stack: vec![],
+            },
+        ],
+    );
+
+    // The block strdup allocated: stack[0] is strdup inside the C library
+    // (no line information), stack[1] the fixture's caller.
+    let strdup = &records(&report)[6];
+    let stack = stack_of(strdup, "stack");
+    assert!(stack.len() >= 3, "strdup stack: {}", show_stack(stack));
+    assert!(
+        frame_function(&stack[0]).contains("strdup"),
+        "stack[0] of the strdup block should be strdup: {}",
+        show_stack(stack)
+    );
+    assert!(
+        basename(stack[0].get("module")).starts_with("libc"),
+        "strdup's module: {}",
+        pretty(&stack[0])
+    );
+    assert_stack_top(
+        &stack[1..],
+        &[
+            ("leak_strdup", src, m("STRDUP")),
+            ("main", src, m("CALL-STRDUP")),
+        ],
+        "strdup record, from stack[1]",
+    );
+
+    // The fixture's frames belong to the fixture's module.
+    for record in records(&report).iter().take(6) {
+        let frame = &stack_of(record, "stack")[0];
+        assert_eq!(
+            basename(frame.get("module")),
+            "leaks",
+            "module of {}",
+            pretty(frame)
+        );
+    }
+}
+
+/// clean.c frees everything; the C library's own allocations (stdio buffers,
+/// NSS, locale, time zone) are released before the snapshot.
+#[test]
+fn clean_c_reports_nothing() {
+    let dir = TestDir::new("clean_c");
+    let prog = compile_c(&dir, "clean.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert!(run.stdout.ends_with("clean done\n"), "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    assert_eq!(
+        unfreed_summary(&report),
+        (0, 0),
+        "records: {:?}",
+        record_summaries(&report)
+    );
+    assert_eq!(records(&report).len(), 0, "{}", pretty(&report));
+    assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+}
+
+/// threads64.c: 64 threads, 640,000 malloc/free pairs, and 1 + 2 + ... + 64
+/// leaked blocks of 32 bytes from one line: exactly one record of 2080 blocks.
+#[test]
+fn threads64_exact_totals() {
+    let dir = TestDir::new("threads64");
+    let prog = compile_c(&dir, "threads64.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "threads done\n");
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+    let src = "threads64.c";
+    assert_records(
+        &report,
+        &[ExpectedRecord {
+            bytes: 2080 * 32,
+            blocks: 2080,
+            allocated_by: "malloc",
+            stack: vec![
+                ("leak_blocks", src, marker_line(src, "THREAD-LEAK")),
+                ("worker", src, marker_line(src, "CALL-THREAD-LEAK")),
+            ],
+        }],
+    );
+}
+
+/// cpp_leak.cpp: demangled C++ names and the operator new spellings.
+#[test]
+fn cpp_leak_demangled_names() {
+    let dir = TestDir::new("cpp_leak");
+    let prog = compile_cpp(&dir, "cpp_leak.cpp");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+    let src = "cpp_leak.cpp";
+    let m = |marker: &str| marker_line(src, marker);
+    assert_records(
+        &report,
+        &[
+            ExpectedRecord {
+                bytes: 400,
+                blocks: 1,
+                allocated_by: "operator new[](unsigned long)",
+                stack: vec![
+                    ("ns::Factory::make_array(int)", src, m("CPP-NEW-ARRAY")),
+                    ("main", src, m("CALL-CPP-NEW-ARRAY")),
+                ],
+            },
+            ExpectedRecord {
+                bytes: 40,
+                blocks: 1,
+                allocated_by: "operator new(unsigned long)",
+                stack: vec![
+                    ("ns::Factory::make(int)", src, m("CPP-NEW")),
+                    ("main", src, m("CALL-CPP-NEW")),
+                ],
+            },
+        ],
+    );
+}
+
+/// rust_leak.rs: the leaking functions appear under their demangled paths,
+/// without hash suffixes, at the right lines.
+#[test]
+fn rust_leak_demangled_names() {
+    let dir = TestDir::new("rust_leak");
+    let prog = compile_rust(&dir, "rust_leak.rs");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+    let src = "rust_leak.rs";
+    for (bytes, function, marker) in [
+        (4242, "rust_leak::inner::make_leak", "RUST-FORGET"),
+        (777, "rust_leak::inner::make_box_leak", "RUST-BOX-LEAK"),
+    ] {
+        let record = record_with_function(&report, function);
+        assert_eq!(
+            (
+                as_u64(record, "bytes"),
+                as_u64(record, "blocks"),
+                as_str(record, "allocated_by")
+            ),
+            (bytes, 1, "malloc"),
+            "record of {function}"
+        );
+        let stack = stack_of(record, "stack");
+        let frame = stack
+            .iter()
+            .find(|f| frame_function(f) == function)
+            .unwrap();
+        assert_frame(
+            frame,
+            function,
+            src,
+            marker_line(src, marker),
+            &show_stack(stack),
+        );
+        assert_eq!(
+            frame.get("inlined"),
+            Some(&Value::Bool(false)),
+            "{}",
+            pretty(frame)
+        );
+        // The caller is rust_leak::main.
+        let index = stack
+            .iter()
+            .position(|f| frame_function(f) == function)
+            .unwrap();
+        assert_eq!(
+            stack.get(index + 1).map(frame_function),
+            Some("rust_leak::main"),
+            "caller of {function}: {}",
+            show_stack(stack)
+        );
+    }
+    // No frame anywhere keeps a legacy hash suffix (::h0123456789abcdef).
+    for record in records(&report) {
+        for frame in stack_of(record, "stack") {
+            let name = frame_function(frame);
+            let hashed = name.rsplit_once("::h").is_some_and(|(_, tail)| {
+                tail.len() == 16 && tail.chars().all(|c| c.is_ascii_hexdigit())
+            });
+            assert!(!hashed, "mangling hash left in {name:?}");
+            assert!(
+                !name.starts_with("_ZN") && !name.starts_with("_R"),
+                "not demangled: {name:?}"
+            );
+        }
+    }
+}

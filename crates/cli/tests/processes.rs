@@ -1,0 +1,366 @@
+//! End-to-end: process trees (fork, exec), and every way a process can end
+//! (return, exit, _exit, exit from another thread, abort, a crash, a signal).
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::Read;
+use std::path::Path;
+use std::process::Stdio;
+
+fn single_leak(
+    report: &Value,
+    src: &str,
+    bytes: u64,
+    function: &str,
+    marker: &str,
+    call_marker: &str,
+) {
+    assert_records(
+        report,
+        &[ExpectedRecord {
+            bytes,
+            blocks: 1,
+            allocated_by: "malloc",
+            stack: vec![
+                (function, src, marker_line(src, marker)),
+                ("main", src, marker_line(src, call_marker)),
+            ],
+        }],
+    );
+}
+
+fn file_name(path: &Path) -> &str {
+    path.file_name().and_then(|n| n.to_str()).unwrap()
+}
+
+/// fork_exec.c: the parent, the child before exec and the exec'd image each
+/// get a trace with exactly their own leak.
+#[test]
+fn fork_and_exec_give_one_trace_per_process_image() {
+    let dir = TestDir::new("fork_exec");
+    let prog = compile_c(&dir, "fork_exec.c");
+    let target = compile_c(&dir, "exec_target.c");
+    let run = run(&dir, &[], &prog, &[target.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    // "parent PID child PID"
+    let words: Vec<&str> = run.stdout.split_whitespace().collect();
+    assert!(
+        words.len() == 4 && words[0] == "parent" && words[2] == "child",
+        "{}",
+        run.describe()
+    );
+    let parent_pid: u64 = words[1].parse().unwrap();
+    let child_pid: u64 = words[3].parse().unwrap();
+    assert_no_events_lost_in_summary(&run);
+
+    assert!(dir.trace().is_file(), "no top trace");
+    let others = dir.other_traces();
+    assert_eq!(
+        others.len(),
+        2,
+        "traces of the other process images: {others:?}"
+    );
+    assert_summary_names(&run, &dir.trace());
+    for other in &others {
+        assert_summary_names(&run, other);
+    }
+    assert!(
+        others
+            .iter()
+            .any(|p| file_name(p) == format!("t.trace.{child_pid}")),
+        "no t.trace.{child_pid} among {others:?}"
+    );
+
+    // The parent: its 11 bytes only (allocated after the fork).
+    let parent = leaks(&dir.trace());
+    assert_complete(&parent);
+    assert_eq!(process_pid(&parent), parent_pid);
+    assert_eq!(
+        process_command(&parent),
+        [prog.to_str().unwrap(), target.to_str().unwrap()]
+    );
+    assert_eq!(process_exit(&parent), &json!({"code": 0}));
+    single_leak(
+        &parent,
+        "fork_exec.c",
+        11,
+        "parent_leak",
+        "PARENT-LEAK",
+        "CALL-PARENT-LEAK",
+    );
+
+    let reports: Vec<Value> = others.iter().map(|p| leaks(p)).collect();
+    let exec_name = |r: &Value| {
+        process_command(r)
+            .first()
+            .map(|c| c.rsplit('/').next().unwrap().to_owned())
+    };
+    let before_exec: Vec<&Value> = reports
+        .iter()
+        .filter(|r| exec_name(r).as_deref() == Some("fork_exec"))
+        .collect();
+    let after_exec: Vec<&Value> = reports
+        .iter()
+        .filter(|r| exec_name(r).as_deref() == Some("exec_target"))
+        .collect();
+    assert_eq!(
+        (before_exec.len(), after_exec.len()),
+        (1, 1),
+        "commands: {:?}",
+        reports.iter().map(process_command).collect::<Vec<_>>()
+    );
+
+    // The child until its exec: the 22 bytes it leaked.
+    let child = before_exec[0];
+    assert_complete(child);
+    assert_eq!(process_pid(child), child_pid);
+    assert_eq!(
+        process_exit(child),
+        &json!({"exec": true}),
+        "the child image ended by exec"
+    );
+    single_leak(
+        child,
+        "fork_exec.c",
+        22,
+        "child_leak",
+        "CHILD-LEAK",
+        "CALL-CHILD-LEAK",
+    );
+
+    // The exec'd image: same pid, its own 33 bytes, exit status 7.
+    let exec = after_exec[0];
+    assert_complete(exec);
+    assert_eq!(process_pid(exec), child_pid);
+    assert_eq!(process_command(exec), [target.to_str().unwrap()]);
+    assert_eq!(process_exit(exec), &json!({"code": 7}));
+    single_leak(
+        exec,
+        "exec_target.c",
+        33,
+        "exec_leak",
+        "EXEC-LEAK",
+        "CALL-EXEC-LEAK",
+    );
+}
+
+/// --no-follow: only the top process is traced.
+#[test]
+fn no_follow_traces_only_the_top_process() {
+    let dir = TestDir::new("fork_exec_no_follow");
+    let prog = compile_c(&dir, "fork_exec.c");
+    let target = compile_c(&dir, "exec_target.c");
+    let run = run(&dir, &["--no-follow"], &prog, &[target.to_str().unwrap()]);
+    // The child still runs (and execs) normally: the parent checks its status 7.
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    assert_eq!(
+        dir.other_traces(),
+        Vec::<std::path::PathBuf>::new(),
+        "traces besides the top one"
+    );
+    let parent = leaks(&dir.trace());
+    assert_complete(&parent);
+    assert_eq!(process_exit(&parent), &json!({"code": 0}));
+    single_leak(
+        &parent,
+        "fork_exec.c",
+        11,
+        "parent_leak",
+        "PARENT-LEAK",
+        "CALL-PARENT-LEAK",
+    );
+}
+
+/// crash.c: killed by SIGSEGV after leaking; the trace is still complete.
+#[test]
+fn segfault_exit_139_and_trace_kept() {
+    let dir = TestDir::new("crash");
+    let prog = compile_c(&dir, "crash.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 139, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"signal": 11}));
+    single_leak(
+        &report,
+        "crash.c",
+        77,
+        "crash_leak",
+        "CRASH-LEAK",
+        "CALL-CRASH-LEAK",
+    );
+}
+
+fn exit_path(mode: &str, expected_status: i32, expected_exit: Value) -> Value {
+    let dir = TestDir::new(&format!("exit_paths_{}", mode.replace('-', "_")));
+    let prog = compile_c(&dir, "exit_paths.c");
+    let run = run(&dir, &[], &prog, &[mode]);
+    assert_eq!(
+        run.code(),
+        expected_status,
+        "mode {mode}: {}",
+        run.describe()
+    );
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &expected_exit, "mode {mode}");
+    assert_eq!(process_command(&report), [prog.to_str().unwrap(), mode]);
+    report
+}
+
+#[test]
+fn exit_by_return_from_main() {
+    let report = exit_path("return", 0, json!({"code": 0}));
+    single_leak(
+        &report,
+        "exit_paths.c",
+        41,
+        "leak_before_exit",
+        "EXIT-LEAK",
+        "CALL-EXIT-LEAK",
+    );
+}
+
+#[test]
+fn exit_by_exit() {
+    let report = exit_path("exit", 3, json!({"code": 3}));
+    single_leak(
+        &report,
+        "exit_paths.c",
+        41,
+        "leak_before_exit",
+        "EXIT-LEAK",
+        "CALL-EXIT-LEAK",
+    );
+}
+
+#[test]
+fn exit_by_underscore_exit() {
+    let report = exit_path("_exit", 4, json!({"code": 4}));
+    single_leak(
+        &report,
+        "exit_paths.c",
+        41,
+        "leak_before_exit",
+        "EXIT-LEAK",
+        "CALL-EXIT-LEAK",
+    );
+}
+
+#[test]
+fn exit_by_abort() {
+    let report = exit_path("abort", 134, json!({"signal": 6}));
+    single_leak(
+        &report,
+        "exit_paths.c",
+        41,
+        "leak_before_exit",
+        "EXIT-LEAK",
+        "CALL-EXIT-LEAK",
+    );
+}
+
+/// exit() from a second thread while main waits in pthread_join. That thread
+/// is still alive at the snapshot, so the C library's block for its TLS
+/// (allocated in pthread_create) may be live too: at most one such record.
+#[test]
+fn exit_from_another_thread() {
+    let report = exit_path("thread-exit", 5, json!({"code": 5}));
+    let src = "exit_paths.c";
+    let mine: Vec<&Value> = records(&report)
+        .iter()
+        .filter(|r| as_u64(r, "bytes") == 41)
+        .collect();
+    assert_eq!(mine.len(), 1, "records: {:?}", record_summaries(&report));
+    assert_eq!(as_u64(mine[0], "blocks"), 1);
+    assert_eq!(as_str(mine[0], "allocated_by"), "malloc");
+    assert_stack_top(
+        stack_of(mine[0], "stack"),
+        &[
+            ("leak_before_exit", src, marker_line(src, "EXIT-LEAK")),
+            ("main", src, marker_line(src, "CALL-EXIT-LEAK")),
+        ],
+        "41-byte record",
+    );
+    let others: Vec<&Value> = records(&report)
+        .iter()
+        .filter(|r| as_u64(r, "bytes") != 41)
+        .collect();
+    assert!(
+        others.len() <= 1,
+        "records: {:?}",
+        record_summaries(&report)
+    );
+    for other in others {
+        let stack = stack_of(other, "stack");
+        assert!(
+            as_u64(other, "blocks") == 1
+                && stack
+                    .iter()
+                    .any(|f| frame_function(f).contains("pthread_create")),
+            "unexpected record (only the live thread's TLS block may remain): {}",
+            pretty(other)
+        );
+    }
+}
+
+/// sigterm_wait.c: killed by SIGTERM while blocked; exit status 143 and a
+/// complete trace. The test learns the pid from the line the fixture writes.
+#[test]
+fn sigterm_exit_143_and_trace_kept() {
+    let dir = TestDir::new("sigterm");
+    let prog = compile_c(&dir, "sigterm_wait.c");
+    let mut cmd = isolated(run_command(&dir, &[], &prog, &[]));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start trapline run");
+
+    // Read "ready PID\n" byte by byte (unbuffered, so nothing else is consumed).
+    let mut stdout = child.stdout.take().unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.last() != Some(&b'\n') {
+        match stdout.read(&mut byte) {
+            Ok(1) => line.push(byte[0]),
+            _ => break,
+        }
+    }
+    child.stdout = Some(stdout);
+    let line = String::from_utf8_lossy(&line).into_owned();
+    let pid: Option<i32> = line
+        .strip_prefix("ready ")
+        .and_then(|rest| rest.trim().parse().ok());
+    let Some(pid) = pid else {
+        // SAFETY: kill(2) on the process group this test created.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        let finished = finish(child, "trapline run");
+        panic!(
+            "the fixture did not report its pid (got {line:?})\n{}",
+            finished.describe()
+        );
+    };
+    // SAFETY: kill(2) on the traced program, which has reported it is waiting.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 143, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_pid(&report), pid as u64);
+    assert_eq!(process_exit(&report), &json!({"signal": 15}));
+    single_leak(
+        &report,
+        "sigterm_wait.c",
+        55,
+        "term_leak",
+        "TERM-LEAK",
+        "CALL-TERM-LEAK",
+    );
+}

@@ -1,0 +1,122 @@
+//! End-to-end: `trapline stats --format json` counts every allocator call of
+//! a program whose calls are known exactly.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// calls[] as (function, calls, bytes).
+fn calls(report: &Value) -> Vec<(String, u64, u64)> {
+    as_array(report, "calls")
+        .iter()
+        .map(|c| {
+            (
+                as_str(c, "function").to_owned(),
+                as_u64(c, "calls"),
+                as_u64(c, "bytes"),
+            )
+        })
+        .collect()
+}
+
+fn call_list(expected: &[(&str, u64, u64)]) -> Vec<(String, u64, u64)> {
+    expected
+        .iter()
+        .map(|(f, c, b)| ((*f).to_owned(), *c, *b))
+        .collect()
+}
+
+/// leaks.c (see the call counts in its header comment).
+#[test]
+fn stats_of_leaks_c() {
+    let dir = TestDir::new("stats_leaks_c");
+    let prog = compile_c(&dir, "leaks.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = stats(&dir.trace());
+
+    // malloc: 100 + 3 * 64 + 16 (grown by realloc) + 16 (strdup)
+    //         + 8 * (1 + 2 + ... + 50) (churn) = 10,524 bytes
+    // calloc: 10 * 20 + 4 * 4; realloc: 300 + 1000.
+    assert_eq!(
+        calls(&report),
+        call_list(&[
+            ("malloc", 56, 10_524),
+            ("calloc", 2, 216),
+            ("realloc", 2, 1_300),
+            ("posix_memalign", 1, 128),
+            ("aligned_alloc", 1, 96),
+            ("free", 51, 0),
+        ]),
+        "{}",
+        pretty(&report)
+    );
+    assert_eq!(as_u64(&report, "allocation_calls"), 62);
+    assert_eq!(as_u64(&report, "release_calls"), 51);
+    assert_eq!(as_u64(&report, "bytes_allocated"), 12_264);
+    // The peak is the 50 churn blocks, all live at once: 8 * 1275 bytes.
+    let peak = field(&report, "peak_heap");
+    assert_eq!(
+        (as_u64(peak, "bytes"), as_u64(peak, "blocks")),
+        (10_200, 50),
+        "{}",
+        pretty(peak)
+    );
+    assert_eq!(
+        field(&report, "live_at_end"),
+        &json!({"bytes": 1032, "blocks": 9})
+    );
+    assert_eq!(as_u64(&report, "errors"), 0);
+    assert_eq!(as_u64(&report, "threads"), 1);
+    assert_eq!(as_u64(&report, "events_lost"), 0);
+    assert_eq!(
+        field(field(&report, "trace"), "complete"),
+        &Value::Bool(true)
+    );
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+}
+
+/// threads64.c: 64 * 10,000 pairs + 2080 leaked blocks, plus what the C
+/// library does for the program: one stdout buffer (malloc, freed at exit) and
+/// one TLS vector per thread (calloc in pthread_create, freed at exit).
+/// These library counts are those of glibc 2.36 (as valgrind counts them).
+#[test]
+fn stats_of_threads64() {
+    let dir = TestDir::new("stats_threads64");
+    let prog = compile_c(&dir, "threads64.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = stats(&dir.trace());
+    let by_function: Vec<(String, u64)> =
+        calls(&report).into_iter().map(|(f, c, _)| (f, c)).collect();
+    assert_eq!(
+        by_function,
+        vec![
+            ("malloc".to_owned(), 642_081),
+            ("calloc".to_owned(), 64),
+            ("free".to_owned(), 640_065)
+        ],
+        "{}",
+        pretty(&report)
+    );
+    assert_eq!(
+        field(&report, "live_at_end"),
+        &json!({"bytes": 66_560, "blocks": 2080})
+    );
+    assert_eq!(as_u64(&report, "threads"), 65, "main + 64 workers");
+    assert_eq!(as_u64(&report, "events_lost"), 0);
+    assert_eq!(as_u64(&report, "errors"), 0);
+}
+
+/// errors.c: four errors, counted among the calls.
+#[test]
+fn stats_count_errors() {
+    let dir = TestDir::new("stats_errors_c");
+    let prog = compile_c(&dir, "errors.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = stats(&dir.trace());
+    assert_eq!(as_u64(&report, "errors"), 4, "{}", pretty(&report));
+    assert_eq!(as_u64(&report, "events_lost"), 0);
+}
