@@ -1,1 +1,33 @@
-//! placeholder
+//! trapline's agent: a library preloaded into the traced program.
+//!
+//! It interposes the allocation functions (and the process lifecycle
+//! functions that end or replace a trace), keeps a table of live blocks,
+//! detects misuse as it happens, captures call stacks, and appends events to
+//! per-thread buffers that a writer thread compresses into the trace file.
+//! See docs/design.md for the mechanisms. All of trapline's `unsafe` is here.
+
+mod arch;
+mod clock;
+mod hooks;
+mod lifecycle;
+mod live;
+mod modules;
+mod record;
+mod stacks;
+mod sys;
+mod thread;
+mod untracked;
+mod unwind;
+mod writer;
+
+#[global_allocator]
+static AGENT_HEAP: sys::LibcInternalAlloc = sys::LibcInternalAlloc;
+
+extern "C" fn constructor() {
+    lifecycle::init();
+}
+
+/// Runs `constructor` when the dynamic loader initialises the library.
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = constructor;

@@ -1,0 +1,49 @@
+//! x86_64: registers for unwinding and the framehop unwinder types.
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::MustNotAllocateDuringUnwind;
+
+pub type Unwinder = UnwinderX86_64<crate::modules::MappedBytes, MustNotAllocateDuringUnwind>;
+pub type UnwindCache = CacheX86_64<MustNotAllocateDuringUnwind>;
+pub type UnwindRegs = UnwindRegsX86_64;
+
+/// The registers an unwind starts from: (instruction pointer, stack pointer, frame pointer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartRegs {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// Reads the caller's pc/sp/bp. Always inlined, so they describe the frame
+/// of the function that calls it (a hook), whose CFI the unwinder then follows.
+#[inline(always)]
+pub fn start_regs() -> StartRegs {
+    let pc: u64;
+    let sp: u64;
+    let bp: u64;
+    // SAFETY: reads registers only; no memory access, stack or flags change.
+    unsafe {
+        core::arch::asm!(
+            "lea {pc}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            pc = out(reg) pc,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    StartRegs { pc, sp, bp }
+}
+
+pub fn regs(r: StartRegs) -> UnwindRegs {
+    UnwindRegsX86_64::new(r.pc, r.sp, r.bp)
+}
+
+pub fn sp_bp(r: &UnwindRegs) -> (u64, u64) {
+    (r.sp(), r.bp())
+}
+
+/// Bytes below the stack pointer that leaf code may use (the System V red zone).
+pub const RED_ZONE: u64 = 128;

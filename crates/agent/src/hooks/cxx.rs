@@ -1,0 +1,121 @@
+//! C++ `operator new` / `operator delete` in every standard variant, so the
+//! allocation family of each block is known. The agent allocates through glibc
+//! directly (not through libstdc++'s operator new, which would call malloc and
+//! record the block twice) and reproduces the standard's failure behaviour:
+//! call the new-handler and retry, or throw std::bad_alloc.
+
+use crate::arch::start_regs;
+use crate::record;
+use crate::sys::*;
+use core::ffi::c_void;
+use trapline_trace::AllocFn;
+
+type NewHandler = Option<unsafe extern "C-unwind" fn()>;
+
+/// Called when glibc is out of memory. Returns normally when a new-handler ran
+/// (the caller retries); throws std::bad_alloc (through this frame, hence
+/// C-unwind) or returns false for nothrow variants.
+fn out_of_memory(nothrow: bool) -> bool {
+    let get = any_symbol(c"_ZSt15get_new_handlerv");
+    if get != 0 {
+        // SAFETY: std::get_new_handler() from libstdc++.
+        let get: unsafe extern "C" fn() -> NewHandler = unsafe { core::mem::transmute(get) };
+        // SAFETY: calling a function from libstdc++ with no arguments.
+        if let Some(handler) = unsafe { get() } {
+            // SAFETY: the program's new-handler; may throw, which unwinds through us.
+            unsafe { handler() };
+            return true;
+        }
+    }
+    if nothrow {
+        return false;
+    }
+    let throw = any_symbol(c"_ZSt17__throw_bad_allocv");
+    if throw != 0 {
+        // SAFETY: std::__throw_bad_alloc() never returns; it throws.
+        let throw: unsafe extern "C-unwind" fn() -> ! = unsafe { core::mem::transmute(throw) };
+        // SAFETY: as above.
+        unsafe { throw() }
+    }
+    // SAFETY: no C++ runtime in the process to throw with: fail like an uncaught exception.
+    unsafe { libc::abort() }
+}
+
+#[inline(always)]
+fn new_impl(size: usize, align: usize, func: AllocFn, nothrow: bool, regs: crate::arch::StartRegs) -> *mut c_void {
+    loop {
+        // SAFETY: glibc's allocator, any size and alignment.
+        let p = unsafe { if align == 0 { __libc_malloc(size) } else { __libc_memalign(align, size) } };
+        if !p.is_null() {
+            record::alloc(func, p, size, align, regs);
+            return p.cast();
+        }
+        if !out_of_memory(nothrow) {
+            return core::ptr::null_mut();
+        }
+    }
+}
+
+#[inline(always)]
+fn delete_impl(ptr: *mut c_void, func: AllocFn, regs: crate::arch::StartRegs) {
+    if record::free(func, ptr.cast(), regs) {
+        // SAFETY: live block (or bad frees passed on by request).
+        unsafe { __libc_free(ptr.cast()) };
+    }
+}
+
+macro_rules! new_fn {
+    ($name:ident, $func:expr, nothrow = $nt:expr, aligned = false, extra = ($($arg:ident: $ty:ty),*)) => {
+        #[no_mangle]
+        pub extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
+            $(let _ = $arg;)*
+            let regs = start_regs();
+            new_impl(size, 0, $func, $nt, regs)
+        }
+    };
+    ($name:ident, $func:expr, nothrow = $nt:expr, aligned = true, extra = ($($arg:ident: $ty:ty),*)) => {
+        #[no_mangle]
+        pub extern "C-unwind" fn $name(size: usize, align: usize $(, $arg: $ty)*) -> *mut c_void {
+            $(let _ = $arg;)*
+            let regs = start_regs();
+            new_impl(size, align, $func, $nt, regs)
+        }
+    };
+}
+
+macro_rules! delete_fn {
+    ($name:ident, $func:expr, ($($arg:ident: $ty:ty),*)) => {
+        /// # Safety
+        /// `ptr` must be NULL or from the matching operator new (checked and reported).
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(ptr: *mut c_void $(, $arg: $ty)*) {
+            $(let _ = $arg;)*
+            let regs = start_regs();
+            delete_impl(ptr, $func, regs)
+        }
+    };
+}
+
+type NoThrow = *const c_void;
+
+new_fn!(_Znwm, AllocFn::New, nothrow = false, aligned = false, extra = ());
+new_fn!(_ZnwmRKSt9nothrow_t, AllocFn::NewNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow));
+new_fn!(_ZnwmSt11align_val_t, AllocFn::NewAligned, nothrow = false, aligned = true, extra = ());
+new_fn!(_ZnwmSt11align_val_tRKSt9nothrow_t, AllocFn::NewAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow));
+new_fn!(_Znam, AllocFn::NewArray, nothrow = false, aligned = false, extra = ());
+new_fn!(_ZnamRKSt9nothrow_t, AllocFn::NewArrayNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow));
+new_fn!(_ZnamSt11align_val_t, AllocFn::NewArrayAligned, nothrow = false, aligned = true, extra = ());
+new_fn!(_ZnamSt11align_val_tRKSt9nothrow_t, AllocFn::NewArrayAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow));
+
+delete_fn!(_ZdlPv, AllocFn::Delete, ());
+delete_fn!(_ZdlPvm, AllocFn::DeleteSized, (_size: usize));
+delete_fn!(_ZdlPvSt11align_val_t, AllocFn::DeleteAligned, (_align: usize));
+delete_fn!(_ZdlPvmSt11align_val_t, AllocFn::DeleteSizedAligned, (_size: usize, _align: usize));
+delete_fn!(_ZdlPvRKSt9nothrow_t, AllocFn::DeleteNothrow, (_nt: NoThrow));
+delete_fn!(_ZdlPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteAlignedNothrow, (_align: usize, _nt: NoThrow));
+delete_fn!(_ZdaPv, AllocFn::DeleteArray, ());
+delete_fn!(_ZdaPvm, AllocFn::DeleteArraySized, (_size: usize));
+delete_fn!(_ZdaPvSt11align_val_t, AllocFn::DeleteArrayAligned, (_align: usize));
+delete_fn!(_ZdaPvmSt11align_val_t, AllocFn::DeleteArraySizedAligned, (_size: usize, _align: usize));
+delete_fn!(_ZdaPvRKSt9nothrow_t, AllocFn::DeleteArrayNothrow, (_nt: NoThrow));
+delete_fn!(_ZdaPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteArrayAlignedNothrow, (_align: usize, _nt: NoThrow));

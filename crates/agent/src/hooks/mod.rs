@@ -1,0 +1,8 @@
+//! The interposed functions. Each is exported under the C library's (or the
+//! C++ runtime's) symbol name; because the agent is preloaded, the dynamic
+//! linker binds every call in the program and its libraries to these first.
+
+pub mod alloc;
+pub mod cxx;
+pub mod process;
+pub mod signals;

@@ -1,0 +1,249 @@
+//! Process lifecycle: fork (the parent notes the child), exec (the trace is
+//! finished first, and the new image is kept traced), _exit, and dlopen /
+//! dlclose (the module map and the unwinder follow the loaded code).
+
+use crate::lifecycle;
+use crate::thread;
+use crate::writer;
+use core::ffi::{c_char, c_int, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering};
+use std::ffi::CStr;
+use trapline_trace::{Event, ExitKind};
+
+static REAL_FORK: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECVE: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECVP: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECVPE: AtomicUsize = AtomicUsize::new(0);
+static REAL_FEXECVE: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+
+fn real(slot: &AtomicUsize, name: &CStr) -> usize {
+    let mut f = slot.load(Ordering::Acquire);
+    if f == 0 {
+        f = crate::sys::next_symbol(name);
+        slot.store(f, Ordering::Release);
+    }
+    f
+}
+
+/// Resolves the real functions (from the constructor, while it is safe to call dlsym).
+pub fn resolve() {
+    real(&REAL_FORK, c"fork");
+    real(&REAL_EXECVE, c"execve");
+    real(&REAL_EXECVP, c"execvp");
+    real(&REAL_EXECVPE, c"execvpe");
+    real(&REAL_FEXECVE, c"fexecve");
+    real(&REAL_EXIT, c"_exit");
+    real(&REAL_DLOPEN, c"dlopen");
+    real(&REAL_DLCLOSE, c"dlclose");
+}
+
+/// Writes module map changes to the trace.
+fn note_module_changes() {
+    if thread::FINISHED.load(Ordering::Acquire) {
+        return;
+    }
+    let changes = crate::modules::refresh();
+    if changes.loaded.is_empty() && changes.unloaded.is_empty() {
+        return;
+    }
+    let mut b = writer::take_buffer(0);
+    for m in changes.loaded {
+        b.push_event(&Event::ModuleLoad(m), None);
+    }
+    for id in changes.unloaded {
+        b.push_event(&Event::ModuleUnload { id }, None);
+    }
+    writer::submit(b, true);
+}
+
+#[no_mangle]
+pub extern "C" fn fork() -> libc::pid_t {
+    let f = real(&REAL_FORK, c"fork");
+    // SAFETY: glibc's fork; it runs the agent's atfork handlers.
+    let real_fork: extern "C" fn() -> libc::pid_t = unsafe { core::mem::transmute(f) };
+    let pid = real_fork();
+    if pid > 0 && !thread::FINISHED.load(Ordering::Acquire) {
+        if let crate::record::Entry::Record(ts) = crate::record::enter() {
+            let t = crate::clock::tick().max(ts.last_time);
+            ts.emit(Some(t), |e, c| e.event(c, &Event::Fork { time: t, child_pid: pid as u32 }));
+            crate::record::leave(ts);
+        }
+    }
+    pid
+}
+
+/// Builds the environment for an exec'd image: the program's, plus what keeps it traced.
+fn env_with_agent(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*const c_char>) {
+    let mut entries: Vec<*const c_char> = Vec::new();
+    let mut view: Vec<&[u8]> = Vec::new();
+    if !envp.is_null() {
+        let mut i = 0;
+        // SAFETY: envp is a NULL-terminated array of C strings (execve's contract).
+        unsafe {
+            while !(*envp.add(i)).is_null() {
+                let e = *envp.add(i);
+                entries.push(e);
+                view.push(CStr::from_ptr(e).to_bytes());
+                i += 1;
+            }
+        }
+    }
+    let add = lifecycle::exec_env_additions(&view);
+    // LD_PRELOAD replaces an existing entry; others are appended.
+    let mut out: Vec<*const c_char> = entries
+        .into_iter()
+        .zip(view.iter())
+        .filter(|(_, v)| !(add.iter().any(|a| a.as_bytes().starts_with(b"LD_PRELOAD=")) && v.starts_with(b"LD_PRELOAD=")))
+        .map(|(e, _)| e)
+        .collect();
+    out.extend(add.iter().map(|a| a.as_ptr()));
+    out.push(core::ptr::null());
+    (add, out)
+}
+
+fn before_exec() -> bool {
+    if !lifecycle::is_initialized() || !lifecycle::owns_process() {
+        return false;
+    }
+    lifecycle::finish(ExitKind::Exec, false);
+    true
+}
+
+fn after_failed_exec(finished: bool) {
+    if finished {
+        lifecycle::resume_after_failed_exec();
+    }
+}
+
+extern "C" {
+    static mut environ: *const *const c_char;
+}
+
+/// # Safety
+/// execve's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let f = real(&REAL_EXECVE, c"execve");
+    // SAFETY: glibc's execve.
+    let real_execve: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int =
+        unsafe { core::mem::transmute(f) };
+    if !lifecycle::owns_process() {
+        // A vfork child shares our memory: touch nothing.
+        // SAFETY: passing the caller's arguments through.
+        return unsafe { real_execve(path, argv, envp) };
+    }
+    let (_keep, env) = env_with_agent(envp);
+    let finished = before_exec();
+    // SAFETY: as above, with an environment that still preloads the agent.
+    let r = unsafe { real_execve(path, argv, env.as_ptr()) };
+    after_failed_exec(finished);
+    r
+}
+
+/// # Safety
+/// execv's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: environ is the process environment.
+    unsafe { execve(path, argv, environ) }
+}
+
+/// # Safety
+/// execvpe's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let f = real(&REAL_EXECVPE, c"execvpe");
+    // SAFETY: glibc's execvpe.
+    let real_fn: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int =
+        unsafe { core::mem::transmute(f) };
+    if !lifecycle::owns_process() {
+        // SAFETY: pass-through in a vfork child.
+        return unsafe { real_fn(file, argv, envp) };
+    }
+    let (_keep, env) = env_with_agent(envp);
+    let finished = before_exec();
+    // SAFETY: glibc's execvpe with the adjusted environment.
+    let r = unsafe { real_fn(file, argv, env.as_ptr()) };
+    after_failed_exec(finished);
+    r
+}
+
+/// # Safety
+/// execvp's contract.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: environ is the process environment.
+    unsafe { execvpe(file, argv, environ) }
+}
+
+/// # Safety
+/// fexecve's contract.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let f = real(&REAL_FEXECVE, c"fexecve");
+    // SAFETY: glibc's fexecve.
+    let real_fn: unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int =
+        unsafe { core::mem::transmute(f) };
+    if !lifecycle::owns_process() {
+        // SAFETY: pass-through in a vfork child.
+        return unsafe { real_fn(fd, argv, envp) };
+    }
+    let (_keep, env) = env_with_agent(envp);
+    let finished = before_exec();
+    // SAFETY: as above.
+    let r = unsafe { real_fn(fd, argv, env.as_ptr()) };
+    after_failed_exec(finished);
+    r
+}
+
+fn exit_now(status: c_int) -> ! {
+    if lifecycle::owns_process() {
+        lifecycle::finish(ExitKind::Code(status), true);
+    }
+    let f = real(&REAL_EXIT, c"_exit");
+    // SAFETY: glibc's _exit never returns.
+    let real_exit: extern "C" fn(c_int) -> ! = unsafe { core::mem::transmute(f) };
+    real_exit(status)
+}
+
+#[no_mangle]
+pub extern "C" fn _exit(status: c_int) -> ! {
+    exit_now(status)
+}
+
+#[no_mangle]
+pub extern "C" fn _Exit(status: c_int) -> ! {
+    exit_now(status)
+}
+
+/// # Safety
+/// dlopen's contract.
+#[no_mangle]
+pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    let f = real(&REAL_DLOPEN, c"dlopen");
+    // SAFETY: glibc's dlopen.
+    let real_fn: unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void = unsafe { core::mem::transmute(f) };
+    // RTLD_DEEPBIND would let the library bind malloc to libc's past the agent.
+    // SAFETY: passing the caller's arguments through.
+    let h = unsafe { real_fn(file, mode & !libc::RTLD_DEEPBIND) };
+    if !h.is_null() {
+        note_module_changes();
+    }
+    h
+}
+
+/// # Safety
+/// dlclose's contract.
+#[no_mangle]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+    let f = real(&REAL_DLCLOSE, c"dlclose");
+    // SAFETY: glibc's dlclose.
+    let real_fn: unsafe extern "C" fn(*mut c_void) -> c_int = unsafe { core::mem::transmute(f) };
+    // SAFETY: passing the caller's handle through.
+    let r = unsafe { real_fn(handle) };
+    note_module_changes();
+    r
+}

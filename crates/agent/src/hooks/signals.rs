@@ -1,0 +1,165 @@
+//! Flushing the trace when a signal kills the program, without the program
+//! being able to tell.
+//!
+//! For every signal whose default action terminates the process, the agent
+//! installs its own handler while the program's disposition is SIG_DFL. The
+//! handler finishes the trace, restores SIG_DFL and re-raises, so the process
+//! dies exactly as it would have (same signal, same core dump). `sigaction`
+//! and `signal` are interposed: a program that installs a handler gets it
+//! installed for real, and a program that asks for the current disposition
+//! sees SIG_DFL, never the agent's handler.
+
+use crate::lifecycle;
+use core::ffi::c_int;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use trapline_trace::ExitKind;
+
+/// Signals whose default action ends the process.
+const FATAL: [c_int; 16] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGABRT,
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGPIPE,
+    libc::SIGALRM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGSYS,
+];
+
+static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
+/// Whether the agent's handler is installed for a signal (program view: SIG_DFL).
+static OURS: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
+static LOCK: crate::sys::RawLock = crate::sys::RawLock::new();
+/// What the program last set while the agent's handler was installed (flags and mask of its SIG_DFL).
+static mut PROGRAM_VIEW: [core::mem::MaybeUninit<libc::sigaction>; 65] =
+    [const { core::mem::MaybeUninit::zeroed() }; 65];
+
+type SigactionFn = unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+
+fn real_sigaction() -> SigactionFn {
+    let mut f = REAL_SIGACTION.load(Ordering::Acquire);
+    if f == 0 {
+        f = crate::sys::next_symbol(c"sigaction");
+        REAL_SIGACTION.store(f, Ordering::Release);
+    }
+    // SAFETY: glibc's sigaction.
+    unsafe { core::mem::transmute::<usize, SigactionFn>(f) }
+}
+
+fn is_fatal(sig: c_int) -> bool {
+    FATAL.contains(&sig)
+}
+
+extern "C" fn on_fatal_signal(sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: errno is thread-local; saved and restored around our work.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    lifecycle::finish(ExitKind::Signal(sig), true);
+    // SAFETY: restoring the default action and re-raising; the signal is blocked
+    // in this handler, so it is delivered (and kills) when the handler returns.
+    unsafe {
+        let mut dfl: libc::sigaction = core::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        real_sigaction()(sig, &dfl, core::ptr::null_mut());
+        OURS[sig as usize].store(false, Ordering::Release);
+        libc::raise(sig);
+        *libc::__errno_location() = saved_errno;
+    }
+}
+
+fn install_ours(sig: c_int) {
+    // SAFETY: a zeroed sigaction with our handler is valid.
+    unsafe {
+        let mut act: libc::sigaction = core::mem::zeroed();
+        act.sa_sigaction = on_fatal_signal as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
+        libc::sigemptyset(&mut act.sa_mask);
+        if real_sigaction()(sig, &act, core::ptr::null_mut()) == 0 {
+            OURS[sig as usize].store(true, Ordering::Release);
+        }
+    }
+}
+
+/// Installs the agent's handler for every terminating signal left at SIG_DFL.
+pub fn install() {
+    for sig in FATAL {
+        // SAFETY: querying the current disposition into a zeroed struct.
+        unsafe {
+            let mut old: libc::sigaction = core::mem::zeroed();
+            if real_sigaction()(sig, core::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL {
+                (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize] = core::mem::MaybeUninit::new(old);
+                install_ours(sig);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// sigaction's contract.
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    if !(1..65).contains(&sig) || !is_fatal(sig) {
+        // SAFETY: pass-through.
+        return unsafe { real_sigaction()(sig, act, old) };
+    }
+    let _g = LOCK.guard();
+    if OURS[sig as usize].load(Ordering::Acquire) {
+        // SAFETY: PROGRAM_VIEW[sig] was initialised when our handler was installed;
+        // access is serialised by LOCK.
+        unsafe {
+            let view = &mut (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize];
+            if !old.is_null() {
+                *old = view.assume_init();
+            }
+            if !act.is_null() {
+                if (*act).sa_sigaction == libc::SIG_DFL {
+                    *view = core::mem::MaybeUninit::new(*act);
+                } else {
+                    let r = real_sigaction()(sig, act, core::ptr::null_mut());
+                    if r == 0 {
+                        OURS[sig as usize].store(false, Ordering::Release);
+                    }
+                    return r;
+                }
+            }
+        }
+        return 0;
+    }
+    // SAFETY: pass-through; then take SIG_DFL back over if the program restored it.
+    unsafe {
+        let r = real_sigaction()(sig, act, old);
+        if r == 0 && !act.is_null() && (*act).sa_sigaction == libc::SIG_DFL && lifecycle::is_initialized() {
+            (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize] = core::mem::MaybeUninit::new(*act);
+            install_ours(sig);
+        }
+        r
+    }
+}
+
+/// # Safety
+/// signal's contract (BSD semantics, as glibc: SA_RESTART, the signal blocked in its handler).
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: building a sigaction from zeroed memory and passing it to our sigaction.
+    unsafe {
+        let mut act: libc::sigaction = core::mem::zeroed();
+        act.sa_sigaction = handler;
+        act.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut act.sa_mask);
+        if sig > 0 && sig < 65 {
+            libc::sigaddset(&mut act.sa_mask, sig);
+        }
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if sigaction(sig, &act, &mut old) != 0 {
+            return libc::SIG_ERR;
+        }
+        old.sa_sigaction
+    }
+}

@@ -1,0 +1,337 @@
+//! Start, end and re-birth of a trace: the constructor, the final snapshot at
+//! every exit path, fork children and exec.
+
+use crate::record::{self, ensure_stack_in};
+use crate::sys::{self, RawLock};
+use crate::thread::{self, FINISHED};
+use crate::writer::{self, Buffer};
+use crate::{clock, live, modules, stacks, untracked};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::ffi::{CStr, CString};
+use trapline_trace::{EndCounters, Event, ExitKind, ProcessInfo, SnapshotKind};
+
+/// Environment variables shared with `trapline run` (documented in docs/design.md).
+pub const ENV_OUTPUT: &str = "TRAPLINE_OUTPUT";
+pub const ENV_ROLE: &str = "TRAPLINE_ROLE";
+pub const ENV_FOLLOW: &str = "TRAPLINE_FOLLOW";
+pub const ENV_PASS_INVALID: &str = "TRAPLINE_PASS_INVALID";
+pub const ENV_FREERES: &str = "TRAPLINE_FREERES";
+
+static INIT_LOCK: RawLock = RawLock::new();
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static FINISHING: AtomicBool = AtomicBool::new(false);
+/// pid of the process this agent state belongs to (a vfork child differs).
+pub static PID: AtomicU32 = AtomicU32::new(0);
+static START_UNIX_NS: AtomicU64 = AtomicU64::new(0);
+pub static FOLLOW: AtomicBool = AtomicBool::new(true);
+static FREERES: AtomicBool = AtomicBool::new(true);
+
+struct Config {
+    output: String,
+    agent_path: String,
+}
+static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+
+fn env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// Path of the agent library itself (for re-adding LD_PRELOAD on exec).
+fn own_path() -> String {
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    // SAFETY: dladdr fills `info` for an address inside this library.
+    if unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) } != 0 && !info.dli_fname.is_null() {
+        // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+        return unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    }
+    String::new()
+}
+
+fn read_cmdline() -> Vec<String> {
+    let Ok(bytes) = std::fs::read("/proc/self/cmdline") else { return Vec::new() };
+    bytes.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+}
+
+/// Everything a trace starts with: the process and its modules.
+fn header_buffer() -> Box<Buffer> {
+    let mut b = writer::take_buffer(0);
+    let exe = std::fs::read_link("/proc/self/exe").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    // SAFETY: getppid has no preconditions.
+    let ppid = unsafe { libc::getppid() } as u32;
+    let ev = Event::Process(ProcessInfo {
+        pid: PID.load(Ordering::Relaxed),
+        ppid,
+        start_unix_ns: START_UNIX_NS.load(Ordering::Relaxed),
+        exe,
+        argv: read_cmdline(),
+    });
+    b.push_event(&ev, None);
+    for m in modules::all() {
+        b = push_or_flush(b, &Event::ModuleLoad(m), None);
+    }
+    b
+}
+
+fn push_or_flush(mut b: Box<Buffer>, ev: &Event, time: Option<u64>) -> Box<Buffer> {
+    if b.room() < writer::EVENT_RESERVE {
+        writer::submit(b, false);
+        b = writer::take_buffer(0);
+    }
+    if !b.push_event(ev, time) {
+        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+    }
+    b
+}
+
+/// Opens the trace file for this process image: `output` for the top process,
+/// `output.<pid>` (then `.1`, `.2`, ... if taken) for every other one.
+fn open_trace(top: bool) -> bool {
+    let Some(cfg) = CONFIG.get() else { return false };
+    let pid = PID.load(Ordering::Relaxed);
+    if top {
+        let path = CString::new(cfg.output.clone()).unwrap_or_default();
+        return match writer::open(&path, false) {
+            Ok(()) => true,
+            Err(e) => {
+                sys::warn(&format!("cannot write trace {}: {}", cfg.output, std::io::Error::from_raw_os_error(e)));
+                false
+            }
+        };
+    }
+    for n in 0..1000 {
+        let name = if n == 0 { format!("{}.{}", cfg.output, pid) } else { format!("{}.{}.{}", cfg.output, pid, n) };
+        let path = CString::new(name.clone()).unwrap_or_default();
+        match writer::open(&path, true) {
+            Ok(()) => return true,
+            Err(libc::EEXIST) => continue,
+            Err(e) => {
+                sys::warn(&format!("cannot write trace {}: {}", name, std::io::Error::from_raw_os_error(e)));
+                return false;
+            }
+        }
+    }
+    false
+}
+
+fn periodic() {
+    thread::steal_all(1000);
+}
+
+/// The library constructor: configuration, trace file, writer thread.
+pub fn init() {
+    let _g = INIT_LOCK.guard();
+    if INITIALIZED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let ts = thread::current();
+    ts.guard += 1;
+    clock::reset();
+    START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
+    PID.store(sys::getpid_raw(), Ordering::Relaxed);
+    let top = env(ENV_ROLE).as_deref() == Some("top");
+    let output = env(ENV_OUTPUT).unwrap_or_else(|| format!("trapline-{}.trace", PID.load(Ordering::Relaxed)));
+    let follow = env(ENV_FOLLOW).as_deref() != Some("0");
+    FOLLOW.store(follow, Ordering::Relaxed);
+    FREERES.store(env(ENV_FREERES).as_deref() != Some("0"), Ordering::Relaxed);
+    record::PASS_INVALID.store(env(ENV_PASS_INVALID).as_deref() == Some("1"), Ordering::Relaxed);
+    // SAFETY: constructors run before main, with no other thread reading the environment.
+    unsafe {
+        libc::unsetenv(c"TRAPLINE_ROLE".as_ptr());
+    }
+    if !follow {
+        remove_self_from_preload();
+    }
+    let _ = CONFIG.set(Config { output, agent_path: own_path() });
+    crate::hooks::alloc::resolve();
+    crate::hooks::process::resolve();
+    crate::hooks::signals::install();
+    modules::refresh();
+    if open_trace(top) {
+        writer::submit_first(header_buffer());
+        // SAFETY: registering plain functions.
+        unsafe {
+            libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+            on_exit(at_exit, core::ptr::null_mut());
+        }
+        writer::start(periodic);
+    } else {
+        FINISHED.store(true, Ordering::Release);
+    }
+    ts.guard -= 1;
+}
+
+extern "C" {
+    fn on_exit(f: extern "C" fn(i32, *mut libc::c_void), arg: *mut libc::c_void) -> i32;
+}
+
+fn remove_self_from_preload() {
+    let Some(v) = env("LD_PRELOAD") else { return };
+    let rest: Vec<&str> = v.split([' ', ':']).filter(|s| !s.is_empty() && !s.contains("libtrapline_agent")).collect();
+    // SAFETY: before main; single-threaded.
+    unsafe {
+        if rest.is_empty() {
+            libc::unsetenv(c"LD_PRELOAD".as_ptr());
+        } else if let Ok(c) = CString::new(rest.join(":")) {
+            libc::setenv(c"LD_PRELOAD".as_ptr(), c.as_ptr(), 1);
+        }
+    }
+}
+
+extern "C" fn at_exit(status: i32, _arg: *mut libc::c_void) {
+    finish(ExitKind::Code(status), false);
+}
+
+extern "C" {
+    fn __libc_freeres();
+}
+
+/// Ends the trace: libc's freeres (normal exits), the live-block snapshot,
+/// every thread's buffer, the end record; then waits for the writer.
+pub fn finish(exit: ExitKind, in_signal: bool) {
+    if !INITIALIZED.load(Ordering::Acquire) || FINISHED.load(Ordering::Acquire) {
+        return;
+    }
+    if FINISHING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if matches!(exit, ExitKind::Code(_)) && !in_signal && FREERES.load(Ordering::Relaxed) {
+        // Like memcheck: let the C and C++ runtimes free their own buffers so
+        // they are not blamed on the program. Their frees are recorded.
+        let cxx = sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv");
+        if cxx != 0 {
+            // SAFETY: __gnu_cxx::__freeres() takes no arguments.
+            let f: extern "C" fn() = unsafe { core::mem::transmute(cxx) };
+            f();
+        }
+        // SAFETY: glibc's exported freeres; called after every atexit handler.
+        unsafe { __libc_freeres() };
+    }
+    let spins = if in_signal { 200_000 } else { u32::MAX };
+    let ts = thread::current();
+    ts.guard += 1;
+    let mut b = writer::take_buffer(0);
+    for m in modules::refresh().loaded {
+        b = push_or_flush(b, &Event::ModuleLoad(m), None);
+    }
+    let time = clock::precise_now();
+    b = push_or_flush(b, &Event::SnapshotBegin { time, kind: SnapshotKind::Exit }, Some(time));
+    let (mut blocks, mut bytes) = (0u64, 0u64);
+    for shard in live::shards() {
+        let Some(mut locked) = shard.try_locked(spins) else {
+            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        locked.for_each(|addr, block| {
+            if b.room() < writer::EVENT_RESERVE {
+                let full = core::mem::replace(&mut b, writer::take_buffer(0));
+                writer::submit(full, false);
+            }
+            ensure_stack_in(&mut b, block.stack);
+            b.push_event(&Event::LiveBlock { addr, size: block.size, func: block.func, stack: block.stack }, None);
+            blocks += 1;
+            bytes += block.size;
+        });
+    }
+    b = push_or_flush(b, &Event::SnapshotEnd { blocks, bytes }, None);
+    FINISHED.store(true, Ordering::Release);
+    thread::steal_all(if in_signal { 100_000 } else { 10_000_000 });
+    let end_time = clock::precise_now();
+    let lost = writer::EVENTS_LOST.load(Ordering::Relaxed) + untracked::OVERFLOW.load(Ordering::Relaxed);
+    let counters = EndCounters {
+        events: writer::EVENTS_SUBMITTED.load(Ordering::Relaxed) + u64::from(b.events) + 1,
+        events_lost: lost,
+        untracked_calls: untracked::CALLS.load(Ordering::Relaxed),
+    };
+    b = push_or_flush(b, &Event::End { time: end_time, exit, counters }, Some(end_time));
+    writer::submit(b, false);
+    writer::finish(if in_signal { 5_000 } else { 120_000 });
+    ts.guard -= 1;
+}
+
+/// Starts a new trace file for this process image (fork child, failed exec).
+fn restart_trace() {
+    FINISHING.store(false, Ordering::Release);
+    if open_trace(false) {
+        writer::submit_first(header_buffer());
+        writer::start(periodic);
+        FINISHED.store(false, Ordering::Release);
+    } else {
+        FINISHED.store(true, Ordering::Release);
+    }
+}
+
+/// exec failed after `finish(Exec)`: the image goes on, into a new trace.
+pub fn resume_after_failed_exec() {
+    writer::reset_for_new_file();
+    restart_trace();
+}
+
+extern "C" fn fork_prepare() {
+    thread::lock_all();
+    live::lock_all();
+    stacks::lock_all();
+    writer::lock();
+}
+
+extern "C" fn fork_parent() {
+    writer::unlock();
+    stacks::unlock_all();
+    live::unlock_all();
+    thread::unlock_all();
+}
+
+extern "C" fn fork_child() {
+    writer::reset_in_child();
+    stacks::reset_locks();
+    live::reset_locks();
+    modules::reset_lock();
+    thread::reset_in_child();
+    PID.store(sys::getpid_raw(), Ordering::Relaxed);
+    if FINISHED.load(Ordering::Acquire) {
+        return;
+    }
+    if !FOLLOW.load(Ordering::Relaxed) {
+        FINISHED.store(true, Ordering::Release);
+        return;
+    }
+    let ts = thread::current();
+    ts.guard += 1;
+    restart_trace();
+    ts.guard -= 1;
+}
+
+/// LD_PRELOAD and trapline's variables for an exec'd image, when following.
+pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
+    let mut add = Vec::new();
+    if !FOLLOW.load(Ordering::Relaxed) {
+        return add;
+    }
+    let Some(cfg) = CONFIG.get() else { return add };
+    let has = |k: &[u8]| envp.iter().any(|e| e.starts_with(k));
+    if !envp.iter().any(|e| e.starts_with(b"LD_PRELOAD=") && e.windows(17).any(|w| w == b"libtrapline_agent")) {
+        let existing = envp.iter().find(|e| e.starts_with(b"LD_PRELOAD=")).map(|e| &e[11..]);
+        let mut v = format!("LD_PRELOAD={}", cfg.agent_path).into_bytes();
+        if let Some(x) = existing {
+            v.push(b':');
+            v.extend_from_slice(x);
+        }
+        add.extend(CString::new(v));
+    }
+    if !has(b"TRAPLINE_OUTPUT=") {
+        add.extend(CString::new(format!("TRAPLINE_OUTPUT={}", cfg.output)));
+    }
+    if !has(b"TRAPLINE_PASS_INVALID=") && record::PASS_INVALID.load(Ordering::Relaxed) {
+        add.extend(CString::new("TRAPLINE_PASS_INVALID=1"));
+    }
+    add
+}
+
+/// Whether this agent state belongs to the calling process (false in a vfork
+/// child, which shares our memory and must not touch the trace).
+pub fn owns_process() -> bool {
+    PID.load(Ordering::Relaxed) == sys::getpid_raw()
+}
+
+pub fn is_initialized() -> bool {
+    INITIALIZED.load(Ordering::Acquire)
+}

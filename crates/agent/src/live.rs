@@ -1,0 +1,312 @@
+//! The live table: every block the program holds, with its size, allocation
+//! function and stack, plus a ring of recently freed blocks per shard so a
+//! double free can name the first free.
+//!
+//! 64 shards, each an open-addressing table (linear probing, backward-shift
+//! deletion, no tombstones) under its own lock. An entry is 16 bytes: the
+//! address shifted right by 4 (glibc blocks are 16-byte aligned) with the high
+//! bits of the stack id on top, and size / function / low stack bits. At most
+//! 75% load, so a live block costs 16 to 43 bytes of table, about 28 on average.
+
+use crate::sys::RawLock;
+use core::cell::UnsafeCell;
+use trapline_trace::AllocFn;
+
+pub const SHARDS: usize = 64;
+const FREED_RING: usize = 512;
+
+const SIZE_BITS: u32 = 38;
+const FUNC_BITS: u32 = 5;
+const STACK_LO_BITS: u32 = 64 - SIZE_BITS - FUNC_BITS; // 21
+const ADDR_BITS: u32 = 44;
+
+/// What the agent knows about a live block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub size: u64,
+    pub func: AllocFn,
+    pub stack: u32,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    key: u64, // 0 = empty
+    meta: u64,
+}
+
+fn pack(addr: u64, b: Block) -> Entry {
+    let size = b.size.min((1 << SIZE_BITS) - 1);
+    let stack = u64::from(b.stack);
+    let stack_lo = stack & ((1 << STACK_LO_BITS) - 1);
+    let stack_hi = stack >> STACK_LO_BITS;
+    Entry {
+        key: (addr >> 4) | (stack_hi << ADDR_BITS),
+        meta: size | (u64::from(b.func as u8) << SIZE_BITS) | (stack_lo << (SIZE_BITS + FUNC_BITS)),
+    }
+}
+
+fn unpack(e: Entry) -> (u64, Block) {
+    let addr = (e.key & ((1 << ADDR_BITS) - 1)) << 4;
+    let stack_hi = e.key >> ADDR_BITS;
+    let size = e.meta & ((1 << SIZE_BITS) - 1);
+    let func = AllocFn::from_u8(((e.meta >> SIZE_BITS) & ((1 << FUNC_BITS) - 1)) as u8).unwrap_or(AllocFn::Malloc);
+    let stack_lo = e.meta >> (SIZE_BITS + FUNC_BITS);
+    (addr, Block { size, func, stack: ((stack_hi << STACK_LO_BITS) | stack_lo) as u32 })
+}
+
+#[inline]
+fn hash(addr: u64) -> u64 {
+    (addr >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Whether an address can be kept in the table (glibc's blocks always can).
+#[inline]
+pub fn storable(addr: u64) -> bool {
+    addr != 0 && addr & 15 == 0 && addr >> (ADDR_BITS + 4) == 0
+}
+
+/// The shard an address belongs to.
+#[inline]
+pub fn shard_of(addr: u64) -> &'static Shard {
+    &TABLE[(hash(addr) >> 58) as usize]
+}
+
+/// A recently freed block.
+#[derive(Clone, Copy, Default)]
+pub struct Freed {
+    pub addr: u64,
+    pub size: u64,
+    pub func: u8,
+    pub alloc_stack: u32,
+    pub free_stack: u32,
+}
+
+struct ShardData {
+    slots: Vec<Entry>,
+    len: usize,
+    /// Strictly increasing event time of this shard (see `clock`).
+    last_time: u64,
+    freed: Vec<Freed>,
+    freed_next: usize,
+    bytes: u64,
+}
+
+/// One lock and one table.
+pub struct Shard {
+    lock: RawLock,
+    data: UnsafeCell<ShardData>,
+}
+
+// SAFETY: `data` is only touched while `lock` is held (see `Shard::locked`).
+unsafe impl Sync for Shard {}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_SHARD: Shard = Shard {
+    lock: RawLock::new(),
+    data: UnsafeCell::new(ShardData {
+        slots: Vec::new(),
+        len: 0,
+        last_time: 0,
+        freed: Vec::new(),
+        freed_next: 0,
+        bytes: 0,
+    }),
+};
+
+static TABLE: [Shard; SHARDS] = [EMPTY_SHARD; SHARDS];
+
+/// A locked shard.
+pub struct Locked<'a> {
+    shard: &'a Shard,
+}
+
+impl Shard {
+    pub fn locked(&self) -> Locked<'_> {
+        self.lock.lock();
+        Locked { shard: self }
+    }
+
+    /// Locks with a bounded wait (the holder may be the interrupted thread itself).
+    pub fn try_locked(&self, spins: u32) -> Option<Locked<'_>> {
+        if spins == u32::MAX {
+            return Some(self.locked());
+        }
+        self.lock.try_lock_for(spins).then_some(Locked { shard: self })
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.shard.lock.unlock();
+    }
+}
+
+impl Locked<'_> {
+    fn data(&mut self) -> &mut ShardData {
+        // SAFETY: we hold the shard lock for the lifetime of `self`.
+        unsafe { &mut *self.shard.data.get() }
+    }
+
+    /// A time for an event on this shard: not before the tick, strictly after
+    /// this shard's previous event and not before the thread's previous event.
+    #[inline]
+    pub fn stamp(&mut self, tick: u64, thread_last: u64) -> u64 {
+        let d = self.data();
+        let t = tick.max(d.last_time + 1).max(thread_last);
+        d.last_time = t;
+        t
+    }
+
+    /// Records a new live block, replacing a stale entry for the same address.
+    pub fn insert(&mut self, addr: u64, block: Block) {
+        let d = self.data();
+        if d.slots.is_empty() {
+            d.slots = vec![Entry::default(); 256];
+        } else if (d.len + 1) * 4 > d.slots.len() * 3 {
+            grow(d);
+        }
+        let mask = d.slots.len() - 1;
+        let mut i = (hash(addr).rotate_left(32) as usize) & mask;
+        let want = addr >> 4;
+        loop {
+            let e = d.slots[i];
+            if e.key == 0 {
+                d.len += 1;
+                break;
+            }
+            if e.key & ((1 << ADDR_BITS) - 1) == want {
+                d.bytes -= unpack(e).1.size;
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+        d.slots[i] = pack(addr, block);
+        d.bytes += block.size;
+    }
+
+    /// Removes a block and returns what was known about it.
+    pub fn remove(&mut self, addr: u64) -> Option<Block> {
+        let d = self.data();
+        let i = find(d, addr)?;
+        let (_, block) = unpack(d.slots[i]);
+        d.bytes -= block.size;
+        d.len -= 1;
+        // Backward-shift deletion keeps every probe chain unbroken.
+        let mask = d.slots.len() - 1;
+        let mut hole = i;
+        let mut j = (i + 1) & mask;
+        loop {
+            let e = d.slots[j];
+            if e.key == 0 {
+                break;
+            }
+            let home = (hash((e.key & ((1 << ADDR_BITS) - 1)) << 4).rotate_left(32) as usize) & mask;
+            // Move e into the hole if its home is not in (hole, j].
+            let dist_home = j.wrapping_sub(home) & mask;
+            let dist_hole = j.wrapping_sub(hole) & mask;
+            if dist_home >= dist_hole {
+                d.slots[hole] = e;
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        d.slots[hole] = Entry::default();
+        Some(block)
+    }
+
+    /// Remembers a free, so that a second free of the same address can be
+    /// reported with the first free's stack.
+    pub fn remember_free(&mut self, f: Freed) {
+        let d = self.data();
+        if d.freed.is_empty() {
+            d.freed = vec![Freed::default(); FREED_RING];
+        }
+        let n = d.freed_next;
+        d.freed[n % FREED_RING] = f;
+        d.freed_next = n + 1;
+    }
+
+    /// The most recent free of `addr` still remembered.
+    pub fn recently_freed(&mut self, addr: u64) -> Option<Freed> {
+        let d = self.data();
+        let count = d.freed_next.min(d.freed.len());
+        (0..count)
+            .map(|k| d.freed[(d.freed_next - 1 - k) % FREED_RING])
+            .find(|f| f.addr == addr)
+    }
+
+    /// Calls `f` for every live block of this shard.
+    pub fn for_each(&mut self, mut f: impl FnMut(u64, Block)) {
+        for e in &self.data().slots {
+            if e.key != 0 {
+                let (a, b) = unpack(*e);
+                f(a, b);
+            }
+        }
+    }
+}
+
+fn find(d: &ShardData, addr: u64) -> Option<usize> {
+    if d.slots.is_empty() {
+        return None;
+    }
+    let mask = d.slots.len() - 1;
+    let mut i = (hash(addr).rotate_left(32) as usize) & mask;
+    let want = addr >> 4;
+    loop {
+        let e = d.slots[i];
+        if e.key == 0 {
+            return None;
+        }
+        if e.key & ((1 << ADDR_BITS) - 1) == want {
+            return Some(i);
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+fn grow(d: &mut ShardData) {
+    let doubled = vec![Entry::default(); d.slots.len() * 2];
+    let old = core::mem::replace(&mut d.slots, doubled);
+    let mask = d.slots.len() - 1;
+    for e in old.into_iter().filter(|e| e.key != 0) {
+        let addr = (e.key & ((1 << ADDR_BITS) - 1)) << 4;
+        let mut i = (hash(addr).rotate_left(32) as usize) & mask;
+        while d.slots[i].key != 0 {
+            i = (i + 1) & mask;
+        }
+        d.slots[i] = e;
+    }
+}
+
+/// Locks every shard (fork prepare, final snapshot).
+pub fn lock_all() {
+    for s in &TABLE {
+        s.lock.lock();
+    }
+}
+
+/// Unlocks every shard locked by [`lock_all`].
+pub fn unlock_all() {
+    for s in &TABLE {
+        s.lock.unlock();
+    }
+}
+
+/// Frees every shard lock in the child after fork.
+pub fn reset_locks() {
+    for s in &TABLE {
+        s.lock.reset();
+    }
+}
+
+/// Every shard, for the snapshot.
+pub fn shards() -> &'static [Shard; SHARDS] {
+    &TABLE
+}
+
+#[cfg(test)]
+mod tests {
+    // The agent crate is a cdylib without a test harness; the table is
+    // exercised end to end by crates/cli/tests.
+}

@@ -1,0 +1,295 @@
+//! What the hooks do around the real allocator: look the block up in the live
+//! table, detect misuse, capture the stack and append the event.
+
+use crate::arch::StartRegs;
+use crate::live::{self, Block, Freed};
+use crate::thread::{self, ThreadState, FINISHED};
+use crate::untracked;
+use crate::{clock, stacks, writer};
+use core::sync::atomic::{AtomicBool, Ordering};
+use trapline_trace::{AllocFn, ErrorKind, Event};
+
+/// Pass invalid and double frees on to the C library (`--pass-invalid-frees`).
+pub static PASS_INVALID: AtomicBool = AtomicBool::new(false);
+
+/// How a hook may use the agent right now.
+pub enum Entry {
+    /// Recording: the thread state, guard taken.
+    Record(&'static mut ThreadState),
+    /// Inside the agent already (signal handler or agent-internal call).
+    Nested(&'static mut ThreadState),
+    /// Not recording (finished, or a thread of the agent).
+    Off,
+}
+
+#[inline]
+pub fn enter() -> Entry {
+    if FINISHED.load(Ordering::Relaxed) {
+        return Entry::Off;
+    }
+    let ts = thread::current();
+    if ts.agent_thread {
+        return Entry::Off;
+    }
+    if ts.guard > 0 {
+        return Entry::Nested(ts);
+    }
+    ts.guard = 1;
+    Entry::Record(ts)
+}
+
+#[inline]
+pub fn leave(ts: &mut ThreadState) {
+    if ts.deferred_n > 0 {
+        apply_deferred(ts);
+    }
+    ts.guard = 0;
+}
+
+#[cold]
+fn apply_deferred(ts: &mut ThreadState) {
+    while ts.deferred_n > 0 {
+        ts.deferred_n -= 1;
+        let addr = ts.deferred[ts.deferred_n];
+        let mut shard = live::shard_of(addr).locked();
+        if shard.remove(addr).is_some() {
+            let t = shard.stamp(clock::tick(), ts.last_time);
+            drop(shard);
+            ts.last_time = t;
+            ts.emit(Some(t), |e, c| e.free(c, t, addr, AllocFn::Free, 0));
+        }
+    }
+}
+
+/// Makes sure the trace being written holds the definition of `id`.
+#[inline]
+fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
+    if id == 0 {
+        return;
+    }
+    let gen = writer::GEN.load(Ordering::Relaxed);
+    let Some(rec) = stacks::record(id) else { return };
+    if !new && rec.written_gen.load(Ordering::Relaxed) == gen {
+        return;
+    }
+    if rec.written_gen.swap(gen, Ordering::AcqRel) != gen || new {
+        let frames = stacks::frames(id);
+        ts.emit(None, |e, _| e.stack_def(id, frames));
+    }
+}
+
+/// Writes the definition of a stack id from any thread (snapshot, errors).
+pub fn ensure_stack_in(buf: &mut writer::Buffer, id: u32) -> bool {
+    if id == 0 {
+        return true;
+    }
+    let gen = writer::GEN.load(Ordering::Relaxed);
+    let Some(rec) = stacks::record(id) else { return true };
+    if rec.written_gen.load(Ordering::Relaxed) == gen || rec.written_gen.swap(gen, Ordering::AcqRel) == gen {
+        return true;
+    }
+    let frames = stacks::frames(id);
+    buf.push(None, |e, _| e.stack_def(id, frames))
+}
+
+/// Records an allocation that returned `addr`.
+#[inline]
+pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: StartRegs) {
+    if addr.is_null() {
+        return;
+    }
+    let addr = addr as u64;
+    match enter() {
+        Entry::Record(ts) => {
+            let cap = ts.capture(regs);
+            ensure_stack(ts, cap.id, cap.new);
+            if !live::storable(addr) {
+                untracked::insert(addr);
+            } else {
+                let mut shard = live::shard_of(addr).locked();
+                shard.insert(addr, Block { size: size as u64, func, stack: cap.id });
+                let t = shard.stamp(clock::tick(), ts.last_time);
+                drop(shard);
+                ts.last_time = t;
+                ts.emit(Some(t), |e, c| e.alloc(c, t, addr, size as u64, align as u64, func, cap.id));
+            }
+            leave(ts);
+        }
+        Entry::Nested(_) => untracked::insert(addr),
+        Entry::Off => {}
+    }
+}
+
+/// Records a release of `addr`; returns whether to pass it to the C library.
+#[inline]
+pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
+    if addr.is_null() {
+        return true;
+    }
+    let addr = addr as u64;
+    match enter() {
+        Entry::Record(ts) => {
+            let pass = free_recorded(ts, func, addr, regs);
+            leave(ts);
+            pass
+        }
+        Entry::Nested(ts) => {
+            if !untracked::remove(addr) {
+                if ts.deferred_n < ts.deferred.len() {
+                    ts.deferred[ts.deferred_n] = addr;
+                    ts.deferred_n += 1;
+                } else {
+                    writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            true
+        }
+        Entry::Off => true,
+    }
+}
+
+fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
+    let cap = ts.capture(regs);
+    ensure_stack(ts, cap.id, cap.new);
+    let mut shard = live::shard_of(addr).locked();
+    if let Some(block) = shard.remove(addr) {
+        shard.remember_free(Freed {
+            addr,
+            size: block.size,
+            func: block.func as u8,
+            alloc_stack: block.stack,
+            free_stack: cap.id,
+        });
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        ts.last_time = t;
+        ts.emit(Some(t), |e, c| e.free(c, t, addr, func, cap.id));
+        if block.func.family() != func.family() {
+            error(ts, t, ErrorKind::MismatchedFree, func, addr, cap.id, Some(block.func), block.size, block.stack, 0, true);
+        }
+        return true;
+    }
+    if untracked::remove(addr) {
+        return true;
+    }
+    let freed = shard.recently_freed(addr);
+    let t = shard.stamp(clock::tick(), ts.last_time);
+    drop(shard);
+    ts.last_time = t;
+    let pass = PASS_INVALID.load(Ordering::Relaxed);
+    match freed {
+        Some(f) => error(
+            ts,
+            t,
+            ErrorKind::DoubleFree,
+            func,
+            addr,
+            cap.id,
+            AllocFn::from_u8(f.func),
+            f.size,
+            f.alloc_stack,
+            f.free_stack,
+            pass,
+        ),
+        None => error(ts, t, ErrorKind::InvalidFree, func, addr, cap.id, None, 0, 0, 0, pass),
+    }
+    pass
+}
+
+#[allow(clippy::too_many_arguments)]
+fn error(
+    ts: &mut ThreadState,
+    time: u64,
+    kind: ErrorKind,
+    func: AllocFn,
+    addr: u64,
+    stack: u32,
+    alloc_func: Option<AllocFn>,
+    alloc_size: u64,
+    alloc_stack: u32,
+    free_stack: u32,
+    passed_on: bool,
+) {
+    ensure_stack(ts, alloc_stack, false);
+    ensure_stack(ts, free_stack, false);
+    let ev = Event::Error { time, kind, func, addr, stack, alloc_func, alloc_size, alloc_stack, free_stack, passed_on };
+    ts.emit(Some(time), |e, c| e.event(c, &ev));
+}
+
+/// realloc and reallocarray: validates the old pointer, calls `real`, records the move.
+#[inline]
+pub fn realloc(
+    func: AllocFn,
+    old: *mut u8,
+    size: usize,
+    regs: StartRegs,
+    real: impl FnOnce(*mut u8) -> *mut u8,
+) -> *mut u8 {
+    let old_addr = old as u64;
+    let ts = match enter() {
+        Entry::Record(ts) => ts,
+        Entry::Nested(ts) => {
+            let tracked_old = old_addr != 0 && !untracked::remove(old_addr);
+            let p = real(old);
+            if tracked_old && (!p.is_null() || size == 0) {
+                if ts.deferred_n < ts.deferred.len() {
+                    ts.deferred[ts.deferred_n] = old_addr;
+                    ts.deferred_n += 1;
+                }
+            } else if tracked_old {
+                return p;
+            }
+            untracked::insert(p as u64);
+            return p;
+        }
+        Entry::Off => return real(old),
+    };
+    let cap = ts.capture(regs);
+    ensure_stack(ts, cap.id, cap.new);
+    let mut old_block = None;
+    if old_addr != 0 {
+        let mut shard = live::shard_of(old_addr).locked();
+        old_block = shard.remove(old_addr);
+        if old_block.is_none() && !untracked::remove(old_addr) {
+            let t = shard.stamp(clock::tick(), ts.last_time);
+            drop(shard);
+            ts.last_time = t;
+            let pass = PASS_INVALID.load(Ordering::Relaxed);
+            error(ts, t, ErrorKind::InvalidRealloc, func, old_addr, cap.id, None, 0, 0, 0, pass);
+            leave(ts);
+            // Like memcheck: the bad call does nothing and returns NULL.
+            return if pass { real(old) } else { core::ptr::null_mut() };
+        }
+    }
+    let p = real(old);
+    let new_addr = p as u64;
+    if p.is_null() && size != 0 {
+        // Failed: the old block is untouched.
+        if let Some(b) = old_block {
+            live::shard_of(old_addr).locked().insert(old_addr, b);
+        }
+        leave(ts);
+        return p;
+    }
+    let t = if p.is_null() {
+        let mut shard = live::shard_of(old_addr).locked();
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        t
+    } else if live::storable(new_addr) {
+        let mut shard = live::shard_of(new_addr).locked();
+        shard.insert(new_addr, Block { size: size as u64, func, stack: cap.id });
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        t
+    } else {
+        untracked::insert(new_addr);
+        ts.last_time
+    };
+    ts.last_time = t;
+    ts.emit(Some(t), |e, c| {
+        e.event(c, &Event::Realloc { time: t, old_addr, new_addr, size: size as u64, func, stack: cap.id })
+    });
+    leave(ts);
+    p
+}

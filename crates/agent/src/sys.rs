@@ -1,0 +1,235 @@
+//! Thin wrappers over the C library: glibc's allocator internals (which the
+//! agent calls directly so its own work never enters the hooks), a futex lock
+//! that can be held across fork, and raw output.
+
+use core::sync::atomic::{AtomicU32, Ordering};
+
+extern "C" {
+    pub fn __libc_malloc(size: usize) -> *mut u8;
+    pub fn __libc_calloc(n: usize, size: usize) -> *mut u8;
+    pub fn __libc_realloc(ptr: *mut u8, size: usize) -> *mut u8;
+    pub fn __libc_free(ptr: *mut u8);
+    pub fn __libc_memalign(align: usize, size: usize) -> *mut u8;
+    pub fn __libc_valloc(size: usize) -> *mut u8;
+    pub fn __libc_pvalloc(size: usize) -> *mut u8;
+}
+
+/// The agent's own heap: glibc's allocator entered below the hooked symbols,
+/// so agent allocations are never recorded and never re-enter the agent.
+pub struct LibcInternalAlloc;
+
+// SAFETY: __libc_malloc/__libc_memalign/__libc_free/__libc_realloc implement
+// the GlobalAlloc contract (aligned, non-overlapping blocks) for the layouts we
+// route to them: malloc guarantees 16-byte alignment, larger alignments go to memalign.
+unsafe impl core::alloc::GlobalAlloc for LibcInternalAlloc {
+    unsafe fn alloc(&self, layout: core::alloc::Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            __libc_malloc(layout.size())
+        } else {
+            __libc_memalign(layout.align(), layout.size())
+        }
+    }
+    unsafe fn alloc_zeroed(&self, layout: core::alloc::Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            __libc_calloc(1, layout.size())
+        } else {
+            let p = __libc_memalign(layout.align(), layout.size());
+            if !p.is_null() {
+                core::ptr::write_bytes(p, 0, layout.size());
+            }
+            p
+        }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: core::alloc::Layout) {
+        __libc_free(ptr)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: core::alloc::Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= 16 {
+            __libc_realloc(ptr, new_size)
+        } else {
+            let new_layout = core::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
+            let p = self.alloc(new_layout);
+            if !p.is_null() {
+                core::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+            p
+        }
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts;
+    let tsp = match timeout_ns {
+        Some(ns) => {
+            ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };
+            &ts as *const libc::timespec
+        }
+        None => core::ptr::null(),
+    };
+    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which lives as long as the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            tsp,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32, count: i32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, count);
+    }
+}
+
+/// A futex word used as an event: waiters sleep until the value changes.
+pub struct Event {
+    word: AtomicU32,
+}
+
+impl Event {
+    pub const fn new() -> Self {
+        Event { word: AtomicU32::new(0) }
+    }
+    /// The current generation, to pass to [`Event::wait`].
+    pub fn generation(&self) -> u32 {
+        self.word.load(Ordering::Acquire)
+    }
+    /// Sleeps while the generation is still `seen`, at most `timeout_ns`.
+    pub fn wait(&self, seen: u32, timeout_ns: Option<u64>) {
+        futex_wait(&self.word, seen, timeout_ns);
+    }
+    pub fn notify_all(&self) {
+        self.word.fetch_add(1, Ordering::Release);
+        futex_wake(&self.word, i32::MAX);
+    }
+}
+
+/// A small lock: spin briefly, then sleep on a futex. Unlike `std::sync::Mutex`
+/// it can be locked in a `pthread_atfork` prepare handler and released in the
+/// parent and child handlers, which keeps every agent table consistent across fork.
+pub struct RawLock {
+    state: AtomicU32, // 0 free, 1 locked, 2 locked with sleepers
+}
+
+impl RawLock {
+    pub const fn new() -> Self {
+        RawLock { state: AtomicU32::new(0) }
+    }
+
+    #[inline]
+    pub fn lock(&self) {
+        if self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            self.lock_slow();
+        }
+    }
+
+    #[cold]
+    fn lock_slow(&self) {
+        for _ in 0..100 {
+            core::hint::spin_loop();
+            if self.state.load(Ordering::Relaxed) == 0
+                && self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+            {
+                return;
+            }
+        }
+        while self.state.swap(2, Ordering::Acquire) != 0 {
+            futex_wait(&self.state, 2, None);
+        }
+    }
+
+    /// Tries for about `spins` rounds; used on paths (fatal signals) where the
+    /// holder may be the interrupted thread itself.
+    pub fn try_lock_for(&self, spins: u32) -> bool {
+        for i in 0..spins {
+            if self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return true;
+            }
+            if i % 64 == 63 {
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+        false
+    }
+
+    #[inline]
+    pub fn unlock(&self) {
+        if self.state.swap(0, Ordering::Release) == 2 {
+            futex_wake(&self.state, 1);
+        }
+    }
+
+    /// Forces the lock free; only for the single-threaded child after fork.
+    pub fn reset(&self) {
+        self.state.store(0, Ordering::Relaxed);
+    }
+
+    pub fn guard(&self) -> LockGuard<'_> {
+        self.lock();
+        LockGuard(self)
+    }
+}
+
+pub struct LockGuard<'a>(&'a RawLock);
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        self.0.unlock();
+    }
+}
+
+/// Writes all of `bytes` to `fd`, retrying on EINTR and short writes.
+pub fn write_all(fd: i32, mut bytes: &[u8]) -> bool {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe a live slice.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return false;
+        }
+        bytes = &bytes[n as usize..];
+    }
+    true
+}
+
+/// The kernel thread id of the calling thread.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// The process id, from the kernel (not cached: correct in fork and vfork children).
+pub fn getpid_raw() -> u32 {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_getpid) as u32 }
+}
+
+/// Prints a diagnostic from the agent to stderr without allocating.
+pub fn warn(msg: &str) {
+    write_all(2, b"trapline agent: ");
+    write_all(2, msg.as_bytes());
+    write_all(2, b"\n");
+}
+
+/// The next definition of `name` after the agent (RTLD_NEXT), or 0.
+pub fn next_symbol(name: &core::ffi::CStr) -> usize {
+    // SAFETY: dlsym with a NUL-terminated name; may allocate, which the
+    // re-entrancy guard of the calling hook (if any) handles.
+    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+}
+
+/// Any definition of `name` in the process (RTLD_DEFAULT), or 0.
+pub fn any_symbol(name: &core::ffi::CStr) -> usize {
+    // SAFETY: as above.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+}

@@ -1,0 +1,303 @@
+//! Per-thread state: the re-entrancy guard, the event buffer, the unwinding
+//! cache and the stack bounds.
+//!
+//! Found through a pthread key rather than Rust thread-locals: a key below 32
+//! lives in the thread descriptor, so reading it never allocates (Rust TLS in
+//! a dlopen-able library may call __tls_get_addr, which can call malloc), and
+//! its destructor runs at every thread exit, including pthread_exit.
+
+use crate::arch::StartRegs;
+use crate::sys::{self, RawLock};
+use crate::unwind::{Bounds, Captured, StackCapture};
+use crate::writer::{self, Buffer};
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use trapline_trace::{ChunkContext, Encoder};
+
+const DEFERRED: usize = 32;
+
+pub struct ThreadState {
+    /// Depth of agent code on this thread's stack; >0 means a nested call
+    /// (signal handler, or a libc function the agent called) passes through.
+    pub guard: u32,
+    pub tid: u32,
+    /// Never records (the writer thread).
+    pub agent_thread: bool,
+    /// Held by the owner while encoding, by a stealer while taking the buffer.
+    buf_lock: AtomicU32,
+    buf: UnsafeCell<Option<Box<Buffer>>>,
+    /// Time of this thread's latest event.
+    pub last_time: u64,
+    pub capture: Box<StackCapture>,
+    stack: Bounds,
+    /// Frees of tracked blocks made while the guard was held (a signal handler
+    /// interrupting the agent); applied when the outer hook leaves.
+    pub deferred: [u64; DEFERRED],
+    pub deferred_n: usize,
+}
+
+static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
+static KEY_LOCK: RawLock = RawLock::new();
+
+struct Registry {
+    threads: Vec<*mut ThreadState>,
+}
+struct RegistryCell {
+    lock: RawLock,
+    reg: UnsafeCell<Registry>,
+}
+// SAFETY: `reg` is only accessed with `lock` held.
+unsafe impl Sync for RegistryCell {}
+static REGISTRY: RegistryCell = RegistryCell { lock: RawLock::new(), reg: UnsafeCell::new(Registry { threads: Vec::new() }) };
+
+/// Set once the process trace is finished: hooks stop recording.
+pub static FINISHED: AtomicBool = AtomicBool::new(false);
+
+unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
+    let ts = p as *mut ThreadState;
+    // Keep the state reachable while we flush, in case a later destructor allocates.
+    {
+        let _g = REGISTRY.lock.guard();
+        // SAFETY: guarded by the registry lock.
+        let reg = unsafe { &mut *REGISTRY.reg.get() };
+        reg.threads.retain(|&t| t != ts);
+    }
+    // SAFETY: `ts` came from Box::into_raw in `create` and is no longer registered.
+    let mut state = unsafe { Box::from_raw(ts) };
+    state.guard += 1;
+    if let Some(b) = state.take_buffer() {
+        writer::submit(b, true);
+    }
+}
+
+fn key() -> libc::pthread_key_t {
+    let k = KEY.load(Ordering::Acquire);
+    if k != u32::MAX {
+        return k;
+    }
+    let _g = KEY_LOCK.guard();
+    let k = KEY.load(Ordering::Acquire);
+    if k != u32::MAX {
+        return k;
+    }
+    let mut k: libc::pthread_key_t = 0;
+    // SAFETY: creating a key with a valid destructor.
+    unsafe { libc::pthread_key_create(&mut k, Some(on_thread_exit)) };
+    KEY.store(k, Ordering::Release);
+    k
+}
+
+fn stack_bounds() -> Bounds {
+    // SAFETY: pthread_getattr_np fills an attr we own and destroy.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) == 0 {
+            let mut addr: *mut libc::c_void = core::ptr::null_mut();
+            let mut size: usize = 0;
+            libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+            libc::pthread_attr_destroy(&mut attr);
+            let lo = addr as u64;
+            return Bounds { lo, hi: lo + size as u64 };
+        }
+    }
+    Bounds { lo: 0, hi: 0 }
+}
+
+fn create() -> *mut ThreadState {
+    let ts = Box::into_raw(Box::new(ThreadState {
+        guard: 1, // stack_bounds() below may allocate through the hooks
+        tid: sys::gettid(),
+        agent_thread: false,
+        buf_lock: AtomicU32::new(0),
+        buf: UnsafeCell::new(None),
+        last_time: 0,
+        capture: StackCapture::new(),
+        stack: Bounds { lo: 0, hi: 0 },
+        deferred: [0; DEFERRED],
+        deferred_n: 0,
+    }));
+    // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
+    unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };
+    {
+        let _g = REGISTRY.lock.guard();
+        // SAFETY: guarded by the registry lock.
+        unsafe { &mut *REGISTRY.reg.get() }.threads.push(ts);
+    }
+    let bounds = stack_bounds();
+    // SAFETY: `ts` is ours and not yet shared beyond the registry (which only touches buf).
+    unsafe {
+        (*ts).stack = bounds;
+        (*ts).guard = 0;
+    }
+    ts
+}
+
+/// This thread's state, created on first use.
+#[inline]
+pub fn current() -> &'static mut ThreadState {
+    // SAFETY: the key's value is either null or a ThreadState owned by this thread.
+    let p = unsafe { libc::pthread_getspecific(key()) } as *mut ThreadState;
+    let p = if p.is_null() { create() } else { p };
+    // SAFETY: only this thread uses its state mutably (stealers only touch `buf` under buf_lock).
+    unsafe { &mut *p }
+}
+
+/// Marks the calling thread as the agent's own: it never records.
+pub fn mark_agent_thread() {
+    let ts = current();
+    ts.agent_thread = true;
+    ts.guard = 1;
+}
+
+impl ThreadState {
+    /// Stack bounds for a capture starting at stack pointer `sp`.
+    pub fn bounds_for(&self, sp: u64) -> Bounds {
+        if sp >= self.stack.lo && sp < self.stack.hi {
+            let lo = sp.saturating_sub(crate::arch::RED_ZONE).max(self.stack.lo);
+            return Bounds { lo, hi: self.stack.hi };
+        }
+        // Another stack (sigaltstack, a coroutine): only the current page is known to be mapped.
+        Bounds { lo: sp, hi: (sp | 4095) + 1 }
+    }
+
+    /// Captures the call stack from a hook's registers.
+    #[inline]
+    pub fn capture(&mut self, start: StartRegs) -> Captured {
+        let b = self.bounds_for(start.sp);
+        self.capture.capture(start, b)
+    }
+
+    fn lock_buf(&self) {
+        while self.buf_lock.swap(1, Ordering::Acquire) != 0 {
+            core::hint::spin_loop();
+        }
+    }
+
+    fn unlock_buf(&self) {
+        self.buf_lock.store(0, Ordering::Release);
+    }
+
+    /// Takes this thread's buffer (owner or stealer).
+    fn take_buffer(&self) -> Option<Box<Buffer>> {
+        self.lock_buf();
+        // SAFETY: buf is accessed only with buf_lock held.
+        let b = unsafe { (*self.buf.get()).take() };
+        self.unlock_buf();
+        b
+    }
+
+    /// Appends one event to this thread's buffer.
+    #[inline]
+    pub fn emit(
+        &mut self,
+        time: Option<u64>,
+        f: impl FnOnce(&mut Encoder<'_>, &mut ChunkContext) -> Result<(), trapline_trace::event::NoRoom>,
+    ) {
+        self.lock_buf();
+        // SAFETY: buf is accessed only with buf_lock held.
+        let slot = unsafe { &mut *self.buf.get() };
+        let gen = writer::GEN.load(Ordering::Relaxed);
+        let needs_new = match slot {
+            Some(b) => b.room() < writer::EVENT_RESERVE || b.gen != gen,
+            None => true,
+        };
+        if needs_new {
+            let old = slot.take();
+            let fresh = writer::take_buffer(self.tid);
+            *slot = Some(fresh);
+            if let Some(old) = old {
+                // Submitting may wait for the writer; release our lock so a
+                // stealer is never blocked behind us.
+                self.unlock_buf();
+                writer::submit(old, true);
+                self.lock_buf();
+            }
+        }
+        // SAFETY: as above.
+        let slot = unsafe { &mut *self.buf.get() };
+        if let Some(b) = slot.as_mut() {
+            if !b.push(time, f) {
+                writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.unlock_buf();
+    }
+}
+
+/// Takes the partly filled buffers of every thread and queues them (periodic
+/// flush, exit). `spins` bounds the wait for a thread that is mid-event.
+pub fn steal_all(spins: u32) {
+    if !REGISTRY.lock.try_lock_for(spins.max(1)) {
+        return;
+    }
+    // SAFETY: guarded by the registry lock.
+    let reg = unsafe { &*REGISTRY.reg.get() };
+    for &ts in &reg.threads {
+        // SAFETY: registered states stay alive until unregistered under this lock.
+        let ts = unsafe { &*ts };
+        let mut ok = false;
+        for _ in 0..spins.max(1) {
+            if ts.buf_lock.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                ok = true;
+                break;
+            }
+            core::hint::spin_loop();
+        }
+        if !ok {
+            continue;
+        }
+        // SAFETY: we hold this thread's buf_lock.
+        let b = unsafe { (*ts.buf.get()).take() };
+        ts.buf_lock.store(0, Ordering::Release);
+        if let Some(b) = b {
+            writer::submit(b, false);
+        }
+    }
+    REGISTRY.lock.unlock();
+}
+
+/// Fork prepare: hold the registry and every buffer lock.
+pub fn lock_all() {
+    REGISTRY.lock.lock();
+    // SAFETY: guarded by the registry lock.
+    for &ts in unsafe { &(*REGISTRY.reg.get()).threads } {
+        // SAFETY: registered states are alive.
+        unsafe { &*ts }.lock_buf();
+    }
+}
+
+pub fn unlock_all() {
+    // SAFETY: we hold the registry lock (taken in lock_all).
+    for &ts in unsafe { &(*REGISTRY.reg.get()).threads } {
+        // SAFETY: registered states are alive.
+        unsafe { &*ts }.unlock_buf();
+    }
+    REGISTRY.lock.unlock();
+}
+
+/// Fork child: only the calling thread survives; its buffer held the parent's events.
+pub fn reset_in_child() {
+    let me = {
+        // SAFETY: the key's value is null or our state.
+        unsafe { libc::pthread_getspecific(key()) as *mut ThreadState }
+    };
+    REGISTRY.lock.reset();
+    KEY_LOCK.reset();
+    // SAFETY: single-threaded child.
+    let reg = unsafe { &mut *REGISTRY.reg.get() };
+    // Other threads' states are gone with their threads; their memory is leaked
+    // on purpose (freeing could race nothing, but their buffers are the parent's).
+    reg.threads.retain(|&t| t == me);
+    if !me.is_null() {
+        // SAFETY: our own state.
+        let ts = unsafe { &mut *me };
+        ts.buf_lock.store(0, Ordering::Relaxed);
+        // SAFETY: single-threaded.
+        if let Some(b) = unsafe { (*ts.buf.get()).as_mut() } {
+            b.reset(ts.tid, 0);
+        }
+        ts.tid = sys::gettid();
+        ts.capture.invalidate();
+        ts.last_time = 0;
+    }
+}

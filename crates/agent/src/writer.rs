@@ -1,0 +1,341 @@
+//! Event buffers and the writer thread.
+//!
+//! Program threads fill buffers of their own (no lock shared between threads
+//! on the event path); a full buffer goes onto a queue that the writer thread
+//! drains: it compresses each buffer into a chunk and appends it to the trace.
+//! Buffers cycle back through a free list. Past a memory cap producers wait for
+//! the writer rather than drop events. The writer also publishes the clock tick
+//! every millisecond and, every 200 ms, takes the partly filled buffers of all
+//! threads, so a long-running or SIGKILLed program leaves a trace that is at
+//! most a fraction of a second behind.
+
+use crate::sys::{self, RawLock};
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use trapline_trace::format::{encode_chunk, write_file_header};
+use trapline_trace::{ChunkContext, Encoder, Event};
+
+/// Capacity of one event buffer (one chunk before compression).
+pub const BUFFER_SIZE: usize = 128 << 10;
+/// Room that must be free before any single event is encoded.
+pub const EVENT_RESERVE: usize = 12 << 10;
+/// Queued buffers past which producers wait for the writer.
+const QUEUE_CAP_BYTES: usize = 128 << 20;
+
+/// Events of one thread (or of the agent itself, tid 0) awaiting the writer.
+pub struct Buffer {
+    pub data: Box<[u8]>,
+    pub len: usize,
+    pub events: u32,
+    pub first_time: u64,
+    pub last_time: u64,
+    pub tid: u32,
+    pub ctx: ChunkContext,
+    /// Trace file generation this buffer belongs to (a fork child starts a new one).
+    pub gen: u32,
+}
+
+impl Buffer {
+    fn new() -> Box<Buffer> {
+        Box::new(Buffer {
+            data: vec![0u8; BUFFER_SIZE].into_boxed_slice(),
+            len: 0,
+            events: 0,
+            first_time: 0,
+            last_time: 0,
+            tid: 0,
+            ctx: ChunkContext::default(),
+            gen: 0,
+        })
+    }
+
+    pub fn reset(&mut self, tid: u32, gen: u32) {
+        self.len = 0;
+        self.events = 0;
+        self.first_time = 0;
+        self.last_time = 0;
+        self.tid = tid;
+        self.ctx = ChunkContext::default();
+        self.gen = gen;
+    }
+
+    pub fn room(&self) -> usize {
+        self.data.len() - self.len
+    }
+
+    /// Encodes one event with `f`; returns false if it did not fit.
+    pub fn push(
+        &mut self,
+        time: Option<u64>,
+        f: impl FnOnce(&mut Encoder<'_>, &mut ChunkContext) -> Result<(), trapline_trace::event::NoRoom>,
+    ) -> bool {
+        let mut ctx = self.ctx;
+        let mut enc = Encoder::new(&mut self.data[self.len..]);
+        if f(&mut enc, &mut ctx).is_err() {
+            return false;
+        }
+        self.len += enc.len();
+        self.ctx = ctx;
+        self.events += 1;
+        if let Some(t) = time {
+            if self.first_time == 0 {
+                self.first_time = t;
+            }
+            self.last_time = self.last_time.max(t);
+        }
+        true
+    }
+
+    pub fn push_event(&mut self, ev: &Event, time: Option<u64>) -> bool {
+        self.push(time, |e, c| e.event(c, ev))
+    }
+}
+
+struct Queue {
+    full: VecDeque<Box<Buffer>>,
+    free: Vec<Box<Buffer>>,
+    queued_bytes: usize,
+}
+
+struct Shared {
+    lock: RawLock,
+    q: UnsafeCell<Queue>,
+}
+// SAFETY: `q` is only accessed with `lock` held.
+unsafe impl Sync for Shared {}
+
+static SHARED: Shared = Shared {
+    lock: RawLock::new(),
+    q: UnsafeCell::new(Queue { full: VecDeque::new(), free: Vec::new(), queued_bytes: 0 }),
+};
+/// Wakes the writer (new work) and producers (space freed).
+static WORK: sys::Event = sys::Event::new();
+static SPACE: sys::Event = sys::Event::new();
+static DONE: sys::Event = sys::Event::new();
+static RUNNING: AtomicBool = AtomicBool::new(false);
+static STOP: AtomicBool = AtomicBool::new(false);
+static STOPPED: AtomicBool = AtomicBool::new(false);
+/// Trace file descriptor (-1 before the trace is opened).
+static FD: AtomicI32 = AtomicI32::new(-1);
+/// Current trace generation.
+pub static GEN: AtomicU32 = AtomicU32::new(1);
+/// Events handed to the writer.
+pub static EVENTS_SUBMITTED: AtomicU64 = AtomicU64::new(0);
+/// Events written to the trace file.
+pub static EVENTS_WRITTEN: AtomicU64 = AtomicU64::new(0);
+/// Events that could not be written (I/O errors); reported in the end record.
+pub static EVENTS_LOST: AtomicU64 = AtomicU64::new(0);
+
+fn with_queue<R>(f: impl FnOnce(&mut Queue) -> R) -> R {
+    let _g = SHARED.lock.guard();
+    // SAFETY: guarded by SHARED.lock.
+    f(unsafe { &mut *SHARED.q.get() })
+}
+
+/// A fresh buffer for thread `tid`.
+pub fn take_buffer(tid: u32) -> Box<Buffer> {
+    let mut b = with_queue(|q| q.free.pop()).unwrap_or_else(Buffer::new);
+    b.reset(tid, GEN.load(Ordering::Relaxed));
+    b
+}
+
+/// Queues a filled buffer for writing. With `wait`, blocks while the queue is
+/// over its memory cap (the writer is behind); never blocks before the writer runs.
+pub fn submit(b: Box<Buffer>, wait: bool) {
+    if b.events == 0 {
+        with_queue(|q| q.free.push(b));
+        return;
+    }
+    let size = b.data.len();
+    EVENTS_SUBMITTED.fetch_add(u64::from(b.events), Ordering::Relaxed);
+    let mut slot = Some(b);
+    loop {
+        let seen = SPACE.generation();
+        with_queue(|q| {
+            if !wait || !RUNNING.load(Ordering::Acquire) || q.queued_bytes + size <= QUEUE_CAP_BYTES {
+                q.queued_bytes += size;
+                q.full.extend(slot.take());
+            }
+        });
+        if slot.is_none() {
+            break;
+        }
+        WORK.notify_all();
+        SPACE.wait(seen, Some(10_000_000));
+    }
+    WORK.notify_all();
+}
+
+/// Queues a buffer of the agent's own records ahead of everything else.
+pub fn submit_first(b: Box<Buffer>) {
+    EVENTS_SUBMITTED.fetch_add(u64::from(b.events), Ordering::Relaxed);
+    with_queue(|q| {
+        q.queued_bytes += b.data.len();
+        q.full.push_front(b)
+    });
+    WORK.notify_all();
+}
+
+fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
+    let fd = FD.load(Ordering::Acquire);
+    if b.gen != GEN.load(Ordering::Relaxed) {
+        return; // a parent's buffer seen by a fork child: the parent writes it
+    }
+    encode_chunk(scratch, b.tid, b.events, b.first_time, b.last_time, &b.data[..b.len]);
+    if fd >= 0 && sys::write_all(fd, scratch) {
+        EVENTS_WRITTEN.fetch_add(u64::from(b.events), Ordering::Relaxed);
+    } else {
+        EVENTS_LOST.fetch_add(u64::from(b.events), Ordering::Relaxed);
+    }
+}
+
+/// Writes every queued buffer now, from the calling thread.
+pub fn drain(scratch: &mut Vec<u8>) {
+    loop {
+        let Some(b) = with_queue(|q| {
+            let b = q.full.pop_front();
+            if let Some(b) = &b {
+                q.queued_bytes -= b.data.len();
+            }
+            b
+        }) else {
+            break;
+        };
+        write_one(&b, scratch);
+        with_queue(|q| q.free.push(b));
+        SPACE.notify_all();
+    }
+}
+
+/// Opens the trace file and writes its header.
+pub fn open(path: &std::ffi::CStr, exclusive: bool) -> Result<(), i32> {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | if exclusive { libc::O_EXCL } else { libc::O_TRUNC };
+    // SAFETY: `path` is NUL-terminated.
+    let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    let mut header = Vec::new();
+    let _ = write_file_header(&mut header);
+    sys::write_all(fd, &header);
+    FD.store(fd, Ordering::Release);
+    Ok(())
+}
+
+static PERIODIC: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
+    // First thing: this thread's own allocations (TLS setup) must never be recorded.
+    crate::thread::mark_agent_thread();
+    // SAFETY: naming our own thread; the name fits in 16 bytes.
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-writer".as_ptr()) };
+    // SAFETY: PERIODIC holds a `fn()` stored by `start`.
+    let periodic: fn() = unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };
+    let mut scratch = Vec::new();
+    let mut last_sweep = 0u64;
+    loop {
+        let seen = WORK.generation();
+        drain(&mut scratch);
+        let now = crate::clock::precise_now();
+        if now.saturating_sub(last_sweep) >= 200_000_000 {
+            last_sweep = now;
+            periodic();
+            drain(&mut scratch);
+        }
+        if STOP.load(Ordering::Acquire) {
+            drain(&mut scratch);
+            break;
+        }
+        WORK.wait(seen, Some(1_000_000));
+    }
+    RUNNING.store(false, Ordering::Release);
+    STOPPED.store(true, Ordering::Release);
+    DONE.notify_all();
+    core::ptr::null_mut()
+}
+
+/// Starts the writer thread (a raw pthread, detached: nothing of Rust's
+/// thread runtime runs on it before it is marked as the agent's own).
+pub fn start(periodic: fn()) {
+    PERIODIC.store(periodic as *const () as usize, Ordering::Release);
+    STOP.store(false, Ordering::Release);
+    STOPPED.store(false, Ordering::Release);
+    RUNNING.store(true, Ordering::Release);
+    // SAFETY: creating a detached thread running `writer_main`, which takes no argument.
+    let ok = unsafe {
+        let mut t: libc::pthread_t = 0;
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        let r = libc::pthread_create(&mut t, &attr, writer_main, core::ptr::null_mut());
+        libc::pthread_attr_destroy(&mut attr);
+        r == 0
+    };
+    if !ok {
+        RUNNING.store(false, Ordering::Release);
+        sys::warn("cannot start the writer thread; the trace is written at exit");
+    }
+}
+
+/// Stops the writer after it has written everything queued, waiting at most
+/// `timeout_ms`; then writes whatever is left from this thread and closes the file.
+pub fn finish(timeout_ms: u64) {
+    if RUNNING.load(Ordering::Acquire) {
+        STOP.store(true, Ordering::Release);
+        WORK.notify_all();
+        let deadline = crate::clock::precise_now() + timeout_ms * 1_000_000;
+        while !STOPPED.load(Ordering::Acquire) && crate::clock::precise_now() < deadline {
+            let seen = DONE.generation();
+            if STOPPED.load(Ordering::Acquire) {
+                break;
+            }
+            DONE.wait(seen, Some(5_000_000));
+        }
+    }
+    let mut scratch = Vec::new();
+    drain(&mut scratch);
+    let fd = FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: we own this descriptor; nobody writes after FD was cleared.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Locks the queue for fork.
+pub fn lock() {
+    SHARED.lock.lock();
+}
+
+pub fn unlock() {
+    SHARED.lock.unlock();
+}
+
+/// After a failed exec: the old file is closed; a new one follows.
+pub fn reset_for_new_file() {
+    EVENTS_SUBMITTED.store(0, Ordering::Relaxed);
+    EVENTS_WRITTEN.store(0, Ordering::Relaxed);
+    EVENTS_LOST.store(0, Ordering::Relaxed);
+    GEN.fetch_add(1, Ordering::AcqRel);
+}
+
+/// In a fork child: drop the parent's queue and file, start a new generation.
+pub fn reset_in_child() {
+    SHARED.lock.reset();
+    // SAFETY: the child is single-threaded here.
+    let q = unsafe { &mut *SHARED.q.get() };
+    while let Some(b) = q.full.pop_front() {
+        q.free.push(b);
+    }
+    q.queued_bytes = 0;
+    let fd = FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the parent's descriptor copy; the child must not write to it.
+        unsafe { libc::close(fd) };
+    }
+    RUNNING.store(false, Ordering::Release);
+    GEN.fetch_add(1, Ordering::AcqRel);
+    EVENTS_SUBMITTED.store(0, Ordering::Relaxed);
+    EVENTS_WRITTEN.store(0, Ordering::Relaxed);
+    EVENTS_LOST.store(0, Ordering::Relaxed);
+}
