@@ -40,22 +40,34 @@ fn env(name: &str) -> Option<String> {
 fn own_path() -> String {
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
     // SAFETY: dladdr fills `info` for an address inside this library.
-    if unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) } != 0 && !info.dli_fname.is_null() {
+    if unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) } != 0
+        && !info.dli_fname.is_null()
+    {
         // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
-        return unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+        return unsafe { CStr::from_ptr(info.dli_fname) }
+            .to_string_lossy()
+            .into_owned();
     }
     String::new()
 }
 
 fn read_cmdline() -> Vec<String> {
-    let Ok(bytes) = std::fs::read("/proc/self/cmdline") else { return Vec::new() };
-    bytes.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+    let Ok(bytes) = std::fs::read("/proc/self/cmdline") else {
+        return Vec::new();
+    };
+    bytes
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
 }
 
 /// Everything a trace starts with: the process and its modules.
 fn header_buffer() -> Box<Buffer> {
     let mut b = writer::take_buffer(0);
-    let exe = std::fs::read_link("/proc/self/exe").map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    let exe = std::fs::read_link("/proc/self/exe")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
     // SAFETY: getppid has no preconditions.
     let ppid = unsafe { libc::getppid() } as u32;
     let ev = Event::Process(ProcessInfo {
@@ -86,26 +98,40 @@ fn push_or_flush(mut b: Box<Buffer>, ev: &Event, time: Option<u64>) -> Box<Buffe
 /// Opens the trace file for this process image: `output` for the top process,
 /// `output.<pid>` (then `.1`, `.2`, ... if taken) for every other one.
 fn open_trace(top: bool) -> bool {
-    let Some(cfg) = CONFIG.get() else { return false };
+    let Some(cfg) = CONFIG.get() else {
+        return false;
+    };
     let pid = PID.load(Ordering::Relaxed);
     if top {
         let path = CString::new(cfg.output.clone()).unwrap_or_default();
         return match writer::open(&path, false) {
             Ok(()) => true,
             Err(e) => {
-                sys::warn(&format!("cannot write trace {}: {}", cfg.output, std::io::Error::from_raw_os_error(e)));
+                sys::warn(&format!(
+                    "cannot write trace {}: {}",
+                    cfg.output,
+                    std::io::Error::from_raw_os_error(e)
+                ));
                 false
             }
         };
     }
     for n in 0..1000 {
-        let name = if n == 0 { format!("{}.{}", cfg.output, pid) } else { format!("{}.{}.{}", cfg.output, pid, n) };
+        let name = if n == 0 {
+            format!("{}.{}", cfg.output, pid)
+        } else {
+            format!("{}.{}.{}", cfg.output, pid, n)
+        };
         let path = CString::new(name.clone()).unwrap_or_default();
         match writer::open(&path, true) {
             Ok(()) => return true,
             Err(libc::EEXIST) => continue,
             Err(e) => {
-                sys::warn(&format!("cannot write trace {}: {}", name, std::io::Error::from_raw_os_error(e)));
+                sys::warn(&format!(
+                    "cannot write trace {}: {}",
+                    name,
+                    std::io::Error::from_raw_os_error(e)
+                ));
                 return false;
             }
         }
@@ -129,11 +155,15 @@ pub fn init() {
     START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
     let top = env(ENV_ROLE).as_deref() == Some("top");
-    let output = env(ENV_OUTPUT).unwrap_or_else(|| format!("trapline-{}.trace", PID.load(Ordering::Relaxed)));
+    let output = env(ENV_OUTPUT)
+        .unwrap_or_else(|| format!("trapline-{}.trace", PID.load(Ordering::Relaxed)));
     let follow = env(ENV_FOLLOW).as_deref() != Some("0");
     FOLLOW.store(follow, Ordering::Relaxed);
     FREERES.store(env(ENV_FREERES).as_deref() != Some("0"), Ordering::Relaxed);
-    record::PASS_INVALID.store(env(ENV_PASS_INVALID).as_deref() == Some("1"), Ordering::Relaxed);
+    record::PASS_INVALID.store(
+        env(ENV_PASS_INVALID).as_deref() == Some("1"),
+        Ordering::Relaxed,
+    );
     // SAFETY: constructors run before main, with no other thread reading the environment.
     unsafe {
         libc::unsetenv(c"TRAPLINE_ROLE".as_ptr());
@@ -141,7 +171,10 @@ pub fn init() {
     if !follow {
         remove_self_from_preload();
     }
-    let _ = CONFIG.set(Config { output, agent_path: own_path() });
+    let _ = CONFIG.set(Config {
+        output,
+        agent_path: own_path(),
+    });
     crate::hooks::alloc::resolve();
     crate::hooks::process::resolve();
     crate::hooks::signals::install();
@@ -166,7 +199,10 @@ extern "C" {
 
 fn remove_self_from_preload() {
     let Some(v) = env("LD_PRELOAD") else { return };
-    let rest: Vec<&str> = v.split([' ', ':']).filter(|s| !s.is_empty() && !s.contains("libtrapline_agent")).collect();
+    let rest: Vec<&str> = v
+        .split([' ', ':'])
+        .filter(|s| !s.is_empty() && !s.contains("libtrapline_agent"))
+        .collect();
     // SAFETY: before main; single-threaded.
     unsafe {
         if rest.is_empty() {
@@ -214,7 +250,14 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
         b = push_or_flush(b, &Event::ModuleLoad(m), None);
     }
     let time = clock::precise_now();
-    b = push_or_flush(b, &Event::SnapshotBegin { time, kind: SnapshotKind::Exit }, Some(time));
+    b = push_or_flush(
+        b,
+        &Event::SnapshotBegin {
+            time,
+            kind: SnapshotKind::Exit,
+        },
+        Some(time),
+    );
     let (mut blocks, mut bytes) = (0u64, 0u64);
     for shard in live::shards() {
         let Some(mut locked) = shard.try_locked(spins) else {
@@ -227,7 +270,15 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
                 writer::submit(full, false);
             }
             ensure_stack_in(&mut b, block.stack);
-            b.push_event(&Event::LiveBlock { addr, size: block.size, func: block.func, stack: block.stack }, None);
+            b.push_event(
+                &Event::LiveBlock {
+                    addr,
+                    size: block.size,
+                    func: block.func,
+                    stack: block.stack,
+                },
+                None,
+            );
             blocks += 1;
             bytes += block.size;
         });
@@ -236,13 +287,22 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
     FINISHED.store(true, Ordering::Release);
     thread::steal_all(if in_signal { 100_000 } else { 10_000_000 });
     let end_time = clock::precise_now();
-    let lost = writer::EVENTS_LOST.load(Ordering::Relaxed) + untracked::OVERFLOW.load(Ordering::Relaxed);
+    let lost =
+        writer::EVENTS_LOST.load(Ordering::Relaxed) + untracked::OVERFLOW.load(Ordering::Relaxed);
     let counters = EndCounters {
         events: writer::EVENTS_SUBMITTED.load(Ordering::Relaxed) + u64::from(b.events) + 1,
         events_lost: lost,
         untracked_calls: untracked::CALLS.load(Ordering::Relaxed),
     };
-    b = push_or_flush(b, &Event::End { time: end_time, exit, counters }, Some(end_time));
+    b = push_or_flush(
+        b,
+        &Event::End {
+            time: end_time,
+            exit,
+            counters,
+        },
+        Some(end_time),
+    );
     writer::submit(b, false);
     writer::finish(if in_signal { 5_000 } else { 120_000 });
     ts.guard -= 1;
@@ -308,8 +368,14 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
     }
     let Some(cfg) = CONFIG.get() else { return add };
     let has = |k: &[u8]| envp.iter().any(|e| e.starts_with(k));
-    if !envp.iter().any(|e| e.starts_with(b"LD_PRELOAD=") && e.windows(17).any(|w| w == b"libtrapline_agent")) {
-        let existing = envp.iter().find(|e| e.starts_with(b"LD_PRELOAD=")).map(|e| &e[11..]);
+    if !envp
+        .iter()
+        .any(|e| e.starts_with(b"LD_PRELOAD=") && e.windows(17).any(|w| w == b"libtrapline_agent"))
+    {
+        let existing = envp
+            .iter()
+            .find(|e| e.starts_with(b"LD_PRELOAD="))
+            .map(|e| &e[11..]);
         let mut v = format!("LD_PRELOAD={}", cfg.agent_path).into_bytes();
         if let Some(x) = existing {
             v.push(b':');

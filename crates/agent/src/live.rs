@@ -49,9 +49,17 @@ fn unpack(e: Entry) -> (u64, Block) {
     let addr = (e.key & ((1 << ADDR_BITS) - 1)) << 4;
     let stack_hi = e.key >> ADDR_BITS;
     let size = e.meta & ((1 << SIZE_BITS) - 1);
-    let func = AllocFn::from_u8(((e.meta >> SIZE_BITS) & ((1 << FUNC_BITS) - 1)) as u8).unwrap_or(AllocFn::Malloc);
+    let func = AllocFn::from_u8(((e.meta >> SIZE_BITS) & ((1 << FUNC_BITS) - 1)) as u8)
+        .unwrap_or(AllocFn::Malloc);
     let stack_lo = e.meta >> (SIZE_BITS + FUNC_BITS);
-    (addr, Block { size, func, stack: ((stack_hi << STACK_LO_BITS) | stack_lo) as u32 })
+    (
+        addr,
+        Block {
+            size,
+            func,
+            stack: ((stack_hi << STACK_LO_BITS) | stack_lo) as u32,
+        },
+    )
 }
 
 #[inline]
@@ -131,7 +139,9 @@ impl Shard {
         if spins == u32::MAX {
             return Some(self.locked());
         }
-        self.lock.try_lock_for(spins).then_some(Locked { shard: self })
+        self.lock
+            .try_lock_for(spins)
+            .then_some(Locked { shard: self })
     }
 }
 
@@ -200,7 +210,8 @@ impl Locked<'_> {
             if e.key == 0 {
                 break;
             }
-            let home = (hash((e.key & ((1 << ADDR_BITS) - 1)) << 4).rotate_left(32) as usize) & mask;
+            let home =
+                (hash((e.key & ((1 << ADDR_BITS) - 1)) << 4).rotate_left(32) as usize) & mask;
             // Move e into the hole if its home is not in (hole, j].
             let dist_home = j.wrapping_sub(home) & mask;
             let dist_hole = j.wrapping_sub(hole) & mask;

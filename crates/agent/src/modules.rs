@@ -61,7 +61,11 @@ unsafe impl Sync for Modules {}
 
 static MODULES: Modules = Modules {
     lock: RawLock::new(),
-    reg: UnsafeCell::new(Registry { known: Vec::new(), next_id: 1, all_unwinders: Vec::new() }),
+    reg: UnsafeCell::new(Registry {
+        known: Vec::new(),
+        next_id: 1,
+        all_unwinders: Vec::new(),
+    }),
 };
 static UNWINDER: AtomicPtr<Unwinder> = AtomicPtr::new(core::ptr::null_mut());
 static GENERATION: AtomicU32 = AtomicU32::new(0);
@@ -104,9 +108,14 @@ fn read_build_id(note_start: u64, note_len: u64) -> Option<Vec<u8>> {
             return None;
         }
         // SAFETY: name..name+4 lies within the note (checked against `end`).
-        if ty == 3 && namesz == 4 && unsafe { core::slice::from_raw_parts(name as *const u8, 4) } == b"GNU\0" {
+        if ty == 3
+            && namesz == 4
+            && unsafe { core::slice::from_raw_parts(name as *const u8, 4) } == b"GNU\0"
+        {
             // SAFETY: desc..desc+descsz lies within the note.
-            return Some(unsafe { core::slice::from_raw_parts(desc as *const u8, descsz as usize) }.to_vec());
+            return Some(
+                unsafe { core::slice::from_raw_parts(desc as *const u8, descsz as usize) }.to_vec(),
+            );
         }
         p = next;
     }
@@ -116,7 +125,13 @@ fn read_build_id(note_start: u64, note_len: u64) -> Option<Vec<u8>> {
 fn exe_path() -> String {
     let mut buf = [0u8; 4096];
     // SAFETY: readlink writes at most buf.len() bytes into buf.
-    let n = unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n = unsafe {
+        libc::readlink(
+            c"/proc/self/exe".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
     if n > 0 {
         String::from_utf8_lossy(&buf[..n as usize]).into_owned()
     } else {
@@ -124,14 +139,20 @@ fn exe_path() -> String {
     }
 }
 
-unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> i32 {
+unsafe extern "C" fn collect(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    data: *mut libc::c_void,
+) -> i32 {
     // SAFETY: dl_iterate_phdr passes a valid info; `data` is the Vec we passed.
     let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<Scanned>)) };
     let name = if info.dlpi_name.is_null() {
         String::new()
     } else {
         // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-        unsafe { core::ffi::CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned()
+        unsafe { core::ffi::CStr::from_ptr(info.dlpi_name) }
+            .to_string_lossy()
+            .into_owned()
     };
     let bias = info.dlpi_addr;
     let mut segments = Vec::new();
@@ -153,7 +174,11 @@ unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: 
                 if ph.p_flags & libc::PF_X != 0 {
                     flags |= segment_flags::EXEC;
                 }
-                segments.push(Segment { start, end: start + ph.p_memsz, flags });
+                segments.push(Segment {
+                    start,
+                    end: start + ph.p_memsz,
+                    flags,
+                });
             }
             libc::PT_NOTE if build_id.is_empty() => {
                 build_id = read_build_id(start, ph.p_memsz).unwrap_or_default();
@@ -162,14 +187,25 @@ unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _size: usize, data: 
             _ => {}
         }
     }
-    out.push(Scanned { name, bias, segments, build_id, eh_frame_hdr });
+    out.push(Scanned {
+        name,
+        bias,
+        segments,
+        build_id,
+        eh_frame_hdr,
+    });
     0
 }
 
 fn scan() -> Vec<Scanned> {
     let mut out: Vec<Scanned> = Vec::new();
     // SAFETY: `collect` matches the callback signature and only uses `out`.
-    unsafe { libc::dl_iterate_phdr(Some(collect), &mut out as *mut Vec<Scanned> as *mut libc::c_void) };
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(collect),
+            &mut out as *mut Vec<Scanned> as *mut libc::c_void,
+        )
+    };
     let exe = exe_path();
     let own = scan as *const () as usize as u64;
     for (i, m) in out.iter_mut().enumerate() {
@@ -201,7 +237,9 @@ fn eh_frame_from_hdr(hdr: u64, hdr_len: u64) -> Option<u64> {
     // SAFETY: the encoded pointer follows the 4-byte header, within hdr_len.
     unsafe {
         match enc {
-            0x1b => Some(field.wrapping_add(core::ptr::read_unaligned(field as *const i32) as i64 as u64)),
+            0x1b => Some(
+                field.wrapping_add(core::ptr::read_unaligned(field as *const i32) as i64 as u64),
+            ),
             0x03 | 0x00 if hdr_len >= 12 => Some(core::ptr::read_unaligned(field as *const u64)),
             _ => None,
         }
@@ -213,7 +251,10 @@ fn framehop_module(m: &Scanned) -> Option<Module<MappedBytes>> {
     let eh = eh_frame_from_hdr(hdr, hdr_len)?;
     let seg_of = |a: u64| m.segments.iter().find(|s| s.start <= a && a < s.end);
     let eh_seg = seg_of(eh)?;
-    let text = m.segments.iter().find(|s| s.flags & segment_flags::EXEC != 0)?;
+    let text = m
+        .segments
+        .iter()
+        .find(|s| s.flags & segment_flags::EXEC != 0)?;
     let lo = m.segments.iter().map(|s| s.start).min()?;
     let hi = m.segments.iter().map(|s| s.end).max()?;
     let svma = |a: u64| a - m.bias;
@@ -221,9 +262,15 @@ fn framehop_module(m: &Scanned) -> Option<Module<MappedBytes>> {
         base_svma: 0,
         text_svma: Some(svma(text.start)..svma(text.end)),
         eh_frame_svma: Some(svma(eh)..svma(eh_seg.end)),
-        eh_frame: Some(MappedBytes { ptr: eh as *const u8, len: (eh_seg.end - eh) as usize }),
+        eh_frame: Some(MappedBytes {
+            ptr: eh as *const u8,
+            len: (eh_seg.end - eh) as usize,
+        }),
         eh_frame_hdr_svma: Some(svma(hdr)..svma(hdr + hdr_len)),
-        eh_frame_hdr: Some(MappedBytes { ptr: hdr as *const u8, len: hdr_len as usize }),
+        eh_frame_hdr: Some(MappedBytes {
+            ptr: hdr as *const u8,
+            len: hdr_len as usize,
+        }),
         text: None,
         stubs_svma: None,
         stub_helper_svma: None,
@@ -247,7 +294,13 @@ pub struct Changes {
 }
 
 fn info(id: u32, m: &Scanned) -> ModuleInfo {
-    ModuleInfo { id, path: m.name.clone(), build_id: m.build_id.clone(), bias: m.bias, segments: m.segments.clone() }
+    ModuleInfo {
+        id,
+        path: m.name.clone(),
+        build_id: m.build_id.clone(),
+        bias: m.bias,
+        segments: m.segments.clone(),
+    }
 }
 
 /// Rescans the modules; rebuilds and publishes the unwinder if they changed.
@@ -256,7 +309,10 @@ pub fn refresh() -> Changes {
     let _g = MODULES.lock.guard();
     // SAFETY: guarded by MODULES.lock.
     let reg = unsafe { &mut *MODULES.reg.get() };
-    let mut changes = Changes { loaded: Vec::new(), unloaded: Vec::new() };
+    let mut changes = Changes {
+        loaded: Vec::new(),
+        unloaded: Vec::new(),
+    };
     reg.known.retain(|(id, k)| {
         let keep = now.iter().any(|m| same(m, k));
         if !keep {
@@ -272,7 +328,10 @@ pub fn refresh() -> Changes {
             reg.known.push((id, m.clone()));
         }
     }
-    if !changes.loaded.is_empty() || !changes.unloaded.is_empty() || UNWINDER.load(Ordering::Acquire).is_null() {
+    if !changes.loaded.is_empty()
+        || !changes.unloaded.is_empty()
+        || UNWINDER.load(Ordering::Acquire).is_null()
+    {
         let mut u = Unwinder::new();
         for (_, m) in &reg.known {
             if let Some(fm) = framehop_module(m) {

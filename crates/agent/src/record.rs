@@ -68,7 +68,9 @@ fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
         return;
     }
     let gen = writer::GEN.load(Ordering::Relaxed);
-    let Some(rec) = stacks::record(id) else { return };
+    let Some(rec) = stacks::record(id) else {
+        return;
+    };
     if !new && rec.written_gen.load(Ordering::Relaxed) == gen {
         return;
     }
@@ -84,8 +86,12 @@ pub fn ensure_stack_in(buf: &mut writer::Buffer, id: u32) -> bool {
         return true;
     }
     let gen = writer::GEN.load(Ordering::Relaxed);
-    let Some(rec) = stacks::record(id) else { return true };
-    if rec.written_gen.load(Ordering::Relaxed) == gen || rec.written_gen.swap(gen, Ordering::AcqRel) == gen {
+    let Some(rec) = stacks::record(id) else {
+        return true;
+    };
+    if rec.written_gen.load(Ordering::Relaxed) == gen
+        || rec.written_gen.swap(gen, Ordering::AcqRel) == gen
+    {
         return true;
     }
     let frames = stacks::frames(id);
@@ -107,11 +113,20 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                 untracked::insert(addr);
             } else {
                 let mut shard = live::shard_of(addr).locked();
-                shard.insert(addr, Block { size: size as u64, func, stack: cap.id });
+                shard.insert(
+                    addr,
+                    Block {
+                        size: size as u64,
+                        func,
+                        stack: cap.id,
+                    },
+                );
                 let t = shard.stamp(clock::tick(), ts.last_time);
                 drop(shard);
                 ts.last_time = t;
-                ts.emit(Some(t), |e, c| e.alloc(c, t, addr, size as u64, align as u64, func, cap.id));
+                ts.emit(Some(t), |e, c| {
+                    e.alloc(c, t, addr, size as u64, align as u64, func, cap.id)
+                });
             }
             leave(ts);
         }
@@ -165,7 +180,19 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
         ts.last_time = t;
         ts.emit(Some(t), |e, c| e.free(c, t, addr, func, cap.id));
         if block.func.family() != func.family() {
-            error(ts, t, ErrorKind::MismatchedFree, func, addr, cap.id, Some(block.func), block.size, block.stack, 0, true);
+            error(
+                ts,
+                t,
+                ErrorKind::MismatchedFree,
+                func,
+                addr,
+                cap.id,
+                Some(block.func),
+                block.size,
+                block.stack,
+                0,
+                true,
+            );
         }
         return true;
     }
@@ -191,7 +218,19 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
             f.free_stack,
             pass,
         ),
-        None => error(ts, t, ErrorKind::InvalidFree, func, addr, cap.id, None, 0, 0, 0, pass),
+        None => error(
+            ts,
+            t,
+            ErrorKind::InvalidFree,
+            func,
+            addr,
+            cap.id,
+            None,
+            0,
+            0,
+            0,
+            pass,
+        ),
     }
     pass
 }
@@ -212,7 +251,18 @@ fn error(
 ) {
     ensure_stack(ts, alloc_stack, false);
     ensure_stack(ts, free_stack, false);
-    let ev = Event::Error { time, kind, func, addr, stack, alloc_func, alloc_size, alloc_stack, free_stack, passed_on };
+    let ev = Event::Error {
+        time,
+        kind,
+        func,
+        addr,
+        stack,
+        alloc_func,
+        alloc_size,
+        alloc_stack,
+        free_stack,
+        passed_on,
+    };
     ts.emit(Some(time), |e, c| e.event(c, &ev));
 }
 
@@ -255,10 +305,26 @@ pub fn realloc(
             drop(shard);
             ts.last_time = t;
             let pass = PASS_INVALID.load(Ordering::Relaxed);
-            error(ts, t, ErrorKind::InvalidRealloc, func, old_addr, cap.id, None, 0, 0, 0, pass);
+            error(
+                ts,
+                t,
+                ErrorKind::InvalidRealloc,
+                func,
+                old_addr,
+                cap.id,
+                None,
+                0,
+                0,
+                0,
+                pass,
+            );
             leave(ts);
             // Like memcheck: the bad call does nothing and returns NULL.
-            return if pass { real(old) } else { core::ptr::null_mut() };
+            return if pass {
+                real(old)
+            } else {
+                core::ptr::null_mut()
+            };
         }
     }
     let p = real(old);
@@ -278,7 +344,14 @@ pub fn realloc(
         t
     } else if live::storable(new_addr) {
         let mut shard = live::shard_of(new_addr).locked();
-        shard.insert(new_addr, Block { size: size as u64, func, stack: cap.id });
+        shard.insert(
+            new_addr,
+            Block {
+                size: size as u64,
+                func,
+                stack: cap.id,
+            },
+        );
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
         t
@@ -288,7 +361,17 @@ pub fn realloc(
     };
     ts.last_time = t;
     ts.emit(Some(t), |e, c| {
-        e.event(c, &Event::Realloc { time: t, old_addr, new_addr, size: size as u64, func, stack: cap.id })
+        e.event(
+            c,
+            &Event::Realloc {
+                time: t,
+                old_addr,
+                new_addr,
+                size: size as u64,
+                func,
+                stack: cap.id,
+            },
+        )
     });
     leave(ts);
     p

@@ -22,7 +22,8 @@ pub struct StackRec {
     pub written_gen: AtomicU32,
 }
 
-static DIR: [AtomicPtr<StackRec>; DIR_PAGES] = [const { AtomicPtr::new(core::ptr::null_mut()) }; DIR_PAGES];
+static DIR: [AtomicPtr<StackRec>; DIR_PAGES] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; DIR_PAGES];
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 
 struct ShardData {
@@ -40,7 +41,13 @@ struct Shard {
 unsafe impl Sync for Shard {}
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Shard = Shard { lock: RawLock::new(), data: UnsafeCell::new(ShardData { slots: Vec::new(), len: 0 }) };
+const EMPTY: Shard = Shard {
+    lock: RawLock::new(),
+    data: UnsafeCell::new(ShardData {
+        slots: Vec::new(),
+        len: 0,
+    }),
+};
 static TABLE: [Shard; SHARDS] = [EMPTY; SHARDS];
 
 struct Arena {
@@ -49,7 +56,10 @@ struct Arena {
 }
 // SAFETY: `cur` is only accessed with `lock` held.
 unsafe impl Sync for Arena {}
-static ARENA: Arena = Arena { lock: RawLock::new(), cur: UnsafeCell::new((core::ptr::null_mut(), 0)) };
+static ARENA: Arena = Arena {
+    lock: RawLock::new(),
+    cur: UnsafeCell::new((core::ptr::null_mut(), 0)),
+};
 
 /// Hash of a frame list (FxHash-style multiply-rotate: fast and good enough
 /// because equality is always checked on the frames themselves).
@@ -81,7 +91,9 @@ fn rec(id: u32) -> Option<&'static StackRec> {
 pub fn frames(id: u32) -> &'static [u64] {
     match rec(id) {
         // SAFETY: the arena range was written before the id was published and is never freed.
-        Some(r) if !r.frames.is_null() => unsafe { core::slice::from_raw_parts(r.frames, r.len as usize) },
+        Some(r) if !r.frames.is_null() => unsafe {
+            core::slice::from_raw_parts(r.frames, r.len as usize)
+        },
         _ => &[],
     }
 }
@@ -119,14 +131,25 @@ fn publish(frames: &[u64]) -> Option<u32> {
     let mut page = page_slot.load(Ordering::Acquire);
     if page.is_null() {
         let fresh: Box<[StackRec]> = (0..DIR_PAGE)
-            .map(|_| StackRec { frames: core::ptr::null(), len: 0, written_gen: AtomicU32::new(0) })
+            .map(|_| StackRec {
+                frames: core::ptr::null(),
+                len: 0,
+                written_gen: AtomicU32::new(0),
+            })
             .collect();
         let fresh = Box::into_raw(fresh) as *mut StackRec;
-        match page_slot.compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        match page_slot.compare_exchange(
+            core::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => page = fresh,
             Err(existing) => {
                 // SAFETY: `fresh` came from Box::into_raw above and was not shared.
-                drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(fresh, DIR_PAGE)) });
+                drop(unsafe {
+                    Box::from_raw(core::ptr::slice_from_raw_parts_mut(fresh, DIR_PAGE))
+                });
                 page = existing;
             }
         }

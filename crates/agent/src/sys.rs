@@ -43,11 +43,17 @@ unsafe impl core::alloc::GlobalAlloc for LibcInternalAlloc {
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: core::alloc::Layout) {
         __libc_free(ptr)
     }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: core::alloc::Layout, new_size: usize) -> *mut u8 {
+    unsafe fn realloc(
+        &self,
+        ptr: *mut u8,
+        layout: core::alloc::Layout,
+        new_size: usize,
+    ) -> *mut u8 {
         if layout.align() <= 16 {
             __libc_realloc(ptr, new_size)
         } else {
-            let new_layout = core::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
+            let new_layout =
+                core::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
             let p = self.alloc(new_layout);
             if !p.is_null() {
                 core::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
@@ -62,7 +68,10 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
     let ts;
     let tsp = match timeout_ns {
         Some(ns) => {
-            ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as i64, tv_nsec: (ns % 1_000_000_000) as i64 };
+            ts = libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as i64,
+                tv_nsec: (ns % 1_000_000_000) as i64,
+            };
             &ts as *const libc::timespec
         }
         None => core::ptr::null(),
@@ -82,7 +91,12 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
 fn futex_wake(word: &AtomicU32, count: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, count);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            count,
+        );
     }
 }
 
@@ -93,7 +107,9 @@ pub struct Event {
 
 impl Event {
     pub const fn new() -> Self {
-        Event { word: AtomicU32::new(0) }
+        Event {
+            word: AtomicU32::new(0),
+        }
     }
     /// The current generation, to pass to [`Event::wait`].
     pub fn generation(&self) -> u32 {
@@ -118,12 +134,18 @@ pub struct RawLock {
 
 impl RawLock {
     pub const fn new() -> Self {
-        RawLock { state: AtomicU32::new(0) }
+        RawLock {
+            state: AtomicU32::new(0),
+        }
     }
 
     #[inline]
     pub fn lock(&self) {
-        if self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        if self
+            .state
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
             self.lock_slow();
         }
     }
@@ -133,7 +155,10 @@ impl RawLock {
         for _ in 0..100 {
             core::hint::spin_loop();
             if self.state.load(Ordering::Relaxed) == 0
-                && self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                && self
+                    .state
+                    .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
             {
                 return;
             }
@@ -147,7 +172,11 @@ impl RawLock {
     /// holder may be the interrupted thread itself.
     pub fn try_lock_for(&self, spins: u32) -> bool {
         for i in 0..spins {
-            if self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if self
+                .state
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 return true;
             }
             if i % 64 == 63 {

@@ -48,7 +48,12 @@ struct RegistryCell {
 }
 // SAFETY: `reg` is only accessed with `lock` held.
 unsafe impl Sync for RegistryCell {}
-static REGISTRY: RegistryCell = RegistryCell { lock: RawLock::new(), reg: UnsafeCell::new(Registry { threads: Vec::new() }) };
+static REGISTRY: RegistryCell = RegistryCell {
+    lock: RawLock::new(),
+    reg: UnsafeCell::new(Registry {
+        threads: Vec::new(),
+    }),
+};
 
 /// Set once the process trace is finished: hooks stop recording.
 pub static FINISHED: AtomicBool = AtomicBool::new(false);
@@ -97,7 +102,10 @@ fn stack_bounds() -> Bounds {
             libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
             libc::pthread_attr_destroy(&mut attr);
             let lo = addr as u64;
-            return Bounds { lo, hi: lo + size as u64 };
+            return Bounds {
+                lo,
+                hi: lo + size as u64,
+            };
         }
     }
     Bounds { lo: 0, hi: 0 }
@@ -154,10 +162,16 @@ impl ThreadState {
     pub fn bounds_for(&self, sp: u64) -> Bounds {
         if sp >= self.stack.lo && sp < self.stack.hi {
             let lo = sp.saturating_sub(crate::arch::RED_ZONE).max(self.stack.lo);
-            return Bounds { lo, hi: self.stack.hi };
+            return Bounds {
+                lo,
+                hi: self.stack.hi,
+            };
         }
         // Another stack (sigaltstack, a coroutine): only the current page is known to be mapped.
-        Bounds { lo: sp, hi: (sp | 4095) + 1 }
+        Bounds {
+            lo: sp,
+            hi: (sp | 4095) + 1,
+        }
     }
 
     /// Captures the call stack from a hook's registers.
@@ -237,7 +251,11 @@ pub fn steal_all(spins: u32) {
         let ts = unsafe { &*ts };
         let mut ok = false;
         for _ in 0..spins.max(1) {
-            if ts.buf_lock.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if ts
+                .buf_lock
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 ok = true;
                 break;
             }

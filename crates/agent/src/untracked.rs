@@ -29,7 +29,10 @@ pub fn insert(addr: u64) {
     let h = home(addr);
     for k in 0..PROBES {
         let slot = &SET[(h + k) % SLOTS];
-        if slot.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if slot
+            .compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
             return;
         }
     }
@@ -45,7 +48,9 @@ pub fn remove(addr: u64) -> bool {
     for k in 0..PROBES {
         let slot = &SET[(h + k) % SLOTS];
         if slot.load(Ordering::Acquire) == addr
-            && slot.compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            && slot
+                .compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
         {
             return true;
         }

@@ -87,7 +87,9 @@ impl StackCapture {
                 && f.reads[..f.nreads as usize].iter().all(|&(a, v)| {
                     // SAFETY: `a` is 8-aligned and inside the current thread's
                     // readable stack range (checked first).
-                    a >= b.lo && a + 8 <= b.hi && unsafe { core::ptr::read_volatile(a as *const u64) } == v
+                    a >= b.lo
+                        && a + 8 <= b.hi
+                        && unsafe { core::ptr::read_volatile(a as *const u64) } == v
                 })
         })
     }
@@ -121,7 +123,12 @@ impl StackCapture {
             if k == MAX_RAW {
                 break;
             }
-            let mut rec = FrameRec { pc, sp, bp, ..FrameRec::default() };
+            let mut rec = FrameRec {
+                pc,
+                sp,
+                bp,
+                ..FrameRec::default()
+            };
             let address = if k == 0 {
                 FrameAddress::from_instruction_pointer(pc)
             } else {
@@ -187,7 +194,10 @@ impl StackCapture {
             i -= 1;
         }
         if unchanged && self.prev_id != 0 {
-            return Captured { id: self.prev_id, new: false };
+            return Captured {
+                id: self.prev_id,
+                new: false,
+            };
         }
         let frames = &self.out[..n];
         if frames.is_empty() {
@@ -199,7 +209,10 @@ impl StackCapture {
         let (ch, cid) = self.id_cache[slot];
         if ch == h && cid != 0 && stacks::frames(cid) == frames {
             self.prev_id = cid;
-            return Captured { id: cid, new: false };
+            return Captured {
+                id: cid,
+                new: false,
+            };
         }
         match stacks::intern(frames, h) {
             Some((id, new)) => {

@@ -107,7 +107,11 @@ unsafe impl Sync for Shared {}
 
 static SHARED: Shared = Shared {
     lock: RawLock::new(),
-    q: UnsafeCell::new(Queue { full: VecDeque::new(), free: Vec::new(), queued_bytes: 0 }),
+    q: UnsafeCell::new(Queue {
+        full: VecDeque::new(),
+        free: Vec::new(),
+        queued_bytes: 0,
+    }),
 };
 /// Wakes the writer (new work) and producers (space freed).
 static WORK: sys::Event = sys::Event::new();
@@ -153,7 +157,8 @@ pub fn submit(b: Box<Buffer>, wait: bool) {
     loop {
         let seen = SPACE.generation();
         with_queue(|q| {
-            if !wait || !RUNNING.load(Ordering::Acquire) || q.queued_bytes + size <= QUEUE_CAP_BYTES {
+            if !wait || !RUNNING.load(Ordering::Acquire) || q.queued_bytes + size <= QUEUE_CAP_BYTES
+            {
                 q.queued_bytes += size;
                 q.full.extend(slot.take());
             }
@@ -182,7 +187,14 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
     if b.gen != GEN.load(Ordering::Relaxed) {
         return; // a parent's buffer seen by a fork child: the parent writes it
     }
-    encode_chunk(scratch, b.tid, b.events, b.first_time, b.last_time, &b.data[..b.len]);
+    encode_chunk(
+        scratch,
+        b.tid,
+        b.events,
+        b.first_time,
+        b.last_time,
+        &b.data[..b.len],
+    );
     if fd >= 0 && sys::write_all(fd, scratch) {
         EVENTS_WRITTEN.fetch_add(u64::from(b.events), Ordering::Relaxed);
     } else {
@@ -210,7 +222,14 @@ pub fn drain(scratch: &mut Vec<u8>) {
 
 /// Opens the trace file and writes its header.
 pub fn open(path: &std::ffi::CStr, exclusive: bool) -> Result<(), i32> {
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | if exclusive { libc::O_EXCL } else { libc::O_TRUNC };
+    let flags = libc::O_WRONLY
+        | libc::O_CREAT
+        | libc::O_CLOEXEC
+        | if exclusive {
+            libc::O_EXCL
+        } else {
+            libc::O_TRUNC
+        };
     // SAFETY: `path` is NUL-terminated.
     let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644) };
     if fd < 0 {
@@ -231,7 +250,8 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: naming our own thread; the name fits in 16 bytes.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-writer".as_ptr()) };
     // SAFETY: PERIODIC holds a `fn()` stored by `start`.
-    let periodic: fn() = unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };
+    let periodic: fn() =
+        unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };
     let mut scratch = Vec::new();
     let mut last_sweep = 0u64;
     loop {

@@ -1,14 +1,388 @@
-//! `trapline run` (placeholder until implemented).
+//! `trapline run`: start a command with the agent preloaded, wait for it, and
+//! summarize what was recorded.
+//!
+//! Exit status: the command's own (128+N when a signal N killed it); 125 when
+//! trapline could not start it (agent missing, unwritable trace path, a static
+//! or setuid program), 126 when the command cannot be executed, 127 when it
+//! does not exist, like env(1) and timeout(1).
 
-use std::process::ExitCode;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::ffi::OsString;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// trapline could not run the command.
+pub const EXIT_CANNOT_RUN: u8 = 125;
+/// The command exists but cannot be executed.
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+/// The command was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// File name of the agent library.
+pub const AGENT_FILE: &str = "libtrapline_agent.so";
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The command to run.
-    #[arg(trailing_var_arg = true, required = true)]
-    pub command: Vec<std::ffi::OsString>,
+    /// Trace file of the top process; other processes write PATH.<pid>.
+    #[arg(short = 'o', long = "output", default_value = "trapline.trace")]
+    pub output: PathBuf,
+    /// Trace only the top process, not its children or exec'd images.
+    #[arg(long)]
+    pub no_follow: bool,
+    /// Pass invalid and double frees on to the C library (which usually aborts)
+    /// instead of skipping them as memcheck does.
+    #[arg(long)]
+    pub pass_invalid_frees: bool,
+    /// Do not run the C library's freeres at exit (its own buffers then show as unfreed).
+    #[arg(long)]
+    pub no_freeres: bool,
+    /// Print no summary when the command ends.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// The command to run, and its arguments.
+    #[arg(
+        trailing_var_arg = true,
+        required = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
 }
 
-pub fn main(_args: RunArgs) -> ExitCode {
-    ExitCode::from(125)
+fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("trapline run: {msg}");
+    ExitCode::from(code)
+}
+
+/// Where the agent library is: $TRAPLINE_AGENT, next to this binary, or in
+/// the install layout `<prefix>/lib/trapline/` beside `<prefix>/bin/trapline`.
+pub fn find_agent() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("TRAPLINE_AGENT") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "TRAPLINE_AGENT names {}, which is not a file",
+                p.display()
+            ))
+        };
+    }
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot locate the trapline binary: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [
+        dir.join(AGENT_FILE),
+        dir.join("../lib/trapline").join(AGENT_FILE),
+    ];
+    for c in &candidates {
+        if c.is_file() {
+            return Ok(c.canonicalize().unwrap_or_else(|_| c.clone()));
+        }
+    }
+    Err(format!(
+        "cannot find the agent library {AGENT_FILE} (looked in {} and {}); build it with `cargo build --release` or set TRAPLINE_AGENT",
+        candidates[0].display(),
+        candidates[1].display()
+    ))
+}
+
+/// Resolves CMD like execvp does.
+fn resolve_command(cmd: &OsString) -> Result<PathBuf, ExitCode> {
+    let p = Path::new(cmd);
+    let found = if p.as_os_str().to_string_lossy().contains('/') {
+        p.is_file().then(|| p.to_path_buf())
+    } else {
+        std::env::var_os("PATH")
+            .map(|path| {
+                std::env::split_paths(&path)
+                    .map(|d| d.join(p))
+                    .find(|c| c.is_file())
+            })
+            .unwrap_or(None)
+    };
+    let Some(path) = found else {
+        return Err(fail(
+            EXIT_NOT_FOUND,
+            format!("{}: command not found", p.display()),
+        ));
+    };
+    let meta = std::fs::metadata(&path)
+        .map_err(|e| fail(EXIT_NOT_EXECUTABLE, format!("{}: {e}", path.display())))?;
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(fail(
+            EXIT_NOT_EXECUTABLE,
+            format!("{}: permission denied (not executable)", path.display()),
+        ));
+    }
+    Ok(path)
+}
+
+/// Refuses programs the dynamic loader will not preload into.
+fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| fail(EXIT_NOT_EXECUTABLE, format!("{}: {e}", path.display())))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    let egid = nix::unistd::getegid().as_raw();
+    if (meta.mode() & 0o4000 != 0 && meta.uid() != euid)
+        || (meta.mode() & 0o2000 != 0 && meta.gid() != egid)
+    {
+        return Err(fail(
+            EXIT_CANNOT_RUN,
+            format!(
+                "{} is set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it, so it cannot be traced",
+                path.display()
+            ),
+        ));
+    }
+    let Ok(data) = std::fs::read(path) else {
+        return Ok(());
+    };
+    if data.starts_with(b"#!") {
+        return Ok(()); // a script: its interpreter is checked when it runs
+    }
+    if is_static_elf(&data) {
+        return Err(fail(
+            EXIT_CANNOT_RUN,
+            format!(
+                "{} is statically linked: there is no dynamic loader to preload the agent into it, so it cannot be traced (rebuild it dynamically linked)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An ELF executable without a PT_INTERP program header starts without the
+/// dynamic loader (static, or static-PIE), so LD_PRELOAD never applies.
+fn is_static_elf(data: &[u8]) -> bool {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    fn no_interp<H: FileHeader>(data: &[u8]) -> Option<bool> {
+        let header = H::parse(data).ok()?;
+        let endian = header.endian().ok()?;
+        let phdrs = header.program_headers(endian, data).ok()?;
+        Some(
+            !phdrs.is_empty()
+                && !phdrs
+                    .iter()
+                    .any(|ph| ph.p_type(endian) == object::elf::PT_INTERP),
+        )
+    }
+    match object::FileKind::parse(data) {
+        Ok(object::FileKind::Elf64) => {
+            no_interp::<object::elf::FileHeader64<object::Endianness>>(data).unwrap_or(false)
+        }
+        Ok(object::FileKind::Elf32) => {
+            no_interp::<object::elf::FileHeader32<object::Endianness>>(data).unwrap_or(false)
+        }
+        _ => false,
+    }
+}
+
+/// Trace files of a previous run with the same output name (PATH.<pid>[.<n>]).
+fn family_files(output: &Path) -> Vec<PathBuf> {
+    let dir = output
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Some(base) = output.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(rest) = name.strip_prefix(&base).and_then(|r| r.strip_prefix('.')) {
+                if !rest.is_empty()
+                    && rest
+                        .split('.')
+                        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                {
+                    out.push(dir.join(&name));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn preload_value(agent: &Path) -> OsString {
+    let mut v = agent.as_os_str().to_os_string();
+    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|e| !e.is_empty()) {
+        v.push(":");
+        v.push(existing);
+    }
+    v
+}
+
+pub fn main(args: RunArgs) -> ExitCode {
+    let agent = match find_agent() {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_CANNOT_RUN, e),
+    };
+    let program = match resolve_command(&args.command[0]) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if let Err(code) = check_preloadable(&program) {
+        return code;
+    }
+    // The trace path must be writable before anything runs.
+    let output = if args.output.is_absolute() {
+        args.output.clone()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(&args.output))
+            .unwrap_or_else(|_| args.output.clone())
+    };
+    if let Err(e) = std::fs::File::create(&output) {
+        return fail(
+            EXIT_CANNOT_RUN,
+            format!("cannot write the trace {}: {e}", output.display()),
+        );
+    }
+    for stale in family_files(&output) {
+        let _ = std::fs::remove_file(stale);
+    }
+
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .env("LD_PRELOAD", preload_value(&agent))
+        .env("TRAPLINE_OUTPUT", &output)
+        .env("TRAPLINE_ROLE", "top")
+        .env("TRAPLINE_FOLLOW", if args.no_follow { "0" } else { "1" })
+        .env(
+            "TRAPLINE_PASS_INVALID",
+            if args.pass_invalid_frees { "1" } else { "0" },
+        )
+        .env("TRAPLINE_FREERES", if args.no_freeres { "0" } else { "1" });
+
+    // While the command runs, signals meant for it must not kill trapline
+    // first: a terminal's SIGINT/SIGQUIT reach the whole process group anyway;
+    // SIGTERM, SIGHUP and the user signals sent to trapline are passed on.
+    let forwarded = [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGUSR2,
+    ];
+    let swallowed = [signal_hook::consts::SIGINT, signal_hook::consts::SIGQUIT];
+    let mut signals =
+        match signal_hook::iterator::Signals::new(forwarded.iter().chain(swallowed.iter())) {
+            Ok(s) => s,
+            Err(e) => {
+                return fail(
+                    EXIT_CANNOT_RUN,
+                    format!("cannot set up signal forwarding: {e}"),
+                )
+            }
+        };
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                EXIT_NOT_EXECUTABLE
+            } else {
+                EXIT_CANNOT_RUN
+            };
+            return fail(code, format!("cannot run {}: {e}", program.display()));
+        }
+    };
+    let child_pid = Pid::from_raw(child.id() as i32);
+    let handle = signals.handle();
+    let forwarder = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if forwarded.contains(&sig) {
+                if let Ok(s) = Signal::try_from(sig) {
+                    let _ = kill(child_pid, s);
+                }
+            }
+        }
+    });
+    let status = match child.wait() {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                EXIT_CANNOT_RUN,
+                format!("waiting for {} failed: {e}", program.display()),
+            )
+        }
+    };
+    handle.close();
+    let _ = forwarder.join();
+
+    let code: u8 = match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.wrapping_add(s as u8),
+        _ => 1,
+    };
+    if !args.quiet {
+        summarize(&output, &program);
+    }
+    ExitCode::from(code)
+}
+
+/// The short report printed when the command ends.
+fn summarize(output: &Path, program: &Path) {
+    let mut files = vec![output.to_path_buf()];
+    files.extend(family_files(output));
+    let empty = std::fs::metadata(output)
+        .map(|m| m.len() == 0)
+        .unwrap_or(true);
+    eprintln!(
+        "==trapline== traces written: {}",
+        files.len() - usize::from(empty)
+    );
+    for f in &files {
+        if f == output && empty {
+            continue;
+        }
+        eprintln!("==trapline==   {}", f.display());
+    }
+    if empty {
+        eprintln!(
+            "==trapline== warning: {} wrote no trace: the agent was not loaded into it (a static or setuid program started by a script? a program that clears LD_PRELOAD?)",
+            program.display()
+        );
+        return;
+    }
+    let Ok(mut file) = std::fs::File::open(output) else {
+        return;
+    };
+    match trapline_analysis::stats::analyze(&mut file) {
+        Ok(s) => {
+            let th = trapline_analysis::report::thousands;
+            eprintln!(
+                "==trapline== allocation calls: {} ({} releases)",
+                th(s.allocation_calls),
+                th(s.release_calls)
+            );
+            eprintln!(
+                "==trapline== peak heap: {} bytes at {:.3} s",
+                th(s.peak_heap.bytes),
+                trapline_analysis::report::seconds(s.peak_heap.time_ns)
+            );
+            eprintln!(
+                "==trapline== unfreed at exit: {} bytes in {} blocks",
+                th(s.live_at_end.bytes),
+                th(s.live_at_end.blocks)
+            );
+            eprintln!("==trapline== errors found: {}", th(s.errors));
+            match s.events_lost {
+                Some(n) => eprintln!("==trapline== events lost: {}", th(n)),
+                None => {
+                    eprintln!("==trapline== events lost: unknown (the trace has no end record)")
+                }
+            }
+            for w in trapline_analysis::report::status_warnings(&s.trace) {
+                eprintln!("==trapline== warning: {w}");
+            }
+            eprintln!("==trapline== see: trapline leaks {}", output.display());
+        }
+        Err(e) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
+    }
 }

@@ -31,7 +31,10 @@ pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     let regs = start_regs();
     // SAFETY: `old` was validated against the live table by record::realloc.
-    record::realloc(AllocFn::Realloc, ptr.cast(), size, regs, |old| unsafe { __libc_realloc(old, size) }).cast()
+    record::realloc(AllocFn::Realloc, ptr.cast(), size, regs, |old| unsafe {
+        __libc_realloc(old, size)
+    })
+    .cast()
 }
 
 /// # Safety
@@ -45,7 +48,14 @@ pub unsafe extern "C" fn reallocarray(ptr: *mut c_void, n: usize, size: usize) -
         return core::ptr::null_mut();
     };
     // SAFETY: as for realloc.
-    record::realloc(AllocFn::ReallocArray, ptr.cast(), total, regs, |old| unsafe { __libc_realloc(old, total) }).cast()
+    record::realloc(
+        AllocFn::ReallocArray,
+        ptr.cast(),
+        total,
+        regs,
+        |old| unsafe { __libc_realloc(old, total) },
+    )
+    .cast()
 }
 
 /// # Safety

@@ -42,10 +42,22 @@ fn out_of_memory(nothrow: bool) -> bool {
 }
 
 #[inline(always)]
-fn new_impl(size: usize, align: usize, func: AllocFn, nothrow: bool, regs: crate::arch::StartRegs) -> *mut c_void {
+fn new_impl(
+    size: usize,
+    align: usize,
+    func: AllocFn,
+    nothrow: bool,
+    regs: crate::arch::StartRegs,
+) -> *mut c_void {
     loop {
         // SAFETY: glibc's allocator, any size and alignment.
-        let p = unsafe { if align == 0 { __libc_malloc(size) } else { __libc_memalign(align, size) } };
+        let p = unsafe {
+            if align == 0 {
+                __libc_malloc(size)
+            } else {
+                __libc_memalign(align, size)
+            }
+        };
         if !p.is_null() {
             record::alloc(func, p, size, align, regs);
             return p.cast();
@@ -98,13 +110,37 @@ macro_rules! delete_fn {
 
 type NoThrow = *const c_void;
 
-new_fn!(_Znwm, AllocFn::New, nothrow = false, aligned = false, extra = ());
+new_fn!(
+    _Znwm,
+    AllocFn::New,
+    nothrow = false,
+    aligned = false,
+    extra = ()
+);
 new_fn!(_ZnwmRKSt9nothrow_t, AllocFn::NewNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow));
-new_fn!(_ZnwmSt11align_val_t, AllocFn::NewAligned, nothrow = false, aligned = true, extra = ());
+new_fn!(
+    _ZnwmSt11align_val_t,
+    AllocFn::NewAligned,
+    nothrow = false,
+    aligned = true,
+    extra = ()
+);
 new_fn!(_ZnwmSt11align_val_tRKSt9nothrow_t, AllocFn::NewAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow));
-new_fn!(_Znam, AllocFn::NewArray, nothrow = false, aligned = false, extra = ());
+new_fn!(
+    _Znam,
+    AllocFn::NewArray,
+    nothrow = false,
+    aligned = false,
+    extra = ()
+);
 new_fn!(_ZnamRKSt9nothrow_t, AllocFn::NewArrayNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow));
-new_fn!(_ZnamSt11align_val_t, AllocFn::NewArrayAligned, nothrow = false, aligned = true, extra = ());
+new_fn!(
+    _ZnamSt11align_val_t,
+    AllocFn::NewArrayAligned,
+    nothrow = false,
+    aligned = true,
+    extra = ()
+);
 new_fn!(_ZnamSt11align_val_tRKSt9nothrow_t, AllocFn::NewArrayAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow));
 
 delete_fn!(_ZdlPv, AllocFn::Delete, ());

@@ -68,7 +68,15 @@ pub extern "C" fn fork() -> libc::pid_t {
     if pid > 0 && !thread::FINISHED.load(Ordering::Acquire) {
         if let crate::record::Entry::Record(ts) = crate::record::enter() {
             let t = crate::clock::tick().max(ts.last_time);
-            ts.emit(Some(t), |e, c| e.event(c, &Event::Fork { time: t, child_pid: pid as u32 }));
+            ts.emit(Some(t), |e, c| {
+                e.event(
+                    c,
+                    &Event::Fork {
+                        time: t,
+                        child_pid: pid as u32,
+                    },
+                )
+            });
             crate::record::leave(ts);
         }
     }
@@ -96,7 +104,10 @@ fn env_with_agent(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*c
     let mut out: Vec<*const c_char> = entries
         .into_iter()
         .zip(view.iter())
-        .filter(|(_, v)| !(add.iter().any(|a| a.as_bytes().starts_with(b"LD_PRELOAD=")) && v.starts_with(b"LD_PRELOAD=")))
+        .filter(|(_, v)| {
+            !(add.iter().any(|a| a.as_bytes().starts_with(b"LD_PRELOAD="))
+                && v.starts_with(b"LD_PRELOAD="))
+        })
         .map(|(e, _)| e)
         .collect();
     out.extend(add.iter().map(|a| a.as_ptr()));
@@ -125,11 +136,18 @@ extern "C" {
 /// # Safety
 /// execve's contract.
 #[no_mangle]
-pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     let f = real(&REAL_EXECVE, c"execve");
     // SAFETY: glibc's execve.
-    let real_execve: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int =
-        unsafe { core::mem::transmute(f) };
+    let real_execve: unsafe extern "C" fn(
+        *const c_char,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int = unsafe { core::mem::transmute(f) };
     if !lifecycle::owns_process() {
         // A vfork child shares our memory: touch nothing.
         // SAFETY: passing the caller's arguments through.
@@ -154,11 +172,18 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 /// # Safety
 /// execvpe's contract.
 #[no_mangle]
-pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     let f = real(&REAL_EXECVPE, c"execvpe");
     // SAFETY: glibc's execvpe.
-    let real_fn: unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int =
-        unsafe { core::mem::transmute(f) };
+    let real_fn: unsafe extern "C" fn(
+        *const c_char,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int = unsafe { core::mem::transmute(f) };
     if !lifecycle::owns_process() {
         // SAFETY: pass-through in a vfork child.
         return unsafe { real_fn(file, argv, envp) };
@@ -182,7 +207,11 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
 /// # Safety
 /// fexecve's contract.
 #[no_mangle]
-pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
     let f = real(&REAL_FEXECVE, c"fexecve");
     // SAFETY: glibc's fexecve.
     let real_fn: unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int =
@@ -225,7 +254,8 @@ pub extern "C" fn _Exit(status: c_int) -> ! {
 pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
     let f = real(&REAL_DLOPEN, c"dlopen");
     // SAFETY: glibc's dlopen.
-    let real_fn: unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void = unsafe { core::mem::transmute(f) };
+    let real_fn: unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void =
+        unsafe { core::mem::transmute(f) };
     // RTLD_DEEPBIND would let the library bind malloc to libc's past the agent.
     // SAFETY: passing the caller's arguments through.
     let h = unsafe { real_fn(file, mode & !libc::RTLD_DEEPBIND) };

@@ -42,7 +42,8 @@ static LOCK: crate::sys::RawLock = crate::sys::RawLock::new();
 static mut PROGRAM_VIEW: [core::mem::MaybeUninit<libc::sigaction>; 65] =
     [const { core::mem::MaybeUninit::zeroed() }; 65];
 
-type SigactionFn = unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+type SigactionFn =
+    unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
 
 fn real_sigaction() -> SigactionFn {
     let mut f = REAL_SIGACTION.load(Ordering::Acquire);
@@ -93,8 +94,11 @@ pub fn install() {
         // SAFETY: querying the current disposition into a zeroed struct.
         unsafe {
             let mut old: libc::sigaction = core::mem::zeroed();
-            if real_sigaction()(sig, core::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL {
-                (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize] = core::mem::MaybeUninit::new(old);
+            if real_sigaction()(sig, core::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_DFL
+            {
+                (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize] =
+                    core::mem::MaybeUninit::new(old);
                 install_ours(sig);
             }
         }
@@ -104,7 +108,11 @@ pub fn install() {
 /// # Safety
 /// sigaction's contract.
 #[no_mangle]
-pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
     if !(1..65).contains(&sig) || !is_fatal(sig) {
         // SAFETY: pass-through.
         return unsafe { real_sigaction()(sig, act, old) };
@@ -135,8 +143,13 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
     // SAFETY: pass-through; then take SIG_DFL back over if the program restored it.
     unsafe {
         let r = real_sigaction()(sig, act, old);
-        if r == 0 && !act.is_null() && (*act).sa_sigaction == libc::SIG_DFL && lifecycle::is_initialized() {
-            (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize] = core::mem::MaybeUninit::new(*act);
+        if r == 0
+            && !act.is_null()
+            && (*act).sa_sigaction == libc::SIG_DFL
+            && lifecycle::is_initialized()
+        {
+            (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize] =
+                core::mem::MaybeUninit::new(*act);
             install_ours(sig);
         }
         r
