@@ -1,10 +1,24 @@
 //! Turns code addresses from a trace into functions, files, lines and inlined frames.
 //!
-//! INTERFACE STUB: the signatures below are the contract used by the analyses;
-//! the implementation (addr2line/object over the module files, demangling,
-//! caches) replaces the bodies.
+//! Modules come from the trace's `ModuleLoad` events. A module's file is read
+//! only when one of its addresses is first symbolized; its DWARF (in the file
+//! itself, in a separate debug file found by build id or `.gnu_debuglink`, or
+//! in split `.dwo` files) gives functions, lines and inlined frames, and its
+//! symbol tables give function names where there is no DWARF. Results are
+//! cached per address. A module whose file is gone, unreadable or of another
+//! build than the traced one stays unsymbolized and gets a warning (see
+//! [`Symbolizer::warnings`]) instead of wrong answers.
+
+mod debugfile;
+mod module;
+mod symtab;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use trapline_trace::ModuleInfo;
+
+use module::ModuleDebug;
 
 /// One source-level frame. An address can expand into several when calls were
 /// inlined: innermost (inlined) first, the real function last.
@@ -24,30 +38,238 @@ pub struct Frame {
     pub module: Option<String>,
 }
 
+/// Counters of the symbolizer's work, for diagnostics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Calls that asked for one address.
+    pub lookups: u64,
+    /// Lookups answered from the per-address cache.
+    pub hits: u64,
+    /// Module files read and parsed (each at most once).
+    pub files_loaded: u64,
+}
+
+/// Where separate debug files are looked for unless told otherwise.
+pub const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
+
+/// A registered module.
+struct Module {
+    info: ModuleInfo,
+    /// Index into `Symbolizer::files`.
+    file: usize,
+}
+
+/// A module file, shared by every module with the same path and build id
+/// (a library loaded, unloaded and loaded again is parsed once).
+enum FileSlot {
+    /// Not read yet.
+    Pending,
+    Ready(ModuleDebug),
+    /// Missing, unreadable or of another build: its addresses stay unknown.
+    Unusable,
+}
+
 /// Symbolizes addresses of one traced process.
-#[derive(Default)]
 pub struct Symbolizer {
-    modules: Vec<ModuleInfo>,
+    /// In registration order; a later module wins where segments overlap.
+    modules: Vec<Module>,
+    files: Vec<FileSlot>,
+    file_index: HashMap<(String, Vec<u8>), usize>,
+    cache: HashMap<u64, Vec<Frame>>,
+    warnings: Vec<String>,
+    debug_dirs: Vec<PathBuf>,
+    stats: CacheStats,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Symbolizer {
+            modules: Vec::new(),
+            files: Vec::new(),
+            file_index: HashMap::new(),
+            cache: HashMap::new(),
+            warnings: Vec::new(),
+            debug_dirs: vec![PathBuf::from(DEFAULT_DEBUG_DIR)],
+            stats: CacheStats::default(),
+        }
+    }
 }
 
 impl Symbolizer {
+    /// A symbolizer with no modules, looking for separate debug files in
+    /// [`DEFAULT_DEBUG_DIR`].
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Registers a module from a `ModuleLoad` event.
+    /// Replaces the directories searched for separate debug files
+    /// (`DIR/.build-id/xx/rest.debug`, and `DIR/<module dir>/<debuglink>`).
+    /// Applies to modules whose files are read afterwards.
+    pub fn set_debug_dirs(&mut self, dirs: Vec<PathBuf>) {
+        self.debug_dirs = dirs;
+    }
+
+    /// Registers a module from a `ModuleLoad` event. Its file is not read
+    /// until one of its addresses is symbolized. A module with the id of an
+    /// already registered one replaces it.
     pub fn add_module(&mut self, module: &ModuleInfo) {
-        self.modules.push(module.clone());
+        self.remove_module(module.id);
+        let key = (module.path.clone(), module.build_id.clone());
+        let file = match self.file_index.get(&key) {
+            Some(&file) => file,
+            None => {
+                self.files.push(FileSlot::Pending);
+                self.file_index.insert(key, self.files.len() - 1);
+                self.files.len() - 1
+            }
+        };
+        // Cached answers for these addresses may have come from an older module.
+        self.forget_addresses_in(module);
+        self.modules.push(Module {
+            info: module.clone(),
+            file,
+        });
+    }
+
+    /// Forgets the module with this id (a `ModuleUnload`), so that its
+    /// address range can be taken by a later module. Returns whether it was
+    /// registered.
+    pub fn remove_module(&mut self, id: u32) -> bool {
+        let Some(index) = self.modules.iter().position(|m| m.info.id == id) else {
+            return false;
+        };
+        let removed = self.modules.remove(index);
+        self.forget_addresses_in(&removed.info);
+        true
+    }
+
+    fn forget_addresses_in(&mut self, module: &ModuleInfo) {
+        if self.cache.is_empty() {
+            return;
+        }
+        self.cache
+            .retain(|&address, _| !contains(module, address.wrapping_sub(1)));
     }
 
     /// Symbolizes a return address (the lookup uses `address - 1`, inside the call).
     /// Always returns at least one frame.
     pub fn symbolize(&mut self, address: u64) -> Vec<Frame> {
-        let module = self
-            .modules
-            .iter()
-            .find(|m| m.segments.iter().any(|s| s.start <= address && address < s.end))
-            .map(|m| m.path.clone());
-        vec![Frame { address, function: None, file: None, line: None, inlined: false, module }]
+        self.symbolize_ref(address).to_vec()
     }
+
+    /// Like [`Symbolizer::symbolize`], without copying the cached frames.
+    pub fn symbolize_ref(&mut self, address: u64) -> &[Frame] {
+        self.stats.lookups += 1;
+        if self.cache.contains_key(&address) {
+            self.stats.hits += 1;
+        } else {
+            let frames = self.resolve(address);
+            self.cache.insert(address, frames);
+        }
+        &self.cache[&address]
+    }
+
+    /// Symbolizes every return address of a stack (innermost first), the
+    /// frames of each address in order: a flattened, source-level stack.
+    pub fn symbolize_stack(&mut self, addresses: &[u64]) -> Vec<Frame> {
+        let mut frames = Vec::with_capacity(addresses.len());
+        for &address in addresses {
+            frames.extend_from_slice(self.symbolize_ref(address));
+        }
+        frames
+    }
+
+    /// Problems met so far, one line each, for reports: modules whose file
+    /// is missing, unreadable or from another build, and debug info that could
+    /// not be read. Files are read lazily, so ask after symbolizing.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    /// Work counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    fn resolve(&mut self, address: u64) -> Vec<Frame> {
+        let unknown = |module: Option<String>| {
+            vec![Frame {
+                address,
+                function: None,
+                file: None,
+                line: None,
+                inlined: false,
+                module,
+            }]
+        };
+        // Return address 0 cannot follow a call.
+        let Some(probe) = address.checked_sub(1) else {
+            return unknown(None);
+        };
+        // The probe, not the return address, picks the module: a call can be
+        // the last instruction of a segment.
+        let Some(module) = self.modules.iter().rev().find(|m| contains(&m.info, probe)) else {
+            return unknown(None);
+        };
+        let path = module.info.path.clone();
+        let file_address = probe.wrapping_sub(module.info.bias);
+        let slot = module.file;
+        if matches!(self.files[slot], FileSlot::Pending) {
+            let build_id = module.info.build_id.clone();
+            self.files[slot] = self.load(&path, &build_id);
+        }
+        let FileSlot::Ready(debug) = &self.files[slot] else {
+            return unknown(Some(path));
+        };
+        let raw = debug.resolve(file_address);
+        let last = raw.len() - 1;
+        raw.into_iter()
+            .enumerate()
+            .map(|(i, f)| Frame {
+                address,
+                function: f.function,
+                file: f.file,
+                line: f.line,
+                inlined: i < last,
+                module: Some(path.clone()),
+            })
+            .collect()
+    }
+
+    fn load(&mut self, path: &str, build_id: &[u8]) -> FileSlot {
+        self.stats.files_loaded += 1;
+        if is_vdso(path) {
+            // The kernel's vDSO has no file; nothing to warn about.
+            return FileSlot::Unusable;
+        }
+        match ModuleDebug::load(Path::new(path), build_id, &self.debug_dirs) {
+            Ok(loaded) => {
+                self.warnings.extend(loaded.warnings);
+                if loaded.debug.has_anything() {
+                    FileSlot::Ready(loaded.debug)
+                } else {
+                    FileSlot::Unusable
+                }
+            }
+            Err(message) => {
+                self.warnings
+                    .push(format!("{message}; its addresses are left unsymbolized"));
+                FileSlot::Unusable
+            }
+        }
+    }
+}
+
+fn contains(module: &ModuleInfo, address: u64) -> bool {
+    module
+        .segments
+        .iter()
+        .any(|s| s.start <= address && address < s.end)
+}
+
+fn is_vdso(path: &str) -> bool {
+    path.is_empty()
+        || path.starts_with("linux-vdso")
+        || path.starts_with("linux-gate")
+        || path == "[vdso]"
 }
