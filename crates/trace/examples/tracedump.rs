@@ -14,7 +14,14 @@ fn main() {
     for chunk in reader {
         match chunk {
             Ok(c) => {
-                println!("# chunk @{} tid {} events {} t {}..{}", c.offset, c.header.tid, c.header.events, c.header.first_time, c.header.last_time);
+                println!(
+                    "# chunk @{} tid {} events {} t {}..{}",
+                    c.offset,
+                    c.header.tid,
+                    c.header.events,
+                    c.header.first_time,
+                    c.header.last_time
+                );
                 for ev in c.events() {
                     println!("{ev:?}");
                 }

@@ -27,7 +27,10 @@ impl TraceBuilder {
     pub fn new() -> Self {
         let mut out = Vec::new();
         write_file_header(&mut out).expect("writing to a Vec cannot fail");
-        TraceBuilder { out, scratch: Vec::new() }
+        TraceBuilder {
+            out,
+            scratch: Vec::new(),
+        }
     }
 
     /// Appends one chunk holding `events`, as thread `tid` would have written it.
@@ -44,7 +47,14 @@ impl TraceBuilder {
             }
             encode_to_vec(&mut raw, &mut ctx, ev);
         }
-        encode_chunk(&mut self.scratch, tid, events.len() as u32, first, last, &raw);
+        encode_chunk(
+            &mut self.scratch,
+            tid,
+            events.len() as u32,
+            first,
+            last,
+            &raw,
+        );
         self.out.extend_from_slice(&self.scratch);
         self
     }

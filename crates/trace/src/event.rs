@@ -107,7 +107,9 @@ impl AllocFn {
 
     /// Decodes the format value.
     pub fn from_u8(value: u8) -> Option<AllocFn> {
-        AllocFn::ALL.get(usize::from(value).checked_sub(1)?).copied()
+        AllocFn::ALL
+            .get(usize::from(value).checked_sub(1)?)
+            .copied()
     }
 
     /// The C or C++ spelling used in reports.
@@ -138,7 +140,9 @@ impl AllocFn {
             AllocFn::Delete => "operator delete(void*)",
             AllocFn::DeleteSized => "operator delete(void*, unsigned long)",
             AllocFn::DeleteAligned => "operator delete(void*, std::align_val_t)",
-            AllocFn::DeleteSizedAligned => "operator delete(void*, unsigned long, std::align_val_t)",
+            AllocFn::DeleteSizedAligned => {
+                "operator delete(void*, unsigned long, std::align_val_t)"
+            }
             AllocFn::DeleteNothrow => "operator delete(void*, std::nothrow_t const&)",
             AllocFn::DeleteAlignedNothrow => {
                 "operator delete(void*, std::align_val_t, std::nothrow_t const&)"
@@ -315,17 +319,44 @@ pub enum Event {
     /// First event of the trace.
     Process(ProcessInfo),
     ModuleLoad(ModuleInfo),
-    ModuleUnload { id: u32 },
+    ModuleUnload {
+        id: u32,
+    },
     /// A thread's name (as set by pthread_setname_np or from /proc).
-    ThreadName { tid: u32, name: String },
+    ThreadName {
+        tid: u32,
+        name: String,
+    },
     /// A distinct call stack, innermost frame first. Written once, before or
     /// after the first event that refers to its id (ids start at 1; 0 = none).
-    StackDef { id: u32, frames: Vec<u64> },
-    Alloc { time: u64, addr: u64, size: u64, align: u64, func: AllocFn, stack: u32 },
-    Free { time: u64, addr: u64, func: AllocFn, stack: u32 },
+    StackDef {
+        id: u32,
+        frames: Vec<u64>,
+    },
+    Alloc {
+        time: u64,
+        addr: u64,
+        size: u64,
+        align: u64,
+        func: AllocFn,
+        stack: u32,
+    },
+    Free {
+        time: u64,
+        addr: u64,
+        func: AllocFn,
+        stack: u32,
+    },
     /// realloc/reallocarray that moved or resized a block. `old_addr` 0 is a
     /// realloc(NULL, n); `size` 0 with `new_addr` 0 is a realloc(p, 0) that freed.
-    Realloc { time: u64, old_addr: u64, new_addr: u64, size: u64, func: AllocFn, stack: u32 },
+    Realloc {
+        time: u64,
+        old_addr: u64,
+        new_addr: u64,
+        size: u64,
+        func: AllocFn,
+        stack: u32,
+    },
     /// Misuse detected at the time of the call. Stacks are 0 when unknown.
     Error {
         time: u64,
@@ -341,14 +372,32 @@ pub enum Event {
         /// Whether the call was passed on to the C library anyway.
         passed_on: bool,
     },
-    SnapshotBegin { time: u64, kind: SnapshotKind },
+    SnapshotBegin {
+        time: u64,
+        kind: SnapshotKind,
+    },
     /// A block live when the snapshot was taken.
-    LiveBlock { addr: u64, size: u64, func: AllocFn, stack: u32 },
-    SnapshotEnd { blocks: u64, bytes: u64 },
+    LiveBlock {
+        addr: u64,
+        size: u64,
+        func: AllocFn,
+        stack: u32,
+    },
+    SnapshotEnd {
+        blocks: u64,
+        bytes: u64,
+    },
     /// The process forked; the child writes its own trace.
-    Fork { time: u64, child_pid: u32 },
+    Fork {
+        time: u64,
+        child_pid: u32,
+    },
     /// Last event of a process image.
-    End { time: u64, exit: ExitKind, counters: EndCounters },
+    End {
+        time: u64,
+        exit: ExitKind,
+        counters: EndCounters,
+    },
 }
 
 /// Event tags (format values).
@@ -436,7 +485,10 @@ impl<'a> Encoder<'a> {
 
     fn bytes(&mut self, b: &[u8]) -> Result<(), NoRoom> {
         self.u64(b.len() as u64)?;
-        let dst = self.out.get_mut(self.pos..self.pos + b.len()).ok_or(NoRoom)?;
+        let dst = self
+            .out
+            .get_mut(self.pos..self.pos + b.len())
+            .ok_or(NoRoom)?;
         dst.copy_from_slice(b);
         self.pos += b.len();
         Ok(())
@@ -550,11 +602,28 @@ impl<'a> Encoder<'a> {
                 self.bytes(name.as_bytes())
             }
             Event::StackDef { id, frames } => self.stack_def(*id, frames),
-            Event::Alloc { time, addr, size, align, func, stack } => {
-                self.alloc(ctx, *time, *addr, *size, *align, *func, *stack)
-            }
-            Event::Free { time, addr, func, stack } => self.free(ctx, *time, *addr, *func, *stack),
-            Event::Realloc { time, old_addr, new_addr, size, func, stack } => {
+            Event::Alloc {
+                time,
+                addr,
+                size,
+                align,
+                func,
+                stack,
+            } => self.alloc(ctx, *time, *addr, *size, *align, *func, *stack),
+            Event::Free {
+                time,
+                addr,
+                func,
+                stack,
+            } => self.free(ctx, *time, *addr, *func, *stack),
+            Event::Realloc {
+                time,
+                old_addr,
+                new_addr,
+                size,
+                func,
+                stack,
+            } => {
                 self.byte(tag::REALLOC)?;
                 self.time(ctx, *time)?;
                 self.addr(ctx, *old_addr)?;
@@ -592,7 +661,12 @@ impl<'a> Encoder<'a> {
                 self.time(ctx, *time)?;
                 self.byte(*kind as u8)
             }
-            Event::LiveBlock { addr, size, func, stack } => {
+            Event::LiveBlock {
+                addr,
+                size,
+                func,
+                stack,
+            } => {
                 self.byte(tag::LIVE_BLOCK)?;
                 self.addr(ctx, *addr)?;
                 self.u64(*size)?;
@@ -609,7 +683,11 @@ impl<'a> Encoder<'a> {
                 self.time(ctx, *time)?;
                 self.u64(u64::from(*child_pid))
             }
-            Event::End { time, exit, counters } => {
+            Event::End {
+                time,
+                exit,
+                counters,
+            } => {
                 self.byte(tag::END)?;
                 self.time(ctx, *time)?;
                 match exit {
@@ -672,14 +750,21 @@ pub struct Decoder<'a> {
     input: &'a [u8],
     pos: usize,
     ctx: ChunkContext,
+    failed: bool,
 }
 
 impl<'a> Decoder<'a> {
     pub fn new(input: &'a [u8]) -> Self {
-        Decoder { input, pos: 0, ctx: ChunkContext::default() }
+        Decoder {
+            input,
+            pos: 0,
+            ctx: ChunkContext::default(),
+            failed: false,
+        }
     }
 
-    /// Byte offset of the next event inside the payload.
+    /// Byte offset of the next event inside the payload. After the iterator
+    /// yielded an error: the offset of the event that could not be decoded.
     pub fn position(&self) -> usize {
         self.pos
     }
@@ -707,8 +792,14 @@ impl<'a> Decoder<'a> {
         if len > MAX_STRING_LEN as u64 {
             return Err(DecodeError::TooLong { what, len });
         }
-        let end = self.pos.checked_add(len as usize).ok_or(DecodeError::Truncated)?;
-        let s = self.input.get(self.pos..end).ok_or(DecodeError::Truncated)?;
+        let end = self
+            .pos
+            .checked_add(len as usize)
+            .ok_or(DecodeError::Truncated)?;
+        let s = self
+            .input
+            .get(self.pos..end)
+            .ok_or(DecodeError::Truncated)?;
         self.pos = end;
         Ok(s)
     }
@@ -718,13 +809,20 @@ impl<'a> Decoder<'a> {
     }
 
     fn time(&mut self) -> Result<u64, DecodeError> {
-        let t = self.ctx.prev_time.checked_add(self.u64()?).ok_or(DecodeError::Invalid("time"))?;
+        let t = self
+            .ctx
+            .prev_time
+            .checked_add(self.u64()?)
+            .ok_or(DecodeError::Invalid("time"))?;
         self.ctx.prev_time = t;
         Ok(t)
     }
 
     fn addr(&mut self) -> Result<u64, DecodeError> {
-        let a = self.ctx.prev_addr.wrapping_add(unzigzag(self.u64()?) as u64);
+        let a = self
+            .ctx
+            .prev_addr
+            .wrapping_add(unzigzag(self.u64()?) as u64);
         self.ctx.prev_addr = a;
         Ok(a)
     }
@@ -743,13 +841,22 @@ impl<'a> Decoder<'a> {
                 let exe = self.string("executable path")?;
                 let n = self.u64()?;
                 if n > MAX_ARGS as u64 {
-                    return Err(DecodeError::TooLong { what: "argument list", len: n });
+                    return Err(DecodeError::TooLong {
+                        what: "argument list",
+                        len: n,
+                    });
                 }
                 let mut argv = Vec::with_capacity(n.min(64) as usize);
                 for _ in 0..n {
                     argv.push(self.string("argument")?);
                 }
-                Event::Process(ProcessInfo { pid, ppid, start_unix_ns, exe, argv })
+                Event::Process(ProcessInfo {
+                    pid,
+                    ppid,
+                    start_unix_ns,
+                    exe,
+                    argv,
+                })
             }
             tag::MODULE_LOAD => {
                 let id = self.u32("module id")?;
@@ -758,19 +865,32 @@ impl<'a> Decoder<'a> {
                 let bias = self.u64()?;
                 let n = self.u64()?;
                 if n > 256 {
-                    return Err(DecodeError::TooLong { what: "segment list", len: n });
+                    return Err(DecodeError::TooLong {
+                        what: "segment list",
+                        len: n,
+                    });
                 }
                 let mut segments = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     let start = self.u64()?;
                     let len = self.u64()?;
                     let flags = self.byte()?;
-                    let end = start.checked_add(len).ok_or(DecodeError::Invalid("segment"))?;
+                    let end = start
+                        .checked_add(len)
+                        .ok_or(DecodeError::Invalid("segment"))?;
                     segments.push(Segment { start, end, flags });
                 }
-                Event::ModuleLoad(ModuleInfo { id, path, build_id, bias, segments })
+                Event::ModuleLoad(ModuleInfo {
+                    id,
+                    path,
+                    build_id,
+                    bias,
+                    segments,
+                })
             }
-            tag::MODULE_UNLOAD => Event::ModuleUnload { id: self.u32("module id")? },
+            tag::MODULE_UNLOAD => Event::ModuleUnload {
+                id: self.u32("module id")?,
+            },
             tag::THREAD_NAME => {
                 let tid = self.u32("thread id")?;
                 let name = self.string("thread name")?;
@@ -780,7 +900,10 @@ impl<'a> Decoder<'a> {
                 let id = self.u32("stack id")?;
                 let n = self.u64()?;
                 if n > MAX_STACK_FRAMES as u64 {
-                    return Err(DecodeError::TooLong { what: "stack", len: n });
+                    return Err(DecodeError::TooLong {
+                        what: "stack",
+                        len: n,
+                    });
                 }
                 let mut frames = Vec::with_capacity(n as usize);
                 let mut prev = 0u64;
@@ -797,14 +920,26 @@ impl<'a> Decoder<'a> {
                 let align = self.u64()?;
                 let func = self.func()?;
                 let stack = self.u32("stack id")?;
-                Event::Alloc { time, addr, size, align, func, stack }
+                Event::Alloc {
+                    time,
+                    addr,
+                    size,
+                    align,
+                    func,
+                    stack,
+                }
             }
             tag::FREE => {
                 let time = self.time()?;
                 let addr = self.addr()?;
                 let func = self.func()?;
                 let stack = self.u32("stack id")?;
-                Event::Free { time, addr, func, stack }
+                Event::Free {
+                    time,
+                    addr,
+                    func,
+                    stack,
+                }
             }
             tag::REALLOC => {
                 let time = self.time()?;
@@ -813,17 +948,27 @@ impl<'a> Decoder<'a> {
                 let size = self.u64()?;
                 let func = self.func()?;
                 let stack = self.u32("stack id")?;
-                Event::Realloc { time, old_addr, new_addr, size, func, stack }
+                Event::Realloc {
+                    time,
+                    old_addr,
+                    new_addr,
+                    size,
+                    func,
+                    stack,
+                }
             }
             tag::ERROR => {
                 let time = self.time()?;
-                let kind = ErrorKind::from_u8(self.byte()?).ok_or(DecodeError::Invalid("error kind"))?;
+                let kind =
+                    ErrorKind::from_u8(self.byte()?).ok_or(DecodeError::Invalid("error kind"))?;
                 let func = self.func()?;
                 let addr = self.u64()?;
                 let stack = self.u32("stack id")?;
                 let alloc_func = match self.byte()? {
                     0 => None,
-                    v => Some(AllocFn::from_u8(v).ok_or(DecodeError::Invalid("allocation function"))?),
+                    v => Some(
+                        AllocFn::from_u8(v).ok_or(DecodeError::Invalid("allocation function"))?,
+                    ),
                 };
                 let alloc_size = self.u64()?;
                 let alloc_stack = self.u32("stack id")?;
@@ -859,12 +1004,23 @@ impl<'a> Decoder<'a> {
                 let size = self.u64()?;
                 let func = self.func()?;
                 let stack = self.u32("stack id")?;
-                Event::LiveBlock { addr, size, func, stack }
+                Event::LiveBlock {
+                    addr,
+                    size,
+                    func,
+                    stack,
+                }
             }
-            tag::SNAPSHOT_END => Event::SnapshotEnd { blocks: self.u64()?, bytes: self.u64()? },
+            tag::SNAPSHOT_END => Event::SnapshotEnd {
+                blocks: self.u64()?,
+                bytes: self.u64()?,
+            },
             tag::FORK => {
                 let time = self.time()?;
-                Event::Fork { time, child_pid: self.u32("pid")? }
+                Event::Fork {
+                    time,
+                    child_pid: self.u32("pid")?,
+                }
             }
             tag::END => {
                 let time = self.time()?;
@@ -879,7 +1035,11 @@ impl<'a> Decoder<'a> {
                     events_lost: self.u64()?,
                     untracked_calls: self.u64()?,
                 };
-                Event::End { time, exit, counters }
+                Event::End {
+                    time,
+                    exit,
+                    counters,
+                }
             }
             other => return Err(DecodeError::UnknownTag(other)),
         })
@@ -890,13 +1050,16 @@ impl Iterator for Decoder<'_> {
     type Item = Result<Event, DecodeError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.pos >= self.input.len() {
+        if self.failed || self.pos >= self.input.len() {
             return None;
         }
+        let start = self.pos;
         let r = self.decode_one();
         if r.is_err() {
-            // A chunk is checksummed as a whole; past a bad event nothing in it can be trusted.
-            self.pos = self.input.len();
+            // A chunk is checksummed as a whole; past a bad event nothing in it
+            // can be trusted. Keep the position of the bad event for reports.
+            self.failed = true;
+            self.pos = start;
         }
         Some(r)
     }

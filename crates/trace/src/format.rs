@@ -193,31 +193,48 @@ impl<R: Read> TraceReader<R> {
     /// Reads and checks the file header.
     pub fn new(mut input: R) -> Result<Self, TraceError> {
         let mut h = [0u8; FILE_HEADER_LEN];
-        let n = read_full(&mut input, &mut h).map_err(|source| TraceError::Io { offset: 0, source })?;
-        if n >= 8 && &h[..8] != MAGIC {
+        let n =
+            read_full(&mut input, &mut h).map_err(|source| TraceError::Io { offset: 0, source })?;
+        // A short file that does not even start like a trace is not a truncated one.
+        let seen = n.min(MAGIC.len());
+        if h[..seen] != MAGIC[..seen] {
             return Err(TraceError::NotATrace);
         }
         if n < FILE_HEADER_LEN {
-            return Err(TraceError::Truncated { offset: n as u64, what: "file header" });
+            return Err(TraceError::Truncated {
+                offset: n as u64,
+                what: "file header",
+            });
         }
         let version = u16::from_le_bytes([h[8], h[9]]);
         if version > FORMAT_VERSION {
-            return Err(TraceError::NewerVersion { found: version, supported: FORMAT_VERSION });
+            return Err(TraceError::NewerVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
         }
         if version == 0 {
-            return Err(TraceError::Corrupt { offset: 8, what: "format version 0".into() });
+            return Err(TraceError::Corrupt {
+                offset: 8,
+                what: "format version 0".into(),
+            });
         }
         let header_len = le_u32(&h[12..16]) as u64;
-        if header_len < FILE_HEADER_LEN as u64 || header_len > 4096 {
-            return Err(TraceError::Corrupt { offset: 12, what: format!("header length {header_len}") });
+        // Every version this reader accepts has a 16-byte header; anything else
+        // is a damaged length field, and skipping by it would misplace every chunk.
+        if header_len != FILE_HEADER_LEN as u64 {
+            return Err(TraceError::Corrupt {
+                offset: 12,
+                what: format!("header length {header_len}"),
+            });
         }
-        let mut skip = vec![0u8; header_len as usize - FILE_HEADER_LEN];
-        let got = read_full(&mut input, &mut skip)
-            .map_err(|source| TraceError::Io { offset: FILE_HEADER_LEN as u64, source })?;
-        if got < skip.len() {
-            return Err(TraceError::Truncated { offset: (FILE_HEADER_LEN + got) as u64, what: "file header" });
-        }
-        Ok(TraceReader { input, offset: header_len, version, stored: Vec::new(), failed: false })
+        Ok(TraceReader {
+            input,
+            offset: header_len,
+            version,
+            stored: Vec::new(),
+            failed: false,
+        })
     }
 
     /// The format version of the file.
@@ -246,20 +263,34 @@ impl<R: Read> TraceReader<R> {
     fn read_chunk(&mut self) -> Result<Option<Chunk>, TraceError> {
         let start = self.offset;
         let mut h = [0u8; CHUNK_HEADER_LEN];
-        let n = read_full(&mut self.input, &mut h).map_err(|source| TraceError::Io { offset: start, source })?;
+        let n = read_full(&mut self.input, &mut h).map_err(|source| TraceError::Io {
+            offset: start,
+            source,
+        })?;
         if n == 0 {
             return Ok(None);
         }
         if n < CHUNK_HEADER_LEN {
-            return Err(TraceError::Truncated { offset: start, what: "chunk header" });
+            return Err(TraceError::Truncated {
+                offset: start,
+                what: "chunk header",
+            });
         }
         if &h[0..4] != CHUNK_MAGIC {
-            return Err(TraceError::Corrupt { offset: start, what: "bad chunk marker".into() });
+            return Err(TraceError::Corrupt {
+                offset: start,
+                what: "bad chunk marker".into(),
+            });
         }
         let codec = match h[4] {
             0 => Codec::Raw,
             1 => Codec::Lz4,
-            c => return Err(TraceError::Corrupt { offset: start, what: format!("unknown codec {c}") }),
+            c => {
+                return Err(TraceError::Corrupt {
+                    offset: start,
+                    what: format!("unknown codec {c}"),
+                })
+            }
         };
         let header = ChunkHeader {
             codec,
@@ -272,25 +303,43 @@ impl<R: Read> TraceReader<R> {
         };
         let crc = le_u32(&h[40..44]);
         if header.raw_len > MAX_CHUNK_RAW
-            || header.stored_len as usize > lz4_flex::block::get_maximum_output_size(header.raw_len as usize)
+            || header.stored_len as usize
+                > lz4_flex::block::get_maximum_output_size(header.raw_len as usize)
             || (codec == Codec::Raw && header.stored_len != header.raw_len)
         {
             return Err(TraceError::Corrupt {
                 offset: start,
-                what: format!("impossible chunk sizes (raw {}, stored {})", header.raw_len, header.stored_len),
+                what: format!(
+                    "impossible chunk sizes (raw {}, stored {})",
+                    header.raw_len, header.stored_len
+                ),
             });
         }
-        self.stored.resize(header.stored_len as usize, 0);
-        let got = read_full(&mut self.input, &mut self.stored)
-            .map_err(|source| TraceError::Io { offset: start, source })?;
-        if got < self.stored.len() {
-            return Err(TraceError::Truncated { offset: start, what: "chunk payload" });
+        // Read through `take` so the buffer grows with the bytes actually there:
+        // a damaged length in a short file must not cost a 16 MiB allocation.
+        self.stored.clear();
+        let want = u64::from(header.stored_len);
+        let got = (&mut self.input)
+            .take(want)
+            .read_to_end(&mut self.stored)
+            .map_err(|source| TraceError::Io {
+                offset: start,
+                source,
+            })?;
+        if (got as u64) < want {
+            return Err(TraceError::Truncated {
+                offset: start,
+                what: "chunk payload",
+            });
         }
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&h[..40]);
         hasher.update(&self.stored);
         if hasher.finalize() != crc {
-            return Err(TraceError::Corrupt { offset: start, what: "chunk checksum mismatch".into() });
+            return Err(TraceError::Corrupt {
+                offset: start,
+                what: "chunk checksum mismatch".into(),
+            });
         }
         let payload = match codec {
             Codec::Raw => std::mem::take(&mut self.stored),
@@ -299,13 +348,20 @@ impl<R: Read> TraceReader<R> {
                 match lz4_flex::block::decompress_into(&self.stored, &mut out) {
                     Ok(n) if n == out.len() => out,
                     _ => {
-                        return Err(TraceError::Corrupt { offset: start, what: "chunk does not decompress".into() })
+                        return Err(TraceError::Corrupt {
+                            offset: start,
+                            what: "chunk does not decompress".into(),
+                        })
                     }
                 }
             }
         };
         self.offset = start + CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
-        Ok(Some(Chunk { header, offset: start, payload }))
+        Ok(Some(Chunk {
+            header,
+            offset: start,
+            payload,
+        }))
     }
 }
 

@@ -60,7 +60,16 @@ mod tests {
 
     #[test]
     fn round_trips_edges() {
-        for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX - 1, u64::MAX] {
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            300,
+            u32::MAX as u64,
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
             let mut buf = [0u8; MAX_VARINT_LEN];
             let n = put_u64(&mut buf, v);
             let mut pos = 0;
@@ -79,6 +88,12 @@ mod tests {
         let mut pos = 0;
         assert_eq!(get_u64(&[0xff; 11], &mut pos), None);
         let mut pos = 0;
-        assert_eq!(get_u64(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02], &mut pos), None);
+        assert_eq!(
+            get_u64(
+                &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02],
+                &mut pos
+            ),
+            None
+        );
     }
 }

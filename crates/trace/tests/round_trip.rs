@@ -1,0 +1,146 @@
+//! Every event variant survives TraceBuilder -> TraceReader -> Chunk::events().
+
+mod common;
+
+use common::*;
+use trapline_trace::event::{encode_to_vec, MAX_STACK_FRAMES};
+use trapline_trace::format::{CHUNK_HEADER_LEN, FILE_HEADER_LEN};
+use trapline_trace::{
+    AllocFn, ChunkContext, DecodeError, Decoder, Event, TraceReader, FORMAT_VERSION,
+};
+
+fn assert_round_trip(chunks: &[(u32, Vec<Event>)]) {
+    let bytes = build(chunks);
+    let out = read_all(&bytes);
+    assert!(out.open_error.is_none(), "{:?}", out.open_error);
+    assert!(out.error.is_none(), "{:?}", out.error);
+    assert_eq!(out.chunks.len(), chunks.len());
+    let mut offset = FILE_HEADER_LEN as u64;
+    for (i, ((tid, events), chunk)) in chunks.iter().zip(&out.chunks).enumerate() {
+        let (decoded, err) = &out.events[i];
+        assert_eq!(err, &None, "chunk {i}");
+        assert_eq!(decoded, events, "chunk {i}");
+        assert_eq!(chunk.header.tid, *tid);
+        assert_eq!(chunk.header.events as usize, events.len());
+        assert_eq!(chunk.header.raw_len as usize, chunk.payload.len());
+        assert_eq!(chunk.offset, offset);
+        offset += (CHUNK_HEADER_LEN + chunk.header.stored_len as usize) as u64;
+    }
+    assert_eq!(offset, bytes.len() as u64);
+}
+
+#[test]
+fn every_variant_round_trips_in_one_trace() {
+    assert_round_trip(&sample_chunks());
+}
+
+#[test]
+fn sample_trace_uses_both_codecs() {
+    use trapline_trace::format::Codec;
+    let out = read_all(&build(&sample_chunks()));
+    let codecs: Vec<Codec> = out.chunks.iter().map(|c| c.header.codec).collect();
+    assert!(codecs.contains(&Codec::Raw), "{codecs:?}");
+    assert!(codecs.contains(&Codec::Lz4), "{codecs:?}");
+}
+
+#[test]
+fn each_event_round_trips_alone() {
+    let all: Vec<Event> = sample_chunks().into_iter().flat_map(|(_, e)| e).collect();
+    for ev in all {
+        // As the only event of a chunk (absolute time, address delta from 0)...
+        assert_round_trip(&[(1, vec![ev.clone()])]);
+        // ...and straight through the encoder and decoder.
+        let mut buf = Vec::new();
+        encode_to_vec(&mut buf, &mut ChunkContext::default(), &ev);
+        let got: Vec<_> = Decoder::new(&buf).collect();
+        assert_eq!(got, vec![Ok(ev)]);
+    }
+}
+
+#[test]
+fn every_alloc_fn_and_error_kind_round_trips() {
+    let mut events = Vec::new();
+    for (i, &func) in AllocFn::ALL.iter().enumerate() {
+        assert_eq!(AllocFn::from_u8(func as u8), Some(func));
+        events.push(Event::LiveBlock {
+            addr: i as u64,
+            size: 1,
+            func,
+            stack: 1,
+        });
+        for &kind in &ERROR_KINDS {
+            events.push(Event::Error {
+                time: i as u64,
+                kind,
+                func,
+                addr: 0,
+                stack: 0,
+                alloc_func: Some(func),
+                alloc_size: 0,
+                alloc_stack: 0,
+                free_stack: 0,
+                passed_on: true,
+            });
+        }
+    }
+    assert_eq!(AllocFn::from_u8(0), None);
+    assert_eq!(AllocFn::from_u8(AllocFn::ALL.len() as u8 + 1), None);
+    assert_round_trip(&[(3, events)]);
+}
+
+#[test]
+fn many_chunks_and_an_empty_trace() {
+    assert_round_trip(&[]);
+    let chunks: Vec<(u32, Vec<Event>)> = (0..50)
+        .map(|i| (i, hot_events(u64::from(i) * 1_000_000)))
+        .collect();
+    assert_round_trip(&chunks);
+}
+
+#[test]
+fn stack_limit_is_enforced_on_decode_only_past_the_limit() {
+    let frames: Vec<u64> = (0..MAX_STACK_FRAMES as u64).map(|i| u64::MAX - i).collect();
+    assert_round_trip(&[(
+        1,
+        vec![Event::StackDef {
+            id: 5,
+            frames: frames.clone(),
+        }],
+    )]);
+
+    let mut too_long = frames;
+    too_long.push(0);
+    let mut buf = Vec::new();
+    encode_to_vec(
+        &mut buf,
+        &mut ChunkContext::default(),
+        &Event::StackDef {
+            id: 5,
+            frames: too_long,
+        },
+    );
+    let got: Vec<_> = Decoder::new(&buf).collect();
+    assert_eq!(
+        got,
+        vec![Err(DecodeError::TooLong {
+            what: "stack",
+            len: MAX_STACK_FRAMES as u64 + 1
+        })]
+    );
+}
+
+#[test]
+fn reader_reports_version_and_offsets() {
+    let bytes = build(&sample_chunks());
+    let mut r = TraceReader::new(&bytes[..]).unwrap();
+    assert_eq!(r.version(), FORMAT_VERSION);
+    assert_eq!(r.offset(), FILE_HEADER_LEN as u64);
+    while let Some(c) = r.next_chunk().unwrap() {
+        assert_eq!(
+            r.offset(),
+            c.offset + (CHUNK_HEADER_LEN as u64) + u64::from(c.header.stored_len)
+        );
+    }
+    assert_eq!(r.offset(), bytes.len() as u64);
+    assert!(r.next_chunk().unwrap().is_none());
+}
