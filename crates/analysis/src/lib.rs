@@ -1,1 +1,21 @@
-//! placeholder
+//! Analyses of trapline traces.
+//!
+//! Each analysis is a streaming consumer of a trace that produces a plain data
+//! report: [`leaks`] (blocks still allocated at exit, allocation errors) and
+//! [`stats`] (calls, bytes, peak heap, trace cost). Reports serialize to the
+//! stable JSON schema documented in `docs/json-schema.md` and render as text
+//! with each module's `render_text`. [`index`] reads a trace's chunks in
+//! global time order with bounded memory; [`report`] holds the types and text
+//! helpers shared by the reports.
+
+#![forbid(unsafe_code)]
+
+pub mod index;
+pub mod leaks;
+mod replay;
+pub mod report;
+pub mod stats;
+
+pub use index::{MergedEvent, MergedEvents, Stopped, TraceIndex};
+pub use leaks::LeaksReport;
+pub use stats::StatsReport;

@@ -1,4 +1,4 @@
-//! `trapline leaks` (placeholder until implemented).
+//! `trapline leaks`: blocks still allocated at exit, and allocation errors.
 
 use std::process::ExitCode;
 
@@ -11,7 +11,9 @@ pub struct LeaksArgs {
     pub format: crate::Format,
 }
 
-pub fn main(_args: LeaksArgs) -> ExitCode {
-    eprintln!("trapline leaks: not implemented yet");
-    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
+/// Runs the command; see [`crate::output`] for the exit statuses.
+pub fn main(args: LeaksArgs) -> ExitCode {
+    crate::output::run("leaks", &args.trace.trace, args.format, |input| {
+        trapline_analysis::leaks::analyze(input)
+    })
 }

@@ -1,6 +1,7 @@
 //! `trapline`: record a program's allocations, locks and CPU samples, then analyse the trace.
 
 mod leaks;
+mod output;
 mod run;
 mod stats;
 
@@ -14,7 +15,11 @@ pub const EXIT_ANALYSIS_ERROR: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 
 #[derive(Parser)]
-#[command(name = "trapline", version, about = "Diagnose native programs while they run: leaks, allocation errors, locks, CPU.")]
+#[command(
+    name = "trapline",
+    version,
+    about = "Diagnose native programs while they run: leaks, allocation errors, locks, CPU."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

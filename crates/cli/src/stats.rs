@@ -1,4 +1,4 @@
-//! `trapline stats` (placeholder until implemented).
+//! `trapline stats`: allocation calls, bytes, peak heap, trace cost.
 
 use std::process::ExitCode;
 
@@ -11,7 +11,9 @@ pub struct StatsArgs {
     pub format: crate::Format,
 }
 
-pub fn main(_args: StatsArgs) -> ExitCode {
-    eprintln!("trapline stats: not implemented yet");
-    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
+/// Runs the command; see [`crate::output`] for the exit statuses.
+pub fn main(args: StatsArgs) -> ExitCode {
+    crate::output::run("stats", &args.trace.trace, args.format, |input| {
+        trapline_analysis::stats::analyze(input)
+    })
 }

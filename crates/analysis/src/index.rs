@@ -1,0 +1,438 @@
+//! Reading a trace in global time order, with bounded memory.
+//!
+//! Each thread of the traced process buffers its events and appends the buffer
+//! to the trace as one chunk when it is full, so chunks of different threads
+//! are not in time order in the file (a quiet thread may flush events from the
+//! first second of the run at the very end). Events inside one chunk are in
+//! time order, and every chunk header carries the time of its first and last
+//! timed event. Analyses that replay the heap (live bytes, peak heap, the
+//! blocks live at the end of a trace without an exit snapshot) need the events
+//! of all threads in one global time order. This module provides it in two
+//! passes over a seekable input:
+//!
+//! 1. [`TraceIndex::build`] reads only the 44-byte chunk headers, seeking over
+//!    the payloads, and records each chunk's offset, thread and time range. It
+//!    stops at the first chunk whose header is missing, damaged or whose payload
+//!    runs past the end of the file (a trace torn by SIGKILL).
+//! 2. [`MergedEvents`] is a k-way merge: chunks are opened in order of their
+//!    first time; a chunk is opened (read, checksummed, decompressed and
+//!    decoded) only when the merge reaches its first time, and dropped as soon
+//!    as its last event is consumed. Only the chunks whose time ranges overlap
+//!    the current time are in memory: roughly one per thread that was active at
+//!    that moment, whatever the size of the trace.
+//!
+//! Events without a time of their own (stack definitions, module loads, live
+//! blocks of a snapshot) take the time of the timed event before them in their
+//! chunk (the chunk's first time if none), so they keep their place relative to
+//! their chunk. A chunk without any timed event (say, the middle of a large
+//! exit snapshot) takes the last time of the previous chunk of the same thread:
+//! a thread's chunks are in time order in the file. Ties are broken by file
+//! order, then by position in the chunk, which makes the order deterministic.
+//!
+//! A chunk that turns out to be corrupt in the second pass (checksum, payload
+//! that does not decompress or decode) ends the trace at that chunk, as the
+//! sequential reader does: no chunk at or after its offset is opened any more.
+//! Events of later chunks that were already replayed because their time came
+//! first stay counted; [`MergedEvents::stopped`] tells where and why reading
+//! stopped.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io::{self, Read, Seek, SeekFrom};
+
+use trapline_trace::format::{Codec, CHUNK_HEADER_LEN, CHUNK_MAGIC};
+use trapline_trace::{ChunkHeader, Event, TraceError, TraceReader};
+
+/// Where and why reading a trace stopped before its end.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Stopped {
+    /// Byte offset in the file of the chunk that could not be used.
+    pub offset: u64,
+    /// The reader's explanation (it names the offset too).
+    pub reason: String,
+}
+
+impl Stopped {
+    /// Describes a reading error; `fallback_offset` is used when the error has none.
+    pub fn from_error(err: &TraceError, fallback_offset: u64) -> Self {
+        Stopped {
+            offset: err.offset().unwrap_or(fallback_offset),
+            reason: err.to_string(),
+        }
+    }
+}
+
+/// One chunk found by the index pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkEntry {
+    /// File offset of the chunk header.
+    pub offset: u64,
+    /// The chunk's header (thread, sizes, event count, time range).
+    pub header: ChunkHeader,
+}
+
+/// The chunks of a trace, found by reading chunk headers only.
+#[derive(Clone, Debug)]
+pub struct TraceIndex {
+    /// The raw file header, needed to read single chunks later.
+    file_header: Vec<u8>,
+    /// Every usable chunk, in file order.
+    pub chunks: Vec<ChunkEntry>,
+    /// Size of the file in bytes.
+    pub file_len: u64,
+    /// Set when the chunk list ends before the end of the file.
+    pub stopped: Option<Stopped>,
+}
+
+fn io_error(offset: u64) -> impl FnOnce(io::Error) -> TraceError {
+    move |source| TraceError::Io { offset, source }
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+/// Parses the fields of a chunk header (the checksum is checked when the
+/// chunk is read).
+fn parse_chunk_header(h: &[u8; CHUNK_HEADER_LEN], offset: u64) -> Result<ChunkHeader, TraceError> {
+    if &h[0..4] != CHUNK_MAGIC {
+        return Err(TraceError::Corrupt {
+            offset,
+            what: "bad chunk marker".into(),
+        });
+    }
+    let codec = match h[4] {
+        0 => Codec::Raw,
+        1 => Codec::Lz4,
+        c => {
+            return Err(TraceError::Corrupt {
+                offset,
+                what: format!("unknown codec {c}"),
+            })
+        }
+    };
+    Ok(ChunkHeader {
+        codec,
+        tid: le_u32(&h[8..12]),
+        raw_len: le_u32(&h[12..16]),
+        stored_len: le_u32(&h[16..20]),
+        events: le_u32(&h[20..24]),
+        first_time: le_u64(&h[24..32]),
+        last_time: le_u64(&h[32..40]),
+    })
+}
+
+impl TraceIndex {
+    /// Checks the file header and lists the chunks.
+    ///
+    /// Fails only when the input is not a readable trace at all (not a trace,
+    /// newer format version, file header missing, I/O error at the start); a
+    /// damaged or truncated chunk ends the list and is described in
+    /// [`TraceIndex::stopped`].
+    pub fn build<R: Read + Seek>(input: &mut R) -> Result<TraceIndex, TraceError> {
+        input.seek(SeekFrom::Start(0)).map_err(io_error(0))?;
+        let header_len = TraceReader::new(&mut *input)?.offset();
+        input.seek(SeekFrom::Start(0)).map_err(io_error(0))?;
+        let mut file_header = vec![0u8; header_len as usize];
+        input.read_exact(&mut file_header).map_err(io_error(0))?;
+        let file_len = input.seek(SeekFrom::End(0)).map_err(io_error(header_len))?;
+
+        let mut chunks = Vec::new();
+        let mut stopped = None;
+        let mut offset = header_len;
+        while offset < file_len {
+            match Self::chunk_at(input, offset, file_len) {
+                Ok(header) => {
+                    chunks.push(ChunkEntry { offset, header });
+                    offset += CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
+                }
+                Err(e) => {
+                    stopped = Some(Stopped::from_error(&e, offset));
+                    break;
+                }
+            }
+        }
+        Ok(TraceIndex {
+            file_header,
+            chunks,
+            file_len,
+            stopped,
+        })
+    }
+
+    fn chunk_at<R: Read + Seek>(
+        input: &mut R,
+        offset: u64,
+        file_len: u64,
+    ) -> Result<ChunkHeader, TraceError> {
+        if file_len - offset < CHUNK_HEADER_LEN as u64 {
+            return Err(TraceError::Truncated {
+                offset,
+                what: "chunk header",
+            });
+        }
+        input
+            .seek(SeekFrom::Start(offset))
+            .map_err(io_error(offset))?;
+        let mut h = [0u8; CHUNK_HEADER_LEN];
+        input.read_exact(&mut h).map_err(io_error(offset))?;
+        let header = parse_chunk_header(&h, offset)?;
+        let end = offset + CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
+        if end > file_len {
+            return Err(TraceError::Truncated {
+                offset,
+                what: "chunk payload",
+            });
+        }
+        Ok(header)
+    }
+
+    /// Reads, checks and decompresses one chunk of the index.
+    pub fn read_chunk<R: Read + Seek>(
+        &self,
+        input: &mut R,
+        entry: &ChunkEntry,
+    ) -> Result<trapline_trace::Chunk, TraceError> {
+        let offset = entry.offset;
+        input
+            .seek(SeekFrom::Start(offset))
+            .map_err(io_error(offset))?;
+        let len = CHUNK_HEADER_LEN as u64 + u64::from(entry.header.stored_len);
+        // The reader wants a file header first: give it the real one, followed
+        // by just this chunk.
+        let framed = io::Cursor::new(&self.file_header[..]).chain((&mut *input).take(len));
+        let relocate = |e: TraceError| match e {
+            TraceError::Truncated { what, .. } => TraceError::Truncated { offset, what },
+            TraceError::Corrupt { what, .. } => TraceError::Corrupt { offset, what },
+            TraceError::Io { source, .. } => TraceError::Io { offset, source },
+            other => other,
+        };
+        let mut reader = TraceReader::new(framed).map_err(relocate)?;
+        match reader.next_chunk().map_err(relocate)? {
+            Some(mut chunk) => {
+                chunk.offset = offset;
+                Ok(chunk)
+            }
+            None => Err(TraceError::Truncated {
+                offset,
+                what: "chunk header",
+            }),
+        }
+    }
+
+    /// Number of distinct threads that wrote chunks (the agent's own records,
+    /// thread id 0, are not a thread).
+    pub fn threads(&self) -> usize {
+        let mut tids: Vec<u32> = self
+            .chunks
+            .iter()
+            .map(|c| c.header.tid)
+            .filter(|&t| t != 0)
+            .collect();
+        tids.sort_unstable();
+        tids.dedup();
+        tids.len()
+    }
+}
+
+/// An event together with where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergedEvent {
+    /// Thread whose chunk held the event (0: the agent's own records).
+    pub tid: u32,
+    /// The event's time, or for an event without one the time of the timed
+    /// event before it in its chunk.
+    pub time: u64,
+    /// The event.
+    pub event: Event,
+}
+
+/// The time of an event, if it has one.
+pub fn event_time(ev: &Event) -> Option<u64> {
+    match ev {
+        Event::Alloc { time, .. }
+        | Event::Free { time, .. }
+        | Event::Realloc { time, .. }
+        | Event::Error { time, .. }
+        | Event::SnapshotBegin { time, .. }
+        | Event::Fork { time, .. }
+        | Event::End { time, .. } => Some(*time),
+        _ => None,
+    }
+}
+
+struct OpenChunk {
+    tid: u32,
+    offset: u64,
+    events: std::vec::IntoIter<Event>,
+    head: Option<(u64, Event)>,
+    clock: u64,
+}
+
+impl OpenChunk {
+    /// Moves to the next event; returns its effective time.
+    fn advance(&mut self) -> Option<u64> {
+        let ev = self.events.next()?;
+        if let Some(t) = event_time(&ev) {
+            self.clock = t;
+        }
+        self.head = Some((self.clock, ev));
+        Some(self.clock)
+    }
+}
+
+/// Iterates every event of an indexed trace in global time order (see the
+/// module documentation).
+pub struct MergedEvents<'a, R: Read + Seek> {
+    input: &'a mut R,
+    index: &'a TraceIndex,
+    /// Chunk numbers sorted by start time, then file order.
+    order: Vec<usize>,
+    /// Per chunk: the time it starts at (see the module documentation).
+    start: Vec<u64>,
+    next: usize,
+    open: HashMap<usize, OpenChunk>,
+    heap: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Chunks at or after this offset are not used (a corrupt chunk was found).
+    limit: u64,
+    stopped: Option<Stopped>,
+    most_open: usize,
+}
+
+impl<'a, R: Read + Seek> MergedEvents<'a, R> {
+    /// Starts the merge over the chunks of `index`.
+    pub fn new(input: &'a mut R, index: &'a TraceIndex) -> Self {
+        let mut last_of_thread: HashMap<u32, u64> = HashMap::new();
+        let start: Vec<u64> = index
+            .chunks
+            .iter()
+            .map(|c| {
+                let h = &c.header;
+                let last = last_of_thread.entry(h.tid).or_insert(0);
+                if h.first_time == 0 && h.last_time == 0 {
+                    *last // no timed event: continues the thread's previous chunk
+                } else {
+                    *last = (*last).max(h.last_time);
+                    h.first_time
+                }
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..index.chunks.len()).collect();
+        order.sort_by_key(|&i| (start[i], i));
+        MergedEvents {
+            input,
+            index,
+            order,
+            start,
+            next: 0,
+            open: HashMap::new(),
+            heap: BinaryHeap::new(),
+            limit: u64::MAX,
+            stopped: index.stopped.clone(),
+            most_open: 0,
+        }
+    }
+
+    /// Where and why the trace stopped being usable: the index pass's finding
+    /// or a chunk that failed to read during the merge, whichever comes first
+    /// in the file. Complete only once the iteration has ended.
+    pub fn stopped(&self) -> Option<&Stopped> {
+        self.stopped.as_ref()
+    }
+
+    /// The largest number of chunks that were open at once.
+    pub fn most_open(&self) -> usize {
+        self.most_open
+    }
+
+    fn stop(&mut self, at: Stopped, limit: u64) {
+        self.limit = self.limit.min(limit);
+        if !matches!(&self.stopped, Some(s) if s.offset <= at.offset) {
+            self.stopped = Some(at);
+        }
+    }
+
+    fn open_chunk(&mut self, i: usize) {
+        let entry = self.index.chunks[i];
+        let chunk = match self.index.read_chunk(self.input, &entry) {
+            Ok(c) => c,
+            Err(e) => {
+                self.stop(Stopped::from_error(&e, entry.offset), entry.offset);
+                return;
+            }
+        };
+        let mut events = Vec::with_capacity(entry.header.events.min(1 << 20) as usize);
+        for (n, ev) in chunk.events().enumerate() {
+            match ev {
+                Ok(ev) => events.push(ev),
+                Err(e) => {
+                    // The chunk's checksum was right: keep what decoded before
+                    // the bad event, but trust nothing after this chunk.
+                    let err = TraceError::Corrupt {
+                        offset: entry.offset,
+                        what: format!("event {n} of the chunk does not decode: {e}"),
+                    };
+                    self.stop(Stopped::from_error(&err, entry.offset), entry.offset + 1);
+                    break;
+                }
+            }
+        }
+        let mut oc = OpenChunk {
+            tid: entry.header.tid,
+            offset: entry.offset,
+            events: events.into_iter(),
+            head: None,
+            clock: self.start[i],
+        };
+        if let Some(t) = oc.advance() {
+            self.heap.push(Reverse((t, i)));
+            self.open.insert(i, oc);
+            self.most_open = self.most_open.max(self.open.len());
+        }
+    }
+}
+
+impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
+    type Item = MergedEvent;
+
+    fn next(&mut self) -> Option<MergedEvent> {
+        loop {
+            // Open every chunk that may hold an event at or before the
+            // earliest event among the open ones.
+            while let Some(&i) = self.order.get(self.next) {
+                if self.index.chunks[i].offset >= self.limit {
+                    self.next += 1;
+                    continue;
+                }
+                let earliest = self.heap.peek().map(|Reverse((t, _))| *t);
+                if !matches!(earliest, Some(t) if self.start[i] > t) {
+                    self.next += 1;
+                    self.open_chunk(i);
+                } else {
+                    break;
+                }
+            }
+            let Reverse((_, i)) = self.heap.pop()?;
+            let mut oc = self
+                .open
+                .remove(&i)
+                .expect("every heap entry has an open chunk");
+            if oc.offset >= self.limit {
+                continue; // past a corrupt chunk: dropped
+            }
+            let (time, event) = oc.head.take().expect("an open chunk has a head event");
+            let tid = oc.tid;
+            if let Some(t) = oc.advance() {
+                self.heap.push(Reverse((t, i)));
+                self.open.insert(i, oc);
+            }
+            return Some(MergedEvent { tid, time, event });
+        }
+    }
+}

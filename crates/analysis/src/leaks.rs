@@ -1,0 +1,518 @@
+//! Leaks: the blocks still allocated when the process ended, grouped into loss
+//! records by allocation stack, and the allocation errors the agent detected.
+//!
+//! The source of truth for what was still allocated is the agent's exit
+//! snapshot (taken after atexit handlers and libc's freeres). A trace without
+//! one (the process was killed by SIGKILL, or the trace is truncated or
+//! corrupt) falls back to replaying `Alloc`, `Free` and `Realloc` in global
+//! time order (see [`crate::index`]) to find the blocks live at the end of what
+//! was recorded; the report then says that the process did not finish.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{Read, Seek};
+
+use serde::Serialize;
+use trapline_trace::{AllocFn, ErrorKind, Event, TraceError};
+
+use crate::index::{MergedEvent, MergedEvents, TraceIndex};
+use crate::replay::HeapReplay;
+use crate::report::{
+    command_text, footer_text, frame_text, prefix, seconds, serialize_hex, thousands, Facts,
+    FrameReport, ProcessReport, StackSymbolizer, TraceStatus,
+};
+pub use crate::report::{BytesBlocks, HeapUsage};
+
+/// Loss record kind for blocks from the exit snapshot.
+pub const KIND_UNFREED_AT_EXIT: &str = "unfreed_at_exit";
+/// Loss record kind for blocks found by replay, when the trace has no exit snapshot.
+pub const KIND_LIVE_AT_END_OF_TRACE: &str = "live_at_end_of_trace";
+
+/// The `trapline leaks` report (its JSON form is the stable schema).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LeaksReport {
+    /// The traced process.
+    pub process: ProcessReport,
+    /// Totals.
+    pub summary: LeaksSummary,
+    /// Loss records: bytes descending, then blocks descending, then first frame.
+    pub records: Vec<LossRecord>,
+    /// Allocation errors, identical ones (same kind, function and stack) merged, in order of first occurrence.
+    pub errors: Vec<ErrorRecord>,
+    /// Events the agent could not record; null when the trace has no end record to tell.
+    pub events_lost: Option<u64>,
+    /// Allocator calls made re-entrantly (from a signal handler inside the
+    /// agent), passed through unrecorded; null without an end record.
+    pub untracked_calls: Option<u64>,
+    /// Whether the trace was complete.
+    pub trace: TraceStatus,
+}
+
+/// Totals of the leaks report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LeaksSummary {
+    /// The blocks still allocated at exit (from the exit snapshot), or, when
+    /// the trace has no snapshot, those live at the end of what was recorded.
+    pub unfreed_at_exit: BytesBlocks,
+    /// Where `unfreed_at_exit` comes from: `"exit_snapshot"` or `"replay"`.
+    pub source: &'static str,
+    /// Heap usage computed by replaying the recorded events.
+    pub total_heap_usage: HeapUsage,
+    /// Number of loss records.
+    pub loss_records: u64,
+    /// Errors detected, counting every occurrence.
+    pub errors: u64,
+    /// Distinct error contexts (entries of `errors`).
+    pub error_contexts: u64,
+}
+
+/// Blocks allocated from the same stack by the same function, still live.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LossRecord {
+    /// `"unfreed_at_exit"` or `"live_at_end_of_trace"` (no exit snapshot).
+    pub kind: &'static str,
+    /// Total bytes of the blocks.
+    pub bytes: u64,
+    /// Number of blocks.
+    pub blocks: u64,
+    /// The allocation function (C or C++ spelling).
+    pub allocated_by: &'static str,
+    /// The trace's stack id (0: no stack recorded).
+    pub stack_id: u32,
+    /// The allocation stack, innermost first, inlined frames expanded.
+    pub stack: Vec<FrameReport>,
+}
+
+/// One allocation error, possibly repeated.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ErrorRecord {
+    /// `"double_free"`, `"invalid_free"`, `"mismatched_free"` or `"invalid_realloc"`.
+    pub kind: &'static str,
+    /// How many times this error happened at this stack.
+    pub count: u64,
+    /// The pointer passed (of the first occurrence).
+    #[serde(serialize_with = "serialize_hex")]
+    pub address: u64,
+    /// The function called with it.
+    pub function: &'static str,
+    /// Thread of the first occurrence.
+    pub thread: u32,
+    /// Time of the first occurrence, seconds since the start.
+    pub time_seconds: f64,
+    /// Whether the call was passed on to the C library anyway.
+    pub passed_on: bool,
+    /// Stack id of the faulty call.
+    pub stack_id: u32,
+    /// Stack of the faulty call.
+    pub stack: Vec<FrameReport>,
+    /// How the block was allocated, when known.
+    pub alloc_function: Option<&'static str>,
+    /// Size of the block, when known.
+    pub alloc_size: Option<u64>,
+    /// Stack id of the block's allocation (0: unknown).
+    pub alloc_stack_id: u32,
+    /// Stack of the block's allocation (empty: unknown).
+    pub alloc_stack: Vec<FrameReport>,
+    /// Stack id of the block's first release, for double frees (0: unknown).
+    pub free_stack_id: u32,
+    /// Stack of the block's first release (empty: unknown).
+    pub free_stack: Vec<FrameReport>,
+}
+
+/// An error as first seen, and how many times it happened at its stack.
+struct PendingError {
+    /// The `Event::Error` of the first occurrence.
+    event: Event,
+    tid: u32,
+    count: u64,
+}
+
+/// Groups of live blocks: (stack, function) → bytes and blocks.
+type Groups = HashMap<(u32, AllocFn), BytesBlocks>;
+
+fn add(groups: &mut Groups, stack: u32, func: AllocFn, size: u64) {
+    let g = groups.entry((stack, func)).or_default();
+    g.bytes += size;
+    g.blocks += 1;
+}
+
+/// State of the pass over the trace.
+#[derive(Default)]
+struct LeaksPass {
+    facts: Facts,
+    heap: HeapReplay,
+    /// The live blocks of the exit snapshot, grouped.
+    snapshot: Groups,
+    errors: Vec<PendingError>,
+    error_index: HashMap<(ErrorKind, AllocFn, u32), usize>,
+}
+
+impl LeaksPass {
+    fn observe(&mut self, m: &MergedEvent) {
+        self.facts.observe(m.time, &m.event);
+        self.heap.apply(&m.event);
+        match &m.event {
+            Event::Error {
+                kind, func, stack, ..
+            } => {
+                if *stack != 0 {
+                    let key = (*kind, *func, *stack);
+                    if let Some(&i) = self.error_index.get(&key) {
+                        self.errors[i].count += 1;
+                        return;
+                    }
+                    self.error_index.insert(key, self.errors.len());
+                }
+                self.errors.push(PendingError {
+                    event: m.event.clone(),
+                    tid: m.tid,
+                    count: 1,
+                });
+            }
+            // A trace holds at most one snapshot; its live blocks may come in
+            // chunks without timed events, so they are not tied to the order
+            // of SnapshotBegin and SnapshotEnd (see Facts::has_exit_snapshot).
+            Event::LiveBlock {
+                size, func, stack, ..
+            } => add(&mut self.snapshot, *stack, *func, *size),
+            _ => {}
+        }
+    }
+}
+
+/// Analyses a trace. Fails only when the input is not a readable trace at all;
+/// a truncated or damaged trace gives a report of what could be read, with
+/// [`TraceStatus::stopped`] set.
+pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError> {
+    let index = TraceIndex::build(input)?;
+    let mut pass = LeaksPass::default();
+    let mut merged = MergedEvents::new(input, &index);
+    for m in merged.by_ref() {
+        pass.observe(&m);
+    }
+    let stopped = merged.stopped().cloned();
+    drop(merged);
+
+    let has_exit_snapshot = pass.facts.has_exit_snapshot();
+    let (kind, source, groups) = match has_exit_snapshot {
+        true => (
+            KIND_UNFREED_AT_EXIT,
+            "exit_snapshot",
+            std::mem::take(&mut pass.snapshot),
+        ),
+        false => {
+            let mut g = Groups::new();
+            for b in pass.heap.live.values() {
+                add(&mut g, b.stack, b.func, b.size);
+            }
+            (KIND_LIVE_AT_END_OF_TRACE, "replay", g)
+        }
+    };
+
+    let facts = &pass.facts;
+    let mut symbolizer = facts.symbolizer();
+    let mut records: Vec<LossRecord> = groups
+        .into_iter()
+        .map(|((stack_id, func), bb)| LossRecord {
+            kind,
+            bytes: bb.bytes,
+            blocks: bb.blocks,
+            allocated_by: func.name(),
+            stack_id,
+            stack: Vec::new(),
+        })
+        .collect();
+    let first_frame = |r: &LossRecord| {
+        facts
+            .stacks
+            .get(&r.stack_id)
+            .and_then(|f| f.first().copied())
+            .unwrap_or(u64::MAX)
+    };
+    records.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.blocks.cmp(&a.blocks))
+            .then(first_frame(a).cmp(&first_frame(b)))
+            .then(a.stack_id.cmp(&b.stack_id))
+            .then(a.allocated_by.cmp(b.allocated_by))
+    });
+    for r in &mut records {
+        r.stack = symbolizer.stack(&facts.stacks, r.stack_id);
+    }
+    let unfreed = records
+        .iter()
+        .fold(BytesBlocks::default(), |acc, r| BytesBlocks {
+            bytes: acc.bytes + r.bytes,
+            blocks: acc.blocks + r.blocks,
+        });
+
+    let errors: Vec<ErrorRecord> = pass
+        .errors
+        .iter()
+        .filter_map(|e| error_record(e, facts, &mut symbolizer))
+        .collect();
+
+    let has_end = facts.end.is_some();
+    let trace = TraceStatus {
+        complete: has_end && stopped.is_none(),
+        has_end,
+        has_exit_snapshot,
+        stopped,
+        file_bytes: index.file_len,
+        chunks: index.chunks.len() as u64,
+        events: facts.events,
+    };
+    Ok(LeaksReport {
+        process: facts.process_report(),
+        summary: LeaksSummary {
+            unfreed_at_exit: unfreed,
+            source,
+            total_heap_usage: pass.heap.usage,
+            loss_records: records.len() as u64,
+            errors: errors.iter().map(|e| e.count).sum(),
+            error_contexts: errors.len() as u64,
+        },
+        records,
+        errors,
+        events_lost: facts.events_lost(),
+        untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
+        trace,
+    })
+}
+
+fn error_record(
+    e: &PendingError,
+    facts: &Facts,
+    symbolizer: &mut StackSymbolizer,
+) -> Option<ErrorRecord> {
+    let Event::Error {
+        time,
+        kind,
+        func,
+        addr,
+        stack,
+        alloc_func,
+        alloc_size,
+        alloc_stack,
+        free_stack,
+        passed_on,
+    } = e.event
+    else {
+        return None;
+    };
+    let block_known = alloc_func.is_some() || alloc_size != 0 || alloc_stack != 0;
+    let mut frames = |id| symbolizer.stack(&facts.stacks, id);
+    Some(ErrorRecord {
+        kind: kind.name(),
+        count: e.count,
+        address: addr,
+        function: func.name(),
+        thread: e.tid,
+        time_seconds: seconds(time),
+        passed_on,
+        stack_id: stack,
+        stack: frames(stack),
+        alloc_function: alloc_func.map(AllocFn::name),
+        alloc_size: block_known.then_some(alloc_size),
+        alloc_stack_id: alloc_stack,
+        alloc_stack: frames(alloc_stack),
+        free_stack_id: free_stack,
+        free_stack: frames(free_stack),
+    })
+}
+
+/// Writes a stack memcheck-style: the called function on top (when given),
+/// then the recorded frames.
+fn stack_text(out: &mut String, p: &str, top: Option<&str>, frames: &[FrameReport], id: u32) {
+    let mut word = "at";
+    if let Some(f) = top {
+        writeln!(out, "{p}   {word} {f}").unwrap();
+        word = "by";
+    }
+    for f in frames {
+        writeln!(out, "{p}   {word} {}", frame_text(f)).unwrap();
+        word = "by";
+    }
+    if frames.is_empty() {
+        if id == 0 {
+            writeln!(out, "{p}   (no stack recorded)").unwrap();
+        } else {
+            writeln!(out, "{p}   (stack {id} is missing from the trace)").unwrap();
+        }
+    }
+}
+
+/// Renders the report as text, in the style of Valgrind memcheck.
+pub fn render_text(r: &LeaksReport) -> String {
+    let p = prefix(&r.process);
+    let mut out = String::new();
+    let exit_snapshot = r.summary.source == "exit_snapshot";
+    writeln!(
+        out,
+        "{p}trapline leaks: blocks still allocated at exit and allocation errors"
+    )
+    .unwrap();
+    writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
+    match &r.process.exit {
+        Some(e) => writeln!(out, "{p}Exit: {}", e.describe()).unwrap(),
+        None => writeln!(out, "{p}Exit: unknown (the process did not finish)").unwrap(),
+    }
+    if let Some(lost) = r.events_lost.filter(|&n| n > 0) {
+        writeln!(
+            out,
+            "{p}WARNING: {} events were lost: the results below may be incomplete",
+            thousands(lost)
+        )
+        .unwrap();
+    }
+    writeln!(out, "{p}").unwrap();
+
+    writeln!(out, "{p}HEAP SUMMARY:").unwrap();
+    let u = r.summary.unfreed_at_exit;
+    let label = if exit_snapshot {
+        "in use at exit"
+    } else {
+        "in use at end of trace"
+    };
+    writeln!(
+        out,
+        "{p}    {label}: {} bytes in {} blocks",
+        thousands(u.bytes),
+        thousands(u.blocks)
+    )
+    .unwrap();
+    let h = r.summary.total_heap_usage;
+    writeln!(
+        out,
+        "{p}  total heap usage: {} allocs, {} frees, {} bytes allocated",
+        thousands(h.allocs),
+        thousands(h.frees),
+        thousands(h.bytes_allocated)
+    )
+    .unwrap();
+    if !exit_snapshot {
+        writeln!(
+            out,
+            "{p}  (no exit snapshot in the trace: blocks live at the end of what was recorded, found by replay)"
+        )
+        .unwrap();
+    }
+    writeln!(out, "{p}").unwrap();
+
+    let n = r.records.len();
+    let what = if exit_snapshot {
+        "are still allocated at exit"
+    } else {
+        "were still allocated when the trace ends"
+    };
+    for (i, rec) in r.records.iter().enumerate() {
+        writeln!(
+            out,
+            "{p}{} bytes in {} blocks {what} in loss record {} of {}",
+            thousands(rec.bytes),
+            thousands(rec.blocks),
+            thousands(i as u64 + 1),
+            thousands(n as u64)
+        )
+        .unwrap();
+        stack_text(
+            &mut out,
+            &p,
+            Some(rec.allocated_by),
+            &rec.stack,
+            rec.stack_id,
+        );
+        writeln!(out, "{p}").unwrap();
+    }
+
+    for e in &r.errors {
+        error_text(&mut out, &p, e);
+        writeln!(out, "{p}").unwrap();
+    }
+
+    writeln!(
+        out,
+        "{p}ERROR SUMMARY: {} errors from {} contexts",
+        thousands(r.summary.errors),
+        thousands(r.summary.error_contexts)
+    )
+    .unwrap();
+    footer_text(&mut out, &p, r.events_lost, &r.trace);
+    out
+}
+
+fn error_text(out: &mut String, p: &str, e: &ErrorRecord) {
+    let (title, what) = match e.kind {
+        "double_free" => (
+            "Invalid free() / delete / delete[] / realloc()",
+            " (double free)",
+        ),
+        "invalid_free" => (
+            "Invalid free() / delete / delete[] / realloc()",
+            " (invalid free)",
+        ),
+        "mismatched_free" => ("Mismatched free() / delete / delete []", ""),
+        _ => (
+            "Invalid free() / delete / delete[] / realloc()",
+            " (invalid realloc)",
+        ),
+    };
+    writeln!(out, "{p}{title}{what}").unwrap();
+    if e.count > 1 {
+        writeln!(
+            out,
+            "{p} (happened {} times at this stack; the first is shown)",
+            thousands(e.count)
+        )
+        .unwrap();
+    }
+    stack_text(out, p, Some(e.function), &e.stack, e.stack_id);
+    let addr = format!("{:#x}", e.address);
+    let alloc_at = |out: &mut String| {
+        stack_text(out, p, e.alloc_function, &e.alloc_stack, e.alloc_stack_id);
+    };
+    match (e.kind, e.alloc_size) {
+        ("mismatched_free", Some(size)) => {
+            writeln!(
+                out,
+                "{p} Address {addr} is 0 bytes inside a block of size {} alloc'd",
+                thousands(size)
+            )
+            .unwrap();
+            alloc_at(out);
+        }
+        ("mismatched_free", None) => {
+            writeln!(
+                out,
+                "{p} Address {addr} is a block allocated by another family"
+            )
+            .unwrap();
+        }
+        ("double_free" | "invalid_realloc", Some(size)) => {
+            writeln!(
+                out,
+                "{p} Address {addr} is 0 bytes inside a block of size {} free'd",
+                thousands(size)
+            )
+            .unwrap();
+            stack_text(out, p, None, &e.free_stack, e.free_stack_id);
+            writeln!(out, "{p} Block was alloc'd at").unwrap();
+            alloc_at(out);
+        }
+        ("double_free", None) => {
+            writeln!(out, "{p} Address {addr} was already freed").unwrap();
+            if e.free_stack_id != 0 {
+                writeln!(out, "{p} First freed at").unwrap();
+                stack_text(out, p, None, &e.free_stack, e.free_stack_id);
+            }
+        }
+        _ => {
+            writeln!(out, "{p} Address {addr} is not a block allocated by the program (or it was freed long ago)")
+                .unwrap();
+        }
+    }
+    if e.passed_on {
+        writeln!(out, "{p} (the call was passed on to the C library anyway)").unwrap();
+    }
+}

@@ -1,0 +1,355 @@
+//! Report types shared by the analyses: the JSON schema's common parts, and
+//! the helpers that collect trace-wide facts and render text.
+//!
+//! Every type here is part of the stable JSON schema documented in
+//! `docs/json-schema.md`: fields may be added, never renamed or removed.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use serde::{Serialize, Serializer};
+use trapline_symbols::{Frame, Symbolizer};
+use trapline_trace::{EndCounters, Event, ExitKind, ModuleInfo, ProcessInfo};
+
+use crate::index::Stopped;
+
+/// Serializes an address as a `0x`-prefixed hexadecimal string.
+pub fn serialize_hex<S: Serializer>(value: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{value:#x}"))
+}
+
+/// The traced process.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessReport {
+    /// Process id (null if the trace lost its first record).
+    pub pid: Option<u32>,
+    /// Parent process id.
+    pub ppid: Option<u32>,
+    /// Path of the executable.
+    pub executable: Option<String>,
+    /// The command line (argv).
+    pub command: Vec<String>,
+    /// Wall-clock time of the trace's time 0, nanoseconds since the Unix epoch.
+    pub start_unix_ns: Option<u64>,
+    /// How the process ended; null when the trace has no end record.
+    pub exit: Option<ExitReport>,
+}
+
+/// How the process ended: exactly one field is present.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ExitReport {
+    /// Exit status (exit, return from main, _exit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    /// Killed by this signal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The process image was replaced by execve.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub exec: bool,
+}
+
+impl From<ExitKind> for ExitReport {
+    fn from(e: ExitKind) -> Self {
+        match e {
+            ExitKind::Code(c) => ExitReport {
+                code: Some(c),
+                ..Default::default()
+            },
+            ExitKind::Signal(s) => ExitReport {
+                signal: Some(s),
+                ..Default::default()
+            },
+            ExitKind::Exec => ExitReport {
+                exec: true,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl ExitReport {
+    /// "exit code 0", "killed by signal 9", "exec".
+    pub fn describe(&self) -> String {
+        if let Some(c) = self.code {
+            format!("exit code {c}")
+        } else if let Some(s) = self.signal {
+            format!("killed by signal {s}")
+        } else {
+            "replaced itself with execve".to_string()
+        }
+    }
+}
+
+/// Whether the whole trace could be read, and whether the process finished.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TraceStatus {
+    /// True when the trace was read to its end without error and ends with
+    /// the process's end record.
+    pub complete: bool,
+    /// The trace holds the end record (the process finished or exec'd while
+    /// the agent was in control). False: killed by SIGKILL, crashed before the
+    /// agent could flush, or still running.
+    pub has_end: bool,
+    /// The trace holds a complete snapshot of the blocks live at exit.
+    pub has_exit_snapshot: bool,
+    /// Where and why reading stopped early; null when the file was read to its end.
+    pub stopped: Option<Stopped>,
+    /// Size of the trace file in bytes.
+    pub file_bytes: u64,
+    /// Chunks read.
+    pub chunks: u64,
+    /// Events read.
+    pub events: u64,
+}
+
+/// One source-level frame of a symbolized stack.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FrameReport {
+    /// The recorded return address, `0x`-prefixed hexadecimal.
+    #[serde(serialize_with = "serialize_hex")]
+    pub address: u64,
+    /// Demangled function name, null if unknown.
+    pub function: Option<String>,
+    /// Source file, null if unknown.
+    pub file: Option<String>,
+    /// Source line, null if unknown.
+    pub line: Option<u32>,
+    /// True when this frame was inlined into the next one (same address).
+    pub inlined: bool,
+    /// Path of the module holding the address, null if none.
+    pub module: Option<String>,
+}
+
+impl From<Frame> for FrameReport {
+    fn from(f: Frame) -> Self {
+        FrameReport {
+            address: f.address,
+            function: f.function,
+            file: f.file,
+            line: f.line,
+            inlined: f.inlined,
+            module: f.module,
+        }
+    }
+}
+
+/// A number of bytes in a number of blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BytesBlocks {
+    /// Bytes.
+    pub bytes: u64,
+    /// Blocks.
+    pub blocks: u64,
+}
+
+/// Heap usage over the whole recorded run, like memcheck's "total heap usage".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HeapUsage {
+    /// Blocks allocated (a realloc that returns a block counts as one).
+    pub allocs: u64,
+    /// Blocks released (a realloc that releases its old block counts as one).
+    pub frees: u64,
+    /// Bytes requested by all allocations, realloc's new sizes included.
+    pub bytes_allocated: u64,
+}
+
+/// Trace-wide facts every analysis collects on its pass.
+#[derive(Default)]
+pub(crate) struct Facts {
+    pub process: Option<ProcessInfo>,
+    pub modules: Vec<ModuleInfo>,
+    pub stacks: HashMap<u32, Vec<u64>>,
+    pub end: Option<(u64, ExitKind, EndCounters)>,
+    pub last_time: u64,
+    pub events: u64,
+    saw_snapshot_begin: bool,
+    saw_snapshot_end: bool,
+}
+
+impl Facts {
+    /// Takes note of one event.
+    pub fn observe(&mut self, time: u64, ev: &Event) {
+        self.events += 1;
+        self.last_time = self.last_time.max(time);
+        match ev {
+            Event::Process(p) if self.process.is_none() => self.process = Some(p.clone()),
+            // The agent lists the loaded modules again at the end: keep one of each.
+            Event::ModuleLoad(m) if !self.modules.iter().any(|k| k.id == m.id) => {
+                self.modules.push(m.clone())
+            }
+            Event::StackDef { id, frames } => {
+                self.stacks.entry(*id).or_insert_with(|| frames.clone());
+            }
+            Event::End {
+                time,
+                exit,
+                counters,
+            } => self.end = Some((*time, *exit, counters.clone())),
+            Event::SnapshotBegin { .. } => self.saw_snapshot_begin = true,
+            Event::SnapshotEnd { .. } => self.saw_snapshot_end = true,
+            _ => {}
+        }
+    }
+
+    /// A whole exit snapshot was read (a trace holds at most one, written by
+    /// the agent's own thread; its parts are checked independently of their
+    /// order, which chunks without timed events leave open).
+    pub fn has_exit_snapshot(&self) -> bool {
+        self.saw_snapshot_begin && self.saw_snapshot_end
+    }
+
+    /// The process section of a report.
+    pub fn process_report(&self) -> ProcessReport {
+        let mut r = ProcessReport::default();
+        if let Some(p) = &self.process {
+            r.pid = Some(p.pid);
+            r.ppid = Some(p.ppid);
+            r.executable = Some(p.exe.clone());
+            r.command = p.argv.clone();
+            r.start_unix_ns = Some(p.start_unix_ns);
+        }
+        r.exit = self.end.as_ref().map(|(_, e, _)| ExitReport::from(*e));
+        r
+    }
+
+    /// Lost events per the end record; None without one.
+    pub fn events_lost(&self) -> Option<u64> {
+        self.end.as_ref().map(|(_, _, c)| c.events_lost)
+    }
+
+    /// A symbolizer knowing every module of the trace.
+    pub fn symbolizer(&self) -> StackSymbolizer {
+        let mut symbolizer = Symbolizer::new();
+        for m in &self.modules {
+            symbolizer.add_module(m);
+        }
+        StackSymbolizer {
+            symbolizer,
+            cache: HashMap::new(),
+        }
+    }
+}
+
+/// Symbolizes stacks by id, caching addresses.
+pub(crate) struct StackSymbolizer {
+    symbolizer: Symbolizer,
+    cache: HashMap<u64, Vec<FrameReport>>,
+}
+
+impl StackSymbolizer {
+    /// The frames of stack `id` (empty for 0 or an id the trace never defined).
+    pub fn stack(&mut self, stacks: &HashMap<u32, Vec<u64>>, id: u32) -> Vec<FrameReport> {
+        let Some(addrs) = stacks.get(&id) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for &a in addrs {
+            let symbolizer = &mut self.symbolizer;
+            let frames = self.cache.entry(a).or_insert_with(|| {
+                symbolizer
+                    .symbolize(a)
+                    .into_iter()
+                    .map(FrameReport::from)
+                    .collect()
+            });
+            out.extend(frames.iter().cloned());
+        }
+        out
+    }
+}
+
+/// Formats a number with thousands separators, like memcheck: `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        let left = digits.len() - i;
+        if i > 0 && left / 3 * 3 == left {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Renders one frame the way memcheck does: `0x4005F4: main (prog.c:12)`.
+pub fn frame_text(f: &FrameReport) -> String {
+    let mut s = format!("{:#X}: ", f.address).replacen("0X", "0x", 1);
+    s.push_str(f.function.as_deref().unwrap_or("???"));
+    match (&f.file, f.line) {
+        (Some(file), line) => {
+            let base = file.rsplit('/').next().unwrap_or(file);
+            match line {
+                Some(l) => write!(s, " ({base}:{l})").unwrap(),
+                None => write!(s, " ({base})").unwrap(),
+            }
+        }
+        (None, _) => {
+            if let Some(m) = &f.module {
+                write!(s, " (in {m})").unwrap();
+            }
+        }
+    }
+    if f.inlined {
+        s.push_str(" [inlined]");
+    }
+    s
+}
+
+/// Seconds from nanoseconds.
+pub fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Line prefix of text reports: `==PID== `, like memcheck.
+pub fn prefix(process: &ProcessReport) -> String {
+    match process.pid {
+        Some(pid) => format!("=={pid}== "),
+        None => "==?== ".to_string(),
+    }
+}
+
+/// The command line for text reports.
+pub fn command_text(process: &ProcessReport) -> String {
+    if !process.command.is_empty() {
+        process.command.join(" ")
+    } else if let Some(exe) = &process.executable {
+        exe.clone()
+    } else {
+        "(unknown: the trace has no process record)".to_string()
+    }
+}
+
+/// The last lines of text reports: lost events, then warnings about an
+/// incomplete trace (where and why reading stopped).
+pub fn footer_text(out: &mut String, p: &str, events_lost: Option<u64>, status: &TraceStatus) {
+    match events_lost {
+        Some(n) => writeln!(out, "{p}events lost: {}", thousands(n)).unwrap(),
+        None => writeln!(out, "{p}events lost: unknown (the trace has no end record)").unwrap(),
+    }
+    for w in status_warnings(status) {
+        writeln!(out, "{p}{w}").unwrap();
+    }
+}
+
+/// Warning lines about an incomplete trace, for text reports.
+pub fn status_warnings(status: &TraceStatus) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !status.has_end {
+        lines.push(
+            "WARNING: the process did not finish: the trace has no end record (killed by SIGKILL, \
+             crashed before the agent could flush, or still running). Results cover what was recorded."
+                .to_string(),
+        );
+    }
+    if let Some(s) = &status.stopped {
+        lines.push(format!(
+            "WARNING: reading stopped at byte {} of {}: {}. Everything before it is reported.",
+            thousands(s.offset),
+            thousands(status.file_bytes),
+            s.reason
+        ));
+    }
+    lines
+}

@@ -1,0 +1,296 @@
+//! Stats: allocation calls per function, bytes allocated, peak heap and when
+//! it happened, allocation rate, and what the trace itself costs.
+//!
+//! One streaming pass in global time order (see [`crate::index`] for how the
+//! chunks of the threads are merged with bounded memory). The live-bytes
+//! replay keeps one entry per live block (address → size), so its memory is
+//! bounded by the traced program's live heap, not by the trace's length.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::io::{Read, Seek};
+
+use serde::Serialize;
+use trapline_trace::{AllocFn, ErrorKind, Event, TraceError};
+
+use crate::index::{MergedEvents, TraceIndex};
+use crate::replay::HeapReplay;
+use crate::report::{
+    command_text, footer_text, prefix, seconds, thousands, BytesBlocks, Facts, ProcessReport,
+    TraceStatus,
+};
+
+/// The `trapline stats` report (its JSON form is the stable schema).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StatsReport {
+    /// The traced process.
+    pub process: ProcessReport,
+    /// Run time in nanoseconds: the end record's time, or the last recorded
+    /// time when the trace has no end record.
+    pub duration_ns: u64,
+    /// The same in seconds.
+    pub duration_seconds: f64,
+    /// Calls per allocator function, in the trace format's function order; only functions called.
+    pub calls: Vec<FunctionCalls>,
+    /// Calls that allocate or resize (malloc, new, realloc, ...).
+    pub allocation_calls: u64,
+    /// Calls that release (free, delete, ..., including erroneous ones).
+    pub release_calls: u64,
+    /// Bytes requested by all allocation calls (realloc's new sizes included).
+    pub bytes_allocated: u64,
+    /// The most bytes live at once.
+    pub peak_heap: PeakHeap,
+    /// Blocks live at the end of the recorded events (replayed).
+    pub live_at_end: BytesBlocks,
+    /// `allocation_calls` per second of run time; null for a zero duration.
+    pub allocations_per_second: Option<f64>,
+    /// Allocation errors detected.
+    pub errors: u64,
+    /// Distinct threads that recorded events.
+    pub threads: u64,
+    /// Distinct call stacks recorded.
+    pub stacks: u64,
+    /// Size of the trace file.
+    pub trace_bytes: u64,
+    /// Events read from the trace.
+    pub events: u64,
+    /// `trace_bytes / events`; null without events.
+    pub trace_bytes_per_event: Option<f64>,
+    /// Events the agent could not record; null when the trace has no end record to tell.
+    pub events_lost: Option<u64>,
+    /// Allocator calls made re-entrantly, passed through unrecorded; null without an end record.
+    pub untracked_calls: Option<u64>,
+    /// Whether the trace was complete.
+    pub trace: TraceStatus,
+}
+
+/// Calls of one allocator function.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FunctionCalls {
+    /// C or C++ spelling.
+    pub function: &'static str,
+    /// Number of calls.
+    pub calls: u64,
+    /// Bytes requested through it (0 for release functions).
+    pub bytes: u64,
+}
+
+/// The highest heap occupancy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PeakHeap {
+    /// Live bytes at the peak.
+    pub bytes: u64,
+    /// Live blocks at the peak.
+    pub blocks: u64,
+    /// When the peak was first reached, nanoseconds since the start.
+    pub time_ns: u64,
+    /// The same in seconds.
+    pub time_seconds: f64,
+}
+
+/// Analyses a trace. Fails only when the input is not a readable trace at all.
+pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError> {
+    let index = TraceIndex::build(input)?;
+    let mut facts = Facts::default();
+    let mut calls: HashMap<AllocFn, (u64, u64)> = HashMap::new();
+    let mut heap = HeapReplay::default();
+    let mut peak = PeakHeap::default();
+    let (mut allocation_calls, mut release_calls, mut bytes_allocated, mut errors) = (0, 0, 0, 0);
+    let mut stacks: HashSet<u32> = HashSet::new();
+    let mut tids: HashSet<u32> = HashSet::new();
+
+    let mut merged = MergedEvents::new(input, &index);
+    for m in merged.by_ref() {
+        // Only the ids matter here: keep the frames out of the facts.
+        if let Event::StackDef { id, .. } = &m.event {
+            stacks.insert(*id);
+            facts.events += 1;
+            continue;
+        }
+        facts.observe(m.time, &m.event);
+        if m.tid != 0 {
+            tids.insert(m.tid);
+        }
+        let mut count = |f: AllocFn, bytes: u64| {
+            let c = calls.entry(f).or_default();
+            c.0 += 1;
+            c.1 += bytes;
+        };
+        heap.apply(&m.event);
+        match &m.event {
+            Event::Alloc { size, func, .. } | Event::Realloc { size, func, .. } => {
+                count(*func, *size);
+                allocation_calls += 1;
+                bytes_allocated += size;
+            }
+            Event::Free { func, .. } => {
+                count(*func, 0);
+                release_calls += 1;
+            }
+            Event::Error { kind, func, .. } => {
+                errors += 1;
+                // A mismatched free also has its Free event; other erroneous
+                // calls appear only here.
+                if *kind != ErrorKind::MismatchedFree {
+                    count(*func, 0);
+                    if func.is_release() {
+                        release_calls += 1;
+                    } else {
+                        allocation_calls += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+        if heap.live_bytes > peak.bytes {
+            peak = PeakHeap {
+                bytes: heap.live_bytes,
+                blocks: heap.live.len() as u64,
+                time_ns: m.time,
+                time_seconds: seconds(m.time),
+            };
+        }
+    }
+    let stopped = merged.stopped().cloned();
+    drop(merged);
+
+    let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);
+    let mut calls: Vec<FunctionCalls> = calls
+        .into_iter()
+        .map(|(f, (calls, bytes))| FunctionCalls {
+            function: f.name(),
+            calls,
+            bytes,
+        })
+        .collect();
+    calls.sort_by_key(|c| AllocFn::ALL.iter().position(|f| f.name() == c.function));
+    let has_end = facts.end.is_some();
+    let events = facts.events;
+    Ok(StatsReport {
+        process: facts.process_report(),
+        duration_ns,
+        duration_seconds: seconds(duration_ns),
+        calls,
+        allocation_calls,
+        release_calls,
+        bytes_allocated,
+        peak_heap: peak,
+        live_at_end: BytesBlocks {
+            bytes: heap.live_bytes,
+            blocks: heap.live.len() as u64,
+        },
+        allocations_per_second: (duration_ns > 0)
+            .then(|| allocation_calls as f64 / seconds(duration_ns)),
+        errors,
+        threads: tids.len() as u64,
+        stacks: stacks.len() as u64,
+        trace_bytes: index.file_len,
+        events,
+        trace_bytes_per_event: (events > 0).then(|| index.file_len as f64 / events as f64),
+        events_lost: facts.events_lost(),
+        untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
+        trace: TraceStatus {
+            complete: has_end && stopped.is_none(),
+            has_end,
+            has_exit_snapshot: facts.has_exit_snapshot(),
+            stopped,
+            file_bytes: index.file_len,
+            chunks: index.chunks.len() as u64,
+            events,
+        },
+    })
+}
+
+fn float(v: f64, decimals: usize) -> String {
+    let s = format!("{v:.decimals$}");
+    let (int, frac) = s.split_once('.').unwrap_or((&s, ""));
+    let int = thousands(int.parse().unwrap_or(0));
+    if frac.is_empty() {
+        int
+    } else {
+        format!("{int}.{frac}")
+    }
+}
+
+/// Renders the report as text.
+pub fn render_text(r: &StatsReport) -> String {
+    let p = prefix(&r.process);
+    let mut out = String::new();
+    writeln!(out, "{p}trapline stats: allocation statistics").unwrap();
+    writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
+    let exit = r
+        .process
+        .exit
+        .map_or("unknown (the process did not finish)".to_string(), |e| {
+            e.describe()
+        });
+    writeln!(out, "{p}Exit: {exit}").unwrap();
+    writeln!(out, "{p}Duration: {} s", float(r.duration_seconds, 3)).unwrap();
+    writeln!(out, "{p}Threads: {}", thousands(r.threads)).unwrap();
+    writeln!(out, "{p}").unwrap();
+    writeln!(out, "{p}CALLS:").unwrap();
+    let width = r.calls.iter().map(|c| c.function.len()).max().unwrap_or(0);
+    for c in &r.calls {
+        let bytes = if c.bytes > 0 {
+            format!("  {} bytes", thousands(c.bytes))
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "{p}  {:<width$}  {:>15}{bytes}",
+            c.function,
+            thousands(c.calls)
+        )
+        .unwrap();
+    }
+    if r.calls.is_empty() {
+        writeln!(out, "{p}  (no allocator calls recorded)").unwrap();
+    }
+    writeln!(out, "{p}").unwrap();
+    writeln!(
+        out,
+        "{p}  allocation calls: {}, release calls: {}, {} bytes allocated",
+        thousands(r.allocation_calls),
+        thousands(r.release_calls),
+        thousands(r.bytes_allocated)
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "{p}  peak heap: {} bytes in {} blocks at {} s",
+        thousands(r.peak_heap.bytes),
+        thousands(r.peak_heap.blocks),
+        float(r.peak_heap.time_seconds, 6)
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "{p}  live at end: {} bytes in {} blocks",
+        thousands(r.live_at_end.bytes),
+        thousands(r.live_at_end.blocks)
+    )
+    .unwrap();
+    let rate = r
+        .allocations_per_second
+        .map_or("n/a".to_string(), |v| float(v, 1));
+    writeln!(out, "{p}  allocations per second: {rate}").unwrap();
+    writeln!(out, "{p}  allocation errors: {}", thousands(r.errors)).unwrap();
+    writeln!(out, "{p}  distinct stacks: {}", thousands(r.stacks)).unwrap();
+    writeln!(out, "{p}").unwrap();
+    let per_event = r
+        .trace_bytes_per_event
+        .map_or("n/a".to_string(), |v| float(v, 2));
+    writeln!(
+        out,
+        "{p}TRACE: {} bytes, {} events, {per_event} bytes per event",
+        thousands(r.trace_bytes),
+        thousands(r.events)
+    )
+    .unwrap();
+    if let Some(n) = r.untracked_calls.filter(|&n| n > 0) {
+        writeln!(out, "{p}untracked calls: {}", thousands(n)).unwrap();
+    }
+    footer_text(&mut out, &p, r.events_lost, &r.trace);
+    out
+}
