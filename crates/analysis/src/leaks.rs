@@ -99,8 +99,11 @@ pub struct ErrorRecord {
     pub thread: u32,
     /// Time of the first occurrence, seconds since the start.
     pub time_seconds: f64,
-    /// Whether the call was passed on to the C library anyway.
-    pub passed_on: bool,
+    /// Whether the invalid call was passed on to the C library anyway
+    /// (`--pass-invalid-frees`). Absent for mismatched frees, which are
+    /// always performed (the block is released).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passed_on: Option<bool>,
     /// Stack id of the faulty call.
     pub stack_id: u32,
     /// Stack of the faulty call.
@@ -310,7 +313,7 @@ fn error_record(
         function: func.name(),
         thread: e.tid,
         time_seconds: seconds(time),
-        passed_on,
+        passed_on: (kind != ErrorKind::MismatchedFree).then_some(passed_on),
         stack_id: stack,
         stack: frames(stack),
         alloc_function: alloc_func.map(AllocFn::name),
@@ -512,7 +515,7 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord) {
                 .unwrap();
         }
     }
-    if e.passed_on {
+    if e.passed_on == Some(true) {
         writeln!(out, "{p} (the call was passed on to the C library anyway)").unwrap();
     }
 }

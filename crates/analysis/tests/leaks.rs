@@ -254,6 +254,9 @@ fn errors_are_listed_and_identical_ones_merged() {
     assert_eq!(v["errors"][0]["address"], "0x5000");
     assert_eq!(v["errors"][0]["function"], "free");
     assert_eq!(v["errors"][0]["count"], 2);
+    assert_eq!(v["errors"][0]["passed_on"], false);
+    // A mismatched free is always performed: no passed_on.
+    assert_eq!(v["errors"][2].get("passed_on"), None);
     assert_eq!(v["errors"][0]["free_stack"][0]["address"], "0x401002");
 
     let t = render_text(&r);
