@@ -151,6 +151,7 @@ pub fn init() {
     }
     let ts = thread::current();
     ts.guard += 1;
+    sys::membarrier_register();
     clock::reset();
     START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
@@ -347,6 +348,7 @@ extern "C" fn fork_child() {
     modules::reset_lock();
     thread::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
+    sys::membarrier_register();
     if FINISHED.load(Ordering::Acquire) {
         return;
     }

@@ -8,7 +8,7 @@
 //! bits of the stack id on top, and size / function / low stack bits. At most
 //! 75% load, so a live block costs 16 to 43 bytes of table, about 28 on average.
 
-use crate::sys::RawLock;
+use crate::sys::SpinLock;
 use core::cell::UnsafeCell;
 use trapline_trace::AllocFn;
 
@@ -101,7 +101,7 @@ struct ShardData {
 
 /// One lock and one table.
 pub struct Shard {
-    lock: RawLock,
+    lock: SpinLock,
     data: UnsafeCell<ShardData>,
 }
 
@@ -110,7 +110,7 @@ unsafe impl Sync for Shard {}
 
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_SHARD: Shard = Shard {
-    lock: RawLock::new(),
+    lock: SpinLock::new(),
     data: UnsafeCell::new(ShardData {
         slots: Vec::new(),
         len: 0,

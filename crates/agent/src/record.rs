@@ -3,7 +3,7 @@
 
 use crate::arch::StartRegs;
 use crate::live::{self, Block, Freed};
-use crate::thread::{self, ThreadState, FINISHED};
+use crate::thread::{self, Site, ThreadState, FINISHED};
 use crate::untracked;
 use crate::{clock, stacks, writer};
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -68,6 +68,13 @@ fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
         return;
     }
     let gen = writer::GEN.load(Ordering::Relaxed);
+    // Stacks this thread used last (its latest alloc and free stacks) are
+    // already known to be in this trace: skip the shared record.
+    if !new && ts.ensured.contains(&(id, gen)) {
+        return;
+    }
+    ts.ensured[ts.ensured_next] = (id, gen);
+    ts.ensured_next ^= 1;
     let Some(rec) = stacks::record(id) else {
         return;
     };
@@ -107,7 +114,7 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
     let addr = addr as u64;
     match enter() {
         Entry::Record(ts) => {
-            let cap = ts.capture(regs);
+            let cap = ts.capture(regs, Site::Alloc);
             ensure_stack(ts, cap.id, cap.new);
             if !live::storable(addr) {
                 untracked::insert(addr);
@@ -164,7 +171,7 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 }
 
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
-    let cap = ts.capture(regs);
+    let cap = ts.capture(regs, Site::Free);
     ensure_stack(ts, cap.id, cap.new);
     let mut shard = live::shard_of(addr).locked();
     if let Some(block) = shard.remove(addr) {
@@ -294,7 +301,7 @@ pub fn realloc(
         }
         Entry::Off => return real(old),
     };
-    let cap = ts.capture(regs);
+    let cap = ts.capture(regs, Site::Alloc);
     ensure_stack(ts, cap.id, cap.new);
     let mut old_block = None;
     if old_addr != 0 {

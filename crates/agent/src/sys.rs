@@ -262,3 +262,111 @@ pub fn any_symbol(name: &core::ffi::CStr) -> usize {
     // SAFETY: as above.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
+
+/// A spinlock for very short critical sections (the live table's shards):
+/// one atomic compare-exchange to lock, a plain release store to unlock.
+/// Waiters spin briefly, then yield the CPU.
+pub struct SpinLock {
+    state: AtomicU32,
+}
+
+impl SpinLock {
+    pub const fn new() -> Self {
+        SpinLock {
+            state: AtomicU32::new(0),
+        }
+    }
+
+    #[inline]
+    pub fn lock(&self) {
+        if self
+            .state
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_slow();
+        }
+    }
+
+    #[cold]
+    fn lock_slow(&self) {
+        let mut spins = 0u32;
+        loop {
+            if self.state.load(Ordering::Relaxed) == 0
+                && self
+                    .state
+                    .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return;
+            }
+            spins += 1;
+            if spins < 64 {
+                core::hint::spin_loop();
+            } else {
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            }
+        }
+    }
+
+    pub fn try_lock_for(&self, spins: u32) -> bool {
+        for i in 0..spins {
+            if self
+                .state
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return true;
+            }
+            if i % 64 == 63 {
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+        false
+    }
+
+    #[inline]
+    pub fn unlock(&self) {
+        self.state.store(0, Ordering::Release);
+    }
+
+    pub fn reset(&self) {
+        self.state.store(0, Ordering::Relaxed);
+    }
+}
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: i32 = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: i32 = 1 << 4;
+
+/// Whether `process_barrier` can use membarrier (Linux 4.14+).
+static MEMBARRIER: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Registers the process for expedited membarrier (at start and in fork children).
+pub fn membarrier_register() -> bool {
+    // SAFETY: membarrier takes two integer arguments and no pointers.
+    let ok = unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0,
+        )
+    } == 0;
+    MEMBARRIER.store(ok, Ordering::Release);
+    ok
+}
+
+pub fn has_membarrier() -> bool {
+    MEMBARRIER.load(Ordering::Acquire)
+}
+
+/// Makes every other running thread of the process execute a full memory
+/// barrier: the heavy half of an asymmetric Dekker handshake whose light half
+/// (plain stores, compiler fences) runs on every event.
+pub fn process_barrier() {
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) };
+}

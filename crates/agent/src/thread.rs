@@ -16,6 +16,13 @@ use trapline_trace::{ChunkContext, Encoder};
 
 const DEFERRED: usize = 32;
 
+/// Which kind of hook captures a stack (each has its own cache).
+#[derive(Clone, Copy)]
+pub enum Site {
+    Alloc = 0,
+    Free = 1,
+}
+
 pub struct ThreadState {
     /// Depth of agent code on this thread's stack; >0 means a nested call
     /// (signal handler, or a libc function the agent called) passes through.
@@ -23,17 +30,24 @@ pub struct ThreadState {
     pub tid: u32,
     /// Never records (the writer thread).
     pub agent_thread: bool,
-    /// Held by the owner while encoding, by a stealer while taking the buffer.
-    buf_lock: AtomicU32,
+    /// The owner is inside `emit` (set with plain stores; see `lock_buf`).
+    busy: AtomicU32,
+    /// A stealer wants the buffer, or holds it (the value is 1 while it does).
+    steal: AtomicU32,
     buf: UnsafeCell<Option<Box<Buffer>>>,
     /// Time of this thread's latest event.
     pub last_time: u64,
-    pub capture: Box<StackCapture>,
+    /// Separate caches for allocating and releasing hooks: a program that
+    /// alternates malloc and free from one place then hits both every time.
+    pub captures: [Box<StackCapture>; 2],
     stack: Bounds,
     /// Frees of tracked blocks made while the guard was held (a signal handler
     /// interrupting the agent); applied when the outer hook leaves.
     pub deferred: [u64; DEFERRED],
     pub deferred_n: usize,
+    /// (stack id, trace generation) pairs whose definitions this thread last ensured.
+    pub ensured: [(u32, u32); 2],
+    pub ensured_next: usize,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -116,13 +130,16 @@ fn create() -> *mut ThreadState {
         guard: 1, // stack_bounds() below may allocate through the hooks
         tid: sys::gettid(),
         agent_thread: false,
-        buf_lock: AtomicU32::new(0),
+        busy: AtomicU32::new(0),
+        steal: AtomicU32::new(0),
         buf: UnsafeCell::new(None),
         last_time: 0,
-        capture: StackCapture::new(),
+        captures: [StackCapture::new(), StackCapture::new()],
         stack: Bounds { lo: 0, hi: 0 },
         deferred: [0; DEFERRED],
         deferred_n: 0,
+        ensured: [(0, 0); 2],
+        ensured_next: 0,
     }));
     // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
     unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };
@@ -146,7 +163,7 @@ pub fn current() -> &'static mut ThreadState {
     // SAFETY: the key's value is either null or a ThreadState owned by this thread.
     let p = unsafe { libc::pthread_getspecific(key()) } as *mut ThreadState;
     let p = if p.is_null() { create() } else { p };
-    // SAFETY: only this thread uses its state mutably (stealers only touch `buf` under buf_lock).
+    // SAFETY: only this thread uses its state mutably (stealers only touch `buf` while holding `steal` with the owner outside `emit`).
     unsafe { &mut *p }
 }
 
@@ -176,25 +193,81 @@ impl ThreadState {
 
     /// Captures the call stack from a hook's registers.
     #[inline]
-    pub fn capture(&mut self, start: StartRegs) -> Captured {
+    pub fn capture(&mut self, start: StartRegs, site: Site) -> Captured {
         let b = self.bounds_for(start.sp);
-        self.capture.capture(start, b)
+        self.captures[site as usize].capture(start, b)
     }
 
+    /// The owner's half of an asymmetric Dekker handshake: announce with a
+    /// plain store, then look for a stealer. A stealer announces itself and
+    /// then runs `sys::process_barrier`, which orders our store before its
+    /// check, so at least one side sees the other. No atomic read-modify-write
+    /// on the event path. Without membarrier, both sides use atomic swaps.
+    #[inline]
     fn lock_buf(&self) {
-        while self.buf_lock.swap(1, Ordering::Acquire) != 0 {
-            core::hint::spin_loop();
+        if sys::has_membarrier() {
+            loop {
+                self.busy.store(1, Ordering::Relaxed);
+                core::sync::atomic::compiler_fence(Ordering::SeqCst);
+                if self.steal.load(Ordering::Relaxed) == 0 {
+                    core::sync::atomic::fence(Ordering::Acquire);
+                    return;
+                }
+                self.busy.store(0, Ordering::Release);
+                while self.steal.load(Ordering::Acquire) != 0 {
+                    core::hint::spin_loop();
+                }
+            }
+        }
+        loop {
+            self.busy.swap(1, Ordering::SeqCst);
+            if self.steal.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            self.busy.store(0, Ordering::Release);
+            while self.steal.load(Ordering::Acquire) != 0 {
+                core::hint::spin_loop();
+            }
         }
     }
 
+    #[inline]
     fn unlock_buf(&self) {
-        self.buf_lock.store(0, Ordering::Release);
+        self.busy.store(0, Ordering::Release);
     }
 
-    /// Takes this thread's buffer (owner or stealer).
+    /// The stealer's half: claim, force the owner's stores visible, wait until
+    /// the owner is out of `emit`. Gives up after `spins` rounds.
+    fn steal_lock(&self, spins: u32) -> bool {
+        if self
+            .steal
+            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        if sys::has_membarrier() {
+            sys::process_barrier();
+        }
+        for _ in 0..spins.max(1) {
+            if self.busy.load(Ordering::SeqCst) == 0 {
+                core::sync::atomic::fence(Ordering::Acquire);
+                return true;
+            }
+            core::hint::spin_loop();
+        }
+        self.steal.store(0, Ordering::Release);
+        false
+    }
+
+    fn steal_unlock(&self) {
+        self.steal.store(0, Ordering::Release);
+    }
+
+    /// Takes this thread's buffer (the owner, at thread exit).
     fn take_buffer(&self) -> Option<Box<Buffer>> {
         self.lock_buf();
-        // SAFETY: buf is accessed only with buf_lock held.
+        // SAFETY: we are the owner inside lock_buf/unlock_buf; no stealer holds the buffer.
         let b = unsafe { (*self.buf.get()).take() };
         self.unlock_buf();
         b
@@ -208,7 +281,7 @@ impl ThreadState {
         f: impl FnOnce(&mut Encoder<'_>, &mut ChunkContext) -> Result<(), trapline_trace::event::NoRoom>,
     ) {
         self.lock_buf();
-        // SAFETY: buf is accessed only with buf_lock held.
+        // SAFETY: we are the owner inside lock_buf/unlock_buf; no stealer holds the buffer.
         let slot = unsafe { &mut *self.buf.get() };
         let gen = writer::GEN.load(Ordering::Relaxed);
         let needs_new = match slot {
@@ -249,24 +322,12 @@ pub fn steal_all(spins: u32) {
     for &ts in &reg.threads {
         // SAFETY: registered states stay alive until unregistered under this lock.
         let ts = unsafe { &*ts };
-        let mut ok = false;
-        for _ in 0..spins.max(1) {
-            if ts
-                .buf_lock
-                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                ok = true;
-                break;
-            }
-            core::hint::spin_loop();
-        }
-        if !ok {
+        if !ts.steal_lock(spins) {
             continue;
         }
-        // SAFETY: we hold this thread's buf_lock.
+        // SAFETY: the owner is outside `emit` and waits for us (steal_lock).
         let b = unsafe { (*ts.buf.get()).take() };
-        ts.buf_lock.store(0, Ordering::Release);
+        ts.steal_unlock();
         if let Some(b) = b {
             writer::submit(b, false);
         }
@@ -280,7 +341,9 @@ pub fn lock_all() {
     // SAFETY: guarded by the registry lock.
     for &ts in unsafe { &(*REGISTRY.reg.get()).threads } {
         // SAFETY: registered states are alive.
-        unsafe { &*ts }.lock_buf();
+        while !unsafe { &*ts }.steal_lock(u32::MAX) {
+            core::hint::spin_loop();
+        }
     }
 }
 
@@ -288,7 +351,7 @@ pub fn unlock_all() {
     // SAFETY: we hold the registry lock (taken in lock_all).
     for &ts in unsafe { &(*REGISTRY.reg.get()).threads } {
         // SAFETY: registered states are alive.
-        unsafe { &*ts }.unlock_buf();
+        unsafe { &*ts }.steal_unlock();
     }
     REGISTRY.lock.unlock();
 }
@@ -309,13 +372,16 @@ pub fn reset_in_child() {
     if !me.is_null() {
         // SAFETY: our own state.
         let ts = unsafe { &mut *me };
-        ts.buf_lock.store(0, Ordering::Relaxed);
+        ts.busy.store(0, Ordering::Relaxed);
+        ts.steal.store(0, Ordering::Relaxed);
         // SAFETY: single-threaded.
         if let Some(b) = unsafe { (*ts.buf.get()).as_mut() } {
             b.reset(ts.tid, 0);
         }
         ts.tid = sys::gettid();
-        ts.capture.invalidate();
+        for c in &mut ts.captures {
+            c.invalidate();
+        }
         ts.last_time = 0;
     }
 }

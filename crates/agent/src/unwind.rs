@@ -21,7 +21,7 @@ use framehop::{FrameAddress, Unwinder as _};
 pub const MAX_FRAMES: usize = 64;
 /// Frames kept including the agent's own (cut before the stack is stored).
 const MAX_RAW: usize = MAX_FRAMES + 16;
-const MAX_READS: usize = 3;
+const MAX_READS: usize = 8;
 const UNVERIFIABLE: u8 = u8::MAX;
 const ID_CACHE: usize = 512;
 
@@ -32,7 +32,20 @@ struct FrameRec {
     bp: u64,
     nreads: u8,
     reads: [(u64, u64); MAX_READS],
+    /// The rule read through bp (a frame-pointer rule).
+    bp_used: bool,
+    /// bp came out unchanged (passed on to the caller).
+    bp_passed: bool,
+    /// Whether this frame's bp can change the result of unwinding it or any
+    /// outer frame; only then must it match. Optimised code uses rbp as a
+    /// general register, so requiring it everywhere would defeat the cache.
+    bp_matters: bool,
+    /// Index of the read that restored the caller's bp (NO_READ if none):
+    /// it needs checking only when the caller's bp matters.
+    bp_read: u8,
 }
+
+const NO_READ: u8 = u8::MAX;
 
 /// Readable stack range for this capture.
 #[derive(Clone, Copy)]
@@ -50,6 +63,12 @@ pub struct StackCapture {
     prev_gen: u32,
     prev_id: u32,
     scratch: [FrameRec; MAX_RAW],
+    /// The reads that decide the outer stack, flattened outermost first:
+    /// checking a prefix of this is the whole cost of a cache hit.
+    checks: [(u64, u64); MAX_RAW * 2],
+    /// checks_end[i]: end of frame i's entries in `checks`; (lowest, highest)
+    /// address among frames 0..=i.
+    checks_end: [(u16, u64, u64); MAX_RAW],
     out: [u64; MAX_FRAMES],
     id_cache: [(u64, u32); ID_CACHE],
 }
@@ -71,6 +90,8 @@ impl StackCapture {
             prev_gen: 0,
             prev_id: 0,
             scratch: [FrameRec::default(); MAX_RAW],
+            checks: [(0, 0); MAX_RAW * 2],
+            checks_end: [(0, 0, 0); MAX_RAW],
             out: [0; MAX_FRAMES],
             id_cache: [(0, 0); ID_CACHE],
         })
@@ -81,17 +102,50 @@ impl StackCapture {
         self.prev_n = 0;
     }
 
+    /// Whether every read that decided frames 0..upto (outermost first)
+    /// still returns what it returned then.
+    #[inline]
     fn verify(&self, upto: usize, b: Bounds) -> bool {
-        self.prev[..upto].iter().all(|f| {
-            f.nreads != UNVERIFIABLE
-                && f.reads[..f.nreads as usize].iter().all(|&(a, v)| {
-                    // SAFETY: `a` is 8-aligned and inside the current thread's
-                    // readable stack range (checked first).
-                    a >= b.lo
-                        && a + 8 <= b.hi
-                        && unsafe { core::ptr::read_volatile(a as *const u64) } == v
-                })
+        let (end, lo, hi) = self.checks_end[upto - 1];
+        if end == u16::MAX || lo < b.lo || hi.saturating_add(8) > b.hi {
+            return false;
+        }
+        self.checks[..end as usize].iter().all(|&(a, v)| {
+            // SAFETY: every address lies in [lo, hi], inside the thread's
+            // readable stack range (checked above), and is 8-aligned.
+            unsafe { core::ptr::read_volatile(a as *const u64) == v }
         })
+    }
+
+    /// Rebuilds `checks` after the remembered stack changed.
+    fn rebuild_checks(&mut self) {
+        let mut n = 0usize;
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
+        let mut caller_bp_matters = false;
+        let mut broken = false;
+        for i in 0..self.prev_n {
+            let f = self.prev[i];
+            if f.nreads == UNVERIFIABLE || n + f.nreads as usize > self.checks.len() {
+                broken = true;
+            }
+            if !broken {
+                for (j, &(a, v)) in f.reads[..f.nreads as usize].iter().enumerate() {
+                    if j as u8 == f.bp_read && !caller_bp_matters {
+                        continue;
+                    }
+                    self.checks[n] = (a, v);
+                    n += 1;
+                    lo = lo.min(a);
+                    hi = hi.max(a);
+                }
+            }
+            caller_bp_matters = f.bp_matters;
+            self.checks_end[i] = if broken {
+                (u16::MAX, 0, 0)
+            } else {
+                (n as u16, lo, hi)
+            };
+        }
     }
 
     /// Captures the stack that starts at `start` (registers of a hook frame).
@@ -115,7 +169,11 @@ impl StackCapture {
             }
             if cursor > 0 {
                 let f = &self.prev[cursor - 1];
-                if f.sp == sp && f.pc == pc && f.bp == bp && self.verify(cursor, bounds) {
+                if f.sp == sp
+                    && f.pc == pc
+                    && (!f.bp_matters || f.bp == bp)
+                    && self.verify(cursor, bounds)
+                {
                     matched = Some(cursor - 1);
                     break;
                 }
@@ -152,6 +210,34 @@ impl StackCapture {
                 Ok(v)
             };
             let r = unwinder.unwind_frame(address, &mut regs, &mut self.cache, &mut read);
+            rec.bp_used = rec.reads[..(rec.nreads as usize).min(MAX_READS)]
+                .iter()
+                .any(|&(a, _)| a == bp || a == bp.wrapping_add(8));
+            let bp_out = arch::sp_bp(&regs).1;
+            rec.bp_passed = bp_out == bp;
+            rec.bp_read = NO_READ;
+            if rec.nreads != UNVERIFIABLE {
+                // The result is (return address, sp, bp); sp follows from the
+                // rule and the input registers. Reads whose values became
+                // neither the return address nor the caller's bp (other saved
+                // registers) cannot change it, so they are not verified.
+                let ra = match r {
+                    Ok(Some(ra)) => ra,
+                    _ => 0,
+                };
+                let mut kept = 0;
+                for i in 0..rec.nreads as usize {
+                    let (a, v) = rec.reads[i];
+                    if v == ra || (!rec.bp_passed && v == bp_out) {
+                        if v == bp_out && v != ra && rec.bp_read == NO_READ {
+                            rec.bp_read = kept as u8;
+                        }
+                        rec.reads[kept] = (a, v);
+                        kept += 1;
+                    }
+                }
+                rec.nreads = kept as u8;
+            }
             self.scratch[k] = rec;
             k += 1;
             match r {
@@ -180,8 +266,23 @@ impl StackCapture {
                 self.prev[base + i] = self.scratch[k - 1 - i];
             }
             self.prev_n = base + k;
+            // Outermost first: a frame's bp matters if its rule uses it, or
+            // if it passes bp on to a caller for which it matters.
+            let mut outer_matters = false;
+            for f in &mut self.prev[..self.prev_n] {
+                f.bp_matters =
+                    f.bp_used || (f.bp_passed && outer_matters) || f.nreads == UNVERIFIABLE;
+                outer_matters = f.bp_matters;
+            }
+            self.rebuild_checks();
         }
 
+        if unchanged && self.prev_id != 0 {
+            return Captured {
+                id: self.prev_id,
+                new: false,
+            };
+        }
         // Program frames, innermost first, without the agent's own.
         let mut n = 0;
         let mut i = self.prev_n;
@@ -192,12 +293,6 @@ impl StackCapture {
             self.out[n] = self.prev[i - 1].pc;
             n += 1;
             i -= 1;
-        }
-        if unchanged && self.prev_id != 0 {
-            return Captured {
-                id: self.prev_id,
-                new: false,
-            };
         }
         let frames = &self.out[..n];
         if frames.is_empty() {

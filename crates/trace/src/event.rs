@@ -461,14 +461,14 @@ impl<'a> Encoder<'a> {
         self.pos == 0
     }
 
-    #[inline]
+    #[inline(always)]
     fn byte(&mut self, b: u8) -> Result<(), NoRoom> {
         *self.out.get_mut(self.pos).ok_or(NoRoom)? = b;
         self.pos += 1;
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn u64(&mut self, v: u64) -> Result<(), NoRoom> {
         if self.out.len() - self.pos >= MAX_VARINT_LEN {
             self.pos += put_u64(&mut self.out[self.pos..], v);
@@ -494,7 +494,7 @@ impl<'a> Encoder<'a> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn time(&mut self, ctx: &mut ChunkContext, t: u64) -> Result<(), NoRoom> {
         // Clocks are monotonic per thread, but a chunk written by the agent's own
         // thread can mix sources; a backwards step is stored as 0 (clamped).
@@ -504,7 +504,7 @@ impl<'a> Encoder<'a> {
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn addr(&mut self, ctx: &mut ChunkContext, a: u64) -> Result<(), NoRoom> {
         self.u64(zigzag(a.wrapping_sub(ctx.prev_addr) as i64))?;
         ctx.prev_addr = a;

@@ -7,8 +7,18 @@ pub const MAX_VARINT_LEN: usize = 10;
 ///
 /// `out` must have room for [`MAX_VARINT_LEN`] bytes; the agent checks capacity
 /// once per event rather than once per field.
-#[inline]
+#[inline(always)]
 pub fn put_u64(out: &mut [u8], mut value: u64) -> usize {
+    // Most fields (time deltas, sizes, stack ids) fit in one or two bytes.
+    if value < 0x80 {
+        out[0] = value as u8;
+        return 1;
+    }
+    if value < 0x4000 {
+        out[0] = (value as u8) | 0x80;
+        out[1] = (value >> 7) as u8;
+        return 2;
+    }
     let mut i = 0;
     while value >= 0x80 {
         out[i] = (value as u8) | 0x80;
