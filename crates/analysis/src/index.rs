@@ -37,6 +37,7 @@
 //! stopped.
 
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{self, Read, Seek, SeekFrom};
 
@@ -297,11 +298,13 @@ pub struct MergedEvents<'a, R: Read + Seek> {
     /// Per chunk: the time it starts at (see the module documentation).
     start: Vec<u64>,
     next: usize,
-    open: HashMap<usize, OpenChunk>,
+    /// Per chunk number: the chunk, while it is open.
+    open: Vec<Option<OpenChunk>>,
     heap: BinaryHeap<Reverse<(u64, usize)>>,
     /// Chunks at or after this offset are not used (a corrupt chunk was found).
     limit: u64,
     stopped: Option<Stopped>,
+    open_count: usize,
     most_open: usize,
 }
 
@@ -331,7 +334,8 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             order,
             start,
             next: 0,
-            open: HashMap::new(),
+            open: (0..index.chunks.len()).map(|_| None).collect(),
+            open_count: 0,
             heap: BinaryHeap::new(),
             limit: u64::MAX,
             stopped: index.stopped.clone(),
@@ -392,8 +396,9 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
         };
         if let Some(t) = oc.advance() {
             self.heap.push(Reverse((t, i)));
-            self.open.insert(i, oc);
-            self.most_open = self.most_open.max(self.open.len());
+            self.open[i] = Some(oc);
+            self.open_count += 1;
+            self.most_open = self.most_open.max(self.open_count);
         }
     }
 }
@@ -418,19 +423,28 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                     break;
                 }
             }
-            let Reverse((_, i)) = self.heap.pop()?;
-            let mut oc = self
-                .open
-                .remove(&i)
+            let mut top = self.heap.peek_mut()?;
+            let Reverse((_, i)) = *top;
+            let oc = self.open[i]
+                .as_mut()
                 .expect("every heap entry has an open chunk");
             if oc.offset >= self.limit {
-                continue; // past a corrupt chunk: dropped
+                // Past a corrupt chunk: dropped.
+                PeekMut::pop(top);
+                self.open[i] = None;
+                self.open_count -= 1;
+                continue;
             }
             let (time, event) = oc.head.take().expect("an open chunk has a head event");
             let tid = oc.tid;
-            if let Some(t) = oc.advance() {
-                self.heap.push(Reverse((t, i)));
-                self.open.insert(i, oc);
+            match oc.advance() {
+                // Replacing the top in place sifts it down once.
+                Some(t) => *top = Reverse((t, i)),
+                None => {
+                    PeekMut::pop(top);
+                    self.open[i] = None;
+                    self.open_count -= 1;
+                }
             }
             return Some(MergedEvent { tid, time, event });
         }

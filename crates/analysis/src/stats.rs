@@ -6,7 +6,7 @@
 //! replay keeps one entry per live block (address → size), so its memory is
 //! bounded by the traced program's live heap, not by the trace's length.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::io::{Read, Seek};
 
@@ -92,12 +92,14 @@ pub struct PeakHeap {
 pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError> {
     let index = TraceIndex::build(input)?;
     let mut facts = Facts::default();
-    let mut calls: HashMap<AllocFn, (u64, u64)> = HashMap::new();
+    // (calls, bytes) per function, by format value.
+    let mut calls = [(0u64, 0u64); AllocFn::ALL.len() + 1];
     let mut heap = HeapReplay::default();
     let mut peak = PeakHeap::default();
     let (mut allocation_calls, mut release_calls, mut bytes_allocated, mut errors) = (0, 0, 0, 0);
     let mut stacks: HashSet<u32> = HashSet::new();
     let mut tids: HashSet<u32> = HashSet::new();
+    let mut last_tid = 0;
 
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
@@ -108,11 +110,12 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             continue;
         }
         facts.observe(m.time, &m.event);
-        if m.tid != 0 {
+        if m.tid != 0 && m.tid != last_tid {
             tids.insert(m.tid);
+            last_tid = m.tid;
         }
         let mut count = |f: AllocFn, bytes: u64| {
-            let c = calls.entry(f).or_default();
+            let c = &mut calls[f as usize];
             c.0 += 1;
             c.1 += bytes;
         };
@@ -155,15 +158,15 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     drop(merged);
 
     let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);
-    let mut calls: Vec<FunctionCalls> = calls
-        .into_iter()
-        .map(|(f, (calls, bytes))| FunctionCalls {
+    let calls: Vec<FunctionCalls> = AllocFn::ALL
+        .iter()
+        .filter(|&&f| calls[f as usize].0 > 0)
+        .map(|&f| FunctionCalls {
             function: f.name(),
-            calls,
-            bytes,
+            calls: calls[f as usize].0,
+            bytes: calls[f as usize].1,
         })
         .collect();
-    calls.sort_by_key(|c| AllocFn::ALL.iter().position(|f| f.name() == c.function));
     let has_end = facts.end.is_some();
     let events = facts.events;
     Ok(StatsReport {
