@@ -25,6 +25,9 @@ pub static PID: AtomicU32 = AtomicU32::new(0);
 static START_UNIX_NS: AtomicU64 = AtomicU64::new(0);
 pub static FOLLOW: AtomicBool = AtomicBool::new(true);
 static FREERES: AtomicBool = AtomicBool::new(true);
+/// libstdc++'s `__gnu_cxx::__freeres`, looked up at start: a failed dlsym at
+/// exit would itself allocate (the dlerror message) and show up in the report.
+static CXX_FREERES: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
 struct Config {
     output: String,
@@ -177,6 +180,10 @@ pub fn init() {
         agent_path: own_path(),
     });
     crate::hooks::alloc::resolve();
+    CXX_FREERES.store(
+        sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv"),
+        Ordering::Relaxed,
+    );
     crate::hooks::process::resolve();
     crate::hooks::signals::install();
     modules::refresh();
@@ -234,7 +241,7 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
     if matches!(exit, ExitKind::Code(_)) && !in_signal && FREERES.load(Ordering::Relaxed) {
         // Like memcheck: let the C and C++ runtimes free their own buffers so
         // they are not blamed on the program. Their frees are recorded.
-        let cxx = sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv");
+        let cxx = CXX_FREERES.load(Ordering::Relaxed);
         if cxx != 0 {
             // SAFETY: __gnu_cxx::__freeres() takes no arguments.
             let f: extern "C" fn() = unsafe { core::mem::transmute(cxx) };

@@ -258,7 +258,8 @@ impl Locked<'_> {
 }
 
 fn find(d: &ShardData, addr: u64) -> Option<usize> {
-    if d.slots.is_empty() {
+    // Entries hold addr >> 4: an interior pointer must not match its block.
+    if d.slots.is_empty() || !storable(addr) {
         return None;
     }
     let mask = d.slots.len() - 1;

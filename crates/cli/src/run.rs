@@ -379,7 +379,7 @@ fn summarize(output: &Path, program: &Path) {
                 }
             }
             for w in trapline_analysis::report::status_warnings(&s.trace) {
-                eprintln!("==trapline== warning: {w}");
+                eprintln!("==trapline== {w}");
             }
             eprintln!("==trapline== see: trapline leaks {}", output.display());
         }

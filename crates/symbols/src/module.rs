@@ -170,8 +170,27 @@ impl ModuleDebug {
             frames.push(RawFrame::default());
         }
         if let Some(outer) = frames.last_mut() {
-            if outer.function.is_none() {
-                outer.function = self.symbols.lookup(probe).map(demangle_symbol);
+            match &outer.function {
+                None => outer.function = self.symbols.lookup(probe).map(demangle_symbol),
+                // GCC gives C++ functions with internal linkage (static, or
+                // in an anonymous namespace) no DW_AT_linkage_name, so DWARF
+                // says `f` where the symbol table's `_ZL1fv` says `f()`. Use
+                // the full signature, as for every other C++ function.
+                Some(name) if !name.contains('(') => {
+                    if let Some(full) = self
+                        .symbols
+                        .lookup(probe)
+                        .filter(|s| s.starts_with("_Z"))
+                        .map(demangle_symbol)
+                        .filter(|full| {
+                            full.strip_prefix(name.as_str())
+                                .is_some_and(|rest| rest.starts_with('('))
+                        })
+                    {
+                        outer.function = Some(full);
+                    }
+                }
+                Some(_) => {}
             }
         }
         frames
