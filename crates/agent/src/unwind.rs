@@ -196,7 +196,10 @@ impl StackCapture {
                 }
             };
             let mut read = |a: u64| -> Result<u64, ()> {
-                if a < bounds.lo || a.checked_add(8).is_none_or(|e| e > bounds.hi) || a % 8 != 0 {
+                if a < bounds.lo
+                    || a.checked_add(8).is_none_or(|e| e > bounds.hi)
+                    || !a.is_multiple_of(8)
+                {
                     return Err(());
                 }
                 // SAFETY: inside the thread's readable stack range, aligned.

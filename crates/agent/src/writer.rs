@@ -92,6 +92,9 @@ impl Buffer {
     }
 }
 
+// Buffers are boxed so that moving one between a thread and the queues
+// moves a pointer, not 128 KiB of state.
+#[allow(clippy::vec_box)]
 struct Queue {
     full: VecDeque<Box<Buffer>>,
     free: Vec<Box<Buffer>>,
@@ -204,16 +207,13 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
 
 /// Writes every queued buffer now, from the calling thread.
 pub fn drain(scratch: &mut Vec<u8>) {
-    loop {
-        let Some(b) = with_queue(|q| {
-            let b = q.full.pop_front();
-            if let Some(b) = &b {
-                q.queued_bytes -= b.data.len();
-            }
-            b
-        }) else {
-            break;
-        };
+    while let Some(b) = with_queue(|q| {
+        let b = q.full.pop_front();
+        if let Some(b) = &b {
+            q.queued_bytes -= b.data.len();
+        }
+        b
+    }) {
         write_one(&b, scratch);
         with_queue(|q| q.free.push(b));
         SPACE.notify_all();

@@ -74,7 +74,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
     let regs = start_regs();
-    if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
     // SAFETY: valid alignment checked above.
