@@ -163,6 +163,16 @@ check_trapline() {
     fi
 }
 
+# Identity of the trapline build measured: the agent's hash and time.
+agent_identity() {
+    if [[ -f $AGENT ]]; then
+        printf '%s (agent sha256 %s, built %s)' "$("$TRAPLINE" --version 2>/dev/null || echo trapline)" \
+            "$(sha256sum "$AGENT" | cut -c1-12)" "$(date -u -r "$AGENT" +%Y-%m-%dT%H:%M:%SZ)"
+    else
+        echo "no agent"
+    fi
+}
+
 heaptrack_version() { heaptrack --version 2>/dev/null | sed -n 1p || echo "heaptrack ?"; }
 
 # Bytes of a trace written at path P (P itself, or P.* if the tool appends
@@ -217,17 +227,17 @@ run_tool() {
     fi
 }
 
-# Peak RSS (VmHWM, KiB) of the process running executable EXE among this
-# script's descendants, sampled every 50 ms from /proc while FLAGFILE exists.
-# Written to OUTFILE. Misses only growth in the process's last <50 ms.
+# Peak RSS (VmHWM, KiB) of the processes among this script's descendants
+# whose executable is one of EXE..., sampled every 50 ms from /proc while
+# FLAGFILE exists; the largest single process's peak is written to OUTFILE
+# ("n/a" if none was seen). Misses only growth in a process's last <50 ms.
 sample_hwm() {
-    local flag=$1 exe=$2 outfile=$3 pid="" best=0 line v
+    local flag=$1 outfile=$2
+    shift 2
+    local best=0 line v pid
     echo n/a >"$outfile"
     while [[ -e $flag ]]; do
-        if [[ -z $pid || ! -e /proc/$pid ]]; then
-            pid=$(find_desc "$$" "$exe") || pid=""
-        fi
-        if [[ -n $pid && -r /proc/$pid/status ]]; then
+        for pid in $(find_desc "$$" "$@"); do
             while read -r line; do
                 if [[ $line == VmHWM:* ]]; then
                     v=${line//[!0-9]/}
@@ -237,29 +247,70 @@ sample_hwm() {
                     fi
                 fi
             done </proc/"$pid"/status 2>/dev/null || true
-        fi
+        done
         sleep 0.05
     done
 }
 
-# First descendant of PID whose /proc/N/exe is the file EXE.
+# Descendants of PID whose /proc/N/exe is one of the files EXE...
 find_desc() {
-    local root=$1 exe=$2 p c
-    local -a queue=("$root")
+    local root=$1 p c e
+    shift
+    local -a queue=("$root") kids
     while ((${#queue[@]})); do
         p=${queue[0]}
         queue=("${queue[@]:1}")
-        if [[ /proc/$p/exe -ef $exe ]]; then
-            echo "$p"
-            return 0
-        fi
+        for e in "$@"; do
+            if [[ /proc/$p/exe -ef $e ]]; then
+                echo "$p"
+                break
+            fi
+        done
         for c in /proc/"$p"/task/*/children; do
             [[ -r $c ]] || continue
+            kids=()
             read -r -a kids <"$c" 2>/dev/null || true
             queue+=("${kids[@]}")
         done
     done
-    return 1
+}
+
+# Executables of each tool's own helper processes (not the measured program).
+tool_exes() {
+    case $1 in
+        trapline) echo "$TRAPLINE" ;;
+        heaptrack)
+            local d
+            for d in /usr/lib/heaptrack/libexec /usr/lib/*/heaptrack/libexec; do
+                [[ -x $d/heaptrack_interpret ]] && echo "$d/heaptrack_interpret"
+            done
+            command -v zstd gzip 2>/dev/null || true
+            ;;
+    esac
+}
+
+# Starts the samplers for a run tagged TAG of TOOL measuring executable EXE:
+# $OUT/TAG.hwm (the program) and $OUT/TAG.toolhwm (the tool's processes).
+start_samplers() {
+    local tag=$1 tool=$2 exe=$3
+    SAMPLE_FLAG=$OUT/$tag.running
+    touch "$SAMPLE_FLAG"
+    sample_hwm "$SAMPLE_FLAG" "$OUT/$tag.hwm" "$exe" &
+    SAMPLER_PIDS=($!)
+    local -a texes
+    mapfile -t texes < <(tool_exes "$tool")
+    if ((${#texes[@]})); then
+        sample_hwm "$SAMPLE_FLAG" "$OUT/$tag.toolhwm" "${texes[@]}" &
+        SAMPLER_PIDS+=($!)
+    else
+        echo n/a >"$OUT/$tag.toolhwm"
+    fi
+}
+
+stop_samplers() {
+    rm -f "$SAMPLE_FLAG"
+    local p
+    for p in "${SAMPLER_PIDS[@]}"; do wait "$p" || true; done
 }
 
 # ---------------------------------------------------------------- micro
@@ -401,7 +452,7 @@ bench_cc1() {
     local -a tools=(native)
     ((TRAPLINE_OK)) && tools+=(trapline)
     ((CC1_HEAPTRACK_REPS > 0)) && tools+=(heaptrack)
-    declare -A walls cpus rss tree ok fails
+    declare -A walls cpus rss toolrss tree ok fails
     local r tool reps
     for ((r = 1; r <= CC1_REPS; r++)); do
         for tool in "${tools[@]}"; do
@@ -411,17 +462,15 @@ bench_cc1() {
             local tag=cc1-$tool-$r
             # cc1's own peak RSS, separate from the tool's processes: sampled
             # from /proc while the run lasts.
-            local flag=$OUT/$tag.running
-            touch "$flag"
-            sample_hwm "$flag" "$cc1" "$OUT/$tag.hwm" &
-            local sampler=$!
+            start_samplers "$tag" "$tool" "$cc1"
             run_tool "$tool" "$tag" "${cmd[@]}"
-            rm -f "$flag"
-            wait "$sampler" || true
-            local hwm
+            stop_samplers
+            local hwm thwm
             hwm=$(cat "$OUT/$tag.hwm")
-            log "cc1 rep $r $tool: wall ${RUN_WALL}s cpu ${RUN_CPU}s rc=$RUN_RC cc1 peak RSS $hwm KiB, largest process ${RUN_TREE_RSS_KIB} KiB"
+            thwm=$(cat "$OUT/$tag.toolhwm")
+            log "cc1 rep $r $tool: wall ${RUN_WALL}s cpu ${RUN_CPU}s rc=$RUN_RC cc1 peak RSS $hwm KiB, tool processes $thwm KiB, largest process ${RUN_TREE_RSS_KIB} KiB"
             rss[$tool]+="$hwm "
+            toolrss[$tool]+="$thwm "
             tree[$tool]+="$RUN_TREE_RSS_KIB "
             if ((RUN_RC == 0)); then
                 walls[$tool]+="$RUN_WALL "
@@ -478,12 +527,16 @@ bench_cc1() {
     echo "\`cc1 -quiet -imultiarch $multiarch -O2 $(basename "$SQLITE_C") -o out.s\` (one process). Medians of"
     echo "$CC1_REPS runs (heaptrack: $CC1_HEAPTRACK_REPS, limited to ${HEAPTRACK_TIMEOUT}s and"
     echo "\`prlimit --as=$HEAPTRACK_AS_LIMIT\`). \"cc1 peak RSS\" is cc1's own VmHWM sampled from /proc;"
-    echo "\"largest process peak RSS\" is GNU time's %M, the largest single process of the command's tree."
+    echo "\"tool process peak RSS\" is the largest of the tool's own processes (trapline CLI;"
+    echo "heaptrack_interpret, zstd), sampled the same way; \"largest process peak RSS\" is GNU time's %M,"
+    echo "the largest single process of the command's tree (what \`/usr/bin/time -f %M\` reports)."
     echo
-    echo "| tool | wall s | ratio to native | CPU s (user+sys, all processes) | CPU ratio | cc1 peak RSS MiB | largest process peak RSS MiB | output file bytes | outcome |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    echo "| tool | wall s | ratio to native | CPU s (user+sys, all processes) | CPU ratio | cc1 peak RSS MiB | tool process peak RSS MiB | largest process peak RSS MiB | output file bytes | outcome |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     for tool in native trapline heaptrack; do
-        local w=n/a c=n/a h t name=$tool outcome=ok bytes=
+        local w=n/a c=n/a h t th name=$tool outcome=ok bytes=
+        # shellcheck disable=SC2086
+        th=$(median ${toolrss[$tool]:-})
         # shellcheck disable=SC2086
         [[ -n ${walls[$tool]:-} ]] && w=$(median ${walls[$tool]}) && c=$(median ${cpus[$tool]})
         # shellcheck disable=SC2086
@@ -501,9 +554,9 @@ bench_cc1() {
                 ;;
         esac
         [[ -n ${fails[$tool]:-} ]] && outcome="FAILED ${fails[$tool]}"
-        printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$(fmt %.2f "$w")" \
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$(fmt %.2f "$w")" \
             "$(fmt %.2fx "$(calc "$w / $nat")")" "$(fmt %.2f "$c")" "$(fmt %.2fx "$(calc "$c / $natc")")" \
-            "$(fmt %.0f "$(calc "$h / 1024")")" "$(fmt %.0f "$(calc "$t / 1024")")" \
+            "$(fmt %.0f "$(calc "$h / 1024")")" "$(fmt %.0f "$(calc "$th / 1024")")" "$(fmt %.0f "$(calc "$t / 1024")")" \
             "${bytes:-}" "$outcome"
     done
     if [[ -n ${walls_fail[heaptrack]:-} ]]; then
@@ -524,18 +577,21 @@ declare -A walls_fail
 bench_memory() {
     local -a tools=(native heaptrack)
     ((TRAPLINE_OK)) && tools=(native trapline heaptrack)
-    declare -A after before treep
+    declare -A after before treep toolp
     local k r tool
     for k in $MEM_KS; do
         for ((r = 1; r <= MEM_REPS; r++)); do
             for tool in "${tools[@]}"; do
+                start_samplers "mem-$k-$tool-$r" "$tool" "$BIN/live"
                 run_tool "$tool" "mem-$k-$tool-$r" "$BIN/live" "$k"
+                stop_samplers
                 if ((RUN_RC == 0)); then
+                    toolp[$k,$tool]+="$(cat "$OUT/mem-$k-$tool-$r.toolhwm") "
                     after[$k,$tool]+="$(sed -n 's/.* rss_kib=\([0-9]*\).*/\1/p' "$RUN_STDOUT") "
                     before[$k,$tool]+="$(sed -n 's/.*rss_before_kib=\([0-9]*\).*/\1/p' "$RUN_STDOUT") "
                     treep[$k,$tool]+="$RUN_TREE_RSS_KIB "
                 fi
-                log "memory K=$k rep $r $tool: $(cat "$RUN_STDOUT")"
+                log "memory K=$k rep $r $tool: $(grep -h blocks= "$RUN_STDOUT" || echo "no result")"
             done
         done
     done
@@ -545,27 +601,29 @@ bench_memory() {
     echo "The program allocates K blocks of 8..32 bytes, keeps them all live and reads its own"
     echo "VmRSS. Medians of $MEM_REPS runs. \"added B/alloc\" = (RSS_tool - RSS_native) / K;"
     echo "\"RSS at start\" is read before the first allocation (the tool's fixed cost so far)."
-    echo "\"largest process\" is GNU time's %M over the whole command: for heaptrack that is"
-    echo "heaptrack_interpret, which keeps its per-allocation state outside the traced process."
+    echo "\"tool processes\" is the peak RSS of the largest of the tool's own processes (trapline"
+    echo "CLI; heaptrack_interpret, which keeps heaptrack's per-allocation state outside the traced"
+    echo "process, and zstd), sampled from /proc every 50 ms; \"largest process\" is GNU time's %M."
     echo
-    echo "| K | tool | RSS at start KiB | RSS after K allocs KiB | added B/alloc | largest process peak KiB |"
-    echo "|---:|---|---:|---:|---:|---:|"
+    echo "| K | tool | RSS at start KiB | RSS after K allocs KiB | added B/alloc | tool processes peak KiB | largest process peak KiB |"
+    echo "|---:|---|---:|---:|---:|---:|---:|"
     for k in $MEM_KS; do
         local nat
         # shellcheck disable=SC2086
         nat=$(median ${after[$k,native]})
         for tool in native trapline heaptrack; do
-            local a=n/a b=n/a tp=n/a name=$tool
+            local a=n/a b=n/a tp=n/a op=n/a name=$tool
             # shellcheck disable=SC2086
             if [[ -n ${after[$k,$tool]:-} ]]; then
                 a=$(median ${after[$k,$tool]})
                 b=$(median ${before[$k,$tool]})
                 tp=$(median ${treep[$k,$tool]})
+                op=$(median ${toolp[$k,$tool]})
             fi
             [[ $tool == trapline && $TRAPLINE_OK == 0 ]] && name="trapline (not available)"
             [[ $tool == heaptrack ]] && name=$(heaptrack_version)
-            printf '| %s | %s | %s | %s | %s | %s |\n' "$k" "$name" "$(fmt %.0f "$b")" "$(fmt %.0f "$a")" \
-                "$(fmt %.1f "$(calc "($a - $nat) * 1024 / $k")")" "$(fmt %.0f "$tp")"
+            printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$k" "$name" "$(fmt %.0f "$b")" "$(fmt %.0f "$a")" \
+                "$(fmt %.1f "$(calc "($a - $nat) * 1024 / $k")")" "$(fmt %.0f "$op")" "$(fmt %.0f "$tp")"
         done
     done
     echo
@@ -582,6 +640,11 @@ echo "## trapline benchmarks ($(date -u +%Y-%m-%dT%H:%MZ), $(cd "$ROOT" && git r
 echo
 machine_line
 echo
+TRAPLINE_ID=$(agent_identity)
+dirty=""
+[[ -n $(cd "$ROOT" && git status --porcelain -- crates 2>/dev/null) ]] && dirty=" (crates/ has uncommitted changes)"
+echo "trapline: $TRAPLINE_ID$dirty"
+echo
 echo "Tools: $(heaptrack_version); $(valgrind --version 2>/dev/null || echo 'valgrind ?'); $(gcc --version | sed -n 1p)"
 case $WHAT in
     micro) bench_micro ;;
@@ -593,3 +656,7 @@ case $WHAT in
         bench_cc1
         ;;
 esac
+if ((TRAPLINE_OK)) && [[ $(agent_identity) != "$TRAPLINE_ID" ]]; then
+    echo
+    echo "WARNING: the trapline agent was rebuilt during this run (now $(agent_identity)); its columns mix builds."
+fi
