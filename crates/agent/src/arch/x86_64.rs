@@ -47,3 +47,41 @@ pub fn sp_bp(r: &UnwindRegs) -> (u64, u64) {
 
 /// Bytes below the stack pointer that leaf code may use (the System V red zone).
 pub const RED_ZONE: u64 = 128;
+
+/// The variadic exec functions (execl, execle, execlp). Stable Rust cannot
+/// define C-variadic functions, and glibc's own versions call execve
+/// internally, past the agent's hook. Each trampoline spills the five
+/// register-passed variadic arguments (rsi, rdx, rcx, r8, r9) into a stack
+/// array and passes it, with the address of the stack-passed ones, to a
+/// collector in hooks/process.rs, which rebuilds argv and calls the hooked
+/// execv / execve / execvp.
+macro_rules! variadic_exec_trampoline {
+    ($name:ident, $collector:path) => {
+        /// # Safety
+        /// The C function's contract (a NULL-terminated argument list).
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                // On entry rsp = 8 mod 16; 56 bytes keep calls 16-aligned.
+                "sub rsp, 56",
+                "mov [rsp], rsi",
+                "mov [rsp + 8], rdx",
+                "mov [rsp + 16], rcx",
+                "mov [rsp + 24], r8",
+                "mov [rsp + 32], r9",
+                "mov rsi, rsp",
+                // Stack-passed arguments start above the return address.
+                "lea rdx, [rsp + 64]",
+                "call {collector}",
+                "add rsp, 56",
+                "ret",
+                collector = sym $collector,
+            )
+        }
+    };
+}
+
+variadic_exec_trampoline!(execl, crate::hooks::process::execl_collected);
+variadic_exec_trampoline!(execle, crate::hooks::process::execle_collected);
+variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);

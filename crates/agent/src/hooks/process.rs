@@ -277,3 +277,79 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     note_module_changes();
     r
 }
+
+/// Reads a variadic argument list as spilled by the arch trampolines: five
+/// register slots, then the stack. Returns argv (NULL-terminated) and the
+/// argument after the terminating NULL (execle's envp).
+///
+/// # Safety
+/// `regs` points to five readable words and `stack` to the caller's stack
+/// arguments, and the list is NULL-terminated as exec requires.
+unsafe fn collect_args(
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> (Vec<*const c_char>, *const c_char) {
+    let at = |i: usize| -> *const c_char {
+        // SAFETY: per the function's contract.
+        unsafe {
+            if i < 5 {
+                *regs.add(i)
+            } else {
+                *stack.add(i - 5)
+            }
+        }
+    };
+    let mut argv = Vec::new();
+    let mut i = 0;
+    loop {
+        let a = at(i);
+        argv.push(a);
+        i += 1;
+        if a.is_null() {
+            break;
+        }
+    }
+    (argv, at(i))
+}
+
+/// # Safety
+/// Called only by the `execl` trampoline.
+pub unsafe extern "C" fn execl_collected(
+    path: *const c_char,
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> c_int {
+    // SAFETY: the trampoline's layout; argv stays alive across the call.
+    unsafe {
+        let (argv, _) = collect_args(regs, stack);
+        execv(path, argv.as_ptr())
+    }
+}
+
+/// # Safety
+/// Called only by the `execlp` trampoline.
+pub unsafe extern "C" fn execlp_collected(
+    file: *const c_char,
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> c_int {
+    // SAFETY: as above.
+    unsafe {
+        let (argv, _) = collect_args(regs, stack);
+        execvp(file, argv.as_ptr())
+    }
+}
+
+/// # Safety
+/// Called only by the `execle` trampoline.
+pub unsafe extern "C" fn execle_collected(
+    path: *const c_char,
+    regs: *const *const c_char,
+    stack: *const *const c_char,
+) -> c_int {
+    // SAFETY: as above; execle's envp follows the NULL that ends argv.
+    unsafe {
+        let (argv, envp) = collect_args(regs, stack);
+        execve(path, argv.as_ptr(), envp as *const *const c_char)
+    }
+}
