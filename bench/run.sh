@@ -16,6 +16,7 @@
 #   HEAPTRACK_TIMEOUT=600  seconds before a heaptrack run is killed
 #   HEAPTRACK_AS_LIMIT=16G address-space limit (prlimit --as) for every process
 #                          of a heaptrack run, so it cannot take the machine down
+#   TRAPLINE_ARGS=         extra `trapline run` options, e.g. -q (no end summary)
 #   TRAPLINE=PATH          the trapline CLI (default target/release/trapline; the
 #                          agent is looked for beside it)
 #   NO_BUILD=1             skip `cargo build --release`
@@ -47,7 +48,7 @@ WHAT=${1:-all}
 case $WHAT in
     micro | cc1 | memory | all) ;;
     -h | --help)
-        sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -201,7 +202,8 @@ run_tool() {
         native) ;;
         trapline)
             rm -f "$OUT/$tag.trace" "$OUT/$tag.trace".*
-            pre=("$TRAPLINE" run -o "$OUT/$tag.trace" --)
+            # shellcheck disable=SC2206
+            pre=("$TRAPLINE" run ${TRAPLINE_ARGS:-} -o "$OUT/$tag.trace" --)
             ;;
         heaptrack)
             rm -f "$OUT/$tag.heaptrack".*
@@ -643,7 +645,7 @@ echo
 TRAPLINE_ID=$(agent_identity)
 dirty=""
 [[ -n $(cd "$ROOT" && git status --porcelain -- crates 2>/dev/null) ]] && dirty=" (crates/ has uncommitted changes)"
-echo "trapline: $TRAPLINE_ID$dirty"
+echo "trapline: $TRAPLINE_ID$dirty; run as \`trapline run ${TRAPLINE_ARGS:-}${TRAPLINE_ARGS:+ }-o TRACE -- CMD\`"
 echo
 echo "Tools: $(heaptrack_version); $(valgrind --version 2>/dev/null || echo 'valgrind ?'); $(gcc --version | sed -n 1p)"
 case $WHAT in
