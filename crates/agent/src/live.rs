@@ -5,8 +5,10 @@
 //! 64 shards, each an open-addressing table (linear probing, backward-shift
 //! deletion, no tombstones) under its own lock. An entry is 16 bytes: the
 //! address shifted right by 4 (glibc blocks are 16-byte aligned) with the high
-//! bits of the stack id on top, and size / function / low stack bits. At most
-//! 75% load, so a live block costs 16 to 43 bytes of table, about 28 on average.
+//! bits of the stack id on top, and size / function / low stack bits. Tables
+//! grow by half when 80% full (any size: slots are picked by multiply-shift,
+//! not by a mask), so the load stays between 53% and 80% and a live block
+//! costs 20 to 30 bytes of table.
 
 use crate::sys::SpinLock;
 use core::cell::UnsafeCell;
@@ -65,6 +67,21 @@ fn unpack(e: Entry) -> (u64, Block) {
 #[inline]
 fn hash(addr: u64) -> u64 {
     (addr >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The home slot of an address in a table of `n` slots.
+#[inline]
+fn home(addr: u64, n: usize) -> usize {
+    ((u128::from(hash(addr).rotate_left(32)) * n as u128) >> 64) as usize
+}
+
+#[inline]
+fn next(i: usize, n: usize) -> usize {
+    if i + 1 == n {
+        0
+    } else {
+        i + 1
+    }
 }
 
 /// Whether an address can be kept in the table (glibc's blocks always can).
@@ -172,11 +189,11 @@ impl Locked<'_> {
         let d = self.data();
         if d.slots.is_empty() {
             d.slots = vec![Entry::default(); 256];
-        } else if (d.len + 1) * 4 > d.slots.len() * 3 {
+        } else if (d.len + 1) * 5 > d.slots.len() * 4 {
             grow(d);
         }
-        let mask = d.slots.len() - 1;
-        let mut i = (hash(addr).rotate_left(32) as usize) & mask;
+        let n = d.slots.len();
+        let mut i = home(addr, n);
         let want = addr >> 4;
         loop {
             let e = d.slots[i];
@@ -188,7 +205,7 @@ impl Locked<'_> {
                 d.bytes -= unpack(e).1.size;
                 break;
             }
-            i = (i + 1) & mask;
+            i = next(i, n);
         }
         d.slots[i] = pack(addr, block);
         d.bytes += block.size;
@@ -202,24 +219,22 @@ impl Locked<'_> {
         d.bytes -= block.size;
         d.len -= 1;
         // Backward-shift deletion keeps every probe chain unbroken.
-        let mask = d.slots.len() - 1;
+        let n = d.slots.len();
+        let dist = |from: usize, to: usize| if to >= from { to - from } else { to + n - from };
         let mut hole = i;
-        let mut j = (i + 1) & mask;
+        let mut j = next(i, n);
         loop {
             let e = d.slots[j];
             if e.key == 0 {
                 break;
             }
-            let home =
-                (hash((e.key & ((1 << ADDR_BITS) - 1)) << 4).rotate_left(32) as usize) & mask;
-            // Move e into the hole if its home is not in (hole, j].
-            let dist_home = j.wrapping_sub(home) & mask;
-            let dist_hole = j.wrapping_sub(hole) & mask;
-            if dist_home >= dist_hole {
+            let h = home((e.key & ((1 << ADDR_BITS) - 1)) << 4, n);
+            // Move e into the hole unless its home lies in (hole, j].
+            if dist(h, j) >= dist(hole, j) {
                 d.slots[hole] = e;
                 hole = j;
             }
-            j = (j + 1) & mask;
+            j = next(j, n);
         }
         d.slots[hole] = Entry::default();
         Some(block)
@@ -262,8 +277,8 @@ fn find(d: &ShardData, addr: u64) -> Option<usize> {
     if d.slots.is_empty() || !storable(addr) {
         return None;
     }
-    let mask = d.slots.len() - 1;
-    let mut i = (hash(addr).rotate_left(32) as usize) & mask;
+    let n = d.slots.len();
+    let mut i = home(addr, n);
     let want = addr >> 4;
     loop {
         let e = d.slots[i];
@@ -273,19 +288,18 @@ fn find(d: &ShardData, addr: u64) -> Option<usize> {
         if e.key & ((1 << ADDR_BITS) - 1) == want {
             return Some(i);
         }
-        i = (i + 1) & mask;
+        i = next(i, n);
     }
 }
 
 fn grow(d: &mut ShardData) {
-    let doubled = vec![Entry::default(); d.slots.len() * 2];
-    let old = core::mem::replace(&mut d.slots, doubled);
-    let mask = d.slots.len() - 1;
+    let bigger = vec![Entry::default(); d.slots.len() + d.slots.len() / 2];
+    let old = core::mem::replace(&mut d.slots, bigger);
+    let n = d.slots.len();
     for e in old.into_iter().filter(|e| e.key != 0) {
-        let addr = (e.key & ((1 << ADDR_BITS) - 1)) << 4;
-        let mut i = (hash(addr).rotate_left(32) as usize) & mask;
+        let mut i = home((e.key & ((1 << ADDR_BITS) - 1)) << 4, n);
         while d.slots[i].key != 0 {
-            i = (i + 1) & mask;
+            i = next(i, n);
         }
         d.slots[i] = e;
     }
