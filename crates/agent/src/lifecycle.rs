@@ -222,23 +222,95 @@ fn remove_self_from_preload() {
 }
 
 extern "C" fn at_exit(status: i32, _arg: *mut libc::c_void) {
-    finish(ExitKind::Code(status), false);
+    finish(ExitKind::Code(status), Ending::Exit);
 }
 
 extern "C" {
     fn __libc_freeres();
 }
 
+/// How the process is ending, which decides what finishing may do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// exit() or return from main: after every atexit handler; runs freeres.
+    Exit,
+    /// exec, or _exit: no freeres (stdio must not be flushed), may allocate.
+    Immediate,
+    /// A fatal signal: it may have struck while this thread held glibc's heap
+    /// lock or an agent lock, so nothing may allocate or wait without bound.
+    Signal,
+}
+
+/// Where the final records go: the writer's queue, or (signal) straight to
+/// the file with the emergency buffer and scratch.
+struct FinalOutput {
+    buf: Option<Box<Buffer>>,
+    ending: Ending,
+    written_directly: u64,
+}
+
+impl FinalOutput {
+    fn new(ending: Ending) -> Self {
+        let buf = if ending == Ending::Signal {
+            writer::take_buffer_no_alloc(0)
+        } else {
+            Some(writer::take_buffer(0))
+        };
+        FinalOutput {
+            buf,
+            ending,
+            written_directly: 0,
+        }
+    }
+
+    /// Makes room for one more event, writing out a full buffer.
+    fn room(&mut self) -> Option<&mut Buffer> {
+        let b = self.buf.as_mut()?;
+        if b.room() < writer::EVENT_RESERVE {
+            if self.ending == Ending::Signal {
+                writer::write_direct(b);
+                self.written_directly += u64::from(b.events);
+                b.reset(0, writer::GEN.load(Ordering::Relaxed));
+            } else {
+                let full = core::mem::replace(b, writer::take_buffer(0));
+                writer::submit(full, false);
+            }
+        }
+        self.buf.as_deref_mut()
+    }
+
+    fn push(&mut self, ev: &Event, time: Option<u64>) {
+        let pushed = self.room().is_some_and(|b| b.push_event(ev, time));
+        if !pushed {
+            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn events_pending(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| u64::from(b.events))
+    }
+
+    fn close(mut self) {
+        let Some(b) = self.buf.take() else { return };
+        if self.ending == Ending::Signal {
+            writer::write_direct(&b);
+            core::mem::forget(b); // freeing could need glibc's heap lock
+        } else {
+            writer::submit(b, false);
+        }
+    }
+}
+
 /// Ends the trace: libc's freeres (normal exits), the live-block snapshot,
 /// every thread's buffer, the end record; then waits for the writer.
-pub fn finish(exit: ExitKind, in_signal: bool) {
+pub fn finish(exit: ExitKind, ending: Ending) {
     if !INITIALIZED.load(Ordering::Acquire) || FINISHED.load(Ordering::Acquire) {
         return;
     }
     if FINISHING.swap(true, Ordering::AcqRel) {
         return;
     }
-    if matches!(exit, ExitKind::Code(_)) && !in_signal && FREERES.load(Ordering::Relaxed) {
+    if ending == Ending::Exit && FREERES.load(Ordering::Relaxed) {
         // Like memcheck: let the C and C++ runtimes free their own buffers so
         // they are not blamed on the program. Their frees are recorded.
         let cxx = CXX_FREERES.load(Ordering::Relaxed);
@@ -250,16 +322,25 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
         // SAFETY: glibc's exported freeres; called after every atexit handler.
         unsafe { __libc_freeres() };
     }
-    let spins = if in_signal { 200_000 } else { u32::MAX };
-    let ts = thread::current();
-    ts.guard += 1;
-    let mut b = writer::take_buffer(0);
-    for m in modules::refresh().loaded {
-        b = push_or_flush(b, &Event::ModuleLoad(m), None);
+    let signal = ending == Ending::Signal;
+    let spins = if signal { 200_000 } else { u32::MAX };
+    let mut ts = if signal {
+        thread::current_if_any()
+    } else {
+        Some(thread::current())
+    };
+    if let Some(t) = ts.as_mut() {
+        t.guard += 1;
+    }
+    let mut out = FinalOutput::new(ending);
+    if !signal {
+        // Rescanning allocates and takes the loader's lock: not from a signal.
+        for m in modules::refresh().loaded {
+            out.push(&Event::ModuleLoad(m), None);
+        }
     }
     let time = clock::precise_now();
-    b = push_or_flush(
-        b,
+    out.push(
         &Event::SnapshotBegin {
             time,
             kind: SnapshotKind::Exit,
@@ -273,12 +354,10 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
             continue;
         };
         locked.for_each(|addr, block| {
-            if b.room() < writer::EVENT_RESERVE {
-                let full = core::mem::replace(&mut b, writer::take_buffer(0));
-                writer::submit(full, false);
+            if let Some(b) = out.room() {
+                ensure_stack_in(b, block.stack);
             }
-            ensure_stack_in(&mut b, block.stack);
-            b.push_event(
+            out.push(
                 &Event::LiveBlock {
                     addr,
                     size: block.size,
@@ -291,19 +370,29 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
             bytes += block.size;
         });
     }
-    b = push_or_flush(b, &Event::SnapshotEnd { blocks, bytes }, None);
+    out.push(&Event::SnapshotEnd { blocks, bytes }, None);
     FINISHED.store(true, Ordering::Release);
-    thread::steal_all(if in_signal { 100_000 } else { 10_000_000 });
+    if signal {
+        thread::steal_all_into(100_000, |b| {
+            writer::write_direct(&b);
+            out.written_directly += u64::from(b.events);
+            core::mem::forget(b);
+        });
+    } else {
+        thread::steal_all(10_000_000);
+    }
     let end_time = clock::precise_now();
     let lost =
         writer::EVENTS_LOST.load(Ordering::Relaxed) + untracked::OVERFLOW.load(Ordering::Relaxed);
     let counters = EndCounters {
-        events: writer::EVENTS_SUBMITTED.load(Ordering::Relaxed) + u64::from(b.events) + 1,
+        events: writer::EVENTS_SUBMITTED.load(Ordering::Relaxed)
+            + out.written_directly
+            + out.events_pending()
+            + 1,
         events_lost: lost,
         untracked_calls: untracked::CALLS.load(Ordering::Relaxed),
     };
-    b = push_or_flush(
-        b,
+    out.push(
         &Event::End {
             time: end_time,
             exit,
@@ -311,9 +400,21 @@ pub fn finish(exit: ExitKind, in_signal: bool) {
         },
         Some(end_time),
     );
-    writer::submit(b, false);
-    writer::finish(if in_signal { 5_000 } else { 120_000 });
-    ts.guard -= 1;
+    out.close();
+    if signal {
+        // The writer thread may be stuck behind a lock this thread holds:
+        // write what is queued from here and do not wait for it.
+        writer::drain_no_alloc(100_000);
+    } else {
+        writer::finish(if ending == Ending::Exit {
+            120_000
+        } else {
+            30_000
+        });
+    }
+    if let Some(t) = ts.as_mut() {
+        t.guard -= 1;
+    }
 }
 
 /// Starts a new trace file for this process image (fork child, failed exec).
@@ -397,6 +498,9 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
     }
     if !has(b"TRAPLINE_PASS_INVALID=") && record::PASS_INVALID.load(Ordering::Relaxed) {
         add.extend(CString::new("TRAPLINE_PASS_INVALID=1"));
+    }
+    if !has(b"TRAPLINE_FREERES=") && !FREERES.load(Ordering::Relaxed) {
+        add.extend(CString::new("TRAPLINE_FREERES=0"));
     }
     add
 }

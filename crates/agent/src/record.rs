@@ -5,7 +5,7 @@ use crate::arch::StartRegs;
 use crate::live::{self, Block, Freed};
 use crate::thread::{self, Site, ThreadState, FINISHED};
 use crate::untracked;
-use crate::{clock, stacks, writer};
+use crate::{clock, stacks, sys, writer};
 use core::sync::atomic::{AtomicBool, Ordering};
 use trapline_trace::{AllocFn, ErrorKind, Event};
 
@@ -52,12 +52,31 @@ fn apply_deferred(ts: &mut ThreadState) {
         ts.deferred_n -= 1;
         let addr = ts.deferred[ts.deferred_n];
         let mut shard = live::shard_of(addr).locked();
-        if shard.remove(addr).is_some() {
-            let t = shard.stamp(clock::tick(), ts.last_time);
-            drop(shard);
-            ts.last_time = t;
+        let removed = shard.remove(addr);
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        ts.last_time = t;
+        if removed.is_some() {
             ts.emit(Some(t), |e, c| e.free(c, t, addr, AllocFn::Free, 0));
         }
+        // Released only now that the table no longer holds it, so another
+        // thread cannot be handed this address while it is still listed.
+        // SAFETY: a block the program freed from a nested context (it was live).
+        unsafe { sys::__libc_free(addr as *mut u8) };
+    }
+}
+
+/// Queues a nested free of a tracked block for `apply_deferred`. Returns
+/// false if the queue is full: then the block is released at once and its
+/// table entry goes stale (counted as a lost event).
+fn defer_free(ts: &mut ThreadState, addr: u64) -> bool {
+    if ts.deferred_n < ts.deferred.len() {
+        ts.deferred[ts.deferred_n] = addr;
+        ts.deferred_n += 1;
+        true
+    } else {
+        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        false
     }
 }
 
@@ -155,17 +174,10 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
             leave(ts);
             pass
         }
-        Entry::Nested(ts) => {
-            if !untracked::remove(addr) {
-                if ts.deferred_n < ts.deferred.len() {
-                    ts.deferred[ts.deferred_n] = addr;
-                    ts.deferred_n += 1;
-                } else {
-                    writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            true
-        }
+        // Inside the agent already: the table may be locked by this very
+        // thread. An untracked block goes straight back; a tracked one is
+        // released when the outer hook leaves.
+        Entry::Nested(ts) => untracked::remove(addr) || !defer_free(ts, addr),
         Entry::Off => true,
     }
 }
@@ -273,6 +285,49 @@ fn error(
     ts.emit(Some(time), |e, c| e.event(c, &ev));
 }
 
+/// realloc from a nested context (a signal handler inside the agent): the
+/// table cannot be touched. A tracked block is copied into a new untracked
+/// one and released later through the deferred queue, so its address is not
+/// reused while the table still lists it.
+fn realloc_nested(
+    ts: &mut ThreadState,
+    old: *mut u8,
+    size: usize,
+    real: impl FnOnce(*mut u8) -> *mut u8,
+) -> *mut u8 {
+    let old_addr = old as u64;
+    if old_addr == 0 || untracked::remove(old_addr) {
+        let p = real(old);
+        if p.is_null() && size != 0 && old_addr != 0 {
+            untracked::insert(old_addr); // failed: the old block stays
+        } else {
+            untracked::insert(p as u64);
+        }
+        return p;
+    }
+    if ts.deferred_n == ts.deferred.len() {
+        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        return real(old);
+    }
+    if size == 0 {
+        defer_free(ts, old_addr);
+        return core::ptr::null_mut();
+    }
+    // SAFETY: glibc's allocator; `old` is a live block (tracked), so reading
+    // its usable size and copying from it is valid.
+    unsafe {
+        let p = sys::__libc_malloc(size);
+        if p.is_null() {
+            return p;
+        }
+        let usable = crate::hooks::alloc::malloc_usable_size(old.cast());
+        core::ptr::copy_nonoverlapping(old, p, usable.min(size));
+        untracked::insert(p as u64);
+        defer_free(ts, old_addr);
+        p
+    }
+}
+
 /// realloc and reallocarray: validates the old pointer, calls `real`, records the move.
 #[inline]
 pub fn realloc(
@@ -285,20 +340,7 @@ pub fn realloc(
     let old_addr = old as u64;
     let ts = match enter() {
         Entry::Record(ts) => ts,
-        Entry::Nested(ts) => {
-            let tracked_old = old_addr != 0 && !untracked::remove(old_addr);
-            let p = real(old);
-            if tracked_old && (!p.is_null() || size == 0) {
-                if ts.deferred_n < ts.deferred.len() {
-                    ts.deferred[ts.deferred_n] = old_addr;
-                    ts.deferred_n += 1;
-                }
-            } else if tracked_old {
-                return p;
-            }
-            untracked::insert(p as u64);
-            return p;
-        }
+        Entry::Nested(ts) => return realloc_nested(ts, old, size, real),
         Entry::Off => return real(old),
     };
     let cap = ts.capture(regs, Site::Alloc);
@@ -307,6 +349,18 @@ pub fn realloc(
     if old_addr != 0 {
         let mut shard = live::shard_of(old_addr).locked();
         old_block = shard.remove(old_addr);
+        if let Some(b) = old_block {
+            // The old address's history ends here: stamp its shard, and
+            // remember the block so freeing it again is a double free.
+            shard.remember_free(Freed {
+                addr: old_addr,
+                size: b.size,
+                func: b.func as u8,
+                alloc_stack: b.stack,
+                free_stack: cap.id,
+            });
+            ts.last_time = shard.stamp(clock::tick(), ts.last_time);
+        }
         if old_block.is_none() && !untracked::remove(old_addr) {
             let t = shard.stamp(clock::tick(), ts.last_time);
             drop(shard);

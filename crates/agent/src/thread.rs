@@ -102,6 +102,12 @@ fn key() -> libc::pthread_key_t {
     let mut k: libc::pthread_key_t = 0;
     // SAFETY: creating a key with a valid destructor.
     unsafe { libc::pthread_key_create(&mut k, Some(on_thread_exit)) };
+    if k >= 32 {
+        // glibc keeps keys 0..31 inside the thread descriptor; a higher key's
+        // first pthread_setspecific in a thread calls calloc, which would
+        // re-enter the hooks before this thread has a state.
+        sys::warn("more than 32 pthread keys exist before the agent's; recording may recurse");
+    }
     KEY.store(k, Ordering::Release);
     k
 }
@@ -165,6 +171,18 @@ pub fn current() -> &'static mut ThreadState {
     let p = if p.is_null() { create() } else { p };
     // SAFETY: only this thread uses its state mutably (stealers only touch `buf` while holding `steal` with the owner outside `emit`).
     unsafe { &mut *p }
+}
+
+/// This thread's state if it has one (never allocates: for signal handlers).
+pub fn current_if_any() -> Option<&'static mut ThreadState> {
+    let k = KEY.load(Ordering::Acquire);
+    if k == u32::MAX {
+        return None;
+    }
+    // SAFETY: the key's value is either null or a ThreadState owned by this thread.
+    let p = unsafe { libc::pthread_getspecific(k) } as *mut ThreadState;
+    // SAFETY: as in `current`.
+    (!p.is_null()).then(|| unsafe { &mut *p })
 }
 
 /// Marks the calling thread as the agent's own: it never records.
@@ -314,6 +332,11 @@ impl ThreadState {
 /// Takes the partly filled buffers of every thread and queues them (periodic
 /// flush, exit). `spins` bounds the wait for a thread that is mid-event.
 pub fn steal_all(spins: u32) {
+    steal_all_into(spins, |b| writer::submit(b, false));
+}
+
+/// The same, handing each buffer to `sink` (the signal path writes them directly).
+pub fn steal_all_into(spins: u32, mut sink: impl FnMut(Box<Buffer>)) {
     if !REGISTRY.lock.try_lock_for(spins.max(1)) {
         return;
     }
@@ -329,7 +352,7 @@ pub fn steal_all(spins: u32) {
         let b = unsafe { (*ts.buf.get()).take() };
         ts.steal_unlock();
         if let Some(b) = b {
-            writer::submit(b, false);
+            sink(b);
         }
     }
     REGISTRY.lock.unlock();

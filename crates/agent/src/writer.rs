@@ -134,6 +134,76 @@ pub static EVENTS_WRITTEN: AtomicU64 = AtomicU64::new(0);
 /// Events that could not be written (I/O errors); reported in the end record.
 pub static EVENTS_LOST: AtomicU64 = AtomicU64::new(0);
 
+/// Output that needs no allocation and no unbounded lock, for a fatal signal
+/// that may have struck while this thread held glibc's heap lock or one of
+/// the agent's: one spare buffer and a compression scratch, set aside when
+/// the trace is opened.
+static EMERGENCY_BUF: core::sync::atomic::AtomicPtr<Buffer> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+static EMERGENCY_SCRATCH: core::sync::atomic::AtomicPtr<Vec<u8>> =
+    core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+
+fn reserve_emergency() {
+    if EMERGENCY_BUF.load(Ordering::Acquire).is_null() {
+        EMERGENCY_BUF.store(Box::into_raw(Buffer::new()), Ordering::Release);
+    }
+    if EMERGENCY_SCRATCH.load(Ordering::Acquire).is_null() {
+        let cap = trapline_trace::format::max_chunk_len(BUFFER_SIZE);
+        EMERGENCY_SCRATCH.store(
+            Box::into_raw(Box::new(Vec::with_capacity(cap))),
+            Ordering::Release,
+        );
+    }
+}
+
+/// A buffer for the signal path: from the free list if its lock is free,
+/// else the emergency one. Never allocates.
+pub fn take_buffer_no_alloc(tid: u32) -> Option<Box<Buffer>> {
+    let mut b = None;
+    if SHARED.lock.try_lock_for(10_000) {
+        // SAFETY: guarded by SHARED.lock (taken just above).
+        b = unsafe { (*SHARED.q.get()).free.pop() };
+        SHARED.lock.unlock();
+    }
+    let mut b = b.or_else(|| {
+        let p = EMERGENCY_BUF.swap(core::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: a pointer from Box::into_raw in reserve_emergency, taken once.
+        (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
+    })?;
+    b.reset(tid, GEN.load(Ordering::Relaxed));
+    Some(b)
+}
+
+/// Compresses and writes one buffer from the calling thread, with the
+/// emergency scratch: no allocation, no lock. For the fatal-signal path only
+/// (one thread at a time: `lifecycle::finish` runs once).
+pub fn write_direct(b: &Buffer) {
+    let p = EMERGENCY_SCRATCH.load(Ordering::Acquire);
+    if p.is_null() || b.events == 0 {
+        return;
+    }
+    // SAFETY: the scratch is only used here, by the single finishing thread.
+    let scratch = unsafe { &mut *p };
+    write_one(b, scratch);
+}
+
+/// Writes whatever the queue holds from the calling thread, without waiting
+/// for its lock longer than `spins` rounds; the buffers are then leaked, as
+/// freeing them could need glibc's heap lock.
+pub fn drain_no_alloc(spins: u32) {
+    loop {
+        if !SHARED.lock.try_lock_for(spins) {
+            return;
+        }
+        // SAFETY: guarded by SHARED.lock.
+        let b = unsafe { (*SHARED.q.get()).full.pop_front() };
+        SHARED.lock.unlock();
+        let Some(b) = b else { return };
+        write_direct(&b);
+        core::mem::forget(b);
+    }
+}
+
 fn with_queue<R>(f: impl FnOnce(&mut Queue) -> R) -> R {
     let _g = SHARED.lock.guard();
     // SAFETY: guarded by SHARED.lock.
@@ -239,6 +309,7 @@ pub fn open(path: &std::ffi::CStr, exclusive: bool) -> Result<(), i32> {
     let _ = write_file_header(&mut header);
     sys::write_all(fd, &header);
     FD.store(fd, Ordering::Release);
+    reserve_emergency();
     Ok(())
 }
 

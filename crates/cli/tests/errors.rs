@@ -284,3 +284,46 @@ fn pass_invalid_frees_lets_libc_abort() {
         record_summaries(&report)
     );
 }
+
+#[test]
+fn double_free_after_realloc_names_the_realloc_as_first_free() {
+    let dir = TestDir::new("realloc_double_free");
+    let prog = compile_c(&dir, "realloc_double_free.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "survived\n", "{}", run.describe());
+    let report = leaks(&dir.trace());
+    assert_eq!(kinds(&report), vec!["double_free"], "{}", pretty(&report));
+    let error = error_at(&report, "double_free", "main");
+    let line = |marker| marker_line("realloc_double_free.c", marker);
+    assert_eq!(
+        stack_of(error, "stack")[0]["line"],
+        json!(line("SECOND-FREE"))
+    );
+    assert_eq!(
+        stack_of(error, "free_stack")[0]["line"],
+        json!(line("REALLOC"))
+    );
+    assert_eq!(
+        stack_of(error, "alloc_stack")[0]["line"],
+        json!(line("ALLOC"))
+    );
+    assert_eq!(
+        field(&report["summary"]["unfreed_at_exit"], "bytes"),
+        &json!(0)
+    );
+}
+
+#[test]
+fn failing_operator_new_still_throws_bad_alloc() {
+    let dir = TestDir::new("bad_alloc");
+    let prog = compile_cpp(&dir, "bad_alloc.cpp");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(
+        run.stdout,
+        "caught bad_alloc\ncaught again after 2 handler calls\nnothrow gives (nil)\n",
+        "{}",
+        run.describe()
+    );
+}

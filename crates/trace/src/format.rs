@@ -84,6 +84,12 @@ pub fn write_file_header<W: Write>(w: &mut W) -> io::Result<()> {
     w.write_all(&b)
 }
 
+/// The most bytes [`encode_chunk`] can produce for `raw_len` bytes of events
+/// (a writer can size its scratch once and never grow it).
+pub fn max_chunk_len(raw_len: usize) -> usize {
+    CHUNK_HEADER_LEN + lz4_flex::block::get_maximum_output_size(raw_len)
+}
+
 /// Compresses `raw` into a complete chunk (header and payload) in `out`,
 /// replacing its contents. `out` keeps its capacity between calls, so a writer
 /// that reuses it allocates only while it grows.

@@ -36,6 +36,7 @@ pub fn resolve() {
     real(&REAL_EXECVPE, c"execvpe");
     real(&REAL_FEXECVE, c"fexecve");
     real(&REAL_EXIT, c"_exit");
+    real(&REAL_QUICK_EXIT, c"quick_exit");
     real(&REAL_DLOPEN, c"dlopen");
     real(&REAL_DLCLOSE, c"dlclose");
 }
@@ -50,11 +51,19 @@ fn note_module_changes() {
         return;
     }
     let mut b = writer::take_buffer(0);
-    for m in changes.loaded {
-        b.push_event(&Event::ModuleLoad(m), None);
-    }
-    for id in changes.unloaded {
-        b.push_event(&Event::ModuleUnload { id }, None);
+    let events = changes.loaded.into_iter().map(Event::ModuleLoad).chain(
+        changes
+            .unloaded
+            .into_iter()
+            .map(|id| Event::ModuleUnload { id }),
+    );
+    for ev in events {
+        if b.room() < writer::EVENT_RESERVE {
+            writer::submit(core::mem::replace(&mut b, writer::take_buffer(0)), true);
+        }
+        if !b.push_event(&ev, None) {
+            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        }
     }
     writer::submit(b, true);
 }
@@ -119,7 +128,7 @@ fn before_exec() -> bool {
     if !lifecycle::is_initialized() || !lifecycle::owns_process() {
         return false;
     }
-    lifecycle::finish(ExitKind::Exec, false);
+    lifecycle::finish(ExitKind::Exec, lifecycle::Ending::Immediate);
     true
 }
 
@@ -230,12 +239,27 @@ pub unsafe extern "C" fn fexecve(
 
 fn exit_now(status: c_int) -> ! {
     if lifecycle::owns_process() {
-        lifecycle::finish(ExitKind::Code(status), true);
+        lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
     }
     let f = real(&REAL_EXIT, c"_exit");
     // SAFETY: glibc's _exit never returns.
     let real_exit: extern "C" fn(c_int) -> ! = unsafe { core::mem::transmute(f) };
     real_exit(status)
+}
+
+static REAL_QUICK_EXIT: AtomicUsize = AtomicUsize::new(0);
+
+/// quick_exit runs its at_quick_exit handlers and then glibc's internal
+/// _exit, past the agent's hook: finish the trace first.
+#[no_mangle]
+pub extern "C" fn quick_exit(status: c_int) -> ! {
+    if lifecycle::owns_process() {
+        lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
+    }
+    let f = real(&REAL_QUICK_EXIT, c"quick_exit");
+    // SAFETY: glibc's quick_exit never returns.
+    let real_fn: extern "C" fn(c_int) -> ! = unsafe { core::mem::transmute(f) };
+    real_fn(status)
 }
 
 #[no_mangle]

@@ -14,8 +14,8 @@ use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use trapline_trace::ExitKind;
 
-/// Signals whose default action ends the process.
-const FATAL: [c_int; 16] = [
+/// Signals whose default action ends the process (real-time signals too, see `is_fatal`).
+const FATAL: [c_int; 22] = [
     libc::SIGSEGV,
     libc::SIGBUS,
     libc::SIGFPE,
@@ -32,7 +32,19 @@ const FATAL: [c_int; 16] = [
     libc::SIGXCPU,
     libc::SIGXFSZ,
     libc::SIGSYS,
+    libc::SIGTRAP,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGIO,
+    libc::SIGPWR,
+    libc::SIGSTKFLT,
 ];
+
+/// Every signal the agent watches: the list above and the real-time signals
+/// glibc leaves to programs (SIGRTMIN..=SIGRTMAX; 32 and 33 are glibc's own).
+fn watched() -> impl Iterator<Item = c_int> {
+    FATAL.into_iter().chain(libc::SIGRTMIN()..=libc::SIGRTMAX())
+}
 
 static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
 /// Whether the agent's handler is installed for a signal (program view: SIG_DFL).
@@ -56,13 +68,13 @@ fn real_sigaction() -> SigactionFn {
 }
 
 fn is_fatal(sig: c_int) -> bool {
-    FATAL.contains(&sig)
+    FATAL.contains(&sig) || (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&sig)
 }
 
 extern "C" fn on_fatal_signal(sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: errno is thread-local; saved and restored around our work.
     let saved_errno = unsafe { *libc::__errno_location() };
-    lifecycle::finish(ExitKind::Signal(sig), true);
+    lifecycle::finish(ExitKind::Signal(sig), lifecycle::Ending::Signal);
     // SAFETY: restoring the default action and re-raising; the signal is blocked
     // in this handler, so it is delivered (and kills) when the handler returns.
     unsafe {
@@ -90,7 +102,7 @@ fn install_ours(sig: c_int) {
 
 /// Installs the agent's handler for every terminating signal left at SIG_DFL.
 pub fn install() {
-    for sig in FATAL {
+    for sig in watched() {
         // SAFETY: querying the current disposition into a zeroed struct.
         unsafe {
             let mut old: libc::sigaction = core::mem::zeroed();
