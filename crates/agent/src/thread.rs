@@ -40,6 +40,8 @@ pub struct ThreadState {
     /// Separate caches for allocating and releasing hooks: a program that
     /// alternates malloc and free from one place then hits both every time.
     pub captures: [Box<StackCapture>; 2],
+    /// framehop's unwind-rule cache, shared by both: their outer frames are the same.
+    pub rules: Box<crate::arch::UnwindCache>,
     stack: Bounds,
     /// Frees of tracked blocks made while the guard was held (a signal handler
     /// interrupting the agent); applied when the outer hook leaves.
@@ -141,6 +143,7 @@ fn create() -> *mut ThreadState {
         buf: UnsafeCell::new(None),
         last_time: 0,
         captures: [StackCapture::new(), StackCapture::new()],
+        rules: Box::new(crate::arch::UnwindCache::new_in()),
         stack: Bounds { lo: 0, hi: 0 },
         deferred: [0; DEFERRED],
         deferred_n: 0,
@@ -213,7 +216,7 @@ impl ThreadState {
     #[inline]
     pub fn capture(&mut self, start: StartRegs, site: Site) -> Captured {
         let b = self.bounds_for(start.sp);
-        self.captures[site as usize].capture(start, b)
+        self.captures[site as usize].capture(start, b, &mut self.rules)
     }
 
     /// The owner's half of an asymmetric Dekker handshake: announce with a

@@ -21,9 +21,13 @@ use framehop::{FrameAddress, Unwinder as _};
 pub const MAX_FRAMES: usize = 64;
 /// Frames kept including the agent's own (cut before the stack is stored).
 const MAX_RAW: usize = MAX_FRAMES + 16;
-const MAX_READS: usize = 8;
+/// Reads kept per frame: the return address, a restored bp, and any other
+/// read that returned one of those values (which one restored bp is then ambiguous).
+const MAX_READS: usize = 4;
+/// Reads a single unwind step may make (framehop reads every popped register).
+const MAX_STEP_READS: usize = 8;
 const UNVERIFIABLE: u8 = u8::MAX;
-const ID_CACHE: usize = 512;
+const ID_CACHE: usize = 4096;
 
 #[derive(Clone, Copy, Default)]
 struct FrameRec {
@@ -56,7 +60,6 @@ pub struct Bounds {
 
 /// One thread's unwinding state.
 pub struct StackCapture {
-    cache: UnwindCache,
     /// Previous stack, outermost frame first.
     prev: [FrameRec; MAX_RAW],
     prev_n: usize,
@@ -70,7 +73,8 @@ pub struct StackCapture {
     /// address among frames 0..=i.
     checks_end: [(u16, u64, u64); MAX_RAW],
     out: [u64; MAX_FRAMES],
-    id_cache: [(u64, u32); ID_CACHE],
+    /// Direct-mapped StackHash -> id cache in front of the shared table.
+    id_cache: Box<[(stacks::StackHash, u32); ID_CACHE]>,
 }
 
 /// Result of a capture.
@@ -84,7 +88,6 @@ pub struct Captured {
 impl StackCapture {
     pub fn new() -> Box<Self> {
         Box::new(StackCapture {
-            cache: UnwindCache::new_in(),
             prev: [FrameRec::default(); MAX_RAW],
             prev_n: 0,
             prev_gen: 0,
@@ -93,7 +96,7 @@ impl StackCapture {
             checks: [(0, 0); MAX_RAW * 2],
             checks_end: [(0, 0, 0); MAX_RAW],
             out: [0; MAX_FRAMES],
-            id_cache: [(0, 0); ID_CACHE],
+            id_cache: Box::new([(stacks::StackHash::default(), 0); ID_CACHE]),
         })
     }
 
@@ -117,13 +120,17 @@ impl StackCapture {
         })
     }
 
-    /// Rebuilds `checks` after the remembered stack changed.
-    fn rebuild_checks(&mut self) {
-        let mut n = 0usize;
-        let (mut lo, mut hi) = (u64::MAX, 0u64);
-        let mut caller_bp_matters = false;
-        let mut broken = false;
-        for i in 0..self.prev_n {
+    /// Rebuilds `checks` for frames `from..` after the remembered stack changed.
+    fn rebuild_checks(&mut self, from: usize) {
+        let (mut n, mut lo, mut hi, mut broken) = match from {
+            0 => (0usize, u64::MAX, 0u64, false),
+            _ => {
+                let (end, lo, hi) = self.checks_end[from - 1];
+                (usize::from(end), lo, hi, end == u16::MAX)
+            }
+        };
+        let mut caller_bp_matters = from > 0 && self.prev[from - 1].bp_matters;
+        for i in from..self.prev_n {
             let f = self.prev[i];
             if f.nreads == UNVERIFIABLE || n + f.nreads as usize > self.checks.len() {
                 broken = true;
@@ -149,7 +156,13 @@ impl StackCapture {
     }
 
     /// Captures the stack that starts at `start` (registers of a hook frame).
-    pub fn capture(&mut self, start: StartRegs, bounds: Bounds) -> Captured {
+    /// `cache` is framehop's rule cache, shared by a thread's captures.
+    pub fn capture(
+        &mut self,
+        start: StartRegs,
+        bounds: Bounds,
+        cache: &mut UnwindCache,
+    ) -> Captured {
         let Some((unwinder, gen)) = modules::unwinder() else {
             return Captured { id: 0, new: false };
         };
@@ -195,6 +208,8 @@ impl StackCapture {
                     None => break,
                 }
             };
+            let mut step_reads = [(0u64, 0u64); MAX_STEP_READS];
+            let mut nstep = 0usize;
             let mut read = |a: u64| -> Result<u64, ()> {
                 if a < bounds.lo
                     || a.checked_add(8).is_none_or(|e| e > bounds.hi)
@@ -204,22 +219,23 @@ impl StackCapture {
                 }
                 // SAFETY: inside the thread's readable stack range, aligned.
                 let v = unsafe { core::ptr::read_volatile(a as *const u64) };
-                if (rec.nreads as usize) < MAX_READS {
-                    rec.reads[rec.nreads as usize] = (a, v);
-                    rec.nreads += 1;
-                } else {
-                    rec.nreads = UNVERIFIABLE;
+                if nstep < MAX_STEP_READS {
+                    step_reads[nstep] = (a, v);
                 }
+                nstep += 1;
                 Ok(v)
             };
-            let r = unwinder.unwind_frame(address, &mut regs, &mut self.cache, &mut read);
-            rec.bp_used = rec.reads[..(rec.nreads as usize).min(MAX_READS)]
+            let r = unwinder.unwind_frame(address, &mut regs, cache, &mut read);
+            let step_reads = &step_reads[..nstep.min(MAX_STEP_READS)];
+            rec.bp_used = step_reads
                 .iter()
                 .any(|&(a, _)| a == bp || a == bp.wrapping_add(8));
             let bp_out = arch::sp_bp(&regs).1;
             rec.bp_passed = bp_out == bp;
             rec.bp_read = NO_READ;
-            if rec.nreads != UNVERIFIABLE {
+            if nstep > MAX_STEP_READS {
+                rec.nreads = UNVERIFIABLE;
+            } else {
                 // The result is (return address, sp, bp); sp follows from the
                 // rule and the input registers. Reads whose values became
                 // neither the return address nor the caller's bp (other saved
@@ -229,9 +245,12 @@ impl StackCapture {
                     _ => 0,
                 };
                 let mut kept = 0;
-                for i in 0..rec.nreads as usize {
-                    let (a, v) = rec.reads[i];
+                for &(a, v) in step_reads {
                     if v == ra || (!rec.bp_passed && v == bp_out) {
+                        if kept == MAX_READS {
+                            kept = usize::from(UNVERIFIABLE);
+                            break;
+                        }
                         if v == bp_out && v != ra && rec.bp_read == NO_READ {
                             rec.bp_read = kept as u8;
                         }
@@ -269,15 +288,18 @@ impl StackCapture {
                 self.prev[base + i] = self.scratch[k - 1 - i];
             }
             self.prev_n = base + k;
+            // Frames kept in place keep their derived data; recompute from
+            // the first frame that moved or is new.
+            let from = if drop_outer > 0 { 0 } else { base };
             // Outermost first: a frame's bp matters if its rule uses it, or
             // if it passes bp on to a caller for which it matters.
-            let mut outer_matters = false;
-            for f in &mut self.prev[..self.prev_n] {
+            let mut outer_matters = from > 0 && self.prev[from - 1].bp_matters;
+            for f in &mut self.prev[from..self.prev_n] {
                 f.bp_matters =
                     f.bp_used || (f.bp_passed && outer_matters) || f.nreads == UNVERIFIABLE;
                 outer_matters = f.bp_matters;
             }
-            self.rebuild_checks();
+            self.rebuild_checks(from);
         }
 
         if unchanged && self.prev_id != 0 {
@@ -303,9 +325,9 @@ impl StackCapture {
             return Captured { id: 0, new: false };
         }
         let h = stacks::hash_frames(frames);
-        let slot = (h as usize >> 7) % ID_CACHE;
+        let slot = (h.1 as usize >> 7) % ID_CACHE;
         let (ch, cid) = self.id_cache[slot];
-        if ch == h && cid != 0 && stacks::frames(cid) == frames {
+        if ch == h && cid != 0 {
             self.prev_id = cid;
             return Captured {
                 id: cid,
