@@ -38,8 +38,9 @@
 
 use std::cmp::Reverse;
 use std::collections::binary_heap::PeekMut;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{self, Read, Seek, SeekFrom};
+use std::sync::mpsc;
 
 use trapline_trace::format::{Codec, CHUNK_HEADER_LEN, CHUNK_MAGIC};
 use trapline_trace::{ChunkHeader, Event, TraceError, TraceReader};
@@ -200,31 +201,27 @@ impl TraceIndex {
         input: &mut R,
         entry: &ChunkEntry,
     ) -> Result<trapline_trace::Chunk, TraceError> {
+        let raw = self.read_raw(input, entry)?;
+        unpack_chunk(&self.file_header, entry.offset, &raw)
+    }
+
+    /// The bytes of one chunk as stored in the file: header and payload.
+    fn read_raw<R: Read + Seek>(
+        &self,
+        input: &mut R,
+        entry: &ChunkEntry,
+    ) -> Result<Vec<u8>, TraceError> {
         let offset = entry.offset;
         input
             .seek(SeekFrom::Start(offset))
             .map_err(io_error(offset))?;
         let len = CHUNK_HEADER_LEN as u64 + u64::from(entry.header.stored_len);
-        // The reader wants a file header first: give it the real one, followed
-        // by just this chunk.
-        let framed = io::Cursor::new(&self.file_header[..]).chain((&mut *input).take(len));
-        let relocate = |e: TraceError| match e {
-            TraceError::Truncated { what, .. } => TraceError::Truncated { offset, what },
-            TraceError::Corrupt { what, .. } => TraceError::Corrupt { offset, what },
-            TraceError::Io { source, .. } => TraceError::Io { offset, source },
-            other => other,
-        };
-        let mut reader = TraceReader::new(framed).map_err(relocate)?;
-        match reader.next_chunk().map_err(relocate)? {
-            Some(mut chunk) => {
-                chunk.offset = offset;
-                Ok(chunk)
-            }
-            None => Err(TraceError::Truncated {
-                offset,
-                what: "chunk header",
-            }),
-        }
+        let mut raw = Vec::with_capacity(len as usize);
+        (&mut *input)
+            .take(len)
+            .read_to_end(&mut raw)
+            .map_err(io_error(offset))?;
+        Ok(raw)
     }
 
     /// Number of distinct threads that wrote chunks (the agent's own records,
@@ -239,6 +236,107 @@ impl TraceIndex {
         tids.sort_unstable();
         tids.dedup();
         tids.len()
+    }
+}
+
+/// Checks and decompresses the stored bytes of the chunk at `offset`.
+fn unpack_chunk(
+    file_header: &[u8],
+    offset: u64,
+    raw: &[u8],
+) -> Result<trapline_trace::Chunk, TraceError> {
+    // The reader wants a file header first: give it the real one, followed
+    // by just this chunk.
+    let framed = io::Cursor::new(file_header).chain(raw);
+    let relocate = |e: TraceError| match e {
+        TraceError::Truncated { what, .. } => TraceError::Truncated { offset, what },
+        TraceError::Corrupt { what, .. } => TraceError::Corrupt { offset, what },
+        TraceError::Io { source, .. } => TraceError::Io { offset, source },
+        other => other,
+    };
+    let mut reader = TraceReader::new(framed).map_err(relocate)?;
+    match reader.next_chunk().map_err(relocate)? {
+        Some(mut chunk) => {
+            chunk.offset = offset;
+            Ok(chunk)
+        }
+        None => Err(TraceError::Truncated {
+            offset,
+            what: "chunk header",
+        }),
+    }
+}
+
+/// The events of one chunk, decoded. `Err`: the chunk could not be used at
+/// all. `Ok` with an error: the events before the first one that failed to
+/// decode, and that failure.
+type Decoded = Result<(Vec<Event>, Option<TraceError>), TraceError>;
+
+/// Decompresses and decodes one chunk from its stored bytes.
+fn decode_chunk(file_header: &[u8], offset: u64, raw: &[u8], events_hint: u32) -> Decoded {
+    let chunk = unpack_chunk(file_header, offset, raw)?;
+    let mut events = Vec::with_capacity(events_hint.min(1 << 20) as usize);
+    for (n, ev) in chunk.events().enumerate() {
+        match ev {
+            Ok(ev) => events.push(ev),
+            Err(e) => {
+                let err = TraceError::Corrupt {
+                    offset,
+                    what: format!("event {n} of the chunk does not decode: {e}"),
+                };
+                return Ok((events, Some(err)));
+            }
+        }
+    }
+    Ok((events, None))
+}
+
+/// How many chunks the merge hands to the decoding thread ahead of need.
+const DECODE_AHEAD: usize = 4;
+
+/// A thread that decompresses and decodes chunks while the merge and the
+/// analysis work on the previous ones: decoding is about half the work of a
+/// pass. Chunks are sent in the order they will be opened and come back in
+/// the same order.
+struct DecodeThread {
+    jobs: Option<mpsc::Sender<(u64, Vec<u8>, u32)>>,
+    results: mpsc::Receiver<Decoded>,
+    /// Chunk numbers sent and not yet received, in order.
+    pending: VecDeque<usize>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DecodeThread {
+    fn start(file_header: Vec<u8>) -> Option<DecodeThread> {
+        let (jobs, job_rx) = mpsc::channel::<(u64, Vec<u8>, u32)>();
+        let (result_tx, results) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("trapline-decode".into())
+            .spawn(move || {
+                for (offset, raw, hint) in job_rx {
+                    let decoded = decode_chunk(&file_header, offset, &raw, hint);
+                    if result_tx.send(decoded).is_err() {
+                        return;
+                    }
+                }
+            })
+            .ok()?;
+        Some(DecodeThread {
+            jobs: Some(jobs),
+            results,
+            pending: VecDeque::new(),
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for DecodeThread {
+    fn drop(&mut self) {
+        // Closing the job channel ends the thread once its job is done.
+        self.jobs = None;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
     }
 }
 
@@ -271,19 +369,20 @@ pub fn event_time(ev: &Event) -> Option<u64> {
 struct OpenChunk {
     tid: u32,
     offset: u64,
+    /// The events not yet taken; the first is the chunk's head.
     events: std::vec::IntoIter<Event>,
-    head: Option<(u64, Event)>,
+    /// The effective time of the head event.
     clock: u64,
 }
 
 impl OpenChunk {
-    /// Moves to the next event; returns its effective time.
-    fn advance(&mut self) -> Option<u64> {
-        let ev = self.events.next()?;
-        if let Some(t) = event_time(&ev) {
+    /// The effective time of the head event, None when the chunk is used up.
+    /// The head stays in place: taking it is the only move of an event.
+    fn head_time(&mut self) -> Option<u64> {
+        let ev = self.events.as_slice().first()?;
+        if let Some(t) = event_time(ev) {
             self.clock = t;
         }
-        self.head = Some((self.clock, ev));
         Some(self.clock)
     }
 }
@@ -306,6 +405,10 @@ pub struct MergedEvents<'a, R: Read + Seek> {
     stopped: Option<Stopped>,
     open_count: usize,
     most_open: usize,
+    /// Position in `order` of the next chunk to send to the decoding thread.
+    submitted: usize,
+    /// None when no thread could be started: chunks are then decoded here.
+    decoder: Option<DecodeThread>,
 }
 
 impl<'a, R: Read + Seek> MergedEvents<'a, R> {
@@ -340,6 +443,8 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             limit: u64::MAX,
             stopped: index.stopped.clone(),
             most_open: 0,
+            submitted: 0,
+            decoder: DecodeThread::start(index.file_header.clone()),
         }
     }
 
@@ -362,39 +467,86 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
         }
     }
 
+    /// Sends the next chunks in opening order to the decoding thread, up to
+    /// [`DECODE_AHEAD`] ahead. Sending stops at a chunk that cannot be read:
+    /// opening it reads it here again, and reports why.
+    fn submit_ahead(&mut self) {
+        let Some(decoder) = self.decoder.as_mut() else {
+            return;
+        };
+        while decoder.pending.len() < DECODE_AHEAD {
+            let Some(&i) = self.order.get(self.submitted) else {
+                return;
+            };
+            self.submitted += 1;
+            let entry = self.index.chunks[i];
+            if entry.offset >= self.limit {
+                continue;
+            }
+            let Ok(raw) = self.index.read_raw(self.input, &entry) else {
+                self.submitted -= 1;
+                return;
+            };
+            let job = (entry.offset, raw, entry.header.events);
+            match decoder.jobs.as_ref().map(|j| j.send(job)) {
+                Some(Ok(())) => decoder.pending.push_back(i),
+                // The thread is gone: decode here from now on.
+                _ => {
+                    self.decoder = None;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The decoded events of chunk `i`, the next chunk to open.
+    fn decoded(&mut self, i: usize) -> Decoded {
+        self.submit_ahead();
+        if let Some(decoder) = self.decoder.as_mut() {
+            // Results come back in the order sent; chunks skipped since
+            // (past a corrupt one) are dropped on the way.
+            while let Some(sent) = decoder.pending.pop_front() {
+                let Ok(result) = decoder.results.recv() else {
+                    break;
+                };
+                if sent == i {
+                    return result;
+                }
+            }
+            self.decoder = None;
+        }
+        let entry = self.index.chunks[i];
+        let raw = self.index.read_raw(self.input, &entry)?;
+        decode_chunk(
+            &self.index.file_header,
+            entry.offset,
+            &raw,
+            entry.header.events,
+        )
+    }
+
     fn open_chunk(&mut self, i: usize) {
         let entry = self.index.chunks[i];
-        let chunk = match self.index.read_chunk(self.input, &entry) {
-            Ok(c) => c,
+        let events = match self.decoded(i) {
+            Ok((events, None)) => events,
+            Ok((events, Some(err))) => {
+                // The chunk's checksum was right: keep what decoded before
+                // the bad event, but trust nothing after this chunk.
+                self.stop(Stopped::from_error(&err, entry.offset), entry.offset + 1);
+                events
+            }
             Err(e) => {
                 self.stop(Stopped::from_error(&e, entry.offset), entry.offset);
                 return;
             }
         };
-        let mut events = Vec::with_capacity(entry.header.events.min(1 << 20) as usize);
-        for (n, ev) in chunk.events().enumerate() {
-            match ev {
-                Ok(ev) => events.push(ev),
-                Err(e) => {
-                    // The chunk's checksum was right: keep what decoded before
-                    // the bad event, but trust nothing after this chunk.
-                    let err = TraceError::Corrupt {
-                        offset: entry.offset,
-                        what: format!("event {n} of the chunk does not decode: {e}"),
-                    };
-                    self.stop(Stopped::from_error(&err, entry.offset), entry.offset + 1);
-                    break;
-                }
-            }
-        }
         let mut oc = OpenChunk {
             tid: entry.header.tid,
             offset: entry.offset,
             events: events.into_iter(),
-            head: None,
             clock: self.start[i],
         };
-        if let Some(t) = oc.advance() {
+        if let Some(t) = oc.head_time() {
             self.heap.push(Reverse((t, i)));
             self.open[i] = Some(oc);
             self.open_count += 1;
@@ -408,15 +560,20 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
 
     fn next(&mut self) -> Option<MergedEvent> {
         loop {
-            // Open every chunk that may hold an event at or before the
-            // earliest event among the open ones.
+            // Open every chunk whose first event comes before the earliest
+            // event among the open ones, in the merge's order: by time, then
+            // by chunk number. Chunks starting at the same time as the
+            // earliest event but later in the file wait until the open ones
+            // have moved past it: the chunks of a large exit snapshot, which
+            // all start at the snapshot's time, are then decoded one at a
+            // time instead of all at once.
             while let Some(&i) = self.order.get(self.next) {
                 if self.index.chunks[i].offset >= self.limit {
                     self.next += 1;
                     continue;
                 }
-                let earliest = self.heap.peek().map(|Reverse((t, _))| *t);
-                if !matches!(earliest, Some(t) if self.start[i] > t) {
+                let earliest = self.heap.peek().map(|Reverse(key)| *key);
+                if !matches!(earliest, Some(key) if (self.start[i], i) > key) {
                     self.next += 1;
                     self.open_chunk(i);
                 } else {
@@ -435,9 +592,10 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                 self.open_count -= 1;
                 continue;
             }
-            let (time, event) = oc.head.take().expect("an open chunk has a head event");
+            let time = oc.clock;
+            let event = oc.events.next().expect("an open chunk has a head event");
             let tid = oc.tid;
-            match oc.advance() {
+            match oc.head_time() {
                 // Replacing the top in place sifts it down once.
                 Some(t) => *top = Reverse((t, i)),
                 None => {

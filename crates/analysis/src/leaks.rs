@@ -10,16 +10,17 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{Read, Seek};
 
 use serde::Serialize;
 use trapline_trace::{AllocFn, ErrorKind, Event, TraceError};
 
 use crate::index::{MergedEvent, MergedEvents, TraceIndex};
-use crate::replay::HeapReplay;
+use crate::replay::{Block, HeapReplay};
 use crate::report::{
-    command_text, footer_text, frame_text, prefix, seconds, serialize_hex, thousands, Facts,
-    FrameReport, ProcessReport, StackSymbolizer, TraceStatus,
+    command_text, footer_text, frame_text, prefix, seconds, serialize_hex, thousands,
+    warnings_text, Facts, FrameReport, ProcessReport, StackSymbolizer, TraceStatus,
 };
 pub use crate::report::{BytesBlocks, HeapUsage};
 
@@ -41,11 +42,20 @@ pub struct LeaksReport {
     pub errors: Vec<ErrorRecord>,
     /// Events the agent could not record; null when the trace has no end record to tell.
     pub events_lost: Option<u64>,
-    /// Allocator calls made re-entrantly (from a signal handler inside the
-    /// agent), passed through unrecorded; null without an end record.
+    /// Allocations passed through unrecorded because the thread was already
+    /// inside the agent, their addresses kept so that releasing them is no
+    /// error. Mostly the C library functions the agent itself calls
+    /// (`pthread_getattr_np` for every thread, `setenv`/`unsetenv` and `dlsym`
+    /// at start-up: about a dozen per process is normal), plus allocator calls
+    /// from a signal handler that interrupted the agent, and blocks at
+    /// addresses the agent cannot store. Null without an end record.
     pub untracked_calls: Option<u64>,
     /// Whether the trace was complete.
     pub trace: TraceStatus,
+    /// Problems met while symbolizing, one sentence each: a module file that
+    /// is missing, unreadable or of another build than the traced one (its
+    /// frames stay unnamed), debug information that could not be read.
+    pub warnings: Vec<String>,
 }
 
 /// Totals of the leaks report.
@@ -116,6 +126,10 @@ pub struct ErrorRecord {
     pub alloc_stack_id: u32,
     /// Stack of the block's allocation (empty: unknown).
     pub alloc_stack: Vec<FrameReport>,
+    /// The function of the block's first release, for double frees, when
+    /// known: the release function the trace recorded at `free_stack` (the
+    /// `Error` event itself does not say).
+    pub free_function: Option<&'static str>,
     /// Stack id of the block's first release, for double frees (0: unknown).
     pub free_stack_id: u32,
     /// Stack of the block's first release (empty: unknown).
@@ -143,11 +157,38 @@ fn add(groups: &mut Groups, stack: u32, func: AllocFn, size: u64) {
 #[derive(Default)]
 struct LeaksPass {
     facts: Facts,
-    heap: HeapReplay,
+    heap: HeapReplay<Block>,
     /// The live blocks of the exit snapshot, grouped.
     snapshot: Groups,
     errors: Vec<PendingError>,
     error_index: HashMap<(ErrorKind, AllocFn, u32), usize>,
+    /// The release function called at each release stack (the first seen):
+    /// names the first release of a double-freed block, whose `Error` event
+    /// gives only that release's stack.
+    release_fn: StackMap<AllocFn>,
+}
+
+/// A map keyed by stack id, hashed with one multiplication: it is updated
+/// for every release of the trace.
+type StackMap<V> = HashMap<u32, V, BuildHasherDefault<StackIdHasher>>;
+
+#[derive(Default)]
+struct StackIdHasher(u64);
+
+impl Hasher for StackIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 impl LeaksPass {
@@ -171,6 +212,9 @@ impl LeaksPass {
                     tid: m.tid,
                     count: 1,
                 });
+            }
+            Event::Free { func, stack, .. } if *stack != 0 => {
+                self.release_fn.entry(*stack).or_insert(*func);
             }
             // A trace holds at most one snapshot; its live blocks may come in
             // chunks without timed events, so they are not tied to the order
@@ -253,7 +297,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError>
     let errors: Vec<ErrorRecord> = pass
         .errors
         .iter()
-        .filter_map(|e| error_record(e, facts, &mut symbolizer))
+        .filter_map(|e| error_record(e, facts, &pass.release_fn, &mut symbolizer))
         .collect();
 
     let has_end = facts.end.is_some();
@@ -281,12 +325,15 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError>
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
         trace,
+        // Module files are read while symbolizing: only now are these known.
+        warnings: symbolizer.warnings(),
     })
 }
 
 fn error_record(
     e: &PendingError,
     facts: &Facts,
+    release_fn: &StackMap<AllocFn>,
     symbolizer: &mut StackSymbolizer,
 ) -> Option<ErrorRecord> {
     let Event::Error {
@@ -320,6 +367,7 @@ fn error_record(
         alloc_size: block_known.then_some(alloc_size),
         alloc_stack_id: alloc_stack,
         alloc_stack: frames(alloc_stack),
+        free_function: release_fn.get(&free_stack).map(|f| f.name()),
         free_stack_id: free_stack,
         free_stack: frames(free_stack),
     })
@@ -441,6 +489,7 @@ pub fn render_text(r: &LeaksReport) -> String {
         thousands(r.summary.error_contexts)
     )
     .unwrap();
+    warnings_text(&mut out, &p, &r.warnings);
     footer_text(&mut out, &p, r.events_lost, &r.trace);
     out
 }
@@ -499,7 +548,7 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord) {
                 thousands(size)
             )
             .unwrap();
-            stack_text(out, p, None, &e.free_stack, e.free_stack_id);
+            stack_text(out, p, e.free_function, &e.free_stack, e.free_stack_id);
             writeln!(out, "{p} Block was alloc'd at").unwrap();
             alloc_at(out);
         }
@@ -507,7 +556,7 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord) {
             writeln!(out, "{p} Address {addr} was already freed").unwrap();
             if e.free_stack_id != 0 {
                 writeln!(out, "{p} First freed at").unwrap();
-                stack_text(out, p, None, &e.free_stack, e.free_stack_id);
+                stack_text(out, p, e.free_function, &e.free_stack, e.free_stack_id);
             }
         }
         _ => {

@@ -164,7 +164,8 @@ pub(crate) struct Facts {
     pub last_time: u64,
     pub events: u64,
     saw_snapshot_begin: bool,
-    saw_snapshot_end: bool,
+    /// The totals of the exit snapshot's `SnapshotEnd`, once read.
+    snapshot_end: Option<BytesBlocks>,
 }
 
 impl Facts {
@@ -174,7 +175,10 @@ impl Facts {
         self.last_time = self.last_time.max(time);
         match ev {
             Event::Process(p) if self.process.is_none() => self.process = Some(p.clone()),
-            // The agent lists the loaded modules again at the end: keep one of each.
+            // The agent lists the loaded modules again at the end: keep one of
+            // each. A `ModuleUnload` removes nothing: stacks are symbolized
+            // after the pass, and those recorded before the unload still
+            // need the module (see `symbolizer`).
             Event::ModuleLoad(m) if !self.modules.iter().any(|k| k.id == m.id) => {
                 self.modules.push(m.clone())
             }
@@ -187,7 +191,12 @@ impl Facts {
                 counters,
             } => self.end = Some((*time, *exit, counters.clone())),
             Event::SnapshotBegin { .. } => self.saw_snapshot_begin = true,
-            Event::SnapshotEnd { .. } => self.saw_snapshot_end = true,
+            Event::SnapshotEnd { blocks, bytes } => {
+                self.snapshot_end = Some(BytesBlocks {
+                    bytes: *bytes,
+                    blocks: *blocks,
+                })
+            }
             _ => {}
         }
     }
@@ -196,7 +205,13 @@ impl Facts {
     /// the agent's own thread; its parts are checked independently of their
     /// order, which chunks without timed events leave open).
     pub fn has_exit_snapshot(&self) -> bool {
-        self.saw_snapshot_begin && self.saw_snapshot_end
+        self.saw_snapshot_begin && self.snapshot_end.is_some()
+    }
+
+    /// The totals the agent wrote at the end of its exit snapshot; None
+    /// without a whole snapshot.
+    pub fn exit_snapshot_totals(&self) -> Option<BytesBlocks> {
+        self.snapshot_end.filter(|_| self.saw_snapshot_begin)
     }
 
     /// The process section of a report.
@@ -218,10 +233,22 @@ impl Facts {
         self.end.as_ref().map(|(_, _, c)| c.events_lost)
     }
 
-    /// A symbolizer knowing every module of the trace.
+    /// A symbolizer knowing every module the trace ever loaded, unloaded
+    /// ones included.
+    ///
+    /// Where a library was unloaded and another mapped at its addresses, the
+    /// one loaded last names those addresses, for every stack: the trace
+    /// cannot tell which stacks were recorded before the change (module
+    /// records have no time of their own, and the agent gives equal frame
+    /// lists one stack id whatever module they were in), and the symbolizer
+    /// warns about each such overlap it meets. The agent numbers modules in
+    /// load order, so they are registered by id: the latest registered wins
+    /// in the symbolizer.
     pub fn symbolizer(&self) -> StackSymbolizer {
         let mut symbolizer = Symbolizer::new();
-        for m in &self.modules {
+        let mut modules: Vec<&ModuleInfo> = self.modules.iter().collect();
+        modules.sort_by_key(|m| m.id);
+        for m in modules {
             symbolizer.add_module(m);
         }
         StackSymbolizer {
@@ -238,6 +265,12 @@ pub(crate) struct StackSymbolizer {
 }
 
 impl StackSymbolizer {
+    /// The symbolizer's warnings (module files missing, unreadable or of
+    /// another build, ...). Files are read lazily: ask after symbolizing.
+    pub fn warnings(&self) -> Vec<String> {
+        self.symbolizer.warnings()
+    }
+
     /// The frames of stack `id` (empty for 0 or an id the trace never defined).
     pub fn stack(&mut self, stacks: &HashMap<u32, Vec<u64>>, id: u32) -> Vec<FrameReport> {
         let Some(addrs) = stacks.get(&id) else {
@@ -330,6 +363,15 @@ pub fn footer_text(out: &mut String, p: &str, events_lost: Option<u64>, status: 
     }
     for w in status_warnings(status) {
         writeln!(out, "{p}{w}").unwrap();
+    }
+}
+
+/// Warning lines of the analysis itself (symbolization problems), at the
+/// end of text reports, just before the footer (whose warnings about an
+/// incomplete trace stay last).
+pub fn warnings_text(out: &mut String, p: &str, warnings: &[String]) {
+    for w in warnings {
+        writeln!(out, "{p}warning: {w}").unwrap();
     }
 }
 

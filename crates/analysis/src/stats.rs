@@ -42,6 +42,11 @@ pub struct StatsReport {
     pub peak_heap: PeakHeap,
     /// Blocks live at the end of the recorded events (replayed).
     pub live_at_end: BytesBlocks,
+    /// The blocks still allocated when the process ended, as the agent's exit
+    /// snapshot counted them (after atexit handlers and freeres, and including
+    /// blocks a fork child inherited, which no event of its trace allocated);
+    /// null when the trace has no exit snapshot (then only `live_at_end` is known).
+    pub unfreed_at_exit: Option<BytesBlocks>,
     /// `allocation_calls` per second of run time; null for a zero duration.
     pub allocations_per_second: Option<f64>,
     /// Allocation errors detected.
@@ -58,7 +63,11 @@ pub struct StatsReport {
     pub trace_bytes_per_event: Option<f64>,
     /// Events the agent could not record; null when the trace has no end record to tell.
     pub events_lost: Option<u64>,
-    /// Allocator calls made re-entrantly, passed through unrecorded; null without an end record.
+    /// Allocations passed through unrecorded because the thread was already
+    /// inside the agent: mostly the agent's own C library calls (about a
+    /// dozen per process is normal), and calls from signal handlers that
+    /// interrupted it (see [`crate::LeaksReport::untracked_calls`]). Null
+    /// without an end record.
     pub untracked_calls: Option<u64>,
     /// Whether the trace was complete.
     pub trace: TraceStatus,
@@ -94,7 +103,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     let mut facts = Facts::default();
     // (calls, bytes) per function, by format value.
     let mut calls = [(0u64, 0u64); AllocFn::ALL.len() + 1];
-    let mut heap = HeapReplay::default();
+    let mut heap: HeapReplay<u64> = HeapReplay::default();
     let mut peak = PeakHeap::default();
     let (mut allocation_calls, mut release_calls, mut bytes_allocated, mut errors) = (0, 0, 0, 0);
     let mut stacks: HashSet<u32> = HashSet::new();
@@ -182,6 +191,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             bytes: heap.live_bytes,
             blocks: heap.live.len() as u64,
         },
+        unfreed_at_exit: facts.exit_snapshot_totals(),
         allocations_per_second: (duration_ns > 0)
             .then(|| allocation_calls as f64 / seconds(duration_ns)),
         errors,
@@ -274,6 +284,15 @@ pub fn render_text(r: &StatsReport) -> String {
         thousands(r.live_at_end.blocks)
     )
     .unwrap();
+    if let Some(u) = r.unfreed_at_exit {
+        writeln!(
+            out,
+            "{p}  unfreed at exit: {} bytes in {} blocks (exit snapshot)",
+            thousands(u.bytes),
+            thousands(u.blocks)
+        )
+        .unwrap();
+    }
     let rate = r
         .allocations_per_second
         .map_or("n/a".to_string(), |v| float(v, 1));

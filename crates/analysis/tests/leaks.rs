@@ -278,6 +278,67 @@ fn errors_are_listed_and_identical_ones_merged() {
     }
 }
 
+#[test]
+fn freed_section_starts_with_the_release_function_like_memcheck() {
+    let double_free = Event::Error {
+        time: 30,
+        kind: ErrorKind::DoubleFree,
+        func: AllocFn::Free,
+        addr: 0x5000,
+        stack: 5,
+        alloc_func: Some(AllocFn::New),
+        alloc_size: 16,
+        alloc_stack: 1,
+        free_stack: 2,
+        passed_on: false,
+    };
+    let chunks = vec![
+        (0, vec![process()]),
+        (
+            1,
+            vec![
+                alloc_with(10, 0x5000, 16, AllocFn::New, 1),
+                Event::Free {
+                    time: 20,
+                    addr: 0x5000,
+                    func: AllocFn::DeleteSized,
+                    stack: 2,
+                },
+                double_free,
+                stack(1, &[0x401001]),
+                stack(2, &[0x401002, 0x401003]),
+                stack(5, &[0x401005]),
+            ],
+        ),
+        (0, vec![end(71, 0, 0)]),
+    ];
+    let r = analyze(&mut cursor(&build(&chunks))).unwrap();
+    let e = &r.errors[0];
+    assert_eq!(
+        e.free_function,
+        Some("operator delete(void*, unsigned long)")
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        v["errors"][0]["free_function"],
+        "operator delete(void*, unsigned long)"
+    );
+    let t = render_text(&r);
+    // Bad call, free'd and alloc'd sections: the function, then the frames.
+    let expect = "\
+==4242==    at free
+==4242==    by 0x401005: ???
+==4242==  Address 0x5000 is 0 bytes inside a block of size 16 free'd
+==4242==    at operator delete(void*, unsigned long)
+==4242==    by 0x401002: ???
+==4242==    by 0x401003: ???
+==4242==  Block was alloc'd at
+==4242==    at operator new(unsigned long)
+==4242==    by 0x401001: ???
+";
+    assert!(t.contains(expect), "missing\n{expect}in:\n{t}");
+}
+
 /// Address reuse across threads whose chunks are out of time order in the file.
 fn killed_trace() -> Vec<(u32, Vec<Event>)> {
     vec![
@@ -542,4 +603,147 @@ fn exit_snapshot_spread_over_chunks_without_times() {
     );
     assert_eq!(r.records.len(), 1);
     assert_eq!(r.records[0].stack[0].address, 0x401001);
+}
+
+#[test]
+fn symbolizer_warnings_are_reported_after_symbolizing() {
+    // A module whose file exists but is not the traced build, and one whose
+    // file is gone: both leave their frames unnamed, and say why.
+    let exe = std::env::current_exe().unwrap();
+    let exe = exe.to_str().unwrap().to_string();
+    let module_at = |id, path: &str, start| {
+        Event::ModuleLoad(trapline_trace::ModuleInfo {
+            id,
+            path: path.into(),
+            build_id: vec![0xde, 0xad, 0xbe, 0xef],
+            bias: 0,
+            segments: vec![trapline_trace::Segment {
+                start,
+                end: start + 0x1000,
+                flags: 5,
+            }],
+        })
+    };
+    let chunks = vec![
+        (
+            0,
+            vec![
+                process(),
+                module_at(1, &exe, 0x10000),
+                module_at(2, "/nonexistent/libgone.so", 0x20000),
+            ],
+        ),
+        (
+            1,
+            vec![
+                malloc(10, 0x1000, 8, 1),
+                stack(1, &[0x10010, 0x20020]),
+                snapshot_begin(20),
+                live(0x1000, 8, AllocFn::Malloc, 1),
+                Event::SnapshotEnd {
+                    blocks: 1,
+                    bytes: 8,
+                },
+                end(21, 0, 0),
+            ],
+        ),
+    ];
+    let r = analyze(&mut cursor(&build(&chunks))).unwrap();
+    assert_eq!(r.records[0].stack[0].function, None);
+    assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+    assert!(
+        r.warnings[0].starts_with(&format!("{exe}: ")) && r.warnings[0].contains("build id"),
+        "{:?}",
+        r.warnings
+    );
+    assert!(
+        r.warnings[1].starts_with("/nonexistent/libgone.so: "),
+        "{:?}",
+        r.warnings
+    );
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 2);
+    // Text: warning lines at the end, before the footer.
+    let t = render_text(&r);
+    let last: Vec<&str> = t.lines().rev().take(3).collect();
+    assert!(
+        last[2].starts_with(&format!("==4242== warning: {exe}: ")),
+        "{t}"
+    );
+    assert!(
+        last[1].starts_with("==4242== warning: /nonexistent/libgone.so: "),
+        "{t}"
+    );
+    assert_eq!(last[0], "==4242== events lost: 0", "{t}");
+}
+
+#[test]
+fn library_unloaded_and_replaced_at_the_same_addresses() {
+    let lib = |id, path: &str| {
+        Event::ModuleLoad(trapline_trace::ModuleInfo {
+            id,
+            path: path.into(),
+            build_id: vec![],
+            bias: 0x7f00_0000_0000,
+            segments: vec![trapline_trace::Segment {
+                start: 0x7f00_0000_1000,
+                end: 0x7f00_0000_5000,
+                flags: 5,
+            }],
+        })
+    };
+    // liba is loaded, leaks a block, is unloaded; libb is loaded at the same
+    // addresses and leaks one too. The module chunks have no time: their
+    // order in the merge is not their load order (here libb's chunk even
+    // comes first in the file), the module ids are.
+    let chunks = vec![
+        (0, vec![process()]),
+        (0, vec![lib(3, "/nonexistent/libb.so")]),
+        (
+            0,
+            vec![
+                lib(2, "/nonexistent/liba.so"),
+                Event::ModuleUnload { id: 2 },
+            ],
+        ),
+        (
+            1,
+            vec![
+                malloc(10, 0x1000, 8, 1),
+                malloc(20, 0x2000, 16, 2),
+                stack(1, &[0x7f00_0000_1234]),
+                stack(2, &[0x7f00_0000_2345]),
+                snapshot_begin(30),
+                live(0x1000, 8, AllocFn::Malloc, 1),
+                live(0x2000, 16, AllocFn::Malloc, 2),
+                Event::SnapshotEnd {
+                    blocks: 2,
+                    bytes: 24,
+                },
+                end(31, 0, 0),
+            ],
+        ),
+    ];
+    let r = analyze(&mut cursor(&build(&chunks))).unwrap();
+    // The unloaded library is still known (removing it would leave its
+    // addresses in no module), and the one loaded last names the range.
+    for rec in &r.records {
+        assert_eq!(
+            rec.stack[0].module.as_deref(),
+            Some("/nonexistent/libb.so"),
+            "{rec:?}"
+        );
+    }
+    // The ambiguity is not silent.
+    let overlap: Vec<_> = r
+        .warnings
+        .iter()
+        .filter(|w| w.contains("was mapped where"))
+        .collect();
+    assert_eq!(overlap.len(), 1, "{:?}", r.warnings);
+    assert!(
+        overlap[0]
+            .starts_with("/nonexistent/libb.so was mapped where /nonexistent/liba.so had been"),
+        "{overlap:?}"
+    );
 }

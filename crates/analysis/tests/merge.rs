@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use trapline_analysis::index::{MergedEvents, TraceIndex};
-use trapline_trace::Event;
+use trapline_trace::{AllocFn, Event};
 
 #[test]
 fn merge_is_time_ordered_and_keeps_few_chunks_open() {
@@ -117,4 +117,51 @@ fn chunk_without_times_continues_its_thread() {
             (700, 0)
         ]
     );
+}
+
+/// A large exit snapshot spans many chunks without a timed event, which all
+/// start at the snapshot's time: they are decoded one after the other, in
+/// file order, not all at once (10 million live blocks would otherwise take
+/// gigabytes of decoded events).
+#[test]
+fn snapshot_chunks_starting_together_are_opened_one_at_a_time() {
+    let mut chunks = vec![
+        (0u32, vec![process()]),
+        (1, vec![malloc(10, 0x1000, 1, 0)]),
+        (
+            0,
+            vec![snapshot_begin(100), live(0x1000, 1, AllocFn::Malloc, 0)],
+        ),
+    ];
+    for c in 0..50u64 {
+        let blocks = (0..20u64)
+            .map(|k| live(0x10_0000 + (c * 20 + k) * 16, 1, AllocFn::Malloc, 0))
+            .collect();
+        chunks.push((0, blocks));
+    }
+    chunks.push((
+        0,
+        vec![
+            Event::SnapshotEnd {
+                blocks: 1001,
+                bytes: 1001,
+            },
+            end(101, 0, 0),
+        ],
+    ));
+    let bytes = build(&chunks);
+    let mut input = cursor(&bytes);
+    let index = TraceIndex::build(&mut input).unwrap();
+    let mut merged = MergedEvents::new(&mut input, &index);
+    let addrs: Vec<u64> = merged
+        .by_ref()
+        .filter_map(|m| match m.event {
+            Event::LiveBlock { addr, .. } => Some(addr),
+            _ => None,
+        })
+        .collect();
+    // File order kept.
+    assert_eq!(addrs.len(), 1001);
+    assert!(addrs[1..].windows(2).all(|w| w[0] < w[1]));
+    assert!(merged.most_open() <= 2, "{}", merged.most_open());
 }

@@ -133,3 +133,56 @@ fn trace_without_end_uses_last_time_and_says_so() {
     assert!(t.contains("events lost: unknown"), "{t}");
     assert!(t.contains("WARNING: the process did not finish"), "{t}");
 }
+
+/// A fork child: its exit snapshot holds a block inherited from the parent,
+/// which no event of its own trace allocated, so the replay misses it.
+#[test]
+fn unfreed_at_exit_comes_from_the_exit_snapshot() {
+    let chunks = vec![
+        (0, vec![process(), module()]),
+        (
+            1,
+            vec![
+                malloc(10, 0x1000, 100, 1),
+                malloc(20, 0x2000, 5, 1),
+                free(30, 0x2000, 0),
+                stack(1, &[0x401001]),
+            ],
+        ),
+        (
+            0,
+            vec![
+                snapshot_begin(40),
+                live(0x1000, 100, AllocFn::Malloc, 1),
+                live(0x9000, 4000, AllocFn::Malloc, 0),
+                Event::SnapshotEnd {
+                    blocks: 2,
+                    bytes: 4100,
+                },
+                end(50, 0, 0),
+            ],
+        ),
+    ];
+    let r = analyze(&mut cursor(&build(&chunks))).unwrap();
+    assert_eq!((r.live_at_end.bytes, r.live_at_end.blocks), (100, 1));
+    let u = r.unfreed_at_exit.unwrap();
+    assert_eq!((u.bytes, u.blocks), (4100, 2));
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        v["unfreed_at_exit"],
+        serde_json::json!({"bytes": 4100, "blocks": 2})
+    );
+    let t = render_text(&r);
+    assert!(
+        t.contains("unfreed at exit: 4,100 bytes in 2 blocks (exit snapshot)"),
+        "{t}"
+    );
+
+    // Without the snapshot (killed), there is nothing but the replay.
+    let mut killed = chunks;
+    killed.pop();
+    let r = analyze(&mut cursor(&build(&killed))).unwrap();
+    assert_eq!(r.unfreed_at_exit, None);
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["unfreed_at_exit"], serde_json::Value::Null);
+}

@@ -366,11 +366,21 @@ fn summarize(output: &Path, program: &Path) {
                 th(s.peak_heap.bytes),
                 trapline_analysis::report::seconds(s.peak_heap.time_ns)
             );
-            eprintln!(
-                "==trapline== unfreed at exit: {} bytes in {} blocks",
-                th(s.live_at_end.bytes),
-                th(s.live_at_end.blocks)
-            );
+            // The exit snapshot is the agent's own table at exit; a replay of
+            // the events misses what the process did not allocate itself (a
+            // fork child's inherited blocks) and what ran after the last chunk.
+            match s.unfreed_at_exit {
+                Some(u) => eprintln!(
+                    "==trapline== unfreed at exit: {} bytes in {} blocks",
+                    th(u.bytes),
+                    th(u.blocks)
+                ),
+                None => eprintln!(
+                    "==trapline== unfreed at end of trace: {} bytes in {} blocks (replayed: the process did not finish)",
+                    th(s.live_at_end.bytes),
+                    th(s.live_at_end.blocks)
+                ),
+            }
             eprintln!("==trapline== errors found: {}", th(s.errors));
             match s.events_lost {
                 Some(n) => eprintln!("==trapline== events lost: {}", th(n)),

@@ -17,6 +17,13 @@ fn leaks_c_reports_each_leak_with_its_stack() {
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_no_events_lost_in_summary(&run);
     assert_summary_names(&run, &dir.trace());
+    // From the exit snapshot, not from a replay.
+    assert!(
+        run.stderr
+            .contains("==trapline== unfreed at exit: 1,032 bytes in 9 blocks\n"),
+        "{}",
+        run.describe()
+    );
 
     let report = leaks(&dir.trace());
     assert_complete(&report);

@@ -13,7 +13,7 @@ mod debugfile;
 mod module;
 mod symtab;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use trapline_trace::ModuleInfo;
@@ -77,6 +77,9 @@ pub struct Symbolizer {
     file_index: HashMap<(String, Vec<u8>), usize>,
     cache: HashMap<u64, Vec<Frame>>,
     warnings: Vec<String>,
+    /// (file, bias) of a winning module and of a module it hides, for the
+    /// overlaps already warned about.
+    overlaps_warned: HashSet<[(usize, u64); 2]>,
     debug_dirs: Vec<PathBuf>,
     stats: CacheStats,
 }
@@ -89,6 +92,7 @@ impl Default for Symbolizer {
             file_index: HashMap::new(),
             cache: HashMap::new(),
             warnings: Vec::new(),
+            overlaps_warned: HashSet::new(),
             debug_dirs: vec![PathBuf::from(DEFAULT_DEBUG_DIR)],
             stats: CacheStats::default(),
         }
@@ -208,9 +212,11 @@ impl Symbolizer {
         };
         // The probe, not the return address, picks the module: a call can be
         // the last instruction of a segment.
-        let Some(module) = self.modules.iter().rev().find(|m| contains(&m.info, probe)) else {
+        let Some(index) = self.modules.iter().rposition(|m| contains(&m.info, probe)) else {
             return unknown(None);
         };
+        self.warn_overlaps(index, probe);
+        let module = &self.modules[index];
         let path = module.info.path.clone();
         let file_address = probe.wrapping_sub(module.info.bias);
         let slot = module.file;
@@ -234,6 +240,35 @@ impl Symbolizer {
                 module: Some(path.clone()),
             })
             .collect()
+    }
+
+    /// Warns, once per pair of files, when the module at `index` (the latest
+    /// registered containing `probe`) hides an earlier one there that would
+    /// give other answers: a library unloaded and another, or the same at
+    /// another bias, mapped at its addresses later. Which one a recorded
+    /// address meant depends on when it was recorded, which a symbolizer
+    /// that sees only addresses cannot tell.
+    fn warn_overlaps(&mut self, index: usize, probe: u64) {
+        let winner = &self.modules[index];
+        for hidden in &self.modules[..index] {
+            let same = hidden.file == winner.file && hidden.info.bias == winner.info.bias;
+            if same
+                || !contains(&hidden.info, probe)
+                || !self.overlaps_warned.insert([
+                    (winner.file, winner.info.bias),
+                    (hidden.file, hidden.info.bias),
+                ])
+            {
+                continue;
+            }
+            self.warnings.push(format!(
+                "{} was mapped where {} had been (both cover {:#x}): frames at those addresses are named after {}, the later one, even in stacks recorded before it was loaded",
+                winner.info.path,
+                hidden.info.path,
+                probe + 1,
+                winner.info.path
+            ));
+        }
     }
 
     fn load(&mut self, path: &str, build_id: &[u8]) -> FileSlot {

@@ -435,3 +435,42 @@ fn symbolizer_is_send() {
     fn assert_send<T: Send>() {}
     assert_send::<Symbolizer>();
 }
+
+#[test]
+fn overlapping_modules_warn_once_unless_they_are_the_same_file() {
+    let lib = |id, path: &str| ModuleInfo {
+        id,
+        path: path.to_owned(),
+        build_id: vec![],
+        bias: 0x7f00_0000_0000,
+        segments: vec![Segment {
+            start: 0x7f00_0000_1000,
+            end: 0x7f00_0000_5000,
+            flags: 5,
+        }],
+    };
+    let overlaps = |s: &Symbolizer| {
+        s.warnings()
+            .into_iter()
+            .filter(|w| w.contains("was mapped where"))
+            .count()
+    };
+    // The same library unloaded and loaded again at the same place: the
+    // answers cannot differ, nothing to say.
+    let mut symbolizer = Symbolizer::new();
+    symbolizer.add_module(&lib(1, "/nonexistent/liba.so"));
+    symbolizer.add_module(&lib(2, "/nonexistent/liba.so"));
+    symbolizer.symbolize(0x7f00_0000_1234);
+    assert_eq!(overlaps(&symbolizer), 0);
+
+    // Another library in its place: the latest wins, with one warning.
+    symbolizer.add_module(&lib(3, "/nonexistent/libb.so"));
+    for address in [0x7f00_0000_2234, 0x7f00_0000_3234] {
+        assert_eq!(
+            symbolizer.symbolize(address),
+            vec![in_missing_module(address, "/nonexistent/libb.so")]
+        );
+    }
+    // libb hides both registrations of liba: one line for the pair of files.
+    assert_eq!(overlaps(&symbolizer), 1, "{:?}", symbolizer.warnings());
+}
