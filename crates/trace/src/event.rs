@@ -307,9 +307,11 @@ pub struct EndCounters {
     pub events: u64,
     /// Events that could not be recorded (must be 0); every report shows it.
     pub events_lost: u64,
-    /// Allocator calls made while the same thread was already inside the agent
-    /// (a signal handler interrupting a hook): passed through unrecorded, but
-    /// their blocks are still known to the agent so no false errors follow.
+    /// Allocator calls made while the same thread was already inside the agent:
+    /// C library functions the agent itself calls (a dozen per process is
+    /// normal) and signal handlers interrupting a hook. Passed through
+    /// unrecorded, but their blocks are still known to the agent, so freeing
+    /// them later is no false error.
     pub untracked_calls: u64,
 }
 
