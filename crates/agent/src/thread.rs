@@ -40,8 +40,8 @@ pub struct ThreadState {
     /// Separate caches for allocating and releasing hooks: a program that
     /// alternates malloc and free from one place then hits both every time.
     pub captures: [Box<StackCapture>; 2],
-    /// framehop's unwind-rule cache, shared by both: their outer frames are the same.
-    pub rules: Box<crate::arch::UnwindCache>,
+    /// framehop's unwind-rule caches, shared by both: their outer frames are the same.
+    pub rules: crate::unwind::RuleCaches,
     stack: Bounds,
     /// Frees of tracked blocks made while the guard was held (a signal handler
     /// interrupting the agent); applied when the outer hook leaves.
@@ -143,7 +143,7 @@ fn create() -> *mut ThreadState {
         buf: UnsafeCell::new(None),
         last_time: 0,
         captures: [StackCapture::new(), StackCapture::new()],
-        rules: Box::new(crate::arch::UnwindCache::new_in()),
+        rules: crate::unwind::RuleCaches::new(),
         stack: Bounds { lo: 0, hi: 0 },
         deferred: [0; DEFERRED],
         deferred_n: 0,

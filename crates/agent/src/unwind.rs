@@ -51,6 +51,31 @@ struct FrameRec {
 
 const NO_READ: u8 = u8::MAX;
 
+/// framehop's unwind-rule caches of one thread. One cache holds 509 rules,
+/// direct-mapped by address; a large program (gcc's cc1) uses many more, and
+/// every miss re-parses CFI. Several caches chosen by a hash of the pc act as
+/// one larger cache with the same exact rules; each is created on first use,
+/// so threads that unwind little pay for one.
+pub struct RuleCaches {
+    caches: [Option<Box<UnwindCache>>; RULE_CACHES],
+}
+
+const RULE_CACHES: usize = 16;
+
+impl RuleCaches {
+    pub fn new() -> Self {
+        RuleCaches {
+            caches: [const { None }; RULE_CACHES],
+        }
+    }
+
+    #[inline]
+    fn for_pc(&mut self, pc: u64) -> &mut UnwindCache {
+        let i = ((pc >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % RULE_CACHES;
+        self.caches[i].get_or_insert_with(|| Box::new(UnwindCache::new_in()))
+    }
+}
+
 /// Readable stack range for this capture.
 #[derive(Clone, Copy)]
 pub struct Bounds {
@@ -161,7 +186,7 @@ impl StackCapture {
         &mut self,
         start: StartRegs,
         bounds: Bounds,
-        cache: &mut UnwindCache,
+        rules: &mut RuleCaches,
     ) -> Captured {
         let Some((unwinder, gen)) = modules::unwinder() else {
             return Captured { id: 0, new: false };
@@ -225,7 +250,7 @@ impl StackCapture {
                 nstep += 1;
                 Ok(v)
             };
-            let r = unwinder.unwind_frame(address, &mut regs, cache, &mut read);
+            let r = unwinder.unwind_frame(address, &mut regs, rules.for_pc(pc), &mut read);
             let step_reads = &step_reads[..nstep.min(MAX_STEP_READS)];
             rec.bp_used = step_reads
                 .iter()
