@@ -8,6 +8,7 @@
 
 mod arch;
 mod clock;
+mod heap;
 mod hooks;
 mod lifecycle;
 mod live;
@@ -20,8 +21,9 @@ mod untracked;
 mod unwind;
 mod writer;
 
+/// The agent's own allocations never touch the program's heap (heap.rs).
 #[global_allocator]
-static AGENT_HEAP: sys::LibcInternalAlloc = sys::LibcInternalAlloc;
+pub(crate) static AGENT_HEAP: heap::AgentHeap = heap::AgentHeap::new();
 
 extern "C" fn constructor() {
     lifecycle::init();

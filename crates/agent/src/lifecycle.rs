@@ -440,9 +440,12 @@ extern "C" fn fork_prepare() {
     live::lock_all();
     stacks::lock_all();
     writer::lock();
+    // Last: every lock above may be taken by code that allocates.
+    crate::AGENT_HEAP.lock();
 }
 
 extern "C" fn fork_parent() {
+    crate::AGENT_HEAP.unlock();
     writer::unlock();
     stacks::unlock_all();
     live::unlock_all();
@@ -450,6 +453,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    crate::AGENT_HEAP.reset_lock();
     writer::reset_in_child();
     stacks::reset_locks();
     live::reset_locks();

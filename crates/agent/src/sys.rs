@@ -1,6 +1,6 @@
-//! Thin wrappers over the C library: glibc's allocator internals (which the
-//! agent calls directly so its own work never enters the hooks), a futex lock
-//! that can be held across fork, and raw output.
+//! Thin wrappers over the C library: glibc's allocator entry points below the
+//! hooked symbols (what the hooks forward to), locks that can be held across
+//! fork, membarrier, and raw output.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -12,56 +12,6 @@ extern "C" {
     pub fn __libc_memalign(align: usize, size: usize) -> *mut u8;
     pub fn __libc_valloc(size: usize) -> *mut u8;
     pub fn __libc_pvalloc(size: usize) -> *mut u8;
-}
-
-/// The agent's own heap: glibc's allocator entered below the hooked symbols,
-/// so agent allocations are never recorded and never re-enter the agent.
-pub struct LibcInternalAlloc;
-
-// SAFETY: __libc_malloc/__libc_memalign/__libc_free/__libc_realloc implement
-// the GlobalAlloc contract (aligned, non-overlapping blocks) for the layouts we
-// route to them: malloc guarantees 16-byte alignment, larger alignments go to memalign.
-unsafe impl core::alloc::GlobalAlloc for LibcInternalAlloc {
-    unsafe fn alloc(&self, layout: core::alloc::Layout) -> *mut u8 {
-        if layout.align() <= 16 {
-            __libc_malloc(layout.size())
-        } else {
-            __libc_memalign(layout.align(), layout.size())
-        }
-    }
-    unsafe fn alloc_zeroed(&self, layout: core::alloc::Layout) -> *mut u8 {
-        if layout.align() <= 16 {
-            __libc_calloc(1, layout.size())
-        } else {
-            let p = __libc_memalign(layout.align(), layout.size());
-            if !p.is_null() {
-                core::ptr::write_bytes(p, 0, layout.size());
-            }
-            p
-        }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, _layout: core::alloc::Layout) {
-        __libc_free(ptr)
-    }
-    unsafe fn realloc(
-        &self,
-        ptr: *mut u8,
-        layout: core::alloc::Layout,
-        new_size: usize,
-    ) -> *mut u8 {
-        if layout.align() <= 16 {
-            __libc_realloc(ptr, new_size)
-        } else {
-            let new_layout =
-                core::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
-            let p = self.alloc(new_layout);
-            if !p.is_null() {
-                core::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
-                self.dealloc(ptr, layout);
-            }
-            p
-        }
-    }
 }
 
 fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {

@@ -1,0 +1,162 @@
+//! The agent's own heap, apart from the program's.
+//!
+//! The agent's Rust allocations (thread states, unwinding caches, buffers,
+//! tables) must neither go through the hooked `malloc` nor share glibc's heap
+//! with the program: a block the agent takes right after the program freed
+//! one can be the very same chunk, and then the program's heap layout, the
+//! addresses it gets back, and what glibc sees of a double free all differ
+//! from a run without the tool. So the agent allocates from memory it maps
+//! itself: power-of-two size classes from 16 bytes to 64 KiB carved from
+//! 1 MiB slabs, with a free list per class under one spinlock (the agent
+//! allocates rarely: per thread, per new table size, per new stack arena
+//! block), and larger blocks mapped and unmapped directly.
+
+use crate::sys::SpinLock;
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::UnsafeCell;
+
+const MIN_SHIFT: u32 = 4; // 16 bytes
+const MAX_SHIFT: u32 = 16; // 64 KiB
+const CLASSES: usize = (MAX_SHIFT - MIN_SHIFT + 1) as usize;
+const SLAB: usize = 1 << 20;
+const PAGE: usize = 4096;
+
+struct State {
+    free: [*mut u8; CLASSES],
+    bump: *mut u8,
+    left: usize,
+}
+
+pub struct AgentHeap {
+    lock: SpinLock,
+    state: UnsafeCell<State>,
+}
+
+// SAFETY: `state` is only accessed with `lock` held.
+unsafe impl Sync for AgentHeap {}
+
+impl AgentHeap {
+    pub const fn new() -> Self {
+        AgentHeap {
+            lock: SpinLock::new(),
+            state: UnsafeCell::new(State {
+                free: [core::ptr::null_mut(); CLASSES],
+                bump: core::ptr::null_mut(),
+                left: 0,
+            }),
+        }
+    }
+
+    /// Fork prepare/parent/child: the heap stays consistent across fork.
+    pub fn lock(&self) {
+        self.lock.lock();
+    }
+    pub fn unlock(&self) {
+        self.lock.unlock();
+    }
+    pub fn reset_lock(&self) {
+        self.lock.reset();
+    }
+}
+
+/// Size class of a layout, or None for a large (directly mapped) block.
+fn class(layout: Layout) -> Option<usize> {
+    let size = layout.size().max(layout.align()).max(1 << MIN_SHIFT);
+    let shift = usize::BITS - (size - 1).leading_zeros();
+    (shift <= MAX_SHIFT).then(|| (shift - MIN_SHIFT) as usize)
+}
+
+fn map(len: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping has no preconditions.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        core::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+fn large_len(layout: Layout) -> usize {
+    (layout.size() + PAGE - 1) & !(PAGE - 1)
+}
+
+// SAFETY: blocks are carved from private mappings, never overlap, are aligned
+// to their power-of-two class size (slabs are page aligned and carving keeps
+// the bump pointer aligned to the class), and large blocks are page aligned
+// (larger alignments are refused with null).
+unsafe impl GlobalAlloc for AgentHeap {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let Some(c) = class(layout) else {
+            if layout.align() > PAGE {
+                return core::ptr::null_mut();
+            }
+            return map(large_len(layout));
+        };
+        let size = 1usize << (c as u32 + MIN_SHIFT);
+        self.lock.lock();
+        // SAFETY: guarded by the lock.
+        let st = unsafe { &mut *self.state.get() };
+        let head = st.free[c];
+        let p = if !head.is_null() {
+            // SAFETY: a free block's first word holds the next free block.
+            st.free[c] = unsafe { *(head as *mut *mut u8) };
+            head
+        } else {
+            let pad = (size - (st.bump as usize & (size - 1))) & (size - 1);
+            if st.bump.is_null() || st.left < pad + size {
+                let slab = map(SLAB);
+                if slab.is_null() {
+                    self.lock.unlock();
+                    return core::ptr::null_mut();
+                }
+                st.bump = slab;
+                st.left = SLAB;
+            }
+            let pad = (size - (st.bump as usize & (size - 1))) & (size - 1);
+            // SAFETY: pad + size <= left, inside the current slab.
+            let p = unsafe { st.bump.add(pad) };
+            st.bump = unsafe { p.add(size) };
+            st.left -= pad + size;
+            p
+        };
+        self.lock.unlock();
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let Some(c) = class(layout) else {
+            // SAFETY: a block from `map` with this length.
+            unsafe { libc::munmap(ptr.cast(), large_len(layout)) };
+            return;
+        };
+        self.lock.lock();
+        // SAFETY: guarded by the lock; the block is at least 16 bytes and ours.
+        unsafe {
+            let st = &mut *self.state.get();
+            *(ptr as *mut *mut u8) = st.free[c];
+            st.free[c] = ptr;
+        }
+        self.lock.unlock();
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as alloc; recycled small blocks must be cleared, fresh
+        // mappings already are.
+        unsafe {
+            let p = self.alloc(layout);
+            if !p.is_null() && class(layout).is_some() {
+                core::ptr::write_bytes(p, 0, layout.size());
+            }
+            p
+        }
+    }
+}
