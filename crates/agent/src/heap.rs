@@ -6,7 +6,7 @@
 //! one can be the very same chunk, and then the program's heap layout, the
 //! addresses it gets back, and what glibc sees of a double free all differ
 //! from a run without the tool. So the agent allocates from memory it maps
-//! itself: power-of-two size classes from 16 bytes to 64 KiB carved from
+//! itself: power-of-two size classes from 16 bytes to 4 KiB carved from
 //! 1 MiB slabs, with a free list per class under one spinlock (the agent
 //! allocates rarely: per thread, per new table size, per new stack arena
 //! block), and larger blocks mapped and unmapped directly.
@@ -16,7 +16,9 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 
 const MIN_SHIFT: u32 = 4; // 16 bytes
-const MAX_SHIFT: u32 = 16; // 64 KiB
+// Above a page, blocks are mapped and unmapped on their own, so memory of
+// outgrown tables goes back to the system instead of idling in a free list.
+const MAX_SHIFT: u32 = 12; // 4 KiB
 const CLASSES: usize = (MAX_SHIFT - MIN_SHIFT + 1) as usize;
 const SLAB: usize = 1 << 20;
 const PAGE: usize = 4096;
