@@ -16,8 +16,8 @@ use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 
 const MIN_SHIFT: u32 = 4; // 16 bytes
-// Above a page, blocks are mapped and unmapped on their own, so memory of
-// outgrown tables goes back to the system instead of idling in a free list.
+                          // Above a page, blocks are mapped and unmapped on their own, so memory of
+                          // outgrown tables goes back to the system instead of idling in a free list.
 const MAX_SHIFT: u32 = 12; // 4 KiB
 const CLASSES: usize = (MAX_SHIFT - MIN_SHIFT + 1) as usize;
 const SLAB: usize = 1 << 20;

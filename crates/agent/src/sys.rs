@@ -75,6 +75,25 @@ impl Event {
     }
 }
 
+/// Takes a 0/1 lock word within about `spins` rounds, yielding the CPU now and then.
+fn try_acquire(state: &AtomicU32, spins: u32) -> bool {
+    for i in 0..spins {
+        if state
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        if i % 64 == 63 {
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+    false
+}
+
 /// A small lock: spin briefly, then sleep on a futex. Unlike `std::sync::Mutex`
 /// it can be locked in a `pthread_atfork` prepare handler and released in the
 /// parent and child handlers, which keeps every agent table consistent across fork.
@@ -121,22 +140,7 @@ impl RawLock {
     /// Tries for about `spins` rounds; used on paths (fatal signals) where the
     /// holder may be the interrupted thread itself.
     pub fn try_lock_for(&self, spins: u32) -> bool {
-        for i in 0..spins {
-            if self
-                .state
-                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                return true;
-            }
-            if i % 64 == 63 {
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            } else {
-                core::hint::spin_loop();
-            }
-        }
-        false
+        try_acquire(&self.state, spins)
     }
 
     #[inline]
@@ -261,22 +265,7 @@ impl SpinLock {
     }
 
     pub fn try_lock_for(&self, spins: u32) -> bool {
-        for i in 0..spins {
-            if self
-                .state
-                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                return true;
-            }
-            if i % 64 == 63 {
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            } else {
-                core::hint::spin_loop();
-            }
-        }
-        false
+        try_acquire(&self.state, spins)
     }
 
     #[inline]

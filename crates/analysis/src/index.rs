@@ -42,7 +42,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::sync::mpsc;
 
-use trapline_trace::format::{Codec, CHUNK_HEADER_LEN, CHUNK_MAGIC};
+use trapline_trace::format::CHUNK_HEADER_LEN;
 use trapline_trace::{ChunkHeader, Event, TraceError, TraceReader};
 
 /// Where and why reading a trace stopped before its end.
@@ -88,46 +88,6 @@ pub struct TraceIndex {
 
 fn io_error(offset: u64) -> impl FnOnce(io::Error) -> TraceError {
     move |source| TraceError::Io { offset, source }
-}
-
-fn le_u32(b: &[u8]) -> u32 {
-    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-}
-
-fn le_u64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_le_bytes(a)
-}
-
-/// Parses the fields of a chunk header (the checksum is checked when the
-/// chunk is read).
-fn parse_chunk_header(h: &[u8; CHUNK_HEADER_LEN], offset: u64) -> Result<ChunkHeader, TraceError> {
-    if &h[0..4] != CHUNK_MAGIC {
-        return Err(TraceError::Corrupt {
-            offset,
-            what: "bad chunk marker".into(),
-        });
-    }
-    let codec = match h[4] {
-        0 => Codec::Raw,
-        1 => Codec::Lz4,
-        c => {
-            return Err(TraceError::Corrupt {
-                offset,
-                what: format!("unknown codec {c}"),
-            })
-        }
-    };
-    Ok(ChunkHeader {
-        codec,
-        tid: le_u32(&h[8..12]),
-        raw_len: le_u32(&h[12..16]),
-        stored_len: le_u32(&h[16..20]),
-        events: le_u32(&h[20..24]),
-        first_time: le_u64(&h[24..32]),
-        last_time: le_u64(&h[32..40]),
-    })
 }
 
 impl TraceIndex {
@@ -184,7 +144,7 @@ impl TraceIndex {
             .map_err(io_error(offset))?;
         let mut h = [0u8; CHUNK_HEADER_LEN];
         input.read_exact(&mut h).map_err(io_error(offset))?;
-        let header = parse_chunk_header(&h, offset)?;
+        let header = ChunkHeader::parse(&h, offset)?;
         let end = offset + CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
         if end > file_len {
             return Err(TraceError::Truncated {
@@ -354,16 +314,7 @@ pub struct MergedEvent {
 
 /// The time of an event, if it has one.
 pub fn event_time(ev: &Event) -> Option<u64> {
-    match ev {
-        Event::Alloc { time, .. }
-        | Event::Free { time, .. }
-        | Event::Realloc { time, .. }
-        | Event::Error { time, .. }
-        | Event::SnapshotBegin { time, .. }
-        | Event::Fork { time, .. }
-        | Event::End { time, .. } => Some(*time),
-        _ => None,
-    }
+    ev.time()
 }
 
 struct OpenChunk {

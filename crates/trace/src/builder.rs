@@ -10,19 +10,6 @@ pub struct TraceBuilder {
     scratch: Vec<u8>,
 }
 
-fn event_time(ev: &Event) -> Option<u64> {
-    match ev {
-        Event::Alloc { time, .. }
-        | Event::Free { time, .. }
-        | Event::Realloc { time, .. }
-        | Event::Error { time, .. }
-        | Event::SnapshotBegin { time, .. }
-        | Event::Fork { time, .. }
-        | Event::End { time, .. } => Some(*time),
-        _ => None,
-    }
-}
-
 impl TraceBuilder {
     pub fn new() -> Self {
         let mut out = Vec::new();
@@ -39,7 +26,7 @@ impl TraceBuilder {
         let mut ctx = ChunkContext::default();
         let (mut first, mut last) = (0, 0);
         for ev in events {
-            if let Some(t) = event_time(ev) {
+            if let Some(t) = ev.time() {
                 if first == 0 {
                     first = t;
                 }

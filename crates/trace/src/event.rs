@@ -402,6 +402,22 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// The event's time, for the events that carry one.
+    pub fn time(&self) -> Option<u64> {
+        match self {
+            Event::Alloc { time, .. }
+            | Event::Free { time, .. }
+            | Event::Realloc { time, .. }
+            | Event::Error { time, .. }
+            | Event::SnapshotBegin { time, .. }
+            | Event::Fork { time, .. }
+            | Event::End { time, .. } => Some(*time),
+            _ => None,
+        }
+    }
+}
+
 /// Event tags (format values).
 pub(crate) mod tag {
     pub const PROCESS: u8 = 1;

@@ -50,6 +50,36 @@ pub struct ChunkHeader {
 }
 
 impl ChunkHeader {
+    /// Parses the fields of a chunk header found at file offset `offset`. The
+    /// checksum (bytes 40..44) is checked by the reader together with the payload.
+    pub fn parse(h: &[u8; CHUNK_HEADER_LEN], offset: u64) -> Result<ChunkHeader, TraceError> {
+        if &h[0..4] != CHUNK_MAGIC {
+            return Err(TraceError::Corrupt {
+                offset,
+                what: "bad chunk marker".into(),
+            });
+        }
+        let codec = match h[4] {
+            0 => Codec::Raw,
+            1 => Codec::Lz4,
+            c => {
+                return Err(TraceError::Corrupt {
+                    offset,
+                    what: format!("unknown codec {c}"),
+                })
+            }
+        };
+        Ok(ChunkHeader {
+            codec,
+            tid: le_u32(&h[8..12]),
+            raw_len: le_u32(&h[12..16]),
+            stored_len: le_u32(&h[16..20]),
+            events: le_u32(&h[20..24]),
+            first_time: le_u64(&h[24..32]),
+            last_time: le_u64(&h[32..40]),
+        })
+    }
+
     fn to_bytes(self, crc: u32) -> [u8; CHUNK_HEADER_LEN] {
         let mut b = [0u8; CHUNK_HEADER_LEN];
         b[0..4].copy_from_slice(CHUNK_MAGIC);
@@ -282,36 +312,12 @@ impl<R: Read> TraceReader<R> {
                 what: "chunk header",
             });
         }
-        if &h[0..4] != CHUNK_MAGIC {
-            return Err(TraceError::Corrupt {
-                offset: start,
-                what: "bad chunk marker".into(),
-            });
-        }
-        let codec = match h[4] {
-            0 => Codec::Raw,
-            1 => Codec::Lz4,
-            c => {
-                return Err(TraceError::Corrupt {
-                    offset: start,
-                    what: format!("unknown codec {c}"),
-                })
-            }
-        };
-        let header = ChunkHeader {
-            codec,
-            tid: le_u32(&h[8..12]),
-            raw_len: le_u32(&h[12..16]),
-            stored_len: le_u32(&h[16..20]),
-            events: le_u32(&h[20..24]),
-            first_time: le_u64(&h[24..32]),
-            last_time: le_u64(&h[32..40]),
-        };
+        let header = ChunkHeader::parse(&h, start)?;
         let crc = le_u32(&h[40..44]);
         if header.raw_len > MAX_CHUNK_RAW
             || header.stored_len as usize
                 > lz4_flex::block::get_maximum_output_size(header.raw_len as usize)
-            || (codec == Codec::Raw && header.stored_len != header.raw_len)
+            || (header.codec == Codec::Raw && header.stored_len != header.raw_len)
         {
             return Err(TraceError::Corrupt {
                 offset: start,
@@ -347,7 +353,7 @@ impl<R: Read> TraceReader<R> {
                 what: "chunk checksum mismatch".into(),
             });
         }
-        let payload = match codec {
+        let payload = match header.codec {
             Codec::Raw => std::mem::take(&mut self.stored),
             Codec::Lz4 => {
                 let mut out = vec![0u8; header.raw_len as usize];
