@@ -199,18 +199,20 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
         ts.last_time = t;
         ts.emit(Some(t), |e, c| e.free(c, t, addr, func, cap.id));
         if block.func.family() != func.family() {
-            error(
+            report(
                 ts,
-                t,
-                ErrorKind::MismatchedFree,
-                func,
-                addr,
-                cap.id,
-                Some(block.func),
-                block.size,
-                block.stack,
-                0,
-                true,
+                Event::Error {
+                    time: t,
+                    kind: ErrorKind::MismatchedFree,
+                    func,
+                    addr,
+                    stack: cap.id,
+                    alloc_func: Some(block.func),
+                    alloc_size: block.size,
+                    alloc_stack: block.stack,
+                    free_stack: 0,
+                    passed_on: true,
+                },
             );
         }
         return true;
@@ -223,66 +225,43 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
     drop(shard);
     ts.last_time = t;
     let pass = PASS_INVALID.load(Ordering::Relaxed);
-    match freed {
-        Some(f) => error(
-            ts,
-            t,
-            ErrorKind::DoubleFree,
+    // A double free if this address was freed lately; else never allocated.
+    let f = freed.unwrap_or_default();
+    report(
+        ts,
+        Event::Error {
+            time: t,
+            kind: if freed.is_some() {
+                ErrorKind::DoubleFree
+            } else {
+                ErrorKind::InvalidFree
+            },
             func,
             addr,
-            cap.id,
-            AllocFn::from_u8(f.func),
-            f.size,
-            f.alloc_stack,
-            f.free_stack,
-            pass,
-        ),
-        None => error(
-            ts,
-            t,
-            ErrorKind::InvalidFree,
-            func,
-            addr,
-            cap.id,
-            None,
-            0,
-            0,
-            0,
-            pass,
-        ),
-    }
+            stack: cap.id,
+            alloc_func: freed.and_then(|f| AllocFn::from_u8(f.func)),
+            alloc_size: f.size,
+            alloc_stack: f.alloc_stack,
+            free_stack: f.free_stack,
+            passed_on: pass,
+        },
+    );
     pass
 }
 
-#[allow(clippy::too_many_arguments)]
-fn error(
-    ts: &mut ThreadState,
-    time: u64,
-    kind: ErrorKind,
-    func: AllocFn,
-    addr: u64,
-    stack: u32,
-    alloc_func: Option<AllocFn>,
-    alloc_size: u64,
-    alloc_stack: u32,
-    free_stack: u32,
-    passed_on: bool,
-) {
-    ensure_stack(ts, alloc_stack, false);
-    ensure_stack(ts, free_stack, false);
-    let ev = Event::Error {
+/// Writes an allocator-misuse event, with the definitions of the stacks it names.
+fn report(ts: &mut ThreadState, ev: Event) {
+    if let Event::Error {
         time,
-        kind,
-        func,
-        addr,
-        stack,
-        alloc_func,
-        alloc_size,
         alloc_stack,
         free_stack,
-        passed_on,
-    };
-    ts.emit(Some(time), |e, c| e.event(c, &ev));
+        ..
+    } = ev
+    {
+        ensure_stack(ts, alloc_stack, false);
+        ensure_stack(ts, free_stack, false);
+        ts.emit(Some(time), |e, c| e.event(c, &ev));
+    }
 }
 
 /// realloc from a nested context (a signal handler inside the agent): the
@@ -366,18 +345,20 @@ pub fn realloc(
             drop(shard);
             ts.last_time = t;
             let pass = PASS_INVALID.load(Ordering::Relaxed);
-            error(
+            report(
                 ts,
-                t,
-                ErrorKind::InvalidRealloc,
-                func,
-                old_addr,
-                cap.id,
-                None,
-                0,
-                0,
-                0,
-                pass,
+                Event::Error {
+                    time: t,
+                    kind: ErrorKind::InvalidRealloc,
+                    func,
+                    addr: old_addr,
+                    stack: cap.id,
+                    alloc_func: None,
+                    alloc_size: 0,
+                    alloc_stack: 0,
+                    free_stack: 0,
+                    passed_on: pass,
+                },
             );
             leave(ts);
             // Like memcheck: the bad call does nothing and returns NULL.
