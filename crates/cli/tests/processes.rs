@@ -3,6 +3,9 @@
 
 mod common;
 
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
 use common::*;
 use serde_json::{json, Value};
 use std::io::Read;
@@ -337,16 +340,14 @@ fn sigterm_exit_143_and_trace_kept() {
         .strip_prefix("ready ")
         .and_then(|rest| rest.trim().parse().ok());
     let Some(pid) = pid else {
-        // SAFETY: kill(2) on the process group this test created.
-        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
         let finished = finish(child, "trapline run");
         panic!(
             "the fixture did not report its pid (got {line:?})\n{}",
             finished.describe()
         );
     };
-    // SAFETY: kill(2) on the traced program, which has reported it is waiting.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the traced program");
     let run = finish(child, "trapline run");
     assert_eq!(run.code(), 143, "{}", run.describe());
     assert_no_events_lost_in_summary(&run);
@@ -363,4 +364,73 @@ fn sigterm_exit_143_and_trace_kept() {
         "TERM-LEAK",
         "CALL-TERM-LEAK",
     );
+}
+
+/// SIGKILL cannot be caught: the trace must still be readable up to the last
+/// chunk the agent wrote (it flushes every thread's buffer every 200 ms), and
+/// `leaks` must replay it and say the process did not finish.
+#[test]
+fn sigkill_leaves_a_readable_trace() {
+    let dir = TestDir::new("sigkill");
+    let prog = compile_c(&dir, "sigterm_wait.c");
+    let mut cmd = isolated(run_command(&dir, &[], &prog, &[]));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start trapline run");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.last() != Some(&b'\n') {
+        match stdout.read(&mut byte) {
+            Ok(1) => line.push(byte[0]),
+            _ => break,
+        }
+    }
+    child.stdout = Some(stdout);
+    let line = String::from_utf8_lossy(&line).into_owned();
+    let Some(pid) = line
+        .strip_prefix("ready ")
+        .and_then(|rest| rest.trim().parse::<i32>().ok())
+    else {
+        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        panic!("the fixture did not report its pid (got {line:?})");
+    };
+    // Wait until the periodic flush has put the leak into the file (the
+    // condition itself, polled; bounded so a broken flush fails the test).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let flushed = |trace: &std::path::Path| {
+        let out = std::process::Command::new(trapline())
+            .args(["leaks", "--format", "json"])
+            .arg(trace)
+            .output()
+            .expect("run trapline leaks");
+        serde_json::from_slice::<Value>(&out.stdout)
+            .map(|v| v["summary"]["unfreed_at_exit"]["bytes"] == json!(55))
+            .unwrap_or(false)
+    };
+    while !flushed(&dir.trace()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leak never reached the trace"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the traced program");
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 137, "{}", run.describe());
+
+    let report = leaks(&dir.trace());
+    assert_eq!(
+        field(&report["trace"], "complete"),
+        &json!(false),
+        "{}",
+        pretty(&report)
+    );
+    assert_eq!(process_exit(&report), &Value::Null);
+    assert_eq!(process_pid(&report), pid as u64);
+    let records = field(&report, "records").as_array().unwrap();
+    assert_eq!(records.len(), 1, "{}", pretty(&report));
+    assert_eq!(records[0]["bytes"], json!(55));
+    assert_eq!(records[0]["stack"][0]["function"], json!("term_leak"));
 }

@@ -305,8 +305,10 @@ pub fn finish(mut child: Child, what: &str) -> Finished {
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let guard = std::thread::spawn(move || match done_rx.recv_timeout(HANG_GUARD) {
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            // SAFETY: kill(2) on the process group this test created.
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             true
         }
         _ => false,
