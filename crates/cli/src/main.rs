@@ -1,5 +1,7 @@
 //! `trapline`: record a program's allocations, locks and CPU samples, then analyse the trace.
 
+#![forbid(unsafe_code)]
+
 mod leaks;
 mod output;
 mod run;

@@ -9,6 +9,8 @@
 //! build than the traced one stays unsymbolized and gets a warning (see
 //! [`Symbolizer::warnings`]) instead of wrong answers.
 
+#![forbid(unsafe_code)]
+
 mod debugfile;
 mod module;
 mod symtab;

@@ -4,6 +4,8 @@
 //! analysis. See `docs/design.md` for the layout; [`format`] holds the file and
 //! chunk framing, [`event`] the event model and its encoding.
 
+#![forbid(unsafe_code)]
+
 pub mod event;
 pub mod format;
 pub mod varint;
