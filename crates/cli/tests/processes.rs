@@ -312,13 +312,12 @@ fn exit_from_another_thread() {
     }
 }
 
-/// sigterm_wait.c: killed by SIGTERM while blocked; exit status 143 and a
-/// complete trace. The test learns the pid from the line the fixture writes.
-#[test]
-fn sigterm_exit_143_and_trace_kept() {
-    let dir = TestDir::new("sigterm");
-    let prog = compile_c(&dir, "sigterm_wait.c");
-    let mut cmd = isolated(run_command(&dir, &[], &prog, &[]));
+/// Starts sigterm_wait.c under `trapline run` and reads the "ready PID" line
+/// it writes once its leak is made and it is blocked. Returns the running
+/// `trapline run` and the traced program's pid.
+fn start_waiting_fixture(dir: &TestDir) -> (std::process::Child, i32) {
+    let prog = compile_c(dir, "sigterm_wait.c");
+    let mut cmd = isolated(run_command(dir, &[], &prog, &[]));
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -347,6 +346,15 @@ fn sigterm_exit_143_and_trace_kept() {
             finished.describe()
         );
     };
+    (child, pid)
+}
+
+/// sigterm_wait.c: killed by SIGTERM while blocked; exit status 143 and a
+/// complete trace. The test learns the pid from the line the fixture writes.
+#[test]
+fn sigterm_exit_143_and_trace_kept() {
+    let dir = TestDir::new("sigterm");
+    let (child, pid) = start_waiting_fixture(&dir);
     kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the traced program");
     let run = finish(child, "trapline run");
     assert_eq!(run.code(), 143, "{}", run.describe());
@@ -372,30 +380,7 @@ fn sigterm_exit_143_and_trace_kept() {
 #[test]
 fn sigkill_leaves_a_readable_trace() {
     let dir = TestDir::new("sigkill");
-    let prog = compile_c(&dir, "sigterm_wait.c");
-    let mut cmd = isolated(run_command(&dir, &[], &prog, &[]));
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start trapline run");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while line.last() != Some(&b'\n') {
-        match stdout.read(&mut byte) {
-            Ok(1) => line.push(byte[0]),
-            _ => break,
-        }
-    }
-    child.stdout = Some(stdout);
-    let line = String::from_utf8_lossy(&line).into_owned();
-    let Some(pid) = line
-        .strip_prefix("ready ")
-        .and_then(|rest| rest.trim().parse::<i32>().ok())
-    else {
-        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-        panic!("the fixture did not report its pid (got {line:?})");
-    };
+    let (child, pid) = start_waiting_fixture(&dir);
     // Wait until the periodic flush has put the leak into the file (the
     // condition itself, polled; bounded so a broken flush fails the test).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
