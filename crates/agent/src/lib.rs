@@ -13,6 +13,7 @@ mod hooks;
 mod lifecycle;
 mod live;
 mod modules;
+mod profile;
 mod record;
 mod stacks;
 mod sys;

@@ -185,6 +185,7 @@ pub fn init() {
         Ordering::Relaxed,
     );
     crate::hooks::process::resolve();
+    crate::profile::init();
     crate::hooks::signals::install();
     modules::refresh();
     if open_trace(top) {
@@ -310,6 +311,7 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     if FINISHING.swap(true, Ordering::AcqRel) {
         return;
     }
+    crate::profile::stop(ending == Ending::Signal);
     if ending == Ending::Exit && FREERES.load(Ordering::Relaxed) {
         // Like memcheck: let the C and C++ runtimes free their own buffers so
         // they are not blamed on the program. Their frees are recorded.
@@ -436,6 +438,7 @@ pub fn resume_after_failed_exec() {
 }
 
 extern "C" fn fork_prepare() {
+    crate::profile::fork_prepare();
     thread::lock_all();
     live::lock_all();
     stacks::lock_all();
@@ -450,6 +453,7 @@ extern "C" fn fork_parent() {
     stacks::unlock_all();
     live::unlock_all();
     thread::unlock_all();
+    crate::profile::fork_parent();
 }
 
 extern "C" fn fork_child() {
@@ -461,6 +465,7 @@ extern "C" fn fork_child() {
     thread::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
     sys::membarrier_register();
+    crate::profile::fork_child(!FINISHED.load(Ordering::Acquire) && FOLLOW.load(Ordering::Relaxed));
     if FINISHED.load(Ordering::Acquire) {
         return;
     }
@@ -502,6 +507,12 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
     }
     if !has(b"TRAPLINE_PASS_INVALID=") && record::PASS_INVALID.load(Ordering::Relaxed) {
         add.extend(CString::new("TRAPLINE_PASS_INVALID=1"));
+    }
+    if let Some(hz) = crate::profile::hz().filter(|_| !has(b"TRAPLINE_PROFILE=")) {
+        add.extend(CString::new(format!(
+            "{}={hz}",
+            crate::profile::ENV_PROFILE
+        )));
     }
     if !has(b"TRAPLINE_FREERES=") && !FREERES.load(Ordering::Relaxed) {
         add.extend(CString::new("TRAPLINE_FREERES=0"));

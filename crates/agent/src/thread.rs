@@ -50,6 +50,8 @@ pub struct ThreadState {
     /// (stack id, trace generation) pairs whose definitions this thread last ensured.
     pub ensured: [(u32, u32); 2],
     pub ensured_next: usize,
+    /// CPU sampling state (`--profile`), set when the thread's timer is armed.
+    pub profile: Option<Box<crate::profile::ThreadProfile>>,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -149,6 +151,7 @@ fn create() -> *mut ThreadState {
         deferred_n: 0,
         ensured: [(0, 0); 2],
         ensured_next: 0,
+        profile: None,
     }));
     // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
     unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };

@@ -12,10 +12,12 @@
 
 pub mod index;
 pub mod leaks;
+pub mod profile;
 mod replay;
 pub mod report;
 pub mod stats;
 
 pub use index::{MergedEvent, MergedEvents, Stopped, TraceIndex};
 pub use leaks::LeaksReport;
+pub use profile::ProfileReport;
 pub use stats::StatsReport;

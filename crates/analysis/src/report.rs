@@ -271,6 +271,35 @@ impl StackSymbolizer {
         self.symbolizer.warnings()
     }
 
+    /// The frames of a CPU sample's stack `id`: its first address is the
+    /// interrupted instruction itself, the others return addresses.
+    pub fn sample_stack(&mut self, stacks: &HashMap<u32, Vec<u64>>, id: u32) -> Vec<FrameReport> {
+        let Some((&pc, callers)) = stacks.get(&id).and_then(|a| a.split_first()) else {
+            return Vec::new();
+        };
+        let mut out: Vec<FrameReport> = self
+            .symbolizer
+            .symbolize_pc(pc)
+            .into_iter()
+            .map(FrameReport::from)
+            .collect();
+        for &a in callers {
+            out.extend(self.frames_of(a).iter().cloned());
+        }
+        out
+    }
+
+    fn frames_of(&mut self, a: u64) -> &[FrameReport] {
+        let symbolizer = &mut self.symbolizer;
+        self.cache.entry(a).or_insert_with(|| {
+            symbolizer
+                .symbolize(a)
+                .into_iter()
+                .map(FrameReport::from)
+                .collect()
+        })
+    }
+
     /// The frames of stack `id` (empty for 0 or an id the trace never defined).
     pub fn stack(&mut self, stacks: &HashMap<u32, Vec<u64>>, id: u32) -> Vec<FrameReport> {
         let Some(addrs) = stacks.get(&id) else {
@@ -278,15 +307,7 @@ impl StackSymbolizer {
         };
         let mut out = Vec::new();
         for &a in addrs {
-            let symbolizer = &mut self.symbolizer;
-            let frames = self.cache.entry(a).or_insert_with(|| {
-                symbolizer
-                    .symbolize(a)
-                    .into_iter()
-                    .map(FrameReport::from)
-                    .collect()
-            });
-            out.extend(frames.iter().cloned());
+            out.extend(self.frames_of(a).iter().cloned());
         }
         out
     }

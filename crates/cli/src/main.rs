@@ -4,6 +4,7 @@
 
 mod leaks;
 mod output;
+mod profile;
 mod run;
 mod stats;
 
@@ -44,6 +45,8 @@ enum Command {
     Leaks(leaks::LeaksArgs),
     /// Allocation statistics: calls per function, bytes, peak heap, trace size.
     Stats(stats::StatsArgs),
+    /// CPU profile from a trace recorded with `run --profile`: functions, threads, flame graph.
+    Profile(profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::main(args),
         Command::Leaks(args) => leaks::main(args),
         Command::Stats(args) => stats::main(args),
+        Command::Profile(args) => profile::main(args),
     }
 }
 

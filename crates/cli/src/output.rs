@@ -36,6 +36,15 @@ impl Report for trapline_analysis::LeaksReport {
     }
 }
 
+impl Report for trapline_analysis::ProfileReport {
+    fn text(&self) -> String {
+        trapline_analysis::profile::render_text(self)
+    }
+    fn status(&self) -> &TraceStatus {
+        &self.trace
+    }
+}
+
 impl Report for trapline_analysis::StatsReport {
     fn text(&self) -> String {
         trapline_analysis::stats::render_text(self)
@@ -52,19 +61,37 @@ pub fn run<T: Report>(
     format: Format,
     analyze: impl FnOnce(&mut BufReader<File>) -> Result<T, TraceError>,
 ) -> ExitCode {
-    let fail = |msg: String| {
-        eprintln!("trapline {command}: {}: {msg}", path.display());
-        ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
-    };
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) => return fail(format!("cannot open: {e}")),
-    };
-    let mut input = BufReader::with_capacity(1 << 16, file);
-    let report = match analyze(&mut input) {
+    let report = match load(command, path, analyze) {
         Ok(r) => r,
-        Err(e) => return fail(e.to_string()),
+        Err(code) => return code,
     };
+    let out = match format {
+        Format::Text => report.text(),
+        Format::Json => match json(&report) {
+            Ok(s) => s,
+            Err(e) => return fail(command, path, e),
+        },
+    };
+    print(&out);
+    ExitCode::SUCCESS
+}
+
+/// Prints an analysis error about the trace at `path`; returns the exit status for it.
+pub fn fail(command: &str, path: &Path, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("trapline {command}: {}: {msg}", path.display());
+    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
+}
+
+/// Opens the trace at `path` and runs `analyze` on it. A failure, or a trace
+/// without a readable event, is reported on stderr and becomes the exit status.
+pub fn load<T: Report, E: std::fmt::Display>(
+    command: &str,
+    path: &Path,
+    analyze: impl FnOnce(&mut BufReader<File>) -> Result<T, E>,
+) -> Result<T, ExitCode> {
+    let file = File::open(path).map_err(|e| fail(command, path, format!("cannot open: {e}")))?;
+    let mut input = BufReader::with_capacity(1 << 16, file);
+    let report = analyze(&mut input).map_err(|e| fail(command, path, e))?;
     let status = report.status();
     if status.events == 0 {
         let why = match &status.stopped {
@@ -72,22 +99,26 @@ pub fn run<T: Report>(
             None => "the file ends after its header (the process was killed before the agent wrote anything?)"
                 .to_string(),
         };
-        return fail(format!("the trace holds no readable events: {why}"));
+        return Err(fail(
+            command,
+            path,
+            format!("the trace holds no readable events: {why}"),
+        ));
     }
-    let out = match format {
-        Format::Text => report.text(),
-        Format::Json => match serde_json::to_string_pretty(&report) {
-            Ok(mut s) => {
-                s.push('\n');
-                s
-            }
-            Err(e) => return fail(format!("cannot serialize the report: {e}")),
-        },
-    };
-    // A closed pipe (`| head`) is not an error worth reporting.
+    Ok(report)
+}
+
+/// The report as pretty JSON with a final newline.
+pub fn json<T: Serialize>(report: &T) -> Result<String, String> {
+    serde_json::to_string_pretty(report)
+        .map(|s| s + "\n")
+        .map_err(|e| format!("cannot serialize the report: {e}"))
+}
+
+/// Writes a report to stdout; a closed pipe (`| head`) is not an error worth reporting.
+pub fn print(out: &str) {
     let mut stdout = std::io::stdout().lock();
     let _ = stdout
         .write_all(out.as_bytes())
         .and_then(|()| stdout.flush());
-    ExitCode::SUCCESS
 }

@@ -39,6 +39,17 @@ pub struct RunArgs {
     /// Do not run the C library's freeres at exit (its own buffers then show as unfreed).
     #[arg(long)]
     pub no_freeres: bool,
+    /// Sample every thread's CPU time with call stacks, HZ times per second of
+    /// its CPU time (default 999); see `trapline profile`.
+    #[arg(
+        long,
+        value_name = "HZ",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "999",
+        value_parser = clap::value_parser!(u32).range(1..=100_000)
+    )]
+    pub profile: Option<u32>,
     /// Print no summary when the command ends.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -260,6 +271,10 @@ pub fn main(args: RunArgs) -> ExitCode {
             if args.pass_invalid_frees { "1" } else { "0" },
         )
         .env("TRAPLINE_FREERES", if args.no_freeres { "0" } else { "1" });
+    match args.profile {
+        Some(hz) => cmd.env("TRAPLINE_PROFILE", hz.to_string()),
+        None => cmd.env_remove("TRAPLINE_PROFILE"),
+    };
 
     // While the command runs, signals meant for it must not kill trapline
     // first: a terminal's SIGINT/SIGQUIT reach the whole process group anyway;

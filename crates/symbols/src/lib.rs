@@ -175,6 +175,18 @@ impl Symbolizer {
         &self.cache[&address]
     }
 
+    /// Symbolizes an instruction address itself (the interrupted instruction
+    /// of a CPU sample), not a return address: the lookup uses `pc`.
+    pub fn symbolize_pc(&mut self, pc: u64) -> Vec<Frame> {
+        // The cache is keyed by return address; `pc + 1` is the return
+        // address whose lookup probes `pc`.
+        let mut frames = self.symbolize(pc.wrapping_add(1));
+        for f in &mut frames {
+            f.address = pc;
+        }
+        frames
+    }
+
     /// Symbolizes every return address of a stack (innermost first), the
     /// frames of each address in order: a flattened, source-level stack.
     pub fn symbolize_stack(&mut self, addresses: &[u64]) -> Vec<Frame> {

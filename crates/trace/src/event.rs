@@ -259,6 +259,15 @@ pub enum SnapshotKind {
     Exit = 1,
 }
 
+/// Why CPU sampling stopped before the process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ProfileStopReason {
+    /// The program installed a handler for the sampling signal: it is
+    /// handed over and sampling stops.
+    SignalTaken = 1,
+}
+
 /// Permission bits of a mapped segment of a module.
 pub mod segment_flags {
     pub const READ: u8 = 4;
@@ -394,6 +403,36 @@ pub enum Event {
         time: u64,
         child_pid: u32,
     },
+    /// CPU sampling is on in this process (`trapline run --profile`): every
+    /// thread is sampled each `1/hz` s of its own CPU time, with real-time
+    /// signal `signal`. Written once, before the first sample.
+    ProfileStart {
+        time: u64,
+        hz: u32,
+        signal: u32,
+    },
+    /// A CPU sample of the chunk's thread. Frame 0 of `stack` is the
+    /// interrupted instruction itself (not a return address: symbolize it as
+    /// is); the other frames are return addresses. `periods` is how many
+    /// sampling periods it stands for (1 + the timer's overruns: the kernel
+    /// checks CPU-time timers at its scheduler tick).
+    Sample {
+        time: u64,
+        stack: u32,
+        periods: u32,
+    },
+    /// Sampling periods of the chunk's thread with no sample: the signal
+    /// struck while the thread was inside trapline's agent (its time is the
+    /// tool's, not the program's), or no stack could be taken.
+    SamplesSkipped {
+        time: u64,
+        periods: u64,
+    },
+    /// Sampling stopped before the process ended, for `reason`.
+    ProfileStop {
+        time: u64,
+        reason: ProfileStopReason,
+    },
     /// Last event of a process image.
     End {
         time: u64,
@@ -412,7 +451,11 @@ impl Event {
             | Event::Error { time, .. }
             | Event::SnapshotBegin { time, .. }
             | Event::Fork { time, .. }
-            | Event::End { time, .. } => Some(*time),
+            | Event::End { time, .. }
+            | Event::ProfileStart { time, .. }
+            | Event::Sample { time, .. }
+            | Event::SamplesSkipped { time, .. }
+            | Event::ProfileStop { time, .. } => Some(*time),
             _ => None,
         }
     }
@@ -434,6 +477,11 @@ pub(crate) mod tag {
     pub const SNAPSHOT_END: u8 = 34;
     pub const FORK: u8 = 48;
     pub const END: u8 = 49;
+    // 96..=111: the CPU profiler.
+    pub const PROFILE_START: u8 = 96;
+    pub const SAMPLE: u8 = 97;
+    pub const SAMPLES_SKIPPED: u8 = 98;
+    pub const PROFILE_STOP: u8 = 99;
 }
 
 /// Longest frames list a stack may have in a trace; longer input is corrupt.
@@ -568,6 +616,21 @@ impl<'a> Encoder<'a> {
         self.u64(u64::from(stack))
     }
 
+    /// Encodes a CPU sample without building an [`Event`].
+    #[inline]
+    pub fn sample(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        stack: u32,
+        periods: u32,
+    ) -> Result<(), NoRoom> {
+        self.byte(tag::SAMPLE)?;
+        self.time(ctx, time)?;
+        self.u64(u64::from(stack))?;
+        self.u64(u64::from(periods))
+    }
+
     /// Encodes a stack definition from a borrowed frame list.
     pub fn stack_def(&mut self, id: u32, frames: &[u64]) -> Result<(), NoRoom> {
         self.byte(tag::STACK_DEF)?;
@@ -700,6 +763,27 @@ impl<'a> Encoder<'a> {
                 self.byte(tag::FORK)?;
                 self.time(ctx, *time)?;
                 self.u64(u64::from(*child_pid))
+            }
+            Event::ProfileStart { time, hz, signal } => {
+                self.byte(tag::PROFILE_START)?;
+                self.time(ctx, *time)?;
+                self.u64(u64::from(*hz))?;
+                self.u64(u64::from(*signal))
+            }
+            Event::Sample {
+                time,
+                stack,
+                periods,
+            } => self.sample(ctx, *time, *stack, *periods),
+            Event::SamplesSkipped { time, periods } => {
+                self.byte(tag::SAMPLES_SKIPPED)?;
+                self.time(ctx, *time)?;
+                self.u64(*periods)
+            }
+            Event::ProfileStop { time, reason } => {
+                self.byte(tag::PROFILE_STOP)?;
+                self.time(ctx, *time)?;
+                self.byte(*reason as u8)
             }
             Event::End {
                 time,
@@ -1058,6 +1142,37 @@ impl<'a> Decoder<'a> {
                     exit,
                     counters,
                 }
+            }
+            tag::PROFILE_START => {
+                let time = self.time()?;
+                let hz = self.u32("sampling rate")?;
+                let signal = self.u32("signal")?;
+                Event::ProfileStart { time, hz, signal }
+            }
+            tag::SAMPLE => {
+                let time = self.time()?;
+                let stack = self.u32("stack id")?;
+                let periods = self.u32("sample periods")?;
+                Event::Sample {
+                    time,
+                    stack,
+                    periods,
+                }
+            }
+            tag::SAMPLES_SKIPPED => {
+                let time = self.time()?;
+                Event::SamplesSkipped {
+                    time,
+                    periods: self.u64()?,
+                }
+            }
+            tag::PROFILE_STOP => {
+                let time = self.time()?;
+                let reason = match self.byte()? {
+                    1 => ProfileStopReason::SignalTaken,
+                    _ => return Err(DecodeError::Invalid("profile stop reason")),
+                };
+                Event::ProfileStop { time, reason }
             }
             other => return Err(DecodeError::UnknownTag(other)),
         })

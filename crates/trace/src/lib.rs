@@ -13,6 +13,7 @@ pub mod varint;
 mod builder;
 
 pub use builder::TraceBuilder;
+pub use event::ProfileStopReason;
 pub use event::{
     AllocFn, ChunkContext, DecodeError, Decoder, Encoder, EndCounters, ErrorKind, Event, ExitKind,
     Family, ModuleInfo, ProcessInfo, Segment, SnapshotKind,

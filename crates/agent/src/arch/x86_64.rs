@@ -37,6 +37,21 @@ pub fn start_regs() -> StartRegs {
     StartRegs { pc, sp, bp }
 }
 
+/// The registers of the code a signal interrupted, from the handler's
+/// `ucontext_t` (the third argument of an SA_SIGINFO handler).
+///
+/// # Safety
+/// `ucontext` must be the context pointer the kernel passed to the handler.
+pub unsafe fn interrupted_regs(ucontext: *const libc::c_void) -> StartRegs {
+    // SAFETY: the caller passes the kernel's ucontext_t for this signal.
+    let gregs = unsafe { &(*(ucontext as *const libc::ucontext_t)).uc_mcontext.gregs };
+    StartRegs {
+        pc: gregs[libc::REG_RIP as usize] as u64,
+        sp: gregs[libc::REG_RSP as usize] as u64,
+        bp: gregs[libc::REG_RBP as usize] as u64,
+    }
+}
+
 pub fn regs(r: StartRegs) -> UnwindRegs {
     UnwindRegsX86_64::new(r.pc, r.sp, r.bp)
 }

@@ -57,7 +57,7 @@ static mut PROGRAM_VIEW: [core::mem::MaybeUninit<libc::sigaction>; 65] =
 type SigactionFn =
     unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
 
-fn real_sigaction() -> SigactionFn {
+pub(crate) fn real_sigaction() -> SigactionFn {
     let mut f = REAL_SIGACTION.load(Ordering::Acquire);
     if f == 0 {
         f = crate::sys::next_symbol(c"sigaction");
@@ -71,7 +71,11 @@ fn is_fatal(sig: c_int) -> bool {
     FATAL.contains(&sig) || (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&sig)
 }
 
-extern "C" fn on_fatal_signal(sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+pub(crate) extern "C" fn on_fatal_signal(
+    sig: c_int,
+    _info: *mut libc::siginfo_t,
+    _ctx: *mut libc::c_void,
+) {
     // SAFETY: errno is thread-local; saved and restored around our work.
     let saved_errno = unsafe { *libc::__errno_location() };
     lifecycle::finish(ExitKind::Signal(sig), lifecycle::Ending::Signal);
@@ -103,6 +107,9 @@ fn install_ours(sig: c_int) {
 /// Installs the agent's handler for every terminating signal left at SIG_DFL.
 pub fn install() {
     for sig in watched() {
+        if crate::profile::is_sampling_signal(sig) {
+            continue;
+        }
         // SAFETY: querying the current disposition into a zeroed struct.
         unsafe {
             let mut old: libc::sigaction = core::mem::zeroed();
@@ -125,6 +132,10 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
+    if crate::profile::is_sampling_signal(sig) {
+        // SAFETY: the caller's sigaction arguments, passed on.
+        return unsafe { crate::profile::program_sigaction(sig, act, old) };
+    }
     if !(1..65).contains(&sig) || !is_fatal(sig) {
         // SAFETY: pass-through.
         return unsafe { real_sigaction()(sig, act, old) };

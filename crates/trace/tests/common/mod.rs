@@ -264,6 +264,35 @@ pub fn hot_events(base_time: u64) -> Vec<Event> {
         time: tick(0),
         child_pid: u32::MAX,
     });
+    v.extend([
+        Event::ProfileStart {
+            time: tick(2),
+            hz: 999,
+            signal: 64,
+        },
+        Event::Sample {
+            time: tick(1_001_001),
+            stack: 7,
+            periods: 1,
+        },
+        Event::Sample {
+            time: tick(0),
+            stack: u32::MAX,
+            periods: u32::MAX,
+        },
+        Event::SamplesSkipped {
+            time: tick(4_000_000),
+            periods: 3,
+        },
+        Event::SamplesSkipped {
+            time: tick(0),
+            periods: u64::MAX,
+        },
+        Event::ProfileStop {
+            time: tick(9),
+            reason: trapline_trace::ProfileStopReason::SignalTaken,
+        },
+    ]);
     v
 }
 
