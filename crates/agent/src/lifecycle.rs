@@ -185,6 +185,7 @@ pub fn init() {
         Ordering::Relaxed,
     );
     crate::hooks::process::resolve();
+    crate::hooks::threads::resolve();
     crate::hooks::signals::install();
     modules::refresh();
     if open_trace(top) {
@@ -436,6 +437,7 @@ pub fn resume_after_failed_exec() {
 }
 
 extern "C" fn fork_prepare() {
+    crate::threads::lock();
     thread::lock_all();
     live::lock_all();
     stacks::lock_all();
@@ -450,6 +452,7 @@ extern "C" fn fork_parent() {
     stacks::unlock_all();
     live::unlock_all();
     thread::unlock_all();
+    crate::threads::unlock();
 }
 
 extern "C" fn fork_child() {
@@ -459,6 +462,7 @@ extern "C" fn fork_child() {
     live::reset_locks();
     modules::reset_lock();
     thread::reset_in_child();
+    crate::threads::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
     sys::membarrier_register();
     if FINISHED.load(Ordering::Acquire) {

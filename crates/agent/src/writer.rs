@@ -359,7 +359,13 @@ pub fn start(periodic: fn()) {
         let mut attr: libc::pthread_attr_t = core::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        let r = libc::pthread_create(&mut t, &attr, writer_main, core::ptr::null_mut());
+        // Not through the agent's own pthread_create hook: the writer is no program thread.
+        let r = crate::hooks::threads::create_untraced(
+            &mut t,
+            &attr,
+            writer_main,
+            core::ptr::null_mut(),
+        );
         libc::pthread_attr_destroy(&mut attr);
         r == 0
     };
