@@ -18,6 +18,7 @@ mod record;
 mod stacks;
 mod sys;
 mod thread;
+mod threads;
 mod untracked;
 mod unwind;
 mod writer;

@@ -185,6 +185,7 @@ pub fn init() {
         Ordering::Relaxed,
     );
     crate::hooks::process::resolve();
+    crate::hooks::threads::resolve();
     crate::profile::init();
     crate::hooks::signals::install();
     modules::refresh();
@@ -439,6 +440,7 @@ pub fn resume_after_failed_exec() {
 
 extern "C" fn fork_prepare() {
     crate::profile::fork_prepare();
+    crate::threads::lock();
     thread::lock_all();
     live::lock_all();
     stacks::lock_all();
@@ -453,6 +455,7 @@ extern "C" fn fork_parent() {
     stacks::unlock_all();
     live::unlock_all();
     thread::unlock_all();
+    crate::threads::unlock();
     crate::profile::fork_parent();
 }
 
@@ -463,6 +466,7 @@ extern "C" fn fork_child() {
     live::reset_locks();
     modules::reset_lock();
     thread::reset_in_child();
+    crate::threads::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
     sys::membarrier_register();
     crate::profile::fork_child(!FINISHED.load(Ordering::Acquire) && FOLLOW.load(Ordering::Relaxed));

@@ -176,12 +176,10 @@ pub fn thread_begin() {
     ts.guard -= 1;
 }
 
-/// Stops sampling the calling thread at its end, and writes its name and the
-/// periods it skipped since its last sample.
-pub fn thread_end() {
-    let Some(ts) = thread::current_if_any() else {
-        return;
-    };
+/// Stops sampling the calling thread at its end (from its pthread-key
+/// destructor, state `ts`), and writes its name and the periods it skipped
+/// since its last sample.
+pub fn thread_end(ts: &mut thread::ThreadState) {
     let Some(slot) = ts.profile.as_ref().map(|p| p.slot) else {
         return;
     };
