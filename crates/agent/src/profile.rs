@@ -112,19 +112,19 @@ pub fn init() {
     HZ.store(hz, Ordering::Relaxed);
     SIGNAL.store(sig, Ordering::Relaxed);
     ACTIVE.store(true, Ordering::Release);
-    let ts = thread::current();
-    let time = clock::precise_now();
-    ts.emit(Some(time), |e, c| {
-        e.event(
-            c,
-            &Event::ProfileStart {
-                time,
-                hz,
-                signal: sig as u32,
-            },
-        )
-    });
+    write_start();
     thread_begin();
+}
+
+/// Tells the trace that sampling is on, and how (first thing in every trace).
+fn write_start() {
+    let ts = thread::current();
+    let time = clock::precise_now().max(ts.last_time);
+    let hz = HZ.load(Ordering::Relaxed);
+    let signal = SIGNAL.load(Ordering::Relaxed) as u32;
+    ts.emit(Some(time), |e, c| {
+        e.event(c, &Event::ProfileStart { time, hz, signal })
+    });
 }
 
 /// The highest real-time signal at SIG_DFL and not blocked.
@@ -266,7 +266,10 @@ pub fn fork_child(traced: bool) {
     ts.profile = None;
     let active = ACTIVE.load(Ordering::Relaxed) && traced;
     ACTIVE.store(active, Ordering::Release);
-    thread_begin();
+    if active {
+        write_start();
+        thread_begin();
+    }
     if !BLOCKED_FOR_FORK.load(Ordering::Relaxed) {
         set_blocked(sig, false);
     }

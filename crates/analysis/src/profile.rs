@@ -242,7 +242,13 @@ pub fn analyze<R: Read + Seek>(
     ids.dedup();
     for id in ids {
         let frames = symbolizer.sample_stack(&facts.stacks, id);
-        let k: Vec<FunctionKey> = frames.iter().map(FunctionKey::of).collect();
+        // The agent's own frames (its pthread_create wrapper under every
+        // thread's start routine) are not the program's.
+        let k: Vec<FunctionKey> = frames
+            .iter()
+            .filter(|f| !is_agent_frame(f))
+            .map(FunctionKey::of)
+            .collect();
         let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
         folded_names.insert(id, line.join(";"));
         keys.insert(id, k);
@@ -340,6 +346,15 @@ pub fn analyze<R: Read + Seek>(
         },
         folded,
     })
+}
+
+/// File name of the agent library, whose frames are left out of profiles.
+const AGENT_LIBRARY: &str = "libtrapline_agent.so";
+
+fn is_agent_frame(f: &FrameReport) -> bool {
+    f.module
+        .as_deref()
+        .is_some_and(|m| m.rsplit('/').next() == Some(AGENT_LIBRARY))
 }
 
 /// The folded stacks, one line per distinct stack: `root;...;leaf COUNT`.
