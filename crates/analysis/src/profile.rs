@@ -187,11 +187,22 @@ impl Counts {
     }
 }
 
-/// Analyses a trace; `thread` restricts functions and folded stacks to one thread.
+/// What to report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProfileOptions {
+    /// Restrict functions and folded stacks to this thread.
+    pub thread: Option<u32>,
+    /// Attribute inlined code to the function it was inlined into, as
+    /// symbol-based profilers (perf without --inline) do.
+    pub no_inline: bool,
+}
+
+/// Analyses a trace.
 pub fn analyze<R: Read + Seek>(
     input: &mut R,
-    thread: Option<u32>,
+    options: ProfileOptions,
 ) -> Result<ProfileReport, ProfileError> {
+    let thread = options.thread;
     let index = TraceIndex::build(input)?;
     let mut facts = Facts::default();
     let mut start: Option<(u32, u32)> = None;
@@ -246,7 +257,7 @@ pub fn analyze<R: Read + Seek>(
         // thread's start routine) are not the program's.
         let k: Vec<FunctionKey> = frames
             .iter()
-            .filter(|f| !is_agent_frame(f))
+            .filter(|f| !is_agent_frame(f) && !(options.no_inline && f.inlined))
             .map(FunctionKey::of)
             .collect();
         let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();

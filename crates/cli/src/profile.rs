@@ -31,13 +31,23 @@ pub struct ProfileArgs {
     /// Only this thread's samples (a kernel thread id, as listed under THREADS).
     #[arg(long, value_name = "TID")]
     pub thread: Option<u32>,
+    /// Attribute inlined code to the function it was inlined into (as perf
+    /// does without --inline) instead of listing inlined functions.
+    #[arg(long)]
+    pub no_inline: bool,
 }
 
 /// Runs the command; see [`crate::output`] for the exit statuses.
 pub fn main(args: ProfileArgs) -> ExitCode {
     let path = &args.trace.trace;
     let report = match output::load("profile", path, |input| {
-        profile::analyze(input, args.thread)
+        profile::analyze(
+            input,
+            profile::ProfileOptions {
+                thread: args.thread,
+                no_inline: args.no_inline,
+            },
+        )
     }) {
         Ok(r) => r,
         Err(code) => return code,
