@@ -63,8 +63,9 @@ setup() {
     fi
 }
 
-# run_once TOOL PROGRAM ARGS...: prints "wall_s cpu_s" (cpu: user + system of
-# everything the run started, the tool included).
+# run_once TOOL PROGRAM ARGS...: prints "wall_s cpu_s thread_cpu_s" (cpu: user
+# + system of everything the run started, the tool included; thread_cpu: the
+# program's main thread alone, as it reports itself, signal handlers included).
 run_once() {
     local tool=$1 t0 t1
     shift
@@ -78,7 +79,9 @@ run_once() {
     t0=$EPOCHREALTIME
     /usr/bin/time -f '%U %S' -o "$WORK/time.txt" "${cmd[@]}" >/dev/null 2>"$WORK/stderr.txt"
     t1=$EPOCHREALTIME
-    awk -v t0="$t0" -v t1="$t1" '{ printf "%.4f %.4f\n", t1 - t0, $1 + $2 }' "$WORK/time.txt"
+    local thread_cpu
+    thread_cpu=$(sed -n 's/^thread_cpu_s //p' "$WORK/stderr.txt" | tail -1)
+    awk -v t0="$t0" -v t1="$t1" -v tc="${thread_cpu:-0}" '{ printf "%.4f %.4f %s\n", t1 - t0, $1 + $2, tc }' "$WORK/time.txt"
 }
 
 TOOLS=(native perf trapline trapline-profile)
@@ -86,31 +89,33 @@ TOOLS=(native perf trapline trapline-profile)
 overhead() {
     local name=$1
     shift
-    declare -A walls cpus
-    local rep tool out
+    declare -A walls cpus threads
+    local rep tool w c t
     for ((rep = 0; rep < PROFILE_REPS; rep++)); do
         for tool in "${TOOLS[@]}"; do
-            out=$(run_once "$tool" "$@")
-            walls[$tool]+="${out% *} "
-            cpus[$tool]+="${out#* } "
+            read -r w c t <<<"$(run_once "$tool" "$@")"
+            walls[$tool]+="$w "
+            cpus[$tool]+="$c "
+            threads[$tool]+="$t "
         done
     done
-    local nat_wall nat_cpu tl_wall w c
+    local nat_wall nat_cpu nat_thread
     nat_wall=$(median ${walls[native]})
     nat_cpu=$(median ${cpus[native]})
-    tl_wall=$(median ${walls[trapline]})
+    nat_thread=$(median ${threads[native]})
     echo
     echo "### $name ($PROFILE_REPS interleaved runs per tool, medians)"
     echo
-    echo "| tool | wall s | wall / native | CPU s | CPU / native |"
-    echo "|---|---|---|---|---|"
+    echo "| tool | wall s | wall / native | CPU s (all) | CPU / native | main thread CPU s | thread CPU / native |"
+    echo "|---|---|---|---|---|---|---|"
     for tool in "${TOOLS[@]}"; do
         w=$(median ${walls[$tool]})
         c=$(median ${cpus[$tool]})
-        echo "| $tool | $w | $(ratio "$w" "$nat_wall") | $c | $(ratio "$c" "$nat_cpu") |"
+        t=$(median ${threads[$tool]})
+        echo "| $tool | $w | $(ratio "$w" "$nat_wall") | $c | $(ratio "$c" "$nat_cpu") | $t | $(ratio "$t" "$nat_thread") |"
     done
     echo
-    echo "Sampling's own cost (trapline --profile vs trapline): wall ratio $(ratio "$(median ${walls[trapline-profile]})" "$tl_wall")."
+    echo "Sampling's own cost (trapline --profile vs trapline): wall ratio $(ratio "$(median ${walls[trapline-profile]})" "$(median ${walls[trapline]})"), main-thread CPU ratio $(ratio "$(median ${threads[trapline-profile]})" "$(median ${threads[trapline]})")."
 }
 
 # Self percentages per function, averaged over runs: "PERCENT FUNCTION" lines, top 10.

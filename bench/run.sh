@@ -2,7 +2,7 @@
 # Side-by-side benchmarks: native vs trapline vs heaptrack (and valgrind for
 # the record). See bench/README.md for what each one measures.
 #
-#   bench/run.sh [micro|cc1|memory|all]     (default: all)
+#   bench/run.sh [micro|cc1|memory|profile|all]     (default: all)
 #
 # Knobs (environment):
 #   MICRO_N=5000000        malloc+free pairs per micro run
@@ -46,13 +46,13 @@ AGENT=${TRAPLINE_AGENT:-$(dirname "$TRAPLINE")/libtrapline_agent.so}
 
 WHAT=${1:-all}
 case $WHAT in
-    micro | cc1 | memory | all) ;;
+    micro | cc1 | memory | profile | all) ;;
     -h | --help)
         sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
-        echo "usage: $0 [micro|cc1|memory|all]" >&2
+        echo "usage: $0 [micro|cc1|memory|profile|all]" >&2
         exit 2
         ;;
 esac
@@ -652,10 +652,12 @@ case $WHAT in
     micro) bench_micro ;;
     cc1) bench_cc1 ;;
     memory) bench_memory ;;
+    profile) fetch_sqlite && SQLITE_C=$SQLITE_C NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/profile.sh" ;;
     all)
         bench_micro
         bench_memory
         bench_cc1
+        fetch_sqlite && SQLITE_C=$SQLITE_C NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/profile.sh"
         ;;
 esac
 if ((TRAPLINE_OK)) && [[ $(agent_identity) != "$TRAPLINE_ID" ]]; then
