@@ -205,17 +205,13 @@ pub fn stop(from_signal: bool) {
     }
     let mut tids = [0u32; 64];
     let (mut ntids, mut skipped) = (0usize, 0u64);
-    for slot in 0..SLOTS_USED.load(Ordering::Acquire).min(SLOTS) {
-        let v = TIMERS[slot].swap(0, Ordering::AcqRel);
-        if v & USED != 0 {
-            delete_timer(v as u32 as c_int);
-            if ntids < tids.len() {
-                tids[ntids] = (v >> 32) as u32 & 0x7fff_ffff;
-                ntids += 1;
-            }
+    delete_all(|tid, s| {
+        skipped += s;
+        if let Some(tid) = tid.filter(|_| ntids < tids.len()) {
+            tids[ntids] = tid;
+            ntids += 1;
         }
-        skipped += SKIPPED[slot].swap(0, Ordering::Relaxed);
-    }
+    });
     drain_pending();
     if from_signal {
         return;
@@ -256,9 +252,10 @@ pub fn fork_child(traced: bool) {
     if sig == 0 {
         return;
     }
-    for slot in 0..SLOTS_USED.load(Ordering::Relaxed).min(SLOTS) {
-        TIMERS[slot].store(0, Ordering::Relaxed);
-        SKIPPED[slot].store(0, Ordering::Relaxed);
+    let used = SLOTS_USED.load(Ordering::Relaxed).min(SLOTS);
+    for (timer, skipped) in TIMERS[..used].iter().zip(&SKIPPED[..used]) {
+        timer.store(0, Ordering::Relaxed);
+        skipped.store(0, Ordering::Relaxed);
     }
     SLOTS_USED.store(0, Ordering::Relaxed);
     LOCK.reset();
@@ -315,15 +312,12 @@ pub unsafe fn program_sigaction(
 /// The program took the sampling signal: stop sampling everywhere.
 fn hand_over() {
     ACTIVE.store(false, Ordering::Release);
-    for slot in 0..SLOTS_USED.load(Ordering::Acquire).min(SLOTS) {
-        let v = TIMERS[slot].swap(0, Ordering::AcqRel);
-        if v & USED != 0 {
-            delete_timer(v as u32 as c_int);
-        }
-    }
+    let mut skipped = 0;
+    delete_all(|_, s| skipped += s);
     sys::warn("the program installed a handler for the sampling signal; CPU sampling stopped (see `trapline profile`)");
     if let record::Entry::Record(ts) = record::enter() {
         let time = clock::tick().max(ts.last_time);
+        write_skipped(ts, time, skipped);
         ts.emit(Some(time), |e, c| {
             e.event(
                 c,
@@ -492,16 +486,26 @@ fn delete_timer(timer: c_int) {
 }
 
 fn claim_slot(encoded: u64) -> Option<usize> {
-    for slot in 0..SLOTS {
-        if TIMERS[slot]
-            .compare_exchange(0, encoded, Ordering::AcqRel, Ordering::Relaxed)
+    let slot = TIMERS.iter().position(|t| {
+        t.compare_exchange(0, encoded, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
-        {
-            SLOTS_USED.fetch_max(slot + 1, Ordering::AcqRel);
-            return Some(slot);
-        }
+    })?;
+    SLOTS_USED.fetch_max(slot + 1, Ordering::AcqRel);
+    Some(slot)
+}
+
+/// Deletes every registered timer, calling `each(tid, skipped periods)` per
+/// slot in use (tid None: the thread's timer was already deleted).
+fn delete_all(mut each: impl FnMut(Option<u32>, u64)) {
+    let used = SLOTS_USED.load(Ordering::Acquire).min(SLOTS);
+    for (timer, skipped) in TIMERS[..used].iter().zip(&SKIPPED[..used]) {
+        let v = timer.swap(0, Ordering::AcqRel);
+        let tid = (v & USED != 0).then(|| {
+            delete_timer(v as u32 as c_int);
+            (v >> 32) as u32 & 0x7fff_ffff
+        });
+        each(tid, skipped.swap(0, Ordering::Relaxed));
     }
-    None
 }
 
 /// Deletes the slot's timer, unless `stop` got to it first.

@@ -257,7 +257,7 @@ pub fn analyze<R: Read + Seek>(
         // thread's start routine) are not the program's.
         let k: Vec<FunctionKey> = frames
             .iter()
-            .filter(|f| !is_agent_frame(f) && !(options.no_inline && f.inlined))
+            .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
             .map(FunctionKey::of)
             .collect();
         let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
