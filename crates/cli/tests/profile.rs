@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use serde_json::Value;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -330,6 +331,36 @@ fn program_taking_the_sampling_signal_gets_it() {
     assert_eq!(as_u64(&report, "signal"), 64);
     let text = profile_cmd(&dir.trace(), "text", &[]);
     assert!(text.stdout.contains("WARNING: sampling stopped early"));
+}
+
+/// The sampling signal sent by someone else while the program leaves it at
+/// its default disposition kills the program, as it would untraced.
+#[test]
+fn sampling_signal_from_elsewhere_kills_as_by_default() {
+    let dir = TestDir::new("profile_signal_raised");
+    let prog = compile_c(&dir, "profile_signals.c");
+    let native = output_of(
+        {
+            let mut c = Command::new(&prog);
+            c.arg("raise-rtmax");
+            c
+        },
+        "profile_signals raise-rtmax",
+    );
+    assert_eq!(native.status.signal(), Some(64), "{}", native.describe());
+    let traced = run(&dir, &["--profile"], &prog, &["raise-rtmax"]);
+    assert_eq!(traced.code(), 128 + 64, "{}", traced.describe());
+    assert_eq!(traced.stdout, native.stdout);
+    let report = profile(&dir.trace(), &[]);
+    assert_eq!(
+        field(field(&report, "process"), "exit"),
+        &serde_json::json!({"signal": 64})
+    );
+    assert!(as_u64(&report, "samples") > 0, "{}", pretty(&report));
+    assert_eq!(
+        field(field(&report, "trace"), "complete"),
+        &serde_json::json!(true)
+    );
 }
 
 /// profile_fork.c: sampling follows into the fork child (a timer of its own)
