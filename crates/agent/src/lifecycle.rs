@@ -186,6 +186,7 @@ pub fn init() {
     );
     crate::hooks::process::resolve();
     crate::hooks::threads::resolve();
+    crate::hooks::sigmask::resolve();
     crate::profile::init();
     crate::hooks::signals::install();
     modules::refresh();

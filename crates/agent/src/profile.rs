@@ -74,6 +74,15 @@ pub fn is_sampling_signal(sig: c_int) -> bool {
     sig != 0 && SIGNAL.load(Ordering::Relaxed) == sig
 }
 
+/// The sampling signal while the agent owns it (0 otherwise): masks the
+/// program sets leave it out (hooks/sigmask.rs).
+pub fn protected_signal() -> c_int {
+    if TAKEN.load(Ordering::Relaxed) {
+        return 0;
+    }
+    SIGNAL.load(Ordering::Relaxed)
+}
+
 /// Reads the configuration, picks the signal, installs the handler and arms
 /// the calling (main) thread. Runs in the constructor, before the fatal-signal
 /// handlers are installed (which then leave the sampling signal alone).
@@ -530,7 +539,7 @@ fn set_blocked(sig: c_int, block: bool) -> bool {
         } else {
             libc::SIG_UNBLOCK
         };
-        libc::pthread_sigmask(how, &set, &mut old);
+        crate::hooks::sigmask::real_pthread_sigmask()(how, &set, &mut old);
         libc::sigismember(&old, sig) == 1
     }
 }

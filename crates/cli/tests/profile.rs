@@ -135,9 +135,20 @@ fn known_shares_within_five_points() {
 /// work_b and work_c, the main thread 0.1 s in main_work.
 #[test]
 fn threads_have_their_own_shares_and_names() {
-    let dir = TestDir::new("profile_threads");
+    check_thread_shares("profile_threads", &[]);
+}
+
+/// The same with every signal blocked in every thread by the program: the
+/// sampling signal stays deliverable.
+#[test]
+fn threads_blocking_every_signal_are_still_sampled() {
+    check_thread_shares("profile_threads_blocked", &["block-all"]);
+}
+
+fn check_thread_shares(test: &str, args: &[&str]) {
+    let dir = TestDir::new(test);
     let prog = compile_c(&dir, "profile_threads.c");
-    let run = record(&dir, &prog, &[]);
+    let run = record(&dir, &prog, args);
     assert_eq!(run.stdout, "threads done\n");
     let report = profile(&dir.trace(), &[]);
     let samples = as_u64(&report, "samples");

@@ -5,5 +5,6 @@
 pub mod alloc;
 pub mod cxx;
 pub mod process;
+pub mod sigmask;
 pub mod signals;
 pub mod threads;
