@@ -52,6 +52,11 @@ static TIMERS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// Skipped periods per slot not yet written (the thread writes them with its
 /// next sample; at exit the finishing thread writes what is left).
 static SKIPPED: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+/// Per slot: periods the timer signalled (sampled or skipped), and the
+/// thread's CPU time when its timer was armed; at the thread's end the
+/// difference with its CPU clock gives the periods no signal came for.
+static SIGNALLED: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+static ARMED_CPU_NS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// One past the highest slot ever used (bounds the scans).
 static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
 /// The signal mask bit to restore after fork (whether it was blocked before).
@@ -178,6 +183,8 @@ pub fn thread_begin() {
         capture: StackCapture::new(),
         slot,
     }));
+    SIGNALLED[slot].store(0, Ordering::Relaxed);
+    ARMED_CPU_NS[slot].store(thread_cpu_ns(ts.tid).unwrap_or(0), Ordering::Relaxed);
     // Armed last: the handler finds the thread's state complete.
     if !ACTIVE.load(Ordering::Acquire) || !arm_timer(timer) {
         release_slot(slot);
@@ -193,9 +200,12 @@ pub fn thread_end(ts: &mut thread::ThreadState) {
         return;
     };
     ts.guard += 1;
+    // Counted before the slot is released (another thread may reuse it).
+    let missed = missed_periods(slot, ts.tid);
     release_slot(slot);
     let time = clock::tick().max(ts.last_time);
     write_skipped(ts, time, SKIPPED[slot].swap(0, Ordering::Relaxed));
+    write_missed(ts, time, missed);
     let mut name = [0u8; 17];
     // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL-terminated.
     if unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) } == 0 {
@@ -213,12 +223,15 @@ pub fn stop(from_signal: bool) {
         return;
     }
     let mut tids = [0u32; 64];
-    let (mut ntids, mut skipped) = (0usize, 0u64);
-    delete_all(|tid, s| {
+    let (mut ntids, mut skipped, mut missed) = (0usize, 0u64, 0u64);
+    delete_all(|slot, tid, s| {
         skipped += s;
-        if let Some(tid) = tid.filter(|_| ntids < tids.len()) {
-            tids[ntids] = tid;
-            ntids += 1;
+        if let Some(tid) = tid {
+            missed += missed_periods(slot, tid);
+            if ntids < tids.len() {
+                tids[ntids] = tid;
+                ntids += 1;
+            }
         }
     });
     drain_pending();
@@ -229,6 +242,7 @@ pub fn stop(from_signal: bool) {
     ts.guard += 1;
     let time = clock::tick().max(ts.last_time);
     write_skipped(ts, time, skipped);
+    write_missed(ts, time, missed);
     for &tid in &tids[..ntids] {
         if let Some(name) = read_comm(tid) {
             write_name(ts, tid, &name);
@@ -322,7 +336,7 @@ pub unsafe fn program_sigaction(
 fn hand_over() {
     ACTIVE.store(false, Ordering::Release);
     let mut skipped = 0;
-    delete_all(|_, s| skipped += s);
+    delete_all(|_, _, s| skipped += s);
     sys::warn("the program installed a handler for the sampling signal; CPU sampling stopped (see `trapline profile`)");
     if let record::Entry::Record(ts) = record::enter() {
         let time = clock::tick().max(ts.last_time);
@@ -388,6 +402,7 @@ fn sample(regs: arch::StartRegs, periods: u32) {
     let Some(slot) = ts.profile.as_ref().map(|p| p.slot) else {
         return;
     };
+    SIGNALLED[slot].fetch_add(u64::from(periods), Ordering::Relaxed);
     // Inside the agent: its buffer, caches or a lock may be mid-use.
     if ts.agent_thread || ts.guard > 0 || modules::is_agent_pc(regs.pc) {
         SKIPPED[slot].fetch_add(u64::from(periods), Ordering::Relaxed);
@@ -416,6 +431,14 @@ fn write_skipped(ts: &mut thread::ThreadState, time: u64, periods: u64) {
     if periods > 0 {
         ts.emit(Some(time), |e, c| {
             e.event(c, &Event::SamplesSkipped { time, periods })
+        });
+    }
+}
+
+fn write_missed(ts: &mut thread::ThreadState, time: u64, periods: u64) {
+    if periods > 0 {
+        ts.emit(Some(time), |e, c| {
+            e.event(c, &Event::SamplesMissed { time, periods })
         });
     }
 }
@@ -503,18 +526,42 @@ fn claim_slot(encoded: u64) -> Option<usize> {
     Some(slot)
 }
 
-/// Deletes every registered timer, calling `each(tid, skipped periods)` per
-/// slot in use (tid None: the thread's timer was already deleted).
-fn delete_all(mut each: impl FnMut(Option<u32>, u64)) {
+/// Deletes every registered timer, calling `each(slot, tid, skipped periods)`
+/// per slot in use (tid None: the thread's timer was already deleted).
+fn delete_all(mut each: impl FnMut(usize, Option<u32>, u64)) {
     let used = SLOTS_USED.load(Ordering::Acquire).min(SLOTS);
-    for (timer, skipped) in TIMERS[..used].iter().zip(&SKIPPED[..used]) {
+    for (slot, (timer, skipped)) in TIMERS[..used].iter().zip(&SKIPPED[..used]).enumerate() {
         let v = timer.swap(0, Ordering::AcqRel);
         let tid = (v & USED != 0).then(|| {
             delete_timer(v as u32 as c_int);
             (v >> 32) as u32 & 0x7fff_ffff
         });
-        each(tid, skipped.swap(0, Ordering::Relaxed));
+        each(slot, tid, skipped.swap(0, Ordering::Relaxed));
     }
+}
+
+/// CPU time of thread `tid` of this process, in nanoseconds (the kernel's
+/// per-thread CPU clock id: `~tid << 3 | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED`).
+fn thread_cpu_ns(tid: u32) -> Option<u64> {
+    let clock = (!(tid as c_int) << 3) | 6;
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    let r = unsafe { libc::clock_gettime(clock, &mut t) };
+    (r == 0).then(|| t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64)
+}
+
+/// Periods of thread `tid` (slot `slot`) that used CPU but were never
+/// signalled. The last, partial period is not counted.
+fn missed_periods(slot: usize, tid: u32) -> u64 {
+    let Some(now) = thread_cpu_ns(tid) else {
+        return 0;
+    };
+    let used = now.saturating_sub(ARMED_CPU_NS[slot].load(Ordering::Relaxed));
+    let due = u128::from(used) * u128::from(HZ.load(Ordering::Relaxed)) / 1_000_000_000;
+    (due as u64).saturating_sub(SIGNALLED[slot].load(Ordering::Relaxed) + 1)
 }
 
 /// Deletes the slot's timer, unless `stop` got to it first.

@@ -47,6 +47,10 @@ pub struct ProfileReport {
     /// Periods that struck inside trapline's agent (its own recording work)
     /// or where no stack could be taken: counted, not attributed.
     pub samples_skipped: u64,
+    /// Periods of CPU time no timer signal came for (the kernel checks CPU
+    /// timers at ticks that find the thread running; on a busy machine a
+    /// thread can run between them): counted at thread end, not attributed.
+    pub samples_missed: u64,
     /// Why sampling stopped before the process ended; null if it did not.
     pub stopped_early: Option<String>,
     /// Functions by `self`, then `total`, highest first.
@@ -96,6 +100,8 @@ pub struct ThreadProfile {
     pub samples: u64,
     /// Periods skipped inside trapline's agent.
     pub skipped: u64,
+    /// Periods no timer signal came for.
+    pub missed: u64,
     /// `samples` as a percentage of all threads' samples.
     pub percent: f64,
     /// This thread's functions by `self`, highest first (percentages of the thread's samples).
@@ -210,6 +216,7 @@ pub fn analyze<R: Read + Seek>(
     // Periods per (tid, stack id), and skipped periods and names per thread.
     let mut by_stack: HashMap<(u32, u32), u64> = HashMap::new();
     let mut skipped: HashMap<u32, u64> = HashMap::new();
+    let mut missed: HashMap<u32, u64> = HashMap::new();
     let mut names: HashMap<u32, String> = HashMap::new();
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
@@ -223,6 +230,9 @@ pub fn analyze<R: Read + Seek>(
             }
             Event::SamplesSkipped { periods, .. } => {
                 *skipped.entry(m.tid).or_default() += periods;
+            }
+            Event::SamplesMissed { periods, .. } => {
+                *missed.entry(m.tid).or_default() += periods;
             }
             Event::ProfileStop { time, reason } => {
                 stopped_early = Some(match reason {
@@ -282,7 +292,9 @@ pub fn analyze<R: Read + Seek>(
             }
         }
     }
-    let known = |tid: u32| per_thread.contains_key(&tid) || skipped.contains_key(&tid);
+    let known = |tid: u32| {
+        per_thread.contains_key(&tid) || skipped.contains_key(&tid) || missed.contains_key(&tid)
+    };
     if let Some(tid) = thread.filter(|&t| !known(t)) {
         let mut tids: Vec<u32> = per_thread.keys().copied().collect();
         tids.sort_unstable();
@@ -302,7 +314,13 @@ pub fn analyze<R: Read + Seek>(
     }
     let all_samples: u64 = per_thread.values().map(|t| t.0).sum();
     let mut tids: HashSet<u32> = per_thread.keys().copied().collect();
-    tids.extend(skipped.keys().copied().filter(|&t| t != 0));
+    tids.extend(
+        skipped
+            .keys()
+            .chain(missed.keys())
+            .copied()
+            .filter(|&t| t != 0),
+    );
     let mut threads: Vec<ThreadProfile> = tids
         .into_iter()
         .map(|tid| {
@@ -312,6 +330,7 @@ pub fn analyze<R: Read + Seek>(
                 name: names.get(&tid).cloned(),
                 samples: n,
                 skipped: skipped.get(&tid).copied().unwrap_or(0),
+                missed: missed.get(&tid).copied().unwrap_or(0),
                 percent: if all_samples == 0 {
                     0.0
                 } else {
@@ -322,10 +341,12 @@ pub fn analyze<R: Read + Seek>(
         })
         .collect();
     threads.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
-    let samples_skipped = match thread {
-        Some(tid) => skipped.get(&tid).copied().unwrap_or(0),
-        None => skipped.values().sum(),
+    let in_selection = |counts: &HashMap<u32, u64>| match thread {
+        Some(tid) => counts.get(&tid).copied().unwrap_or(0),
+        None => counts.values().sum(),
     };
+    let samples_skipped = in_selection(&skipped);
+    let samples_missed = in_selection(&missed);
     let mut folded: Vec<(String, u64)> = folded
         .into_iter()
         .map(|(l, n)| (l.to_string(), n))
@@ -341,6 +362,7 @@ pub fn analyze<R: Read + Seek>(
         samples,
         cpu_seconds: samples as f64 / f64::from(rate_hz.max(1)),
         samples_skipped,
+        samples_missed,
         stopped_early,
         functions: all.table(samples),
         threads,
@@ -416,6 +438,15 @@ pub fn render_text(r: &ProfileReport) -> String {
             out,
             "{p}Skipped: {} samples struck inside trapline's agent (its own recording work) and are not attributed",
             thousands(r.samples_skipped)
+        )
+        .unwrap();
+    }
+    // A thread's CPU after its last tick check is normal; say more only when it matters.
+    if r.samples_missed * 100 > r.samples {
+        writeln!(
+            out,
+            "{p}Missed: {} sampling periods of CPU time got no timer signal (the kernel checks CPU timers at ticks that find the thread running; a busy machine can let a thread run between them); shares are of the samples taken",
+            thousands(r.samples_missed)
         )
         .unwrap();
     }

@@ -448,6 +448,14 @@ pub enum Event {
         time: u64,
         periods: u64,
     },
+    /// Sampling periods of the chunk's thread that no signal came for: the
+    /// kernel checks CPU-time timers only at ticks that find the thread
+    /// running, and on a busy machine a thread can run between ticks. Found
+    /// at the thread's end by comparing its CPU clock with the periods signalled.
+    SamplesMissed {
+        time: u64,
+        periods: u64,
+    },
     /// Sampling stopped before the process ended, for `reason`.
     ProfileStop {
         time: u64,
@@ -478,6 +486,7 @@ impl Event {
             | Event::ProfileStart { time, .. }
             | Event::Sample { time, .. }
             | Event::SamplesSkipped { time, .. }
+            | Event::SamplesMissed { time, .. }
             | Event::ProfileStop { time, .. } => Some(*time),
             _ => None,
         }
@@ -508,6 +517,7 @@ pub(crate) mod tag {
     pub const SAMPLE: u8 = 97;
     pub const SAMPLES_SKIPPED: u8 = 98;
     pub const PROFILE_STOP: u8 = 99;
+    pub const SAMPLES_MISSED: u8 = 100;
 }
 
 /// Longest frames list a stack may have in a trace; longer input is corrupt.
@@ -827,6 +837,11 @@ impl<'a> Encoder<'a> {
             } => self.sample(ctx, *time, *stack, *periods),
             Event::SamplesSkipped { time, periods } => {
                 self.byte(tag::SAMPLES_SKIPPED)?;
+                self.time(ctx, *time)?;
+                self.u64(*periods)
+            }
+            Event::SamplesMissed { time, periods } => {
+                self.byte(tag::SAMPLES_MISSED)?;
                 self.time(ctx, *time)?;
                 self.u64(*periods)
             }
@@ -1233,6 +1248,13 @@ impl<'a> Decoder<'a> {
             tag::SAMPLES_SKIPPED => {
                 let time = self.time()?;
                 Event::SamplesSkipped {
+                    time,
+                    periods: self.u64()?,
+                }
+            }
+            tag::SAMPLES_MISSED => {
+                let time = self.time()?;
+                Event::SamplesMissed {
                     time,
                     periods: self.u64()?,
                 }

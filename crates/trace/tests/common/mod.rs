@@ -309,6 +309,10 @@ pub fn hot_events(base_time: u64) -> Vec<Event> {
             time: tick(0),
             periods: u64::MAX,
         },
+        Event::SamplesMissed {
+            time: tick(1),
+            periods: 41,
+        },
         Event::ProfileStop {
             time: tick(9),
             reason: trapline_trace::ProfileStopReason::SignalTaken,
