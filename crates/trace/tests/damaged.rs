@@ -144,6 +144,11 @@ fn multi_byte_corruption_sample() {
                 *b = rng.byte();
             }
         }
+        // A "random" byte can equal the one it replaces: the damage starts
+        // at the first byte that actually changed.
+        let Some(first) = damaged.iter().zip(&bytes).position(|(a, b)| a != b) else {
+            continue;
+        };
         let out = read_all(&damaged);
         assert!(out.open_error.is_none());
         let k = spans
