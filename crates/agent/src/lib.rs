@@ -14,6 +14,7 @@ mod lifecycle;
 mod live;
 mod modules;
 mod record;
+mod scan;
 mod stacks;
 mod sys;
 mod thread;

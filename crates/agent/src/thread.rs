@@ -193,6 +193,7 @@ pub fn mark_agent_thread() {
     let ts = current();
     ts.agent_thread = true;
     ts.guard = 1;
+    crate::scan::note_agent_thread();
 }
 
 impl ThreadState {

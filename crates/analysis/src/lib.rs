@@ -15,6 +15,8 @@ pub mod leaks;
 mod replay;
 pub mod report;
 pub mod stats;
+pub mod suppressions;
+mod verdicts;
 
 pub use index::{MergedEvent, MergedEvents, Stopped, TraceIndex};
 pub use leaks::LeaksReport;

@@ -25,6 +25,10 @@ pub trait Report: Serialize {
     fn text(&self) -> String;
     /// How reading the trace went.
     fn status(&self) -> &TraceStatus;
+    /// Why the report cannot answer what was asked, if it cannot.
+    fn problem(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Report for trapline_analysis::LeaksReport {
@@ -33,6 +37,9 @@ impl Report for trapline_analysis::LeaksReport {
     }
     fn status(&self) -> &TraceStatus {
         &self.trace
+    }
+    fn problem(&self) -> Option<&str> {
+        self.problem.as_deref()
     }
 }
 
@@ -65,6 +72,9 @@ pub fn run<T: Report>(
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };
+    if let Some(p) = report.problem() {
+        return fail(p.to_string());
+    }
     let status = report.status();
     if status.events == 0 {
         let why = match &status.stopped {

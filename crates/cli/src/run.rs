@@ -39,6 +39,13 @@ pub struct RunArgs {
     /// Do not run the C library's freeres at exit (its own buffers then show as unfreed).
     #[arg(long)]
     pub no_freeres: bool,
+    /// Also judge every live block by reachability every SECS seconds while
+    /// the program runs (each scan is a snapshot; see `trapline leaks --history`).
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub scan_every: Option<f64>,
+    /// Do not scan for reachability at exit (leaks then shows blocks unfreed at exit, unjudged).
+    #[arg(long)]
+    pub no_scan: bool,
     /// Print no summary when the command ends.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -50,6 +57,14 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+/// A positive number of seconds (decimals allowed), at least a millisecond.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.001 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds (at least 0.001)")),
+    }
 }
 
 fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
@@ -259,7 +274,14 @@ pub fn main(args: RunArgs) -> ExitCode {
             "TRAPLINE_PASS_INVALID",
             if args.pass_invalid_frees { "1" } else { "0" },
         )
-        .env("TRAPLINE_FREERES", if args.no_freeres { "0" } else { "1" });
+        .env("TRAPLINE_FREERES", if args.no_freeres { "0" } else { "1" })
+        .env("TRAPLINE_SCAN", if args.no_scan { "0" } else { "1" })
+        .env(
+            "TRAPLINE_SCAN_EVERY",
+            args.scan_every.map_or("0".to_string(), |s| {
+                ((s * 1000.0).round() as u64).to_string()
+            }),
+        );
 
     // While the command runs, signals meant for it must not kill trapline
     // first: a terminal's SIGINT/SIGQUIT reach the whole process group anyway;

@@ -8,6 +8,7 @@
 
 pub mod event;
 pub mod format;
+pub mod scan;
 pub mod varint;
 
 mod builder;
@@ -18,3 +19,4 @@ pub use event::{
     Family, ModuleInfo, ProcessInfo, Segment, SnapshotKind,
 };
 pub use format::{Chunk, ChunkHeader, TraceError, TraceReader, FORMAT_VERSION};
+pub use scan::{ScanStats, ScanTrigger, Verdict};

@@ -85,3 +85,45 @@ macro_rules! variadic_exec_trampoline {
 variadic_exec_trampoline!(execl, crate::hooks::process::execl_collected);
 variadic_exec_trampoline!(execle, crate::hooks::process::execle_collected);
 variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
+
+/// The stack pointer of the calling function (inlined into it).
+#[inline(always)]
+pub fn stack_pointer() -> u64 {
+    let sp: u64;
+    // SAFETY: reads a register only.
+    unsafe {
+        core::arch::asm!("mov {sp}, rsp", sp = out(reg) sp, options(nomem, nostack, preserves_flags));
+    }
+    sp
+}
+
+/// Registers a function must preserve (rbx, rbp, r12-r15): at a call into the
+/// agent they may hold the caller's pointers, which the reachability scan
+/// treats as roots.
+pub const CALLEE_SAVED: usize = 6;
+
+/// `exit` (hooks/exit.rs): spills the callee-saved registers, as the caller
+/// left them, into a stack array and passes it with the caller's stack
+/// pointer (its value once `exit` would have returned) to the collector.
+///
+/// # Safety
+/// The C function's contract.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn exit() {
+    core::arch::naked_asm!(
+        // On entry rsp = 8 mod 16; 56 bytes keep the call 16-aligned.
+        "sub rsp, 56",
+        "mov [rsp], rbx",
+        "mov [rsp + 8], rbp",
+        "mov [rsp + 16], r12",
+        "mov [rsp + 24], r13",
+        "mov [rsp + 32], r14",
+        "mov [rsp + 40], r15",
+        "mov rsi, rsp",
+        "lea rdx, [rsp + 64]",
+        "call {collector}",
+        "ud2",
+        collector = sym crate::hooks::exit::exit_collected,
+    )
+}

@@ -4,5 +4,6 @@
 
 pub mod alloc;
 pub mod cxx;
+pub mod exit;
 pub mod process;
 pub mod signals;

@@ -5,8 +5,8 @@
 
 use trapline_trace::event::{segment_flags, MAX_STACK_FRAMES};
 use trapline_trace::{
-    AllocFn, Chunk, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, Segment,
-    SnapshotKind, TraceBuilder, TraceError, TraceReader,
+    AllocFn, Chunk, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, ScanStats,
+    ScanTrigger, Segment, SnapshotKind, TraceBuilder, TraceError, TraceReader, Verdict,
 };
 
 /// xorshift64*: small, deterministic, good enough to drive mutations.
@@ -279,6 +279,56 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             size: 16,
             func: AllocFn::Calloc,
             stack: 2,
+        },
+        Event::ScanBegin {
+            time: base_time,
+            scan: 1,
+            trigger: ScanTrigger::Exit,
+        },
+        Event::ScanBlock {
+            scan: 1,
+            addr: 0x1234,
+            size: 16,
+            func: AllocFn::Calloc,
+            stack: 2,
+            verdict: Verdict::DefinitelyLost,
+            indirect_bytes: 48,
+        },
+        Event::ScanBlock {
+            scan: u32::MAX,
+            addr: u64::MAX,
+            size: u64::MAX,
+            func: AllocFn::NewArrayAlignedNothrow,
+            stack: u32::MAX,
+            verdict: Verdict::StillReachable,
+            indirect_bytes: u64::MAX,
+        },
+        Event::ScanEnd {
+            scan: 1,
+            stats: ScanStats {
+                pause_ns: 1_234_567,
+                threads: 3,
+                threads_not_suspended: 1,
+                root_bytes: 1 << 20,
+                blocks: 2,
+                bytes: 16,
+            },
+        },
+        Event::ScanBegin {
+            time: base_time,
+            scan: u32::MAX,
+            trigger: ScanTrigger::Periodic,
+        },
+        Event::ScanEnd {
+            scan: u32::MAX,
+            stats: ScanStats {
+                pause_ns: u64::MAX,
+                threads: u32::MAX,
+                threads_not_suspended: u32::MAX,
+                root_bytes: u64::MAX,
+                blocks: u64::MAX,
+                bytes: u64::MAX,
+            },
         },
         Event::SnapshotEnd {
             blocks: 1,

@@ -1,0 +1,134 @@
+//! The live blocks of one scan, sorted by address, and the lookup that turns
+//! a word into the block it points into.
+//!
+//! Blocks are grouped into regions of nearby blocks (a gap of more than
+//! `REGION_GAP` starts a new one: arenas, mmapped chunks). Each region has a
+//! table giving, per granule (4 KiB, coarser for sparse regions), the index of
+//! the first block starting at or after it, so a lookup is: range check,
+//! binary search among the few regions, one table read, and a binary search
+//! among the blocks of one granule.
+
+use crate::live::Packed;
+
+/// A gap between blocks larger than this starts a new region.
+const REGION_GAP: u64 = 1 << 20;
+const MIN_GRANULE_SHIFT: u32 = 12;
+
+struct Region {
+    lo: u64,
+    hi: u64,
+    /// Index of the region's first block.
+    first: u32,
+    shift: u32,
+    /// Offset of the region's granule table in `BlockIndex::granules`.
+    table: usize,
+}
+
+/// The sorted live blocks and their lookup tables.
+pub struct BlockIndex {
+    pub blocks: Vec<Packed>,
+    starts: Vec<u64>,
+    regions: Vec<Region>,
+    granules: Vec<u32>,
+    lo: u64,
+    hi: u64,
+}
+
+impl BlockIndex {
+    /// Sorts `blocks` (a copy of the live table) and builds the tables.
+    pub fn new(mut blocks: Vec<Packed>) -> BlockIndex {
+        blocks.sort_unstable_by_key(Packed::addr);
+        let starts: Vec<u64> = blocks.iter().map(Packed::addr).collect();
+        let mut regions = Vec::new();
+        let mut granules = Vec::new();
+        let mut i = 0;
+        while i < blocks.len() {
+            let first = i;
+            let mut hi = end(&blocks[i]);
+            i += 1;
+            while i < blocks.len() && starts[i] <= hi.saturating_add(REGION_GAP) {
+                hi = hi.max(end(&blocks[i]));
+                i += 1;
+            }
+            let lo = starts[first];
+            // Keep a region's table near its block count, whatever its span.
+            let count = (i - first) as u64;
+            let mut shift = MIN_GRANULE_SHIFT;
+            while (hi - lo) >> shift > 4 * count + 16 {
+                shift += 1;
+            }
+            let n = ((hi - lo) >> shift) as usize + 1;
+            let table = granules.len();
+            let mut k = first;
+            for g in 0..=n {
+                let base = lo + ((g as u64) << shift);
+                while k < i && starts[k] < base {
+                    k += 1;
+                }
+                granules.push(k as u32);
+            }
+            regions.push(Region {
+                lo,
+                hi,
+                first: first as u32,
+                shift,
+                table,
+            });
+        }
+        let lo = regions.first().map_or(u64::MAX, |r| r.lo);
+        let hi = regions.iter().map(|r| r.hi).max().unwrap_or(0);
+        BlockIndex {
+            blocks,
+            starts,
+            regions,
+            granules,
+            lo,
+            hi,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// The block `w` points into, and whether it points to its start.
+    /// Memcheck's rule: a block of size n is pointed into by `start..start+n`;
+    /// a block of size 0 only by its start.
+    #[inline]
+    pub fn find(&self, w: u64) -> Option<(usize, bool)> {
+        if w < self.lo || w > self.hi {
+            return None;
+        }
+        let r = self.regions.partition_point(|r| r.lo <= w);
+        let region = &self.regions[r.checked_sub(1)?];
+        if w > region.hi {
+            return None;
+        }
+        let g = region.table + ((w - region.lo) >> region.shift) as usize;
+        let (a, b) = (self.granules[g] as usize, self.granules[g + 1] as usize);
+        // The last block starting at or before w: inside this granule, or
+        // the one before it (which may span into the granule).
+        let k = a + self.starts[a..b].partition_point(|&s| s <= w);
+        let i = k.checked_sub(1)?;
+        if i < region.first as usize {
+            return None;
+        }
+        let start = self.starts[i];
+        let size = self.blocks[i].size();
+        if w - start < size || w == start {
+            Some((i, w == start))
+        } else {
+            None
+        }
+    }
+
+    /// Whether any block starts in `[lo, hi)` (a mapping holding one is malloc's).
+    pub fn any_block_in(&self, lo: u64, hi: u64) -> bool {
+        let k = self.starts.partition_point(|&s| s < lo);
+        k < self.starts.len() && self.starts[k] < hi
+    }
+}
+
+fn end(b: &Packed) -> u64 {
+    b.addr() + b.size().max(1) - 1
+}
