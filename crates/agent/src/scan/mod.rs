@@ -10,6 +10,7 @@
 //!    allocates, since a stopped thread may hold the agent heap's lock;
 //! 4. plan the roots (roots.rs), read them, mark, group the lost blocks;
 //! 5. let the threads go, unlock the shards; the pause is 2 to 5.
+//!
 //! The caller then writes the verdicts (emit.rs).
 
 mod blocks;

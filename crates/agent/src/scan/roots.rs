@@ -43,7 +43,7 @@ fn is_arena_heap(
     m: &Mapping,
     read_word: &mut dyn FnMut(u64) -> Option<u64>,
 ) -> bool {
-    if m.file || m.start % ARENA_HEAP_ALIGN != 0 {
+    if m.file || !m.start.is_multiple_of(ARENA_HEAP_ALIGN) {
         return false;
     }
     // heap_info.ar_ptr: the arena's state, inside this heap or its arena's first heap.
