@@ -2,7 +2,7 @@
 # Side-by-side benchmarks: native vs trapline vs heaptrack (and valgrind for
 # the record). See bench/README.md for what each one measures.
 #
-#   bench/run.sh [micro|cc1|memory|all]     (default: all)
+#   bench/run.sh [micro|cc1|memory|scan|all]     (default: all; scan: bench/scan.sh)
 #
 # Knobs (environment):
 #   MICRO_N=5000000        malloc+free pairs per micro run
@@ -46,13 +46,13 @@ AGENT=${TRAPLINE_AGENT:-$(dirname "$TRAPLINE")/libtrapline_agent.so}
 
 WHAT=${1:-all}
 case $WHAT in
-    micro | cc1 | memory | all) ;;
+    micro | cc1 | memory | scan | all) ;;
     -h | --help)
         sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
-        echo "usage: $0 [micro|cc1|memory|all]" >&2
+        echo "usage: $0 [micro|cc1|memory|scan|all]" >&2
         exit 2
         ;;
 esac
@@ -652,6 +652,7 @@ case $WHAT in
     micro) bench_micro ;;
     cc1) bench_cc1 ;;
     memory) bench_memory ;;
+    scan) NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/scan.sh" ;;
     all)
         bench_micro
         bench_memory

@@ -295,6 +295,9 @@ impl Locked<'_> {
 pub struct Packed(Entry);
 
 impl Packed {
+    /// A placeholder (scratch space of a sort).
+    pub const EMPTY: Packed = Packed(Entry { key: 0, meta: 0 });
+
     /// The block's address.
     #[inline]
     pub fn addr(&self) -> u64 {

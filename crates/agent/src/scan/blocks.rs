@@ -37,7 +37,7 @@ pub struct BlockIndex {
 impl BlockIndex {
     /// Sorts `blocks` (a copy of the live table) and builds the tables.
     pub fn new(mut blocks: Vec<Packed>) -> BlockIndex {
-        blocks.sort_unstable_by_key(Packed::addr);
+        radix_sort(&mut blocks);
         let starts: Vec<u64> = blocks.iter().map(Packed::addr).collect();
         let mut regions = Vec::new();
         let mut granules = Vec::new();
@@ -126,6 +126,54 @@ impl BlockIndex {
     pub fn any_block_in(&self, lo: u64, hi: u64) -> bool {
         let k = self.starts.partition_point(|&s| s < lo);
         k < self.starts.len() && self.starts[k] < hi
+    }
+}
+
+/// Sorts blocks by address: LSD radix sort on `addr >> 4` (44 bits), 11 bits
+/// per pass, skipping the passes whose digit is the same in every block
+/// (heap addresses share their high bits). Several times faster than a
+/// comparison sort at ten million blocks, which matters: the program is
+/// stopped meanwhile.
+fn radix_sort(blocks: &mut Vec<Packed>) {
+    const BITS: u64 = 11;
+    const BUCKETS: usize = 1 << BITS;
+    const PASSES: usize = 4;
+    let n = blocks.len();
+    if n < 1 << 16 {
+        blocks.sort_unstable_by_key(Packed::addr);
+        return;
+    }
+    let digit = |p: &Packed, pass: usize| (((p.addr() >> 4) >> (BITS * pass as u64)) as usize) & (BUCKETS - 1);
+    let mut counts = vec![[0usize; BUCKETS]; PASSES];
+    for p in blocks.iter() {
+        for (pass, c) in counts.iter_mut().enumerate() {
+            c[digit(p, pass)] += 1;
+        }
+    }
+    let mut other = vec![Packed::EMPTY; n];
+    let (mut src, mut dst) = (blocks, &mut other);
+    let mut swapped = false;
+    for (pass, c) in counts.iter().enumerate() {
+        if c.contains(&n) {
+            continue;
+        }
+        let mut next = [0usize; BUCKETS];
+        let mut sum = 0;
+        for (slot, &count) in next.iter_mut().zip(c) {
+            *slot = sum;
+            sum += count;
+        }
+        for p in src.iter() {
+            let d = digit(p, pass);
+            dst[next[d]] = *p;
+            next[d] += 1;
+        }
+        core::mem::swap(&mut src, &mut dst);
+        swapped = !swapped;
+    }
+    if swapped {
+        // The sorted data is in `other`: hand that buffer over.
+        core::mem::swap(src, dst);
     }
 }
 
