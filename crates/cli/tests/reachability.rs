@@ -497,3 +497,32 @@ fn periodic_scans_snapshots_and_history() {
     // The strongest suspect comes first.
     assert!(std::ptr::eq(&sites[0], early));
 }
+
+#[test]
+fn a_thread_that_blocks_the_signal_is_reported_not_suspended() {
+    let dir = TestDir::new("reach_blocked");
+    let prog = compile_c(&dir, "reach_blocked_signals.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert!(
+        run.stderr
+            .contains("1 threads not suspended: false leaks possible"),
+        "{}",
+        run.describe()
+    );
+    let report = leaks(&dir.trace());
+    let scan = field(&report, "scan");
+    assert_eq!(as_u64(scan, "threads"), 3, "{}", pretty(scan));
+    assert_eq!(as_u64(scan, "threads_not_suspended"), 1, "{}", pretty(scan));
+    assert_eq!(
+        bytes_blocks(record_of(&report, "still_reachable", "deaf_worker")),
+        (700, 1)
+    );
+    let [definite, indirect, possible, _] = kind_totals(&report);
+    assert_eq!((definite, indirect, possible), ((0, 0), (0, 0), (0, 0)));
+    let text = analysis_text(&dir, &[]);
+    assert!(
+        text.contains("WARNING: 1 threads not suspended: false leaks possible"),
+        "{text}"
+    );
+}

@@ -143,7 +143,9 @@ fn radix_sort(blocks: &mut Vec<Packed>) {
         blocks.sort_unstable_by_key(Packed::addr);
         return;
     }
-    let digit = |p: &Packed, pass: usize| (((p.addr() >> 4) >> (BITS * pass as u64)) as usize) & (BUCKETS - 1);
+    let digit = |p: &Packed, pass: usize| {
+        (((p.addr() >> 4) >> (BITS * pass as u64)) as usize) & (BUCKETS - 1)
+    };
     let mut counts = vec![[0usize; BUCKETS]; PASSES];
     for p in blocks.iter() {
         for (pass, c) in counts.iter_mut().enumerate() {
