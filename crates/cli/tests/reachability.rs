@@ -99,6 +99,28 @@ fn record_from<'a>(report: &'a Value, kind: &str, functions: &[&str]) -> &'a Val
     found[0]
 }
 
+/// The only record of `kind` allocated at the line of `marker` in `source`.
+fn record_at<'a>(report: &'a Value, kind: &str, source: &str, marker: &str) -> &'a Value {
+    let line = marker_line(source, marker);
+    let found: Vec<&Value> = records(report)
+        .iter()
+        .filter(|r| as_str(r, "kind") == kind)
+        .filter(|r| {
+            stack_of(r, "stack").first().is_some_and(|f| {
+                basename(f.get("file")) == source
+                    && f.get("line").and_then(Value::as_u64) == Some(line)
+            })
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {kind} record at {source}:{line}: {}",
+        pretty(field(report, "records"))
+    );
+    found[0]
+}
+
 fn bytes_blocks(record: &Value) -> (u64, u64) {
     (as_u64(record, "bytes"), as_u64(record, "blocks"))
 }
@@ -269,16 +291,17 @@ fn pointers_only_in_thread_local_storage() {
 #[test]
 fn pointers_only_in_an_mmapped_region() {
     let (_dir, report) = judged("reach_mmap", "reach_mmap.c");
-    assert_eq!(kind_totals(&report), [(64, 1), (0, 0), (0, 0), (128, 1)]);
-    assert_exit_scan(&report, 2, 2);
     assert_eq!(
-        bytes_blocks(record_of(&report, "still_reachable", "build")),
-        (128, 1)
+        kind_totals(&report),
+        [(64, 1), (0, 0), (0, 0), (1_048_800, 3)]
     );
-    assert_eq!(
-        bytes_blocks(record_of(&report, "definitely_lost", "build")),
-        (64, 1)
-    );
+    assert_exit_scan(&report, 2, 4);
+    let at = |kind, marker| bytes_blocks(record_at(&report, kind, "reach_mmap.c", marker));
+    assert_eq!(at("still_reachable", "MAPPED-BLOCK"), (128, 1));
+    assert_eq!(at("definitely_lost", "UNMAPPED-BLOCK"), (64, 1));
+    // Its page shares a line of /proc/self/maps with the 1 MiB block's mapping.
+    assert_eq!(at("still_reachable", "NEXT-TO-BIG-BLOCK"), (96, 1));
+    assert_eq!(at("still_reachable", "BIG-BLOCK"), (1 << 20, 1));
 }
 
 #[test]

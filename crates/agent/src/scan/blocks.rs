@@ -122,10 +122,15 @@ impl BlockIndex {
         }
     }
 
-    /// Whether any block starts in `[lo, hi)` (a mapping holding one is malloc's).
-    pub fn any_block_in(&self, lo: u64, hi: u64) -> bool {
+    /// The extent of the first block starting in `[lo, hi)`, with glibc's
+    /// chunk header (16 bytes) before it: memory that is malloc's, never a root.
+    pub fn first_block_in(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
         let k = self.starts.partition_point(|&s| s < lo);
-        k < self.starts.len() && self.starts[k] < hi
+        let start = *self.starts.get(k).filter(|&&s| s < hi)?;
+        Some((
+            start.saturating_sub(16).max(lo),
+            start + self.blocks[k].size().max(1),
+        ))
     }
 }
 

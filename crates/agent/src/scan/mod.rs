@@ -307,7 +307,7 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
             root_bytes += (8 * CALLEE_SAVED) as u64;
         }
     }
-    let holds_blocks = |lo, hi| index.any_block_in(lo, hi);
+    let next_block = |lo, hi| index.first_block_in(lo, hi);
     let mut read_word = |a: u64| {
         let mut w = None;
         reader.for_each_word(a, a + 8, |x| w = Some(x));
@@ -318,7 +318,7 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
             maps: &maps,
             excluded: &excluded,
             stack_starts: &stack_starts,
-            holds_blocks: &holds_blocks,
+            next_block: &next_block,
             read_word: &mut read_word,
         },
         &mut root_ranges,
