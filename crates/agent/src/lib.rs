@@ -18,6 +18,7 @@ mod scan;
 mod stacks;
 mod sys;
 mod thread;
+mod threads;
 mod untracked;
 mod unwind;
 mod writer;

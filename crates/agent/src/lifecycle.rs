@@ -187,6 +187,7 @@ pub fn init() {
     );
     crate::hooks::process::resolve();
     crate::scan::init();
+    crate::hooks::threads::resolve();
     crate::hooks::signals::install();
     modules::refresh();
     if open_trace(top) {
@@ -455,6 +456,7 @@ pub fn resume_after_failed_exec() {
 }
 
 extern "C" fn fork_prepare() {
+    crate::threads::lock();
     thread::lock_all();
     live::lock_all();
     stacks::lock_all();
@@ -469,6 +471,7 @@ extern "C" fn fork_parent() {
     stacks::unlock_all();
     live::unlock_all();
     thread::unlock_all();
+    crate::threads::unlock();
 }
 
 extern "C" fn fork_child() {
@@ -479,6 +482,7 @@ extern "C" fn fork_child() {
     live::reset_locks();
     modules::reset_lock();
     thread::reset_in_child();
+    crate::threads::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
     sys::membarrier_register();
     if FINISHED.load(Ordering::Acquire) {

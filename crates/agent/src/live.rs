@@ -242,13 +242,22 @@ impl Locked<'_> {
 
     /// Remembers a free, so that a second free of the same address can be
     /// reported with the first free's stack.
+    #[inline(always)]
     pub fn remember_free(&mut self, f: Freed) {
         let d = self.data();
+        let n = d.freed_next;
         if d.freed.is_empty() {
             d.freed = vec![Freed::default(); FREED_RING];
         }
-        let n = d.freed_next;
-        d.freed[n % FREED_RING] = f;
+        if let Some(slot) = d.freed.get_mut(n % FREED_RING) {
+            // Field by field: a struct built just before and copied whole
+            // is reloaded with wide loads that stall on the narrow stores.
+            slot.addr = f.addr;
+            slot.size = f.size;
+            slot.func = f.func;
+            slot.alloc_stack = f.alloc_stack;
+            slot.free_stack = f.free_stack;
+        }
         d.freed_next = n + 1;
     }
 
