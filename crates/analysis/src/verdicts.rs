@@ -31,14 +31,65 @@ struct ScanFacts {
     groups: HashMap<GroupKey, Totals>,
 }
 
-/// What `--history` follows of one block across scans.
+/// What `--history` follows of one block across scans. The observation of
+/// its latest scan is kept apart: that scan may turn out incomplete (a trace
+/// cut while a scan was being written), and then does not count.
+#[derive(Clone, Copy)]
 struct BlockHistory {
     stack: u32,
     func: AllocFn,
     size: u64,
-    seen: u32,
-    lost: u32,
+    /// Scans before `last` that saw the block, and those that judged it lost.
+    seen_before: u32,
+    lost_before: u32,
+    /// The latest scan before `last` that saw it (0: none).
+    prev: u32,
     last: u32,
+    lost_at_last: bool,
+}
+
+impl BlockHistory {
+    fn new(stack: u32, func: AllocFn, size: u64) -> Self {
+        BlockHistory {
+            stack,
+            func,
+            size,
+            seen_before: 0,
+            lost_before: 0,
+            prev: 0,
+            last: 0,
+            lost_at_last: false,
+        }
+    }
+
+    fn observe(&mut self, scan: u32, lost: bool) {
+        if scan > self.last {
+            if self.last != 0 {
+                self.seen_before += 1;
+                self.lost_before += u32::from(self.lost_at_last);
+                self.prev = self.last;
+            }
+            self.last = scan;
+            self.lost_at_last = lost;
+        } else {
+            self.seen_before += 1;
+            self.lost_before += u32::from(lost);
+            self.prev = self.prev.max(scan);
+        }
+    }
+
+    /// Whether the block was in scan `last_complete` and lost in every
+    /// complete scan that saw it.
+    fn lost_throughout(&self, last_complete: u32) -> bool {
+        if self.last == last_complete {
+            self.lost_at_last && self.lost_before == self.seen_before
+        } else {
+            self.last > last_complete
+                && self.prev == last_complete
+                && self.seen_before > 0
+                && self.lost_before == self.seen_before
+        }
+    }
 }
 
 /// Collects the scans of a trace.
@@ -88,28 +139,13 @@ impl ScanCollector {
                 t.indirect_bytes += indirect_bytes;
                 if let Some(blocks) = &mut self.blocks {
                     let lost = matches!(verdict, Verdict::DefinitelyLost | Verdict::IndirectlyLost);
-                    let h = blocks.entry(*addr).or_insert(BlockHistory {
-                        stack: *stack,
-                        func: *func,
-                        size: *size,
-                        seen: 0,
-                        lost: 0,
-                        last: 0,
-                    });
+                    let fresh = BlockHistory::new(*stack, *func, *size);
+                    let h = blocks.entry(*addr).or_insert(fresh);
                     if (h.stack, h.func, h.size) != (*stack, *func, *size) {
                         // Another block at the same address: start over.
-                        *h = BlockHistory {
-                            stack: *stack,
-                            func: *func,
-                            size: *size,
-                            seen: 0,
-                            lost: 0,
-                            last: 0,
-                        };
+                        *h = fresh;
                     }
-                    h.seen += 1;
-                    h.lost += u32::from(lost);
-                    h.last = h.last.max(*scan);
+                    h.observe(*scan, lost);
                 }
             }
             _ => {}
@@ -188,7 +224,7 @@ impl ScanCollector {
         }
         let last = complete.last().copied().unwrap_or(0);
         for b in self.blocks.iter().flat_map(|m| m.values()) {
-            if b.last == last && b.seen == b.lost && b.lost > 0 {
+            if b.lost_throughout(last) {
                 if let Some(site) = sites.get_mut(&(b.stack, b.func)) {
                     site.lost_in_every_snapshot.bytes += b.size;
                     site.lost_in_every_snapshot.blocks += 1;
