@@ -148,7 +148,9 @@ pub fn mapping_count() -> usize {
     n
 }
 
-fn map(len: usize) -> *mut u8 {
+/// Maps `len` bytes of zeroed memory for the agent (recorded in the
+/// registry, so the reachability scan never reads it as a root).
+pub fn map(len: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping has no preconditions.
     let p = unsafe {
         libc::mmap(

@@ -724,6 +724,15 @@ fn record_amount(rec: &LossRecord) -> String {
     }
 }
 
+/// "N bytes in M blocks", memcheck's way.
+fn bytes_in_blocks(bb: BytesBlocks) -> String {
+    format!(
+        "{} bytes in {} blocks",
+        thousands(bb.bytes),
+        thousands(bb.blocks)
+    )
+}
+
 fn kind_text(kind: &str) -> &'static str {
     match kind {
         "definitely_lost" => "are definitely lost",
@@ -784,22 +793,19 @@ fn leak_summary_text(out: &mut String, p: &str, r: &LeaksReport) {
         ("   still reachable", sr),
         ("        suppressed", s.suppressed.unwrap_or_default()),
     ] {
-        writeln!(
-            out,
-            "{p}{label}: {} bytes in {} blocks",
-            thousands(bb.bytes),
-            thousands(bb.blocks)
-        )
-        .unwrap();
+        writeln!(out, "{p}{label}: {}", bytes_in_blocks(bb)).unwrap();
     }
     writeln!(out, "{p}").unwrap();
     for m in &r.suppressions {
+        let hidden = BytesBlocks {
+            bytes: m.bytes,
+            blocks: m.blocks,
+        };
         writeln!(
             out,
-            "{p}used suppression: {} records, {} bytes in {} blocks: {} ({})",
+            "{p}used suppression: {} records, {}: {} ({})",
             thousands(m.records),
-            thousands(m.bytes),
-            thousands(m.blocks),
+            bytes_in_blocks(hidden),
             m.name,
             m.source
         )
@@ -833,9 +839,8 @@ fn history_text(out: &mut String, p: &str, r: &LeaksReport) {
         writeln!(out, "{p}{}", points.join(", ")).unwrap();
         writeln!(
             out,
-            "{p} lost in every scan since allocated: {} bytes in {} blocks",
-            thousands(site.lost_in_every_snapshot.bytes),
-            thousands(site.lost_in_every_snapshot.blocks)
+            "{p} lost in every scan since allocated: {}",
+            bytes_in_blocks(site.lost_in_every_snapshot)
         )
         .unwrap();
         stack_text(out, p, Some(site.allocated_by), &site.stack, site.stack_id);

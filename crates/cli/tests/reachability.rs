@@ -56,69 +56,52 @@ fn assert_exit_scan(report: &Value, threads: u64, blocks: u64) {
     assert!(field(scan, "pause_ms").as_f64().is_some());
 }
 
-/// The only record of `kind` with `function` somewhere in its stack.
-fn record_of<'a>(report: &'a Value, kind: &str, function: &str) -> &'a Value {
+/// The only record of `kind` whose stack satisfies `pred` (`what` says which, for messages).
+fn only_record<'a>(
+    report: &'a Value,
+    kind: &str,
+    what: &str,
+    pred: impl Fn(&[Value]) -> bool,
+) -> &'a Value {
     let found: Vec<&Value> = records(report)
         .iter()
-        .filter(|r| as_str(r, "kind") == kind)
-        .filter(|r| {
-            stack_of(r, "stack")
-                .iter()
-                .any(|f| frame_function(f) == function)
-        })
+        .filter(|r| as_str(r, "kind") == kind && pred(stack_of(r, "stack")))
         .collect();
     assert_eq!(
         found.len(),
         1,
-        "expected one {kind} record through {function}: {}",
+        "expected one {kind} record {what}: {}",
         pretty(field(report, "records"))
     );
     found[0]
 }
 
+/// The only record of `kind` with `function` somewhere in its stack.
+fn record_of<'a>(report: &'a Value, kind: &str, function: &str) -> &'a Value {
+    only_record(report, kind, &format!("through {function}"), |stack| {
+        stack.iter().any(|f| frame_function(f) == function)
+    })
+}
+
 /// The only record of `kind` whose innermost frames are `functions`.
 fn record_from<'a>(report: &'a Value, kind: &str, functions: &[&str]) -> &'a Value {
-    let found: Vec<&Value> = records(report)
-        .iter()
-        .filter(|r| as_str(r, "kind") == kind)
-        .filter(|r| {
-            let stack = stack_of(r, "stack");
-            stack.len() >= functions.len()
-                && functions
-                    .iter()
-                    .zip(stack)
-                    .all(|(f, frame)| frame_function(frame) == *f)
-        })
-        .collect();
-    assert_eq!(
-        found.len(),
-        1,
-        "expected one {kind} record from {functions:?}: {}",
-        pretty(field(report, "records"))
-    );
-    found[0]
+    only_record(report, kind, &format!("from {functions:?}"), |stack| {
+        stack.len() >= functions.len()
+            && functions
+                .iter()
+                .zip(stack)
+                .all(|(f, frame)| frame_function(frame) == *f)
+    })
 }
 
 /// The only record of `kind` allocated at the line of `marker` in `source`.
 fn record_at<'a>(report: &'a Value, kind: &str, source: &str, marker: &str) -> &'a Value {
     let line = marker_line(source, marker);
-    let found: Vec<&Value> = records(report)
-        .iter()
-        .filter(|r| as_str(r, "kind") == kind)
-        .filter(|r| {
-            stack_of(r, "stack").first().is_some_and(|f| {
-                basename(f.get("file")) == source
-                    && f.get("line").and_then(Value::as_u64) == Some(line)
-            })
+    only_record(report, kind, &format!("at {source}:{line}"), |stack| {
+        stack.first().is_some_and(|f| {
+            basename(f.get("file")) == source && f.get("line").and_then(Value::as_u64) == Some(line)
         })
-        .collect();
-    assert_eq!(
-        found.len(),
-        1,
-        "expected one {kind} record at {source}:{line}: {}",
-        pretty(field(report, "records"))
-    );
-    found[0]
+    })
 }
 
 fn bytes_blocks(record: &Value) -> (u64, u64) {

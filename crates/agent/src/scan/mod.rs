@@ -284,8 +284,6 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
     // 4. Roots and marking. No allocation from here to `resume`.
     crate::heap::mappings_into(&mut agent_maps);
     excluded.extend_from_slice(&agent_maps);
-    let table = world::table_range();
-    excluded.push(table);
     merge(&mut excluded);
     stack_starts.extend(world.parked.iter().map(|p| p.sp));
     let mut root_bytes = 0u64;

@@ -11,7 +11,7 @@
 //!   mapped itself (Python's object arenas do). Blocks are read only when
 //!   marking reaches them, and free chunks never are;
 //! - the agent's own memory: its module's segments, its heap's mappings, the
-//!   stacks of its threads, the park table;
+//!   stacks of its threads (the park table is in its heap);
 //! - kernel and device mappings (`[vvar]`, `[vdso]`, `/dev/*`).
 //!
 //! A mapping holding the stack pointer of a stopped thread is read from that

@@ -68,32 +68,16 @@ pub struct World {
 fn table() -> Option<&'static [Slot]> {
     let mut p = TABLE.load(Ordering::Acquire);
     if p.is_null() {
-        let len = SLOTS * core::mem::size_of::<Slot>();
-        // SAFETY: an anonymous private mapping; zeroed memory is a valid empty table.
-        let m = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if m == libc::MAP_FAILED {
+        // Zeroed memory is a valid empty table; the agent heap's registry
+        // keeps it out of the scan's roots.
+        p = crate::heap::map(SLOTS * core::mem::size_of::<Slot>()).cast();
+        if p.is_null() {
             return None;
         }
-        p = m.cast();
         TABLE.store(p, Ordering::Release);
     }
     // SAFETY: the mapping holds SLOTS slots and is never unmapped.
     Some(unsafe { core::slice::from_raw_parts(p, SLOTS) })
-}
-
-/// The mapping of the slot table (the scan leaves it out of its roots).
-pub fn table_range() -> (u64, u64) {
-    let p = TABLE.load(Ordering::Acquire) as u64;
-    (p, p + (SLOTS * core::mem::size_of::<Slot>()) as u64)
 }
 
 fn home(tid: u32) -> usize {
