@@ -532,3 +532,18 @@ fn a_thread_that_blocks_the_signal_is_reported_not_suspended() {
         "{text}"
     );
 }
+
+#[test]
+fn interior_pointers_that_memcheck_heuristics_accept() {
+    let dir = TestDir::new("reach_heuristics");
+    let prog = compile_cpp(&dir, "reach_heuristics.cpp");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    assert_eq!(kind_totals(&report), [(0, 0), (0, 0), (40, 1), (192, 3)]);
+    let at = |kind, marker| bytes_blocks(record_at(&report, kind, "reach_heuristics.cpp", marker));
+    assert_eq!(at("still_reachable", "MULTIPLE-INHERITANCE"), (32, 1));
+    assert_eq!(at("still_reachable", "NEW-ARRAY"), (88, 1));
+    assert_eq!(at("still_reachable", "LENGTH64"), (72, 1));
+    assert_eq!(at("possibly_lost", "CONTROL"), (40, 1));
+}

@@ -6,6 +6,7 @@ pub struct Mapping {
     pub end: u64,
     pub readable: bool,
     pub writable: bool,
+    pub executable: bool,
     /// Backed by a file (an inode), as opposed to anonymous memory.
     pub file: bool,
     pub kind: Special,
@@ -62,6 +63,7 @@ fn parse(line: &[u8]) -> Option<Mapping> {
         end: hex(&range[dash + 1..])?,
         readable: perms.first() == Some(&b'r'),
         writable: perms.get(1) == Some(&b'w'),
+        executable: perms.get(2) == Some(&b'x'),
         file: inode != b"0",
         kind,
     })

@@ -12,6 +12,15 @@
 //! becomes indirect and its size (plus what it led before, if it was an
 //! earlier leader) goes to the leader's indirect bytes. The leaders left are
 //! definitely lost.
+//!
+//! memcheck's interior-pointer heuristics (its default, `all`) make some
+//! interior pointers count as start pointers: to the characters of an old
+//! std::string (`length, capacity, refcount, chars`), to the second word of
+//! a block whose first word is the length of the rest (length64) or a
+//! plausible element count (new[] of objects with a destructor), and to an
+//! aligned word inside a block that holds a vtable pointer when the block's
+//! first word is one too (multiple inheritance). A vtable pointer here is a
+//! word pointing into read-only, non-executable file-backed memory.
 
 use super::blocks::BlockIndex;
 use trapline_trace::Verdict;
@@ -81,11 +90,17 @@ pub struct Marker<'a> {
     /// read through the safe reader.
     readable: &'a [(u64, u64)],
     last_readable: usize,
+    /// Read-only, non-executable file-backed memory (where vtables live).
+    rodata: &'a [(u64, u64)],
 }
 
 impl<'a> Marker<'a> {
     /// Allocates everything marking needs (called before threads stop).
-    pub fn new(index: &'a BlockIndex, readable: &'a [(u64, u64)]) -> Marker<'a> {
+    pub fn new(
+        index: &'a BlockIndex,
+        readable: &'a [(u64, u64)],
+        rodata: &'a [(u64, u64)],
+    ) -> Marker<'a> {
         let n = index.len();
         Marker {
             index,
@@ -97,6 +112,7 @@ impl<'a> Marker<'a> {
             indirect: vec![0; n],
             readable,
             last_readable: 0,
+            rodata,
         }
     }
 
@@ -113,13 +129,50 @@ impl<'a> Marker<'a> {
             return;
         };
         let s = self.state[i];
-        if at_start && prior_definite && s != REACHABLE {
+        // The heuristics matter only where a start pointer would make a difference.
+        let start_like = at_start || (prior_definite && s != REACHABLE && self.heuristic(i, w));
+        if start_like && prior_definite && s != REACHABLE {
             self.state[i] = REACHABLE;
             self.push(i);
         } else if s == UNREACHED {
             self.state[i] = POSSIBLE;
             self.push(i);
         }
+    }
+
+    /// Whether memcheck's heuristics take interior pointer `w` into block `i`
+    /// for a start pointer (see the module comment).
+    fn heuristic(&mut self, i: usize, w: u64) -> bool {
+        const WORD: u64 = 8;
+        let b = self.index.blocks[i];
+        let (start, size) = (b.addr(), b.size());
+        if size < WORD || !self.is_readable(start, start + size) {
+            return false;
+        }
+        // SAFETY (each read): an aligned word inside a live, readable block,
+        // while every thread that could free it is stopped.
+        let word_at = |a: u64| -> Option<u64> {
+            (a % WORD == 0 && a >= start && a + WORD <= start + size)
+                .then(|| unsafe { *(a as *const u64) })
+        };
+        let first = word_at(start).unwrap_or(0);
+        if w == start + 3 * WORD {
+            if let Some(capacity) = word_at(start + WORD) {
+                if 3 * WORD + capacity.wrapping_add(1) == size && first <= capacity {
+                    return true; // std::string
+                }
+            }
+        }
+        if w == start + WORD && first > 0 && (size - WORD == first || (size - WORD) % first == 0) {
+            return true; // length64, new[]
+        }
+        let is_vtable = |v: u64| {
+            v % WORD == 0 && v >= 4096 && {
+                let k = self.rodata.partition_point(|r| r.0 <= v);
+                k > 0 && v < self.rodata[k - 1].1
+            }
+        };
+        word_at(w).is_some_and(|inner| is_vtable(inner) && is_vtable(first)) // multiple inheritance
     }
 
     /// Marks a block as reachable from a root (the loader's own allocations).

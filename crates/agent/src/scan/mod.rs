@@ -252,6 +252,12 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
         .map(|m| (m.start, m.end))
         .collect();
     merge(&mut readable);
+    let mut rodata: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.readable && !m.writable && !m.executable && m.file)
+        .map(|m| (m.start, m.end))
+        .collect();
+    merge(&mut rodata);
     let scratch = world::Scratch::new();
     let mut reader = mark::SafeReader::new();
 
@@ -270,7 +276,7 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
     }
     let index = blocks::BlockIndex::new(copy);
     let loader_roots = loader_blocks(&index.blocks, &loader);
-    let mut marker = mark::Marker::new(&index, &readable);
+    let mut marker = mark::Marker::new(&index, &readable, &rodata);
     let mut agent_maps = Vec::with_capacity(crate::heap::mapping_count() + 256);
     excluded.reserve(agent_maps.capacity() + 8);
     let mut root_ranges = Vec::with_capacity(2 * maps.len() + excluded.capacity() + 16);
