@@ -547,3 +547,20 @@ fn interior_pointers_that_memcheck_heuristics_accept() {
     assert_eq!(at("still_reachable", "LENGTH64"), (72, 1));
     assert_eq!(at("possibly_lost", "CONTROL"), (40, 1));
 }
+
+#[test]
+fn the_exiting_threads_live_frames_are_roots_and_dead_ones_are_not() {
+    let dir = TestDir::new("reach_exit_frames");
+    let prog = compile_c(&dir, "reach_exit_frames.c");
+    for (mode, expected) in [
+        ("exit", [(0, 0), (0, 0), (0, 0), (111, 1)]),
+        ("_exit", [(0, 0), (0, 0), (0, 0), (111, 1)]),
+        ("return", [(111, 1), (0, 0), (0, 0), (0, 0)]),
+    ] {
+        let run = run(&dir, &[], &prog, &[mode]);
+        assert_eq!(run.code(), 0, "{mode}: {}", run.describe());
+        let report = leaks(&dir.trace());
+        assert_eq!(kind_totals(&report), expected, "{mode}");
+        assert_eq!(field(&report, "scan")["trigger"], "exit", "{mode}");
+    }
+}

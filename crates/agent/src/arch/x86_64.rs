@@ -127,3 +127,32 @@ pub unsafe extern "C" fn exit() {
         collector = sym crate::hooks::exit::exit_collected,
     )
 }
+
+/// The callee-saved registers as they are now (inlined into the caller: at
+/// the top of a hook they still hold, or have saved on the hook's frame, its
+/// caller's values).
+#[inline(always)]
+pub fn callee_saved_now() -> [u64; CALLEE_SAVED] {
+    let r: [u64; CALLEE_SAVED];
+    let (rbx, rbp, r12, r13, r14, r15): (u64, u64, u64, u64, u64, u64);
+    // SAFETY: reads registers only.
+    unsafe {
+        core::arch::asm!(
+            "mov {0}, rbx",
+            "mov {1}, rbp",
+            "mov {2}, r12",
+            "mov {3}, r13",
+            "mov {4}, r14",
+            "mov {5}, r15",
+            out(reg) rbx,
+            out(reg) rbp,
+            out(reg) r12,
+            out(reg) r13,
+            out(reg) r14,
+            out(reg) r15,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    r = [rbx, rbp, r12, r13, r14, r15];
+    r
+}

@@ -112,6 +112,16 @@ pub fn note_exit_call(regs: &[u64; CALLEE_SAVED], caller_sp: u64) {
     }
 }
 
+/// Notes the calling hook's frame as where the exiting thread's live frames
+/// start (`_exit`, `quick_exit`: their callers' frames are above it).
+#[inline(always)]
+pub fn note_exit_here() {
+    note_exit_call(
+        &crate::arch::callee_saved_now(),
+        crate::arch::stack_pointer(),
+    );
+}
+
 /// The writer's periodic hook: runs a scan every `--scan-every` seconds.
 pub fn periodic_tick() {
     let every = EVERY_MS.load(Ordering::Relaxed);
