@@ -133,7 +133,6 @@ pub unsafe extern "C" fn exit() {
 /// caller's values).
 #[inline(always)]
 pub fn callee_saved_now() -> [u64; CALLEE_SAVED] {
-    let r: [u64; CALLEE_SAVED];
     let (rbx, rbp, r12, r13, r14, r15): (u64, u64, u64, u64, u64, u64);
     // SAFETY: reads registers only.
     unsafe {
@@ -153,6 +152,5 @@ pub fn callee_saved_now() -> [u64; CALLEE_SAVED] {
             options(nomem, nostack, preserves_flags)
         );
     }
-    r = [rbx, rbp, r12, r13, r14, r15];
-    r
+    [rbx, rbp, r12, r13, r14, r15]
 }

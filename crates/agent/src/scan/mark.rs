@@ -152,7 +152,7 @@ impl<'a> Marker<'a> {
         // SAFETY (each read): an aligned word inside a live, readable block,
         // while every thread that could free it is stopped.
         let word_at = |a: u64| -> Option<u64> {
-            (a % WORD == 0 && a >= start && a + WORD <= start + size)
+            (a.is_multiple_of(WORD) && a >= start && a + WORD <= start + size)
                 .then(|| unsafe { *(a as *const u64) })
         };
         let first = word_at(start).unwrap_or(0);
@@ -163,11 +163,14 @@ impl<'a> Marker<'a> {
                 }
             }
         }
-        if w == start + WORD && first > 0 && (size - WORD == first || (size - WORD) % first == 0) {
+        if w == start + WORD
+            && first > 0
+            && (size - WORD == first || (size - WORD).is_multiple_of(first))
+        {
             return true; // length64, new[]
         }
         let is_vtable = |v: u64| {
-            v % WORD == 0 && v >= 4096 && {
+            v.is_multiple_of(WORD) && v >= 4096 && {
                 let k = self.rodata.partition_point(|r| r.0 <= v);
                 k > 0 && v < self.rodata[k - 1].1
             }
