@@ -104,6 +104,7 @@ impl<'a> Marker<'a> {
         let n = index.len();
         Marker {
             index,
+            // Zeroed memory from fresh mappings, touched as marking goes.
             state: vec![UNREACHED; n],
             // Each block is pushed at most twice while marking from the roots
             // (unreached -> possible -> reachable) and once per clique pass,

@@ -38,6 +38,8 @@ static SCANS: AtomicU32 = AtomicU32::new(0);
 static EVERY_MS: AtomicU64 = AtomicU64::new(0);
 static LAST_MS: AtomicU64 = AtomicU64::new(0);
 static AT_EXIT: AtomicBool = AtomicBool::new(true);
+/// `TRAPLINE_SCAN_TIMES=1`: print how long each phase of a scan took.
+static PRINT_TIMES: AtomicBool = AtomicBool::new(false);
 
 /// Where the thread that called `exit` had its live frames and registers.
 static EXIT_TID: AtomicU32 = AtomicU32::new(0);
@@ -65,6 +67,10 @@ pub fn init() {
     {
         EVERY_MS.store(ms, Ordering::Relaxed);
     }
+    PRINT_TIMES.store(
+        std::env::var("TRAPLINE_SCAN_TIMES").ok().as_deref() == Some("1"),
+        Ordering::Relaxed,
+    );
     AT_EXIT.store(
         std::env::var(ENV_SCAN).ok().as_deref() != Some("0"),
         Ordering::Relaxed,
@@ -281,10 +287,13 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
         guards.push(g);
     }
     let mut copy = Vec::with_capacity(count);
+    blocks::want_huge_pages(&copy);
     for g in &mut guards {
         g.copy_packed(&mut copy);
     }
+    let copied = crate::clock::precise_now();
     let index = blocks::BlockIndex::new(copy);
+    let sorted = crate::clock::precise_now();
     let loader_roots = loader_blocks(&index.blocks, &loader);
     let mut marker = mark::Marker::new(&index, &readable, &rodata);
     let mut agent_maps = Vec::with_capacity(crate::heap::mapping_count() + 256);
@@ -295,7 +304,9 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
     let mut stack_starts = Vec::with_capacity(scratch.capacity() + 1);
 
     // 3. Stop the world.
+    let prepared = crate::clock::precise_now();
     let world = world::stop(scratch, &agent_tids);
+    let stopped = crate::clock::precise_now();
 
     // 4. Roots and marking. No allocation from here to `resume`.
     crate::heap::mappings_into(&mut agent_maps);
@@ -345,12 +356,26 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
         marker.root_block(i as usize);
     }
     marker.propagate(&mut reader);
+    let marked = crate::clock::precise_now();
     marker.cliques(&mut reader);
 
     // 5. Let go.
     world::resume(&world);
     drop(guards);
-    let pause_ns = crate::clock::precise_now().saturating_sub(pause_start);
+    let resumed = crate::clock::precise_now();
+    let pause_ns = resumed.saturating_sub(pause_start);
+    if PRINT_TIMES.load(Ordering::Relaxed) {
+        let ms = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e6;
+        sys::warn(&format!(
+            "scan {scan}: lock+copy {:.1} ms, sort+index {:.1} ms, arrays {:.1} ms, stop {:.1} ms, roots+mark {:.1} ms, cliques+resume {:.1} ms",
+            ms(pause_start, copied),
+            ms(copied, sorted),
+            ms(sorted, prepared),
+            ms(prepared, stopped),
+            ms(stopped, marked),
+            ms(marked, resumed)
+        ));
+    }
 
     let verdicts: Vec<Verdict> = (0..index.len()).map(|i| marker.verdict(i)).collect();
     let indirect = core::mem::take(&mut marker.indirect);
