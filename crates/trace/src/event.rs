@@ -636,30 +636,6 @@ impl<'a> Encoder<'a> {
         Ok(())
     }
 
-    /// Encodes a scan verdict without building an [`Event`] (the agent writes
-    /// one per live block).
-    #[allow(clippy::too_many_arguments)]
-    pub fn scan_block(
-        &mut self,
-        ctx: &mut ChunkContext,
-        scan: u32,
-        addr: u64,
-        size: u64,
-        func: AllocFn,
-        stack: u32,
-        verdict: Verdict,
-        indirect_bytes: u64,
-    ) -> Result<(), NoRoom> {
-        self.byte(tag::SCAN_BLOCK)?;
-        self.u64(u64::from(scan))?;
-        self.addr(ctx, addr)?;
-        self.u64(size)?;
-        self.byte(func as u8)?;
-        self.u64(u64::from(stack))?;
-        self.byte(verdict as u8)?;
-        self.u64(indirect_bytes)
-    }
-
     /// Encodes any event.
     pub fn event(&mut self, ctx: &mut ChunkContext, ev: &Event) -> Result<(), NoRoom> {
         match ev {
@@ -817,16 +793,16 @@ impl<'a> Encoder<'a> {
                 stack,
                 verdict,
                 indirect_bytes,
-            } => self.scan_block(
-                ctx,
-                *scan,
-                *addr,
-                *size,
-                *func,
-                *stack,
-                *verdict,
-                *indirect_bytes,
-            ),
+            } => {
+                self.byte(tag::SCAN_BLOCK)?;
+                self.u64(u64::from(*scan))?;
+                self.addr(ctx, *addr)?;
+                self.u64(*size)?;
+                self.byte(*func as u8)?;
+                self.u64(u64::from(*stack))?;
+                self.byte(*verdict as u8)?;
+                self.u64(*indirect_bytes)
+            }
             Event::ScanEnd { scan, stats } => {
                 self.byte(tag::SCAN_END)?;
                 self.u64(u64::from(*scan))?;
