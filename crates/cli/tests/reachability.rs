@@ -564,3 +564,25 @@ fn the_exiting_threads_live_frames_are_roots_and_dead_ones_are_not() {
         assert_eq!(field(&report, "scan")["trigger"], "exit", "{mode}");
     }
 }
+
+/// memcheck reads a stack that is a heap block only as the block's contents,
+/// reached through the stack pointer (an interior pointer): it says the
+/// 222-byte block is possibly lost (and, not reading the thread's own stack,
+/// that its thread vector is definitely lost). trapline reads the live part
+/// of the stack as a root.
+#[test]
+fn a_thread_running_on_a_heap_block_stack() {
+    let dir = TestDir::new("reach_coroutine");
+    let prog = compile_c(&dir, "reach_coroutine.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    let at = |kind, marker| bytes_blocks(record_at(&report, kind, "reach_coroutine.c", marker));
+    assert_eq!(at("still_reachable", "COROUTINE-BLOCK"), (222, 1));
+    assert_eq!(at("possibly_lost", "COROUTINE-STACK"), (256 << 10, 1));
+    let [definite, indirect, possible, _] = kind_totals(&report);
+    assert_eq!(
+        (definite, indirect, possible),
+        ((0, 0), (0, 0), (256 << 10, 1))
+    );
+}

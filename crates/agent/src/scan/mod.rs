@@ -298,7 +298,8 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
     let mut marker = mark::Marker::new(&index, &readable, &rodata);
     let mut agent_maps = Vec::with_capacity(crate::heap::mapping_count() + 256);
     excluded.reserve(agent_maps.capacity() + 8);
-    let mut root_ranges = Vec::with_capacity(2 * maps.len() + excluded.capacity() + 16);
+    let mut root_ranges =
+        Vec::with_capacity(2 * maps.len() + excluded.capacity() + scratch.capacity() + 16);
     let exit_sp = EXIT_SP.load(Ordering::Acquire);
     let exit_tid = EXIT_TID.load(Ordering::Acquire);
     let mut stack_starts = Vec::with_capacity(scratch.capacity() + 1);
@@ -348,6 +349,17 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
         },
         &mut root_ranges,
     );
+    // A thread stopped on a stack that is a heap block (a coroutine's
+    // malloc'd stack, an alternate signal stack from malloc): its live part,
+    // from the stack pointer up, with the signal frame, is a root too.
+    for &sp in &stack_starts {
+        if let Some((i, _)) = index.find(sp) {
+            let b = index.blocks[i];
+            if root_ranges.len() < root_ranges.capacity() {
+                root_ranges.push((sp & !7, b.addr() + b.size()));
+            }
+        }
+    }
     for &(lo, hi) in &root_ranges {
         root_bytes += reader.for_each_word(lo, hi, |w| marker.word(w, true));
         marker.propagate(&mut reader);
