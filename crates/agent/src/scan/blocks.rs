@@ -52,7 +52,6 @@ struct Region {
 /// The sorted live blocks and their lookup tables.
 pub struct BlockIndex {
     pub blocks: Vec<Packed>,
-    starts: Vec<u64>,
     regions: Vec<Region>,
     granules: Vec<u32>,
     lo: u64,
@@ -63,9 +62,7 @@ impl BlockIndex {
     /// Sorts `blocks` (a copy of the live table) and builds the tables.
     pub fn new(mut blocks: Vec<Packed>) -> BlockIndex {
         radix_sort(&mut blocks);
-        let mut starts = Vec::with_capacity(blocks.len());
-        want_huge_pages(&starts);
-        starts.extend(blocks.iter().map(Packed::addr));
+        let start = |k: usize| blocks[k].addr();
         let mut regions = Vec::new();
         // About one entry per block: reserved up front, on huge pages.
         let mut granules = Vec::with_capacity(2 * blocks.len() + 64);
@@ -75,11 +72,11 @@ impl BlockIndex {
             let first = i;
             let mut hi = end(&blocks[i]);
             i += 1;
-            while i < blocks.len() && starts[i] <= hi.saturating_add(REGION_GAP) {
+            while i < blocks.len() && start(i) <= hi.saturating_add(REGION_GAP) {
                 hi = hi.max(end(&blocks[i]));
                 i += 1;
             }
-            let lo = starts[first];
+            let lo = start(first);
             // Keep a region's table near its block count, whatever its span.
             let count = (i - first) as u64;
             let mut shift = MIN_GRANULE_SHIFT;
@@ -91,7 +88,7 @@ impl BlockIndex {
             let mut k = first;
             for g in 0..=n {
                 let base = lo + ((g as u64) << shift);
-                while k < i && starts[k] < base {
+                while k < i && start(k) < base {
                     k += 1;
                 }
                 granules.push(k as u32);
@@ -108,7 +105,6 @@ impl BlockIndex {
         let hi = regions.iter().map(|r| r.hi).max().unwrap_or(0);
         BlockIndex {
             blocks,
-            starts,
             regions,
             granules,
             lo,
@@ -137,12 +133,14 @@ impl BlockIndex {
         let (a, b) = (self.granules[g] as usize, self.granules[g + 1] as usize);
         // The last block starting at or before w: inside this granule, or
         // the one before it (which may span into the granule).
-        let k = a + self.starts[a..b].partition_point(|&s| s <= w);
+        // One array for the search and the size: a lookup misses the cache
+        // once here, not twice.
+        let k = a + self.blocks[a..b].partition_point(|b| b.addr() <= w);
         let i = k.checked_sub(1)?;
         if i < region.first as usize {
             return None;
         }
-        let start = self.starts[i];
+        let start = self.blocks[i].addr();
         let size = self.blocks[i].size();
         if w - start < size || w == start {
             Some((i, w == start))
@@ -154,8 +152,8 @@ impl BlockIndex {
     /// The extent of the first block starting in `[lo, hi)`, with glibc's
     /// chunk header (16 bytes) before it: memory that is malloc's, never a root.
     pub fn first_block_in(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
-        let k = self.starts.partition_point(|&s| s < lo);
-        let start = *self.starts.get(k).filter(|&&s| s < hi)?;
+        let k = self.blocks.partition_point(|b| b.addr() < lo);
+        let start = self.blocks.get(k).map(Packed::addr).filter(|&s| s < hi)?;
         Some((
             start.saturating_sub(16).max(lo),
             start + self.blocks[k].size().max(1),

@@ -102,15 +102,21 @@ impl<'a> Marker<'a> {
         rodata: &'a [(u64, u64)],
     ) -> Marker<'a> {
         let n = index.len();
+        // Zeroed memory from fresh mappings, touched as marking goes: on
+        // huge pages, so that scattered writes (cliques' indirect bytes) do
+        // not fault in a 4 KiB page each.
+        let state = vec![UNREACHED; n];
+        let indirect = vec![0; n];
+        super::blocks::want_huge_pages(&state);
+        super::blocks::want_huge_pages(&indirect);
         Marker {
             index,
-            // Zeroed memory from fresh mappings, touched as marking goes.
-            state: vec![UNREACHED; n],
+            state,
             // Each block is pushed at most twice while marking from the roots
             // (unreached -> possible -> reachable) and once per clique pass,
             // so the stack never grows while threads are stopped.
             stack: Vec::with_capacity(2 * n + 1),
-            indirect: vec![0; n],
+            indirect,
             readable,
             last_readable: 0,
             rodata,
