@@ -173,7 +173,7 @@ fn bad_events_inside_a_valid_chunk() {
         trapline_trace::event::encode_to_vec(&mut raw, &mut ctx, ev);
     }
     let bad_at = raw.len();
-    let cases: [(&[u8], DecodeError); 6] = [
+    let cases: [(&[u8], DecodeError); 10] = [
         (&[0x7f], DecodeError::UnknownTag(0x7f)),
         (&[0], DecodeError::UnknownTag(0)),
         (&[16, 1], DecodeError::Truncated),
@@ -189,6 +189,15 @@ fn bad_events_inside_a_valid_chunk() {
             },
         ),
         (&[49, 0, 7], DecodeError::Invalid("exit kind")),
+        // ScanBegin with trigger 3; ScanBlock with verdict 5 or cut short;
+        // ScanEnd with a thread count past u32.
+        (&[35, 0, 1, 3], DecodeError::Invalid("scan trigger")),
+        (&[36, 1, 0, 16, 1, 0, 5, 0], DecodeError::Invalid("verdict")),
+        (&[36, 1, 0, 16, 1, 0], DecodeError::Truncated),
+        (
+            &[37, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x7f],
+            DecodeError::Invalid("thread count"),
+        ),
     ];
     for (tail, want) in cases {
         let mut payload = raw.clone();
