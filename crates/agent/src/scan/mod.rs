@@ -97,8 +97,11 @@ pub fn note_agent_thread() {
     }
 }
 
-/// Forgets the agent threads of the parent (fork child: only the caller survives).
+/// Forgets the agent threads of the parent (fork child: only the caller
+/// survives) and frees the scan lock (the writer may have held it: it is
+/// released only after the shard locks that fork waits for).
 pub fn reset_in_child() {
+    SCAN_LOCK.reset();
     for t in &AGENT_TIDS {
         t.store(0, Ordering::Relaxed);
     }
