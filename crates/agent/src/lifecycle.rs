@@ -185,6 +185,7 @@ pub fn init() {
         Ordering::Relaxed,
     );
     crate::hooks::process::resolve();
+    crate::hooks::sync::resolve_all();
     crate::hooks::signals::install();
     modules::refresh();
     if open_trace(top) {

@@ -82,7 +82,7 @@ fn defer_free(ts: &mut ThreadState, addr: u64) -> bool {
 
 /// Makes sure the trace being written holds the definition of `id`.
 #[inline]
-fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
+pub fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
     if id == 0 {
         return;
     }

@@ -6,3 +6,4 @@ pub mod alloc;
 pub mod cxx;
 pub mod process;
 pub mod signals;
+pub mod sync;
