@@ -18,6 +18,7 @@ mod stacks;
 mod sync;
 mod sys;
 mod thread;
+mod threads;
 mod untracked;
 mod unwind;
 mod writer;

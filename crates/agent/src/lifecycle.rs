@@ -186,6 +186,7 @@ pub fn init() {
     );
     crate::hooks::process::resolve();
     crate::hooks::sync::resolve_all();
+    crate::hooks::threads::resolve();
     crate::hooks::signals::install();
     modules::refresh();
     if open_trace(top) {
@@ -437,6 +438,7 @@ pub fn resume_after_failed_exec() {
 }
 
 extern "C" fn fork_prepare() {
+    crate::threads::lock();
     thread::lock_all();
     live::lock_all();
     stacks::lock_all();
@@ -451,6 +453,7 @@ extern "C" fn fork_parent() {
     stacks::unlock_all();
     live::unlock_all();
     thread::unlock_all();
+    crate::threads::unlock();
 }
 
 extern "C" fn fork_child() {
@@ -460,6 +463,7 @@ extern "C" fn fork_child() {
     live::reset_locks();
     modules::reset_lock();
     thread::reset_in_child();
+    crate::threads::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
     sys::membarrier_register();
     if FINISHED.load(Ordering::Acquire) {

@@ -242,13 +242,17 @@ impl Locked<'_> {
 
     /// Remembers a free, so that a second free of the same address can be
     /// reported with the first free's stack.
+    #[inline]
     pub fn remember_free(&mut self, f: Freed) {
         let d = self.data();
-        if d.freed.is_empty() {
-            d.freed = vec![Freed::default(); FREED_RING];
-        }
         let n = d.freed_next;
-        d.freed[n % FREED_RING] = f;
+        match d.freed.get_mut(n % FREED_RING) {
+            Some(slot) => *slot = f,
+            None => {
+                d.freed = vec![Freed::default(); FREED_RING];
+                d.freed[n % FREED_RING] = f;
+            }
+        }
         d.freed_next = n + 1;
     }
 

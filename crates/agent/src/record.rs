@@ -81,7 +81,7 @@ fn defer_free(ts: &mut ThreadState, addr: u64) -> bool {
 }
 
 /// Makes sure the trace being written holds the definition of `id`.
-#[inline]
+#[inline(always)]
 pub fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
     if id == 0 {
         return;
@@ -89,9 +89,14 @@ pub fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
     let gen = writer::GEN.load(Ordering::Relaxed);
     // Stacks this thread used last (its latest alloc and free stacks) are
     // already known to be in this trace: skip the shared record.
-    if !new && ts.ensured.contains(&(id, gen)) {
+    if !new && (ts.ensured[0] == (id, gen) || ts.ensured[1] == (id, gen)) {
         return;
     }
+    ensure_stack_shared(ts, id, gen, new);
+}
+
+#[inline(never)]
+fn ensure_stack_shared(ts: &mut ThreadState, id: u32, gen: u32, new: bool) {
     ts.ensured[ts.ensured_next] = (id, gen);
     ts.ensured_next ^= 1;
     let Some(rec) = stacks::record(id) else {

@@ -312,7 +312,9 @@ pub fn lifetime(addr: u64, kind: LockKind, init: bool, regs: StartRegs) {
 pub fn joined(joined: u32, regs: StartRegs) {
     recording(|ts| {
         let stack = capture(ts, regs);
-        let time = thread_time(ts);
+        // Precise, like the joined thread's ThreadEnd, so it sorts after it.
+        let time = clock::precise_now().max(ts.last_time);
+        ts.last_time = time;
         emit_event(
             ts,
             LockEvent::Join {

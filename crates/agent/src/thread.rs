@@ -88,6 +88,9 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     // SAFETY: `ts` came from Box::into_raw in `create` and is no longer registered.
     let mut state = unsafe { Box::from_raw(ts) };
     state.guard += 1;
+    if !state.agent_thread && !FINISHED.load(Ordering::Acquire) {
+        crate::threads::on_thread_end(&mut state);
+    }
     if let Some(b) = state.take_buffer() {
         writer::submit(b, true);
     }

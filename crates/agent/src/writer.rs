@@ -70,13 +70,15 @@ impl Buffer {
         time: Option<u64>,
         f: impl FnOnce(&mut Encoder<'_>, &mut ChunkContext) -> Result<(), trapline_trace::event::NoRoom>,
     ) -> bool {
-        let mut ctx = self.ctx;
+        // Encode against the buffer's own context and restore it on failure:
+        // copying it out and back costs a store-forwarding stall per event.
+        let saved = self.ctx;
         let mut enc = Encoder::new(&mut self.data[self.len..]);
-        if f(&mut enc, &mut ctx).is_err() {
+        if f(&mut enc, &mut self.ctx).is_err() {
+            self.ctx = saved;
             return false;
         }
         self.len += enc.len();
-        self.ctx = ctx;
         self.events += 1;
         if let Some(t) = time {
             if self.first_time == 0 {
@@ -359,7 +361,13 @@ pub fn start(periodic: fn()) {
         let mut attr: libc::pthread_attr_t = core::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        let r = libc::pthread_create(&mut t, &attr, writer_main, core::ptr::null_mut());
+        // Not through the agent's own pthread_create hook: the writer is no program thread.
+        let r = crate::hooks::threads::create_untraced(
+            &mut t,
+            &attr,
+            writer_main,
+            core::ptr::null_mut(),
+        );
         libc::pthread_attr_destroy(&mut attr);
         r == 0
     };

@@ -53,6 +53,9 @@ pub struct StatsReport {
     pub errors: u64,
     /// Distinct threads that recorded events.
     pub threads: u64,
+    /// Threads started by pthread_create while recording, their ends, and the
+    /// most threads alive at once (the main thread included).
+    pub thread_lifecycle: ThreadLifecycle,
     /// Distinct call stacks recorded.
     pub stacks: u64,
     /// Size of the trace file.
@@ -84,6 +87,17 @@ pub struct FunctionCalls {
     pub bytes: u64,
 }
 
+/// Thread creation and ends, from the thread lifecycle events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ThreadLifecycle {
+    /// Threads that started (pthread_create) while the trace was recorded.
+    pub started: u64,
+    /// Threads that ended (returned, pthread_exit, cancelled) while recorded.
+    pub ended: u64,
+    /// Most threads alive at once: the main thread plus started minus ended.
+    pub peak_alive: u64,
+}
+
 /// The highest heap occupancy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct PeakHeap {
@@ -109,6 +123,10 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     let mut stacks: HashSet<u32> = HashSet::new();
     let mut tids: HashSet<u32> = HashSet::new();
     let mut last_tid = 0;
+    let mut lifecycle = ThreadLifecycle {
+        peak_alive: 1,
+        ..Default::default()
+    };
 
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
@@ -152,6 +170,12 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
                     }
                 }
             }
+            Event::ThreadStart { .. } => {
+                lifecycle.started += 1;
+                let alive = (1 + lifecycle.started).saturating_sub(lifecycle.ended);
+                lifecycle.peak_alive = lifecycle.peak_alive.max(alive);
+            }
+            Event::ThreadEnd { .. } => lifecycle.ended += 1,
             _ => {}
         }
         if heap.live_bytes > peak.bytes {
@@ -196,6 +220,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             .then(|| allocation_calls as f64 / seconds(duration_ns)),
         errors,
         threads: tids.len() as u64,
+        thread_lifecycle: lifecycle,
         stacks: stacks.len() as u64,
         trace_bytes: index.file_len,
         events,
@@ -239,7 +264,16 @@ pub fn render_text(r: &StatsReport) -> String {
         });
     writeln!(out, "{p}Exit: {exit}").unwrap();
     writeln!(out, "{p}Duration: {} s", float(r.duration_seconds, 3)).unwrap();
-    writeln!(out, "{p}Threads: {}", thousands(r.threads)).unwrap();
+    let life = &r.thread_lifecycle;
+    writeln!(
+        out,
+        "{p}Threads: {} recorded events; {} started and {} ended while recorded, at most {} alive at once",
+        thousands(r.threads),
+        thousands(life.started),
+        thousands(life.ended),
+        thousands(life.peak_alive)
+    )
+    .unwrap();
     writeln!(out, "{p}").unwrap();
     writeln!(out, "{p}CALLS:").unwrap();
     let width = r.calls.iter().map(|c| c.function.len()).max().unwrap_or(0);

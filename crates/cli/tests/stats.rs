@@ -105,6 +105,11 @@ fn stats_of_threads64() {
         &json!({"bytes": 66_560, "blocks": 2080})
     );
     assert_eq!(as_u64(&report, "threads"), 65, "main + 64 workers");
+    // The workers wait on one barrier, so all 64 are alive together.
+    assert_eq!(
+        field(&report, "thread_lifecycle"),
+        &json!({"started": 64, "ended": 64, "peak_alive": 65})
+    );
     assert_eq!(as_u64(&report, "events_lost"), 0);
     assert_eq!(as_u64(&report, "errors"), 0);
 }

@@ -338,6 +338,26 @@ pub enum Event {
         id: u32,
         frames: Vec<u64>,
     },
+    /// The thread is about to call pthread_create: everything it did before
+    /// happens-before the new thread. `create_id` is unique in the process and
+    /// names the child's [`Event::ThreadStart`].
+    ThreadCreate {
+        time: u64,
+        create_id: u64,
+        stack: u32,
+    },
+    /// First event of a thread created by pthread_create, before its start
+    /// routine runs. The main thread has none.
+    ThreadStart {
+        time: u64,
+        parent_tid: u32,
+        create_id: u64,
+    },
+    /// The thread ended (returned from its start routine, called pthread_exit
+    /// or was cancelled).
+    ThreadEnd {
+        time: u64,
+    },
     Alloc {
         time: u64,
         addr: u64,
@@ -412,6 +432,9 @@ impl Event {
     pub fn time(&self) -> Option<u64> {
         match self {
             Event::Alloc { time, .. }
+            | Event::ThreadCreate { time, .. }
+            | Event::ThreadStart { time, .. }
+            | Event::ThreadEnd { time }
             | Event::Free { time, .. }
             | Event::Realloc { time, .. }
             | Event::Error { time, .. }
@@ -431,6 +454,9 @@ pub(crate) mod tag {
     pub const MODULE_UNLOAD: u8 = 3;
     pub const THREAD_NAME: u8 = 4;
     pub const STACK_DEF: u8 = 5;
+    pub const THREAD_CREATE: u8 = 6;
+    pub const THREAD_START: u8 = 7;
+    pub const THREAD_END: u8 = 8;
     pub const ALLOC: u8 = 16;
     pub const FREE: u8 = 17;
     pub const REALLOC: u8 = 18;
@@ -626,6 +652,30 @@ impl<'a> Encoder<'a> {
                 self.bytes(name.as_bytes())
             }
             Event::StackDef { id, frames } => self.stack_def(*id, frames),
+            Event::ThreadCreate {
+                time,
+                create_id,
+                stack,
+            } => {
+                self.byte(tag::THREAD_CREATE)?;
+                self.time(ctx, *time)?;
+                self.u64(*create_id)?;
+                self.u64(u64::from(*stack))
+            }
+            Event::ThreadStart {
+                time,
+                parent_tid,
+                create_id,
+            } => {
+                self.byte(tag::THREAD_START)?;
+                self.time(ctx, *time)?;
+                self.u64(u64::from(*parent_tid))?;
+                self.u64(*create_id)
+            }
+            Event::ThreadEnd { time } => {
+                self.byte(tag::THREAD_END)?;
+                self.time(ctx, *time)
+            }
             Event::Alloc {
                 time,
                 addr,
@@ -938,6 +988,27 @@ impl<'a> Decoder<'a> {
                 }
                 Event::StackDef { id, frames }
             }
+            tag::THREAD_CREATE => {
+                let time = self.time()?;
+                let create_id = self.u64()?;
+                let stack = self.u32("stack id")?;
+                Event::ThreadCreate {
+                    time,
+                    create_id,
+                    stack,
+                }
+            }
+            tag::THREAD_START => {
+                let time = self.time()?;
+                let parent_tid = self.u32("thread id")?;
+                let create_id = self.u64()?;
+                Event::ThreadStart {
+                    time,
+                    parent_tid,
+                    create_id,
+                }
+            }
+            tag::THREAD_END => Event::ThreadEnd { time: self.time()? },
             tag::ALLOC => {
                 let time = self.time()?;
                 let addr = self.addr()?;

@@ -7,3 +7,4 @@ pub mod cxx;
 pub mod process;
 pub mod signals;
 pub mod sync;
+pub mod threads;

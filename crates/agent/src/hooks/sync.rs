@@ -617,3 +617,33 @@ pub unsafe extern "C" fn pthread_exit(value: *mut c_void) -> ! {
     // SAFETY: the caller's argument, passed through.
     unsafe { real!(pthread_exit: F)(value) }
 }
+
+/// # Safety
+/// As pthread_join.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, value: *mut *mut c_void) -> c_int {
+    let regs = start_regs();
+    // Looked up first: once joined, the pthread_t may name a new thread.
+    let tid = crate::threads::tid_of(thread).unwrap_or(0);
+    type F = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
+    // SAFETY: the caller's arguments, passed through.
+    let r = unsafe { real!(pthread_join: F)(thread, value) };
+    if r == 0 {
+        sync::joined(tid, regs);
+    }
+    r
+}
+
+/// # Safety
+/// As pthread_detach.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_detach(thread: libc::pthread_t) -> c_int {
+    let tid = crate::threads::tid_of(thread).unwrap_or(0);
+    type F = unsafe extern "C" fn(libc::pthread_t) -> c_int;
+    // SAFETY: the caller's argument, passed through.
+    let r = unsafe { real!(pthread_detach: F)(thread) };
+    if r == 0 {
+        sync::detached(tid);
+    }
+    r
+}

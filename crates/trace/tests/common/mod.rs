@@ -260,6 +260,27 @@ pub fn hot_events(base_time: u64) -> Vec<Event> {
         time: tick(1),
         child_pid: 4243,
     });
+    v.push(Event::ThreadCreate {
+        time: tick(3),
+        create_id: 1,
+        stack: 2,
+    });
+    v.push(Event::ThreadCreate {
+        time: tick(0),
+        create_id: u64::MAX,
+        stack: u32::MAX,
+    });
+    v.push(Event::ThreadStart {
+        time: tick(1),
+        parent_tid: 4242,
+        create_id: 1,
+    });
+    v.push(Event::ThreadStart {
+        time: tick(0),
+        parent_tid: u32::MAX,
+        create_id: u64::MAX,
+    });
+    v.push(Event::ThreadEnd { time: tick(5) });
     v.push(Event::Fork {
         time: tick(0),
         child_pid: u32::MAX,

@@ -1,0 +1,100 @@
+//! pthread_create: the creator records `ThreadCreate`, and the new thread runs
+//! a wrapper that records `ThreadStart` before the program's start routine.
+
+use crate::arch::start_regs;
+use crate::threads;
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
+type PthreadCreate = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    StartRoutine,
+    *mut c_void,
+) -> libc::c_int;
+
+static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+fn real_pthread_create() -> PthreadCreate {
+    let mut f = REAL_PTHREAD_CREATE.load(Ordering::Acquire);
+    if f == 0 {
+        f = crate::sys::next_symbol(c"pthread_create");
+        REAL_PTHREAD_CREATE.store(f, Ordering::Release);
+    }
+    // SAFETY: the C library's pthread_create, which has this signature (it
+    // always exists: glibc 2.34+ has it in libc itself).
+    unsafe { core::mem::transmute::<usize, PthreadCreate>(f) }
+}
+
+/// Resolves the real function (from the constructor, while dlsym is safe).
+pub fn resolve() {
+    real_pthread_create();
+}
+
+/// Starts one of the agent's own threads (the writer) without recording it.
+///
+/// # Safety
+/// As pthread_create.
+pub unsafe fn create_untraced(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    routine: StartRoutine,
+    arg: *mut c_void,
+) -> libc::c_int {
+    // SAFETY: forwarding the caller's arguments (the caller upholds the contract).
+    unsafe { real_pthread_create()(thread, attr, routine, arg) }
+}
+
+/// What the wrapper needs in the new thread; lives in the agent's heap.
+struct Start {
+    routine: StartRoutine,
+    arg: *mut c_void,
+    parent_tid: u32,
+    create_id: u64,
+}
+
+extern "C" fn thread_main(p: *mut c_void) -> *mut c_void {
+    // SAFETY: `p` is the Box leaked by pthread_create below, handed to exactly this thread.
+    let start = unsafe { Box::from_raw(p.cast::<Start>()) };
+    let Start {
+        routine,
+        arg,
+        parent_tid,
+        create_id,
+    } = *start;
+    threads::on_thread_begin(parent_tid, create_id);
+    routine(arg)
+}
+
+/// # Safety
+/// The pthread_create contract: valid `thread` and (optional) `attr` pointers.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    routine: StartRoutine,
+    arg: *mut c_void,
+) -> libc::c_int {
+    let regs = start_regs();
+    let real = real_pthread_create();
+    if crate::thread::FINISHED.load(Ordering::Acquire) {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { real(thread, attr, routine, arg) };
+    }
+    let create_id = threads::on_create(regs);
+    let start = Box::into_raw(Box::new(Start {
+        routine,
+        arg,
+        parent_tid: crate::sys::gettid(),
+        create_id,
+    }));
+    // SAFETY: the caller's thread/attr, our wrapper and its argument.
+    let rc = unsafe { real(thread, attr, thread_main, start.cast()) };
+    if rc != 0 {
+        // No thread took ownership of `start`.
+        // SAFETY: `start` came from Box::into_raw above and was not handed over.
+        drop(unsafe { Box::from_raw(start) });
+    }
+    rc
+}

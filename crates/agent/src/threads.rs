@@ -1,0 +1,112 @@
+//! Thread lifecycle events: which thread created which (`ThreadCreate` in the
+//! creator before pthread_create, `ThreadStart` first in the child) and when
+//! each ended (`ThreadEnd`). Analyses derive happens-before from them (a
+//! child's events follow everything its creator did before creating it), and
+//! per-thread subsystems hook their setup and teardown here.
+
+use crate::arch::StartRegs;
+use crate::record::{self, Entry};
+use crate::sys::RawLock;
+use crate::thread::{Site, ThreadState};
+use crate::{clock, sys};
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use trapline_trace::Event;
+
+/// Numbers pthread_create calls; 0 means "not recorded".
+static NEXT_CREATE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// pthread_t -> kernel tid of the threads started through the agent's wrapper.
+/// A pthread_t is reused after join; the newest thread overwrites the entry.
+struct TidMap {
+    lock: RawLock,
+    map: UnsafeCell<Option<HashMap<libc::pthread_t, u32>>>,
+}
+// SAFETY: `map` is only accessed with `lock` held.
+unsafe impl Sync for TidMap {}
+static TIDS: TidMap = TidMap {
+    lock: RawLock::new(),
+    map: UnsafeCell::new(None),
+};
+
+/// A time for a lifecycle event: precise (these are rare), never before the
+/// thread's previous event.
+fn stamp(ts: &mut ThreadState) -> u64 {
+    let t = clock::precise_now().max(ts.last_time);
+    ts.last_time = t;
+    t
+}
+
+/// In the creating thread, just before the real pthread_create: records
+/// `ThreadCreate` with the caller's stack and returns its id for the child.
+pub fn on_create(regs: StartRegs) -> u64 {
+    let create_id = NEXT_CREATE_ID.fetch_add(1, Ordering::Relaxed);
+    if let Entry::Record(ts) = record::enter() {
+        let cap = ts.capture(regs, Site::Alloc);
+        record::ensure_stack(ts, cap.id, cap.new);
+        let t = stamp(ts);
+        let ev = Event::ThreadCreate {
+            time: t,
+            create_id,
+            stack: cap.id,
+        };
+        ts.emit(Some(t), |e, c| e.event(c, &ev));
+        record::leave(ts);
+    }
+    create_id
+}
+
+/// In the new thread, before its start routine.
+pub fn on_thread_begin(parent_tid: u32, create_id: u64) {
+    let tid = sys::gettid();
+    {
+        let _g = TIDS.lock.guard();
+        // SAFETY: guarded by the lock.
+        let map = unsafe { &mut *TIDS.map.get() };
+        // The agent's heap backs this map, never the program's.
+        map.get_or_insert_with(HashMap::new)
+            // SAFETY: pthread_self has no preconditions.
+            .insert(unsafe { libc::pthread_self() }, tid);
+    }
+    if let Entry::Record(ts) = record::enter() {
+        let t = stamp(ts);
+        let ev = Event::ThreadStart {
+            time: t,
+            parent_tid,
+            create_id,
+        };
+        ts.emit(Some(t), |e, c| e.event(c, &ev));
+        record::leave(ts);
+    }
+}
+
+/// From the thread's pthread-key destructor (every exit path), before its
+/// buffer is queued. The guard is already held by the caller.
+pub fn on_thread_end(ts: &mut ThreadState) {
+    let t = stamp(ts);
+    ts.emit(Some(t), |e, c| e.event(c, &Event::ThreadEnd { time: t }));
+}
+
+/// The kernel tid of a thread started through pthread_create while traced.
+pub fn tid_of(thread: libc::pthread_t) -> Option<u32> {
+    let _g = TIDS.lock.guard();
+    // SAFETY: guarded by the lock.
+    let map = unsafe { &*TIDS.map.get() };
+    map.as_ref()?.get(&thread).copied()
+}
+
+/// Fork child: the lock was taken by `lock` in the parent.
+pub fn reset_in_child() {
+    TIDS.lock.reset();
+}
+
+/// Fork prepare: no thread may be inside the map while the process is copied.
+pub fn lock() {
+    TIDS.lock.lock();
+}
+
+/// Fork parent: undo `lock`.
+pub fn unlock() {
+    TIDS.lock.unlock();
+}
