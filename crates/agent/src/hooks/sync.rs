@@ -623,13 +623,14 @@ pub unsafe extern "C" fn pthread_exit(value: *mut c_void) -> ! {
 #[no_mangle]
 pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, value: *mut *mut c_void) -> c_int {
     let regs = start_regs();
-    // Looked up first: once joined, the pthread_t may name a new thread.
-    let tid = crate::threads::tid_of(thread).unwrap_or(0);
     type F = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
     // SAFETY: the caller's arguments, passed through.
     let r = unsafe { real!(pthread_join: F)(thread, value) };
     if r == 0 {
-        sync::joined(tid, regs);
+        // Looked up after the join: before it, the thread may not have
+        // started (and registered its tid) yet. Until another pthread_create
+        // reuses the pthread_t, it still names the joined thread.
+        sync::joined(crate::threads::tid_of(thread).unwrap_or(0), regs);
     }
     r
 }
