@@ -331,8 +331,8 @@ impl LockState {
                 addr, kind, stack, ..
             } => {
                 let lock = self.lock_id(addr);
-                for (holder, h) in self.holders(lock) {
-                    let _ = holder;
+                let holders = self.holders(lock);
+                for (_, h) in &holders {
                     self.note(Misuse {
                         kind: MisuseKind::DestroyLocked,
                         tid,
@@ -342,7 +342,10 @@ impl LockState {
                         held_stack: h.stack,
                     });
                 }
-                *self.gens.entry(addr).or_default() += 1;
+                // glibc refuses to destroy a held lock (EBUSY): it lives on.
+                if holders.is_empty() {
+                    *self.gens.entry(addr).or_default() += 1;
+                }
                 Applied::Other
             }
             LockEvent::Exit { .. } | LockEvent::Init { .. } => Applied::Other,
@@ -441,7 +444,7 @@ pub fn errors_text(out: &mut String, p: &str, errors: &[LockError]) {
             if e.count == 1 { "" } else { "s" }
         )
         .unwrap();
-        stack_text(out, p, "    at ", &e.stack);
+        stack_text(out, p, "    ", &e.stack);
         if !e.held_stack.is_empty() {
             writeln!(out, "{p}    the lock was taken at:").unwrap();
             stack_text(out, p, "      ", &e.held_stack);
@@ -450,16 +453,18 @@ pub fn errors_text(out: &mut String, p: &str, errors: &[LockError]) {
     writeln!(out, "{p}").unwrap();
 }
 
-/// Text lines of a stack, `lead` before each frame; at most 12 frames.
-pub fn stack_text(out: &mut String, p: &str, lead: &str, frames: &[FrameReport]) {
+/// Text lines of a stack in memcheck's style (`at`, then `by`), indented; at
+/// most 12 frames.
+pub fn stack_text(out: &mut String, p: &str, indent: &str, frames: &[FrameReport]) {
     use std::fmt::Write as _;
-    for f in frames.iter().take(12) {
-        writeln!(out, "{p}{lead}{}", crate::report::frame_text(f)).unwrap();
+    for (i, f) in frames.iter().take(12).enumerate() {
+        let word = if i == 0 { "at" } else { "by" };
+        writeln!(out, "{p}{indent}{word} {}", crate::report::frame_text(f)).unwrap();
     }
     if frames.len() > 12 {
-        writeln!(out, "{p}{lead}... {} more frames", frames.len() - 12).unwrap();
+        writeln!(out, "{p}{indent}... {} more frames", frames.len() - 12).unwrap();
     }
     if frames.is_empty() {
-        writeln!(out, "{p}{lead}(no stack recorded)").unwrap();
+        writeln!(out, "{p}{indent}(no stack recorded)").unwrap();
     }
 }

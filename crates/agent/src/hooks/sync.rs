@@ -162,8 +162,11 @@ fn mutex_acquire(
         return wait();
     }
     let kind = mutex_kind(m);
-    if let Some(r) = relock(m, kind, site, wait) {
-        return r;
+    // A timed lock of a held mutex times out: only a blocking one never returns.
+    if op == LockOp::Blocking {
+        if let Some(r) = relock(m, kind, site, wait) {
+            return r;
+        }
     }
     contended(addr, kind, LockMode::Exclusive, op, site, wait)
 }
