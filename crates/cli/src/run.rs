@@ -318,7 +318,10 @@ pub fn main(args: RunArgs) -> ExitCode {
         Some(Err(_)) => {
             let _ = kill(child_pid, Signal::SIGKILL);
             let _ = child.wait();
-            return fail(crate::EXIT_USAGE, "--timeout needs a positive number of seconds");
+            return fail(
+                crate::EXIT_USAGE,
+                "--timeout needs a positive number of seconds",
+            );
         }
     };
     let (status, timed_out) = match wait_with_timeout(child, child_pid, timeout) {
@@ -374,7 +377,8 @@ fn wait_with_timeout(
                 Err(_) => {
                     eprintln!("==trapline== the command ignored SIGTERM; sending SIGKILL");
                     let _ = kill(pid, Signal::SIGKILL);
-                    rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("waiter thread lost")))
+                    rx.recv()
+                        .unwrap_or_else(|_| Err(std::io::Error::other("waiter thread lost")))
                 }
             }
         }
