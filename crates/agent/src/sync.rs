@@ -40,28 +40,28 @@ static LOCKS: [LockSlot; LOCK_SLOTS] = [const {
 }; LOCK_SLOTS];
 
 #[inline]
-fn slot_of(addr: u64) -> &'static LockSlot {
+fn slot_of(addr: u64) -> u32 {
     let mut i = ((addr >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize;
     for _ in 0..MAX_PROBES {
         i = (i % (LOCK_SLOTS - 1)) + 1;
         let s = &LOCKS[i];
         let a = s.addr.load(Ordering::Relaxed);
         if a == addr {
-            return s;
+            return i as u32;
         }
         if a == 0 {
             match s
                 .addr
                 .compare_exchange(0, addr, Ordering::Relaxed, Ordering::Relaxed)
             {
-                Ok(_) => return s,
-                Err(now) if now == addr => return s,
+                Ok(_) => return i as u32,
+                Err(now) if now == addr => return i as u32,
                 Err(_) => {}
             }
         }
         i += 1;
     }
-    &LOCKS[0]
+    0
 }
 
 /// The time of an event on lock `addr`, strictly after every earlier event
@@ -71,15 +71,16 @@ fn slot_of(addr: u64) -> &'static LockSlot {
 /// stamps it concurrently and a plain load and store suffice; the lock's own
 /// acquire/release ordering carries the value to its next holder. Shared
 /// holders (rwlock readers) and the fallback slot use a compare-and-swap.
-#[inline]
-fn stamp(ts: &mut ThreadState, addr: u64, exclusive: bool) -> u64 {
-    let slot = slot_of(addr);
+#[inline(always)]
+fn stamp(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
     let base = clock::tick().max(ts.last_time);
-    let t = if exclusive && !core::ptr::eq(slot, &LOCKS[0]) {
+    let t = if exclusive && slot != 0 {
+        let slot = &LOCKS[slot as usize];
         let t = base.max(slot.last_time.load(Ordering::Relaxed) + 1);
         slot.last_time.store(t, Ordering::Relaxed);
         t
     } else {
+        let slot = &LOCKS[slot as usize];
         let mut last = slot.last_time.load(Ordering::Relaxed);
         loop {
             let t = base.max(last + 1);
@@ -118,59 +119,76 @@ struct SiteSlot {
     id: u32,
     /// Trace generation whose file holds the stack's definition.
     gen: u32,
+    /// The lock's slot in `LOCKS`.
+    lock_slot: u32,
 }
 
 /// One thread's cache of lock call sites.
 pub struct SiteCache {
     slots: [SiteSlot; SITE_SLOTS],
+    /// The lock this thread acquired last and its slot in `LOCKS`: the
+    /// usual next release is of that lock, which then skips the lookup.
+    last_lock: (u64, u32),
 }
 
 impl SiteCache {
     pub fn new() -> Box<SiteCache> {
         Box::new(SiteCache {
             slots: [SiteSlot::default(); SITE_SLOTS],
+            last_lock: (0, 0),
         })
     }
 }
 
-/// Where a hook was called from: the caller's return address (read by the
-/// hook's trampoline) and the hook's registers (for a capture).
+/// Where a hook was called from: the caller's return address and stack
+/// pointer at the call, handed over in registers by the hook's trampoline.
 #[derive(Clone, Copy)]
 pub struct CallSite {
     pub ret: u64,
-    pub regs: StartRegs,
+    pub sp: u64,
 }
 
-/// The stack id of a lock operation at `site`: cached per (lock, return
-/// address, stack pointer), captured on a miss.
-#[inline]
-fn site_stack(ts: &mut ThreadState, lock: u64, site: CallSite) -> u32 {
+/// The stack id of a lock operation at `site`, and the lock's slot in
+/// `LOCKS`: cached per (lock, return address, stack pointer), captured and
+/// looked up on a miss.
+#[inline(always)]
+fn site_stack(ts: &mut ThreadState, lock: u64, site: CallSite) -> (u32, u32) {
     let gen = writer::GEN.load(Ordering::Relaxed);
-    let sp = site.regs.sp;
-    let h =
-        (lock ^ site.ret.rotate_left(21) ^ sp.rotate_left(43)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let h = (lock ^ site.ret.rotate_left(21) ^ site.sp.rotate_left(43))
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let i = (h >> 56) as usize % SITE_SLOTS;
     if let Some(c) = ts.lock_sites.as_ref() {
         let s = &c.slots[i];
-        if s.lock == lock && s.ret == site.ret && s.sp == sp && s.gen == gen {
-            return s.id;
+        if s.lock == lock && s.ret == site.ret && s.sp == site.sp && s.gen == gen {
+            return (s.id, s.lock_slot);
         }
     }
     site_stack_miss(ts, lock, site, i, gen)
 }
 
+/// Captures the stack from here: the agent's own frames (this function, the
+/// hook) are cut by the capture, what remains starts at the program's call.
 #[cold]
-fn site_stack_miss(ts: &mut ThreadState, lock: u64, site: CallSite, i: usize, gen: u32) -> u32 {
-    let id = capture(ts, site.regs);
+#[inline(never)]
+fn site_stack_miss(
+    ts: &mut ThreadState,
+    lock: u64,
+    site: CallSite,
+    i: usize,
+    gen: u32,
+) -> (u32, u32) {
+    let id = capture(ts, crate::arch::start_regs());
+    let lock_slot = slot_of(lock);
     let cache = ts.lock_sites.get_or_insert_with(SiteCache::new);
     cache.slots[i] = SiteSlot {
         lock,
         ret: site.ret,
-        sp: site.regs.sp,
+        sp: site.sp,
         id,
         gen,
+        lock_slot,
     };
-    id
+    (id, lock_slot)
 }
 
 /// A full stack capture, its definition written to the trace.
@@ -184,7 +202,7 @@ fn capture(ts: &mut ThreadState, regs: StartRegs) -> u32 {
 // Events.
 
 /// Runs `f` with this thread's state if it records; hooks pass through otherwise.
-#[inline]
+#[inline(always)]
 fn recording(f: impl FnOnce(&mut ThreadState)) {
     if let Entry::Record(ts) = record::enter() {
         f(ts);
@@ -193,7 +211,7 @@ fn recording(f: impl FnOnce(&mut ThreadState)) {
 }
 
 /// The lock is now held by this thread.
-#[inline]
+#[inline(always)]
 pub fn acquired(
     addr: u64,
     kind: LockKind,
@@ -203,8 +221,11 @@ pub fn acquired(
     site: CallSite,
 ) {
     recording(|ts| {
-        let stack = site_stack(ts, addr, site);
-        let t = stamp(ts, addr, mode == LockMode::Exclusive);
+        let (stack, slot) = site_stack(ts, addr, site);
+        if let Some(c) = ts.lock_sites.as_mut() {
+            c.last_lock = (addr, slot);
+        }
+        let t = stamp(ts, slot, mode == LockMode::Exclusive);
         ts.emit(Some(t), |e, c| {
             e.lock_acquire(c, t, addr, kind, mode, op, wait_ns, stack)
         });
@@ -213,11 +234,21 @@ pub fn acquired(
 
 /// The thread is about to release the lock (stamped while still holding it).
 /// `exclusive` is false for an rwlock, whose unlock may release a read hold.
-#[inline]
-pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, site: CallSite) {
+/// `owner`: the holder the lock itself names (mutexes); when that is this
+/// thread the release needs no stack (only an unlock by a non-holder, an
+/// error, is reported with one), which keeps the common path short.
+#[inline(always)]
+pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, owner: Option<u32>, site: CallSite) {
     recording(|ts| {
-        let stack = site_stack(ts, addr, site);
-        let t = stamp(ts, addr, exclusive);
+        let last = ts.lock_sites.as_ref().map_or((0, 0), |c| c.last_lock);
+        let (stack, slot) = if owner != Some(ts.tid) {
+            site_stack(ts, addr, site)
+        } else if last.0 == addr {
+            (0, last.1)
+        } else {
+            (0, slot_of(addr))
+        };
+        let t = stamp(ts, slot, exclusive);
         ts.emit(Some(t), |e, c| e.lock_release(c, t, addr, kind, stack));
     });
 }
@@ -225,7 +256,7 @@ pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, site: CallSite) {
 /// The lock is busy and the thread is about to wait for it.
 pub fn requesting(addr: u64, kind: LockKind, mode: LockMode, site: CallSite) {
     recording(|ts| {
-        let stack = site_stack(ts, addr, site);
+        let (stack, _) = site_stack(ts, addr, site);
         let time = thread_time(ts);
         emit_event(
             ts,
@@ -243,7 +274,7 @@ pub fn requesting(addr: u64, kind: LockKind, mode: LockMode, site: CallSite) {
 /// An attempt that did not acquire the lock.
 pub fn failed(addr: u64, kind: LockKind, mode: LockMode, op: LockOp, errno: i32, site: CallSite) {
     recording(|ts| {
-        let stack = site_stack(ts, addr, site);
+        let (stack, _) = site_stack(ts, addr, site);
         let time = thread_time(ts);
         emit_event(
             ts,
@@ -288,7 +319,7 @@ pub fn misuse(addr: u64, kind: LockKind, misuse: LockMisuse, errno: i32, regs: S
 pub fn lifetime(addr: u64, kind: LockKind, init: bool, regs: StartRegs) {
     recording(|ts| {
         let stack = capture(ts, regs);
-        let time = stamp(ts, addr, false);
+        let time = stamp(ts, slot_of(addr), false);
         let ev = if init {
             LockEvent::Init {
                 time,

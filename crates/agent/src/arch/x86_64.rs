@@ -87,20 +87,21 @@ variadic_exec_trampoline!(execle, crate::hooks::process::execle_collected);
 variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
 
 /// Defines hook `$name` as a trampoline that passes the caller's return
-/// address to `$target` in argument register `$reg` (the register of the
-/// argument after the hook's own) and jumps there. The stack is then exactly
-/// as if the program had called `$target`, whose frame the unwinder
-/// follows, and the lock hooks learn their call site with one load instead
-/// of an unwind.
+/// address and stack pointer (at the call) to `$target` in the two argument
+/// registers after the hook's own (`$ret`, `$sp`) and jumps there. The stack
+/// is then exactly as if the program had called `$target`, whose frame the
+/// unwinder follows, and the lock hooks learn their call site in registers,
+/// with no unwind and no memory round trip.
 macro_rules! with_return_address {
-    ($name:ident, $target:path, $reg:literal) => {
+    ($name:ident, $target:path, $ret:literal, $sp:literal) => {
         /// # Safety
         /// The C function's contract.
         #[unsafe(naked)]
         #[no_mangle]
         pub unsafe extern "C" fn $name() {
             core::arch::naked_asm!(
-                concat!("mov ", $reg, ", [rsp]"),
+                concat!("mov ", $ret, ", [rsp]"),
+                concat!("lea ", $sp, ", [rsp + 8]"),
                 "jmp {target}",
                 target = sym $target,
             )

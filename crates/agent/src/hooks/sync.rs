@@ -115,7 +115,7 @@ fn contended(
         sync::acquired(addr, kind, mode, op, Some(waited), site);
     } else {
         if r == EDEADLK {
-            sync::misuse(addr, kind, LockMisuse::Refused, r, site.regs);
+            sync::misuse(addr, kind, LockMisuse::Refused, r, start_regs());
         }
         sync::failed(addr, kind, mode, op, r, site);
     }
@@ -125,21 +125,22 @@ fn contended(
 /// Before waiting for a busy mutex: a thread relocking a non-recursive mutex
 /// it holds never returns (recorded and flushed first); an error-checking
 /// one is refused at once by the C library (recorded, returned).
-fn relock(
-    m: *mut pthread_mutex_t,
-    kind: LockKind,
-    site: CallSite,
-    real: impl FnOnce() -> c_int,
-) -> Option<c_int> {
+fn relock(m: *mut pthread_mutex_t, kind: LockKind, real: impl FnOnce() -> c_int) -> Option<c_int> {
     if kind == LockKind::MutexRecursive || mutex_owner(m) != crate::sys::gettid() {
         return None;
     }
     if kind == LockKind::MutexErrorCheck {
         let r = real();
-        sync::misuse(m as u64, kind, LockMisuse::Refused, r, site.regs);
+        sync::misuse(m as u64, kind, LockMisuse::Refused, r, start_regs());
         return Some(r);
     }
-    sync::misuse(m as u64, kind, LockMisuse::SelfDeadlock, EDEADLK, site.regs);
+    sync::misuse(
+        m as u64,
+        kind,
+        LockMisuse::SelfDeadlock,
+        EDEADLK,
+        start_regs(),
+    );
     Some(real())
 }
 
@@ -164,65 +165,55 @@ fn mutex_acquire(
     let kind = mutex_kind(m);
     // A timed lock of a held mutex times out: only a blocking one never returns.
     if op == LockOp::Blocking {
-        if let Some(r) = relock(m, kind, site, wait) {
+        if let Some(r) = relock(m, kind, wait) {
             return r;
         }
     }
     contended(addr, kind, LockMode::Exclusive, op, site, wait)
 }
 
-extern "C" fn mutex_lock(m: *mut pthread_mutex_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+extern "C" fn mutex_lock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
+    let site = CallSite { ret, sp };
     // SAFETY: the caller's mutex, passed through.
     mutex_acquire(m, LockOp::Blocking, site, || unsafe {
         real!(pthread_mutex_lock: MutexFn)(m)
     })
 }
-with_return_address!(pthread_mutex_lock, mutex_lock, "rsi");
+with_return_address!(pthread_mutex_lock, mutex_lock, "rsi", "rdx");
 
 extern "C" fn mutex_timedlock(
     m: *mut pthread_mutex_t,
     abstime: *const timespec,
     ret: u64,
+    sp: u64,
 ) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+    let site = CallSite { ret, sp };
     type F = unsafe extern "C" fn(*mut pthread_mutex_t, *const timespec) -> c_int;
     // SAFETY: the caller's arguments, passed through.
     mutex_acquire(m, LockOp::Timed, site, || unsafe {
         real!(pthread_mutex_timedlock: F)(m, abstime)
     })
 }
-with_return_address!(pthread_mutex_timedlock, mutex_timedlock, "rdx");
+with_return_address!(pthread_mutex_timedlock, mutex_timedlock, "rdx", "rcx");
 
 extern "C" fn mutex_clocklock(
     m: *mut pthread_mutex_t,
     clock: clockid_t,
     abstime: *const timespec,
     ret: u64,
+    sp: u64,
 ) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+    let site = CallSite { ret, sp };
     type F = unsafe extern "C" fn(*mut pthread_mutex_t, clockid_t, *const timespec) -> c_int;
     // SAFETY: the caller's arguments, passed through.
     mutex_acquire(m, LockOp::Timed, site, || unsafe {
         real!(pthread_mutex_clocklock: F)(m, clock, abstime)
     })
 }
-with_return_address!(pthread_mutex_clocklock, mutex_clocklock, "rcx");
+with_return_address!(pthread_mutex_clocklock, mutex_clocklock, "rcx", "r8");
 
-extern "C" fn mutex_trylock(m: *mut pthread_mutex_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+extern "C" fn mutex_trylock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
+    let site = CallSite { ret, sp };
     // SAFETY: the caller's mutex, passed through.
     let r = unsafe { real!(pthread_mutex_trylock: MutexFn)(m) };
     let kind = mutex_kind(m);
@@ -233,18 +224,15 @@ extern "C" fn mutex_trylock(m: *mut pthread_mutex_t, ret: u64) -> c_int {
     }
     r
 }
-with_return_address!(pthread_mutex_trylock, mutex_trylock, "rsi");
+with_return_address!(pthread_mutex_trylock, mutex_trylock, "rsi", "rdx");
 
-extern "C" fn mutex_unlock(m: *mut pthread_mutex_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
-    sync::releasing(m as u64, mutex_kind(m), true, site);
+extern "C" fn mutex_unlock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
+    let site = CallSite { ret, sp };
+    sync::releasing(m as u64, mutex_kind(m), true, Some(mutex_owner(m)), site);
     // SAFETY: the caller's mutex, passed through.
     unsafe { real!(pthread_mutex_unlock: MutexFn)(m) }
 }
-with_return_address!(pthread_mutex_unlock, mutex_unlock, "rsi");
+with_return_address!(pthread_mutex_unlock, mutex_unlock, "rsi", "rdx");
 
 /// # Safety
 /// As pthread_mutex_init.
@@ -306,14 +294,14 @@ fn rw_acquire(
 
 macro_rules! rw_blocking {
     ($hook:ident, $imp:ident, $real:ident, $mode:expr) => {
-        extern "C" fn $imp(l: *mut pthread_rwlock_t, ret: u64) -> c_int {
-            let site = CallSite { ret, regs: start_regs() };
+        extern "C" fn $imp(l: *mut pthread_rwlock_t, ret: u64, sp: u64) -> c_int {
+            let site = CallSite { ret, sp };
             // SAFETY: the caller's rwlock, passed through.
             rw_acquire(l, $mode, LockOp::Blocking, site, || unsafe {
                 real!($real: RwFn)(l)
             })
         }
-        with_return_address!($hook, $imp, "rsi");
+        with_return_address!($hook, $imp, "rsi", "rdx");
     };
 }
 rw_blocking!(
@@ -331,15 +319,15 @@ rw_blocking!(
 
 macro_rules! rw_timed {
     ($hook:ident, $imp:ident, $real:ident, $mode:expr) => {
-        extern "C" fn $imp(l: *mut pthread_rwlock_t, abstime: *const timespec, ret: u64) -> c_int {
-            let site = CallSite { ret, regs: start_regs() };
+        extern "C" fn $imp(l: *mut pthread_rwlock_t, abstime: *const timespec, ret: u64, sp: u64) -> c_int {
+            let site = CallSite { ret, sp };
             type F = unsafe extern "C" fn(*mut pthread_rwlock_t, *const timespec) -> c_int;
             // SAFETY: the caller's arguments, passed through.
             rw_acquire(l, $mode, LockOp::Timed, site, || unsafe {
                 real!($real: F)(l, abstime)
             })
         }
-        with_return_address!($hook, $imp, "rdx");
+        with_return_address!($hook, $imp, "rdx", "rcx");
     };
 }
 rw_timed!(
@@ -362,8 +350,9 @@ macro_rules! rw_clock {
             clock: clockid_t,
             abstime: *const timespec,
             ret: u64,
+            sp: u64,
         ) -> c_int {
-            let site = CallSite { ret, regs: start_regs() };
+            let site = CallSite { ret, sp };
             type F =
                 unsafe extern "C" fn(*mut pthread_rwlock_t, clockid_t, *const timespec) -> c_int;
             // SAFETY: the caller's arguments, passed through.
@@ -371,7 +360,7 @@ macro_rules! rw_clock {
                 real!($real: F)(l, clock, abstime)
             })
         }
-        with_return_address!($hook, $imp, "rcx");
+        with_return_address!($hook, $imp, "rcx", "r8");
     };
 }
 rw_clock!(
@@ -389,8 +378,8 @@ rw_clock!(
 
 macro_rules! rw_try {
     ($hook:ident, $imp:ident, $real:ident, $mode:expr) => {
-        extern "C" fn $imp(l: *mut pthread_rwlock_t, ret: u64) -> c_int {
-            let site = CallSite { ret, regs: start_regs() };
+        extern "C" fn $imp(l: *mut pthread_rwlock_t, ret: u64, sp: u64) -> c_int {
+            let site = CallSite { ret, sp };
             // SAFETY: the caller's rwlock, passed through.
             let r = unsafe { real!($real: RwFn)(l) };
             if acquired_now(r) {
@@ -400,7 +389,7 @@ macro_rules! rw_try {
             }
             r
         }
-        with_return_address!($hook, $imp, "rsi");
+        with_return_address!($hook, $imp, "rsi", "rdx");
     };
 }
 rw_try!(
@@ -416,16 +405,13 @@ rw_try!(
     LockMode::Exclusive
 );
 
-extern "C" fn rw_unlock(l: *mut pthread_rwlock_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
-    sync::releasing(l as u64, LockKind::RwLock, false, site);
+extern "C" fn rw_unlock(l: *mut pthread_rwlock_t, ret: u64, sp: u64) -> c_int {
+    let site = CallSite { ret, sp };
+    sync::releasing(l as u64, LockKind::RwLock, false, None, site);
     // SAFETY: the caller's rwlock, passed through.
     unsafe { real!(pthread_rwlock_unlock: RwFn)(l) }
 }
-with_return_address!(pthread_rwlock_unlock, rw_unlock, "rsi");
+with_return_address!(pthread_rwlock_unlock, rw_unlock, "rsi", "rdx");
 
 /// # Safety
 /// As pthread_rwlock_init.
@@ -457,11 +443,8 @@ pub unsafe extern "C" fn pthread_rwlock_destroy(l: *mut pthread_rwlock_t) -> c_i
 // ---------------------------------------------------------------------------
 // Spinlocks.
 
-extern "C" fn spin_lock(l: *mut pthread_spinlock_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+extern "C" fn spin_lock(l: *mut pthread_spinlock_t, ret: u64, sp: u64) -> c_int {
+    let site = CallSite { ret, sp };
     // SAFETY: the caller's spinlock, passed through.
     let r = unsafe { real!(pthread_spin_trylock: SpinFn)(l) };
     if r == 0 {
@@ -485,13 +468,10 @@ extern "C" fn spin_lock(l: *mut pthread_spinlock_t, ret: u64) -> c_int {
         || unsafe { real!(pthread_spin_lock: SpinFn)(l) },
     )
 }
-with_return_address!(pthread_spin_lock, spin_lock, "rsi");
+with_return_address!(pthread_spin_lock, spin_lock, "rsi", "rdx");
 
-extern "C" fn spin_trylock(l: *mut pthread_spinlock_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+extern "C" fn spin_trylock(l: *mut pthread_spinlock_t, ret: u64, sp: u64) -> c_int {
+    let site = CallSite { ret, sp };
     // SAFETY: the caller's spinlock, passed through.
     let r = unsafe { real!(pthread_spin_trylock: SpinFn)(l) };
     if r == 0 {
@@ -515,18 +495,15 @@ extern "C" fn spin_trylock(l: *mut pthread_spinlock_t, ret: u64) -> c_int {
     }
     r
 }
-with_return_address!(pthread_spin_trylock, spin_trylock, "rsi");
+with_return_address!(pthread_spin_trylock, spin_trylock, "rsi", "rdx");
 
-extern "C" fn spin_unlock(l: *mut pthread_spinlock_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
-    sync::releasing(l as u64, LockKind::Spin, true, site);
+extern "C" fn spin_unlock(l: *mut pthread_spinlock_t, ret: u64, sp: u64) -> c_int {
+    let site = CallSite { ret, sp };
+    sync::releasing(l as u64, LockKind::Spin, true, None, site);
     // SAFETY: the caller's spinlock, passed through.
     unsafe { real!(pthread_spin_unlock: SpinFn)(l) }
 }
-with_return_address!(pthread_spin_unlock, spin_unlock, "rsi");
+with_return_address!(pthread_spin_unlock, spin_unlock, "rsi", "rdx");
 
 // ---------------------------------------------------------------------------
 // Condition variables: the wait releases the mutex and takes it back; the
@@ -538,7 +515,7 @@ fn cond_wait_around(
     wait: impl FnOnce() -> c_int,
 ) -> c_int {
     let kind = mutex_kind(m);
-    sync::releasing(m as u64, kind, true, site);
+    sync::releasing(m as u64, kind, true, Some(mutex_owner(m)), site);
     let r = wait();
     // Every outcome but a refused call (EINVAL, EPERM) holds the mutex again.
     if r != libc::EINVAL && r != libc::EPERM {
@@ -554,27 +531,27 @@ fn cond_wait_around(
     r
 }
 
-extern "C" fn cond_wait(c: *mut pthread_cond_t, m: *mut pthread_mutex_t, ret: u64) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+extern "C" fn cond_wait(
+    c: *mut pthread_cond_t,
+    m: *mut pthread_mutex_t,
+    ret: u64,
+    sp: u64,
+) -> c_int {
+    let site = CallSite { ret, sp };
     type F = unsafe extern "C" fn(*mut pthread_cond_t, *mut pthread_mutex_t) -> c_int;
     // SAFETY: the caller's arguments, passed through.
     cond_wait_around(m, site, || unsafe { real!(pthread_cond_wait: F)(c, m) })
 }
-with_return_address!(pthread_cond_wait, cond_wait, "rdx");
+with_return_address!(pthread_cond_wait, cond_wait, "rdx", "rcx");
 
 extern "C" fn cond_timedwait(
     c: *mut pthread_cond_t,
     m: *mut pthread_mutex_t,
     abstime: *const timespec,
     ret: u64,
+    sp: u64,
 ) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+    let site = CallSite { ret, sp };
     type F =
         unsafe extern "C" fn(*mut pthread_cond_t, *mut pthread_mutex_t, *const timespec) -> c_int;
     // SAFETY: the caller's arguments, passed through.
@@ -582,7 +559,7 @@ extern "C" fn cond_timedwait(
         real!(pthread_cond_timedwait: F)(c, m, abstime)
     })
 }
-with_return_address!(pthread_cond_timedwait, cond_timedwait, "rcx");
+with_return_address!(pthread_cond_timedwait, cond_timedwait, "rcx", "r8");
 
 extern "C" fn cond_clockwait(
     c: *mut pthread_cond_t,
@@ -590,11 +567,9 @@ extern "C" fn cond_clockwait(
     clock: clockid_t,
     abstime: *const timespec,
     ret: u64,
+    sp: u64,
 ) -> c_int {
-    let site = CallSite {
-        ret,
-        regs: start_regs(),
-    };
+    let site = CallSite { ret, sp };
     type F = unsafe extern "C" fn(
         *mut pthread_cond_t,
         *mut pthread_mutex_t,
@@ -606,7 +581,7 @@ extern "C" fn cond_clockwait(
         real!(pthread_cond_clockwait: F)(c, m, clock, abstime)
     })
 }
-with_return_address!(pthread_cond_clockwait, cond_clockwait, "r8");
+with_return_address!(pthread_cond_clockwait, cond_clockwait, "r8", "r9");
 
 // ---------------------------------------------------------------------------
 // Threads.
