@@ -128,7 +128,9 @@ fn contention_profile_counts_every_acquisition() {
     let text = output_of(cmd, "trapline locks");
     assert_eq!(text.code(), 0, "{}", text.describe());
     assert!(
-        text.stdout.contains("4,018 acquisitions, 1 contended"),
+        text.stdout
+            .contains("mutex ADDR (exclusive): 2 acquisitions, 1 contended (50.0%), 1 owner changes, 2 threads".replace("ADDR", &addr["handoff"]).as_str())
+            && text.stdout.contains("Totals: 5 locks, 4,018 acquisitions,"),
         "{}",
         text.stdout
     );
