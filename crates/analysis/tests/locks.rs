@@ -423,7 +423,10 @@ fn contention_profile_counts() {
         (100, 60, 50)
     );
     // Holds: 50, 60, 10, 10 (from the condition wait's re-acquisition), 10.
-    assert_eq!((a.hold_ns.total, a.hold_ns.max, a.hold_ns.avg), (140, 60, 28));
+    assert_eq!(
+        (a.hold_ns.total, a.hold_ns.max, a.hold_ns.avg),
+        (140, 60, 28)
+    );
     assert_eq!(a.top_sites.len(), 1);
     assert_eq!(a.top_sites[0].contended, 2);
     assert_eq!(r.totals.locks, 2);

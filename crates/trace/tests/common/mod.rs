@@ -364,7 +364,6 @@ pub fn sample_chunks() -> Vec<(u32, Vec<Event>)> {
         ),
         (9, compressible),
         (10, Vec::new()),
-        (11, lock_events(5_000)),
         (u32::MAX, hot_events(u64::MAX / 2)),
         (0, end_events(u64::MAX - 100)),
     ]
