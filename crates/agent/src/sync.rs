@@ -253,74 +253,84 @@ pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, owner: Option<u32>,
     });
 }
 
-/// The lock is busy and the thread is about to wait for it.
-pub fn requesting(addr: u64, kind: LockKind, mode: LockMode, site: CallSite) {
+/// Records `make(time, stack)` with the cached stack of `site` and a time
+/// in this thread's order.
+fn at_site(addr: u64, site: CallSite, make: impl FnOnce(u64, u32) -> LockEvent) {
     recording(|ts| {
         let (stack, _) = site_stack(ts, addr, site);
         let time = thread_time(ts);
-        emit_event(
-            ts,
-            LockEvent::Request {
-                time,
-                addr,
-                kind,
-                mode,
-                stack,
-            },
-        );
+        emit_event(ts, make(time, stack));
     });
 }
 
-/// An attempt that did not acquire the lock.
-pub fn failed(addr: u64, kind: LockKind, mode: LockMode, op: LockOp, errno: i32, site: CallSite) {
-    recording(|ts| {
-        let (stack, _) = site_stack(ts, addr, site);
-        let time = thread_time(ts);
-        emit_event(
-            ts,
-            LockEvent::Failed {
-                time,
-                addr,
-                kind,
-                mode,
-                op,
-                errno,
-                stack,
-            },
-        );
-    });
-}
-
-/// Misuse seen at the call. A self-deadlock is about to block forever: the
-/// thread's events are handed to the writer first, so the trace holds them
-/// even if the program is then killed with SIGKILL.
-pub fn misuse(addr: u64, kind: LockKind, misuse: LockMisuse, errno: i32, regs: StartRegs) {
+/// Records `make(time, stack)` with a full capture from `regs` (rare events)
+/// and the time `time_of` gives.
+fn captured(
+    regs: StartRegs,
+    time_of: impl FnOnce(&mut ThreadState) -> u64,
+    make: impl FnOnce(u64, u32) -> LockEvent,
+) {
     recording(|ts| {
         let stack = capture(ts, regs);
-        let time = thread_time(ts);
-        emit_event(
-            ts,
+        let time = time_of(ts);
+        let ev = make(time, stack);
+        let flush = matches!(
+            ev,
             LockEvent::Misuse {
-                time,
-                addr,
-                kind,
-                misuse,
-                errno,
-                stack,
-            },
+                misuse: LockMisuse::SelfDeadlock,
+                ..
+            }
         );
-        if misuse == LockMisuse::SelfDeadlock {
+        emit_event(ts, ev);
+        if flush {
             ts.flush();
         }
     });
 }
 
-/// pthread_*_init and pthread_*_destroy.
+/// The lock is busy and the thread is about to wait for it.
+pub fn requesting(addr: u64, kind: LockKind, mode: LockMode, site: CallSite) {
+    at_site(addr, site, |time, stack| LockEvent::Request {
+        time,
+        addr,
+        kind,
+        mode,
+        stack,
+    });
+}
+
+/// An attempt that did not acquire the lock.
+pub fn failed(addr: u64, kind: LockKind, mode: LockMode, op: LockOp, errno: i32, site: CallSite) {
+    at_site(addr, site, |time, stack| LockEvent::Failed {
+        time,
+        addr,
+        kind,
+        mode,
+        op,
+        errno,
+        stack,
+    });
+}
+
+/// Misuse seen at the call. A self-deadlock is about to block forever: the
+/// thread's events are handed to the writer first (`captured`), so the trace
+/// holds them even if the program is then killed with SIGKILL.
+pub fn misuse(addr: u64, kind: LockKind, misuse: LockMisuse, errno: i32, regs: StartRegs) {
+    captured(regs, thread_time, |time, stack| LockEvent::Misuse {
+        time,
+        addr,
+        kind,
+        misuse,
+        errno,
+        stack,
+    });
+}
+
+/// pthread_*_init and pthread_*_destroy, stamped in the lock's order.
 pub fn lifetime(addr: u64, kind: LockKind, init: bool, regs: StartRegs) {
-    recording(|ts| {
-        let stack = capture(ts, regs);
-        let time = stamp(ts, slot_of(addr), false);
-        let ev = if init {
+    let in_lock_order = |ts: &mut ThreadState| stamp(ts, slot_of(addr), false);
+    captured(regs, in_lock_order, |time, stack| {
+        if init {
             LockEvent::Init {
                 time,
                 addr,
@@ -334,26 +344,21 @@ pub fn lifetime(addr: u64, kind: LockKind, init: bool, regs: StartRegs) {
                 kind,
                 stack,
             }
-        };
-        emit_event(ts, ev);
+        }
     });
 }
 
-/// pthread_join returned for thread `joined` (tid, 0 if unknown).
+/// pthread_join returned for thread `joined` (tid, 0 if unknown). Its time
+/// is precise, like the joined thread's ThreadEnd, so it sorts after it.
 pub fn joined(joined: u32, regs: StartRegs) {
-    recording(|ts| {
-        let stack = capture(ts, regs);
-        // Precise, like the joined thread's ThreadEnd, so it sorts after it.
-        let time = clock::precise_now().max(ts.last_time);
-        ts.last_time = time;
-        emit_event(
-            ts,
-            LockEvent::Join {
-                time,
-                joined,
-                stack,
-            },
-        );
+    let precise = |ts: &mut ThreadState| {
+        ts.last_time = clock::precise_now().max(ts.last_time);
+        ts.last_time
+    };
+    captured(regs, precise, |time, stack| LockEvent::Join {
+        time,
+        joined,
+        stack,
     });
 }
 
@@ -367,10 +372,9 @@ pub fn detached(detached: u32) {
 
 /// The thread calls pthread_exit.
 pub fn exiting(regs: StartRegs) {
-    recording(|ts| {
-        let stack = capture(ts, regs);
-        let time = thread_time(ts);
-        emit_event(ts, LockEvent::Exit { time, stack });
+    captured(regs, thread_time, |time, stack| LockEvent::Exit {
+        time,
+        stack,
     });
 }
 

@@ -536,7 +536,6 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let actual_deadlocks = actual_deadlocks(&state, &facts, &mut sym);
     let errors = state.errors(&facts.stacks, &mut sym);
     warnings.extend(sym.warnings());
-    let has_end = facts.end.is_some();
     let count = |k: &str| cycles.iter().filter(|c| c.kind == k).count() as u64;
     Ok(DeadlocksReport {
         process: facts.process_report(),
@@ -553,15 +552,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
         actual_deadlocks,
         errors,
         events_lost: facts.events_lost(),
-        trace: TraceStatus {
-            complete: has_end && stopped.is_none(),
-            has_end,
-            has_exit_snapshot: facts.has_exit_snapshot(),
-            stopped,
-            file_bytes: index.file_len,
-            chunks: index.chunks.len() as u64,
-            events: facts.events,
-        },
+        trace: facts.trace_status(&index, stopped),
         warnings,
     })
 }

@@ -315,7 +315,6 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
         threads: threads.len() as u64,
     };
     let errors = state.errors(&facts.stacks, &mut sym);
-    let has_end = facts.end.is_some();
     Ok(LocksReport {
         process: facts.process_report(),
         has_lock_events: state.saw_lock_events,
@@ -323,15 +322,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
         locks,
         errors,
         events_lost: facts.events_lost(),
-        trace: TraceStatus {
-            complete: has_end && stopped.is_none(),
-            has_end,
-            has_exit_snapshot: facts.has_exit_snapshot(),
-            stopped,
-            file_bytes: index.file_len,
-            chunks: index.chunks.len() as u64,
-            events: facts.events,
-        },
+        trace: facts.trace_status(&index, stopped),
         warnings: sym.warnings(),
     })
 }

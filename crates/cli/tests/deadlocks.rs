@@ -9,18 +9,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::io::Read;
 use std::process::Stdio;
-
-/// NAME=ADDRESS lines a fixture printed.
-fn addresses(stdout: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(_, v)| v.starts_with("0x"))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
 
 fn deadlocks(trace: &std::path::Path) -> Value {
     let finished = analysis("deadlocks", trace);
@@ -39,7 +28,7 @@ fn lock_orders(mode: &str) -> (Value, HashMap<String, String>) {
     assert_eq!(report["trace"]["complete"], json!(true));
     assert_eq!(report["errors"], json!([]), "{}", pretty(&report));
     assert_eq!(report["actual_deadlocks"], json!([]), "{}", pretty(&report));
-    (report, addresses(&run.stdout))
+    (report, printed_addresses(&run.stdout))
 }
 
 fn cycles(report: &Value) -> &Vec<Value> {
@@ -300,17 +289,7 @@ fn start_stuck(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("start trapline run");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while line.last() != Some(&b'\n') {
-        match stdout.read(&mut byte) {
-            Ok(1) => line.push(byte[0]),
-            _ => break,
-        }
-    }
-    child.stdout = Some(stdout);
-    let line = String::from_utf8_lossy(&line).into_owned();
+    let line = read_stdout_line(&mut child);
     let Some(pid) = line
         .strip_prefix("deadlocked ")
         .and_then(|rest| rest.trim().parse().ok())

@@ -5,17 +5,6 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use std::collections::HashMap;
-
-/// NAME=ADDRESS lines a fixture printed.
-pub fn addresses(stdout: &str) -> HashMap<String, String> {
-    stdout
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .filter(|(_, v)| v.starts_with("0x"))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
 
 fn lock<'a>(report: &'a Value, address: &str, mode: &str) -> &'a Value {
     let found: Vec<&Value> = as_array(report, "locks")
@@ -38,7 +27,7 @@ fn contention_profile_counts_every_acquisition() {
     let run = run(&dir, &[], &prog, &[]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_no_events_lost_in_summary(&run);
-    let addr = addresses(&run.stdout);
+    let addr = printed_addresses(&run.stdout);
     let report = {
         let finished = analysis("locks", &dir.trace());
         assert_eq!(finished.code(), 0, "{}", finished.describe());

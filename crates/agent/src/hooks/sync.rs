@@ -96,6 +96,16 @@ fn acquired_now(r: c_int) -> bool {
     r == 0 || r == EOWNERDEAD
 }
 
+/// Records the outcome `r` of a trylock.
+fn tried(addr: u64, kind: LockKind, mode: LockMode, r: c_int, site: CallSite) -> c_int {
+    if acquired_now(r) {
+        sync::acquired(addr, kind, mode, LockOp::Try, None, site);
+    } else {
+        sync::failed(addr, kind, mode, LockOp::Try, r, site);
+    }
+    r
+}
+
 /// The slow half of every blocking or timed acquisition: the lock was busy.
 /// Records the request, waits in `wait`, records the outcome.
 #[inline(never)]
@@ -216,13 +226,7 @@ extern "C" fn mutex_trylock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int
     let site = CallSite { ret, sp };
     // SAFETY: the caller's mutex, passed through.
     let r = unsafe { real!(pthread_mutex_trylock: MutexFn)(m) };
-    let kind = mutex_kind(m);
-    if acquired_now(r) {
-        sync::acquired(m as u64, kind, LockMode::Exclusive, LockOp::Try, None, site);
-    } else {
-        sync::failed(m as u64, kind, LockMode::Exclusive, LockOp::Try, r, site);
-    }
-    r
+    tried(m as u64, mutex_kind(m), LockMode::Exclusive, r, site)
 }
 with_return_address!(pthread_mutex_trylock, mutex_trylock, "rsi", "rdx");
 
@@ -382,12 +386,7 @@ macro_rules! rw_try {
             let site = CallSite { ret, sp };
             // SAFETY: the caller's rwlock, passed through.
             let r = unsafe { real!($real: RwFn)(l) };
-            if acquired_now(r) {
-                sync::acquired(l as u64, LockKind::RwLock, $mode, LockOp::Try, None, site);
-            } else {
-                sync::failed(l as u64, LockKind::RwLock, $mode, LockOp::Try, r, site);
-            }
-            r
+            tried(l as u64, LockKind::RwLock, $mode, r, site)
         }
         with_return_address!($hook, $imp, "rsi", "rdx");
     };
@@ -474,26 +473,7 @@ extern "C" fn spin_trylock(l: *mut pthread_spinlock_t, ret: u64, sp: u64) -> c_i
     let site = CallSite { ret, sp };
     // SAFETY: the caller's spinlock, passed through.
     let r = unsafe { real!(pthread_spin_trylock: SpinFn)(l) };
-    if r == 0 {
-        sync::acquired(
-            l as u64,
-            LockKind::Spin,
-            LockMode::Exclusive,
-            LockOp::Try,
-            None,
-            site,
-        );
-    } else {
-        sync::failed(
-            l as u64,
-            LockKind::Spin,
-            LockMode::Exclusive,
-            LockOp::Try,
-            r,
-            site,
-        );
-    }
-    r
+    tried(l as u64, LockKind::Spin, LockMode::Exclusive, r, site)
 }
 with_return_address!(pthread_spin_trylock, spin_trylock, "rsi", "rdx");
 
