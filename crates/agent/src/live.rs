@@ -242,16 +242,21 @@ impl Locked<'_> {
 
     /// Remembers a free, so that a second free of the same address can be
     /// reported with the first free's stack.
-    #[inline]
+    #[inline(always)]
     pub fn remember_free(&mut self, f: Freed) {
         let d = self.data();
         let n = d.freed_next;
-        match d.freed.get_mut(n % FREED_RING) {
-            Some(slot) => *slot = f,
-            None => {
-                d.freed = vec![Freed::default(); FREED_RING];
-                d.freed[n % FREED_RING] = f;
-            }
+        if d.freed.is_empty() {
+            d.freed = vec![Freed::default(); FREED_RING];
+        }
+        if let Some(slot) = d.freed.get_mut(n % FREED_RING) {
+            // Field by field: a struct built just before and copied whole
+            // is reloaded with wide loads that stall on the narrow stores.
+            slot.addr = f.addr;
+            slot.size = f.size;
+            slot.func = f.func;
+            slot.alloc_stack = f.alloc_stack;
+            slot.free_stack = f.free_stack;
         }
         d.freed_next = n + 1;
     }

@@ -132,7 +132,7 @@ impl StackCapture {
 
     /// Whether every read that decided frames 0..upto (outermost first)
     /// still returns what it returned then.
-    #[inline]
+    #[inline(always)]
     fn verify(&self, upto: usize, b: Bounds) -> bool {
         let (end, lo, hi) = self.checks_end[upto - 1];
         if end == u16::MAX || lo < b.lo || hi.saturating_add(8) > b.hi {
@@ -190,6 +190,7 @@ impl StackCapture {
 
     /// Captures the stack that starts at `start` (registers of a hook frame).
     /// `cache` is framehop's rule cache, shared by a thread's captures.
+    #[inline]
     pub fn capture(
         &mut self,
         start: StartRegs,
@@ -199,6 +200,37 @@ impl StackCapture {
         let Some((unwinder, gen)) = modules::unwinder() else {
             return Captured { id: 0, new: false };
         };
+        // The commonest case, kept small and inlined: the hook frame itself is
+        // the remembered innermost frame and nothing outside it changed, so
+        // the whole stack, and its id, are the previous ones.
+        if gen == self.prev_gen && self.prev_n > 0 && self.prev_id != 0 {
+            let (sp, bp) = arch::sp_bp(&arch::regs(start));
+            let f = &self.prev[self.prev_n - 1];
+            if f.sp == sp
+                && f.pc == start.pc
+                && (!f.bp_matters || f.bp == bp)
+                && self.verify(self.prev_n, bounds)
+            {
+                return Captured {
+                    id: self.prev_id,
+                    new: false,
+                };
+            }
+        }
+        self.capture_changed(unwinder, gen, start, bounds, rules)
+    }
+
+    /// A capture whose stack differs from the previous one, at least in its
+    /// innermost frame: unwind until a remembered frame is verified.
+    #[inline(never)]
+    fn capture_changed(
+        &mut self,
+        unwinder: &crate::arch::Unwinder,
+        gen: u32,
+        start: StartRegs,
+        bounds: Bounds,
+        rules: &mut RuleCaches,
+    ) -> Captured {
         if gen != self.prev_gen {
             self.prev_n = 0;
             self.prev_gen = gen;
