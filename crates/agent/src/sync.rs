@@ -126,16 +126,12 @@ struct SiteSlot {
 /// One thread's cache of lock call sites.
 pub struct SiteCache {
     slots: [SiteSlot; SITE_SLOTS],
-    /// The lock this thread acquired last and its slot in `LOCKS`: the
-    /// usual next release is of that lock, which then skips the lookup.
-    last_lock: (u64, u32),
 }
 
 impl SiteCache {
     pub fn new() -> Box<SiteCache> {
         Box::new(SiteCache {
             slots: [SiteSlot::default(); SITE_SLOTS],
-            last_lock: (0, 0),
         })
     }
 }
@@ -222,9 +218,6 @@ pub fn acquired(
 ) {
     recording(|ts| {
         let (stack, slot) = site_stack(ts, addr, site);
-        if let Some(c) = ts.lock_sites.as_mut() {
-            c.last_lock = (addr, slot);
-        }
         let t = stamp(ts, slot, mode == LockMode::Exclusive);
         ts.emit(Some(t), |e, c| {
             e.lock_acquire(c, t, addr, kind, mode, op, wait_ns, stack)
@@ -240,11 +233,8 @@ pub fn acquired(
 #[inline(always)]
 pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, owner: Option<u32>, site: CallSite) {
     recording(|ts| {
-        let last = ts.lock_sites.as_ref().map_or((0, 0), |c| c.last_lock);
         let (stack, slot) = if owner != Some(ts.tid) {
             site_stack(ts, addr, site)
-        } else if last.0 == addr {
-            (0, last.1)
         } else {
             (0, slot_of(addr))
         };
