@@ -336,6 +336,12 @@ impl ThreadState {
         }
         // SAFETY: as above.
         let slot = unsafe { &mut *self.buf.get() };
+        if slot.is_none() {
+            // A stealer took the fresh buffer while we were submitting the
+            // old one (the periodic sweep runs on the writer thread that the
+            // submit just woke): the event still needs a place.
+            *slot = Some(writer::take_buffer(self.tid));
+        }
         if let Some(b) = slot.as_mut() {
             if !b.push(time, f) {
                 writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
