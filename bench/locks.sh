@@ -7,11 +7,13 @@
 #      (median of LOCK_REPS runs, timed inside the program around the loop)
 #      and the overhead over native; plus user-mode instructions per pair
 #      from `perf stat` (exact, unlike times on a busy machine).
-#   2. Contended workload: LOCK_THREADS threads take one mutex around a short
-#      critical section with work outside it; operations per second and the
-#      ratio to native (median of LOCK_REPS runs).
+#   2. Contended workload: LOCK_THREADS threads take one mutex around a
+#      critical section of IN steps of work with OUT steps outside it, for
+#      each IN:OUT of LOCK_WORK (a step is one multiply-add, about 1 ns);
+#      operations per second and the ratio to native (median of LOCK_REPS).
 #
-# Knobs: LOCK_PAIRS=20000000 LOCK_REPS=5 LOCK_THREADS=2 LOCK_ROUNDS=2000000
+# Knobs: LOCK_PAIRS=20000000 LOCK_REPS=5 LOCK_THREADS=2 LOCK_ROUNDS=1000000
+#        LOCK_WORK="20:200 100:1000" (IN:OUT work steps per operation)
 #        VG_PAIRS=500000 VG_ROUNDS=50000 (valgrind tools, one run each; 0: skip)
 #        TRAPLINE=PATH NO_BUILD=1 as in run.sh.
 # Benchmarks are measurements, not tests: nothing here asserts on timings.
@@ -24,7 +26,8 @@ TRAPLINE=${TRAPLINE:-$ROOT/target/release/trapline}
 LOCK_PAIRS=${LOCK_PAIRS:-20000000}
 LOCK_REPS=${LOCK_REPS:-5}
 LOCK_THREADS=${LOCK_THREADS:-2}
-LOCK_ROUNDS=${LOCK_ROUNDS:-2000000}
+LOCK_ROUNDS=${LOCK_ROUNDS:-1000000}
+LOCK_WORK=${LOCK_WORK:-20:200 100:1000}
 VG_PAIRS=${VG_PAIRS:-500000}
 VG_ROUNDS=${VG_ROUNDS:-50000}
 
@@ -111,35 +114,35 @@ for tool in "${TOOLS[@]}"; do
     echo "| $tool | $m (runs: ${vals[*]}) | $(calc "$m - $native_pair") | $ins |"
 done
 echo
-echo "Contended: $LOCK_THREADS threads x $LOCK_ROUNDS rounds on one mutex (median of $LOCK_REPS; valgrind tools: $VG_ROUNDS rounds, 1 run):"
-echo
-echo "| tool | operations per second | ratio to native |"
-echo "|---|---|---|"
-native_ops=n/a
-for tool in "${TOOLS[@]}"; do
-    vals=()
-    case $tool in
-        native | trapline | mutrace)
-            for ((i = 0; i < LOCK_REPS; i++)); do
-                log "$tool contended run $((i + 1))/$LOCK_REPS"
-                vals+=("$(measure "$tool" ops_per_sec contended "$LOCK_THREADS" "$LOCK_ROUNDS")")
-            done
-            ;;
-        *)
-            ((VG_ROUNDS > 0)) || continue
-            log "$tool contended run"
-            vals+=("$(measure "$tool" ops_per_sec contended "$LOCK_THREADS" "$VG_ROUNDS")")
-            ;;
-    esac
-    m=$(median "${vals[@]}")
-    [[ $tool == native ]] && native_ops=$m
-    echo "| $tool | $m (runs: ${vals[*]}) | $(calc "$m / $native_ops") |"
+for work in $LOCK_WORK; do
+    win=${work%%:*} wout=${work##*:}
+    echo
+    echo "Contended: $LOCK_THREADS threads x $LOCK_ROUNDS rounds on one mutex, $win steps inside, $wout outside (median of $LOCK_REPS; valgrind tools: $VG_ROUNDS rounds, 1 run):"
+    echo
+    echo "| tool | operations per second | ratio to native |"
+    echo "|---|---|---|"
+    native_ops=n/a
+    for tool in "${TOOLS[@]}"; do
+        vals=()
+        case $tool in
+            native | trapline | mutrace)
+                for ((i = 0; i < LOCK_REPS; i++)); do
+                    log "$tool contended $work run $((i + 1))/$LOCK_REPS"
+                    vals+=("$(measure "$tool" ops_per_sec contended "$LOCK_THREADS" "$LOCK_ROUNDS" "$win" "$wout")")
+                done
+                ;;
+            *)
+                ((VG_ROUNDS > 0)) || continue
+                log "$tool contended $work run"
+                vals+=("$(measure "$tool" ops_per_sec contended "$LOCK_THREADS" "$VG_ROUNDS" "$win" "$wout")")
+                ;;
+        esac
+        m=$(median "${vals[@]}")
+        [[ $tool == native ]] && native_ops=$m
+        echo "| $tool | $m (runs: ${vals[*]}) | $(calc "$m / $native_ops") |"
+    done
+    if [[ -f $OUT/t.trace ]]; then
+        echo
+        echo "trapline's totals for its last run: $("$TRAPLINE" locks "$OUT/t.trace" | sed -n 3p | sed 's/^==[0-9]*== //')"
+    fi
 done
-if [[ -f $OUT/t.trace ]]; then
-    echo
-    echo "trapline's report of the last contended run (\`trapline locks\`, first lines):"
-    echo
-    echo '```'
-    "$TRAPLINE" locks "$OUT/t.trace" | sed -n '3,6p'
-    echo '```'
-fi

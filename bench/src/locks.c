@@ -2,9 +2,11 @@
  *
  *   locks pair N         N uncontended pthread_mutex_lock+unlock pairs on one
  *                        thread; prints "ns_per_pair X"
- *   locks contended T N  T threads each take one shared mutex N times around
- *                        a short critical section (a few hundred ns of work
- *                        outside it); prints "ops_per_sec X"
+ *   locks contended T N [IN OUT]
+ *                        T threads each take one shared mutex N times around
+ *                        a critical section of IN steps of work (default 20)
+ *                        with OUT steps outside it (default 200); prints
+ *                        "ops_per_sec X"
  *
  * Times are taken inside the program (CLOCK_MONOTONIC around the loop), so
  * tool start-up and trace finalisation are not counted. */
@@ -17,6 +19,7 @@
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile unsigned long shared_counter;
 static long rounds;
+static int work_in = 20, work_out = 200;
 
 static double now(void) {
     struct timespec ts;
@@ -34,9 +37,9 @@ static void *contender(void *arg) {
     unsigned long x = (unsigned long)arg;
     for (long i = 0; i < rounds; i++) {
         pthread_mutex_lock(&lock);
-        shared_counter = spin_work(shared_counter, 20);
+        shared_counter = spin_work(shared_counter, work_in);
         pthread_mutex_unlock(&lock);
-        x = spin_work(x, 200);
+        x = spin_work(x, work_out);
     }
     return (void *)x;
 }
@@ -56,6 +59,10 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "contended")) {
         int threads = atoi(argv[2]);
         rounds = atol(argv[3]);
+        if (argc >= 6) {
+            work_in = atoi(argv[4]);
+            work_out = atoi(argv[5]);
+        }
         pthread_t t[64];
         if (threads < 1 || threads > 64) return 2;
         double t0 = now();
@@ -65,6 +72,6 @@ int main(int argc, char **argv) {
         printf("ops_per_sec %.0f\n", threads * rounds / (t1 - t0));
         return 0;
     }
-    fprintf(stderr, "usage: %s pair N | contended THREADS N\n", argv[0]);
+    fprintf(stderr, "usage: %s pair N | contended THREADS N [IN OUT]\n", argv[0]);
     return 2;
 }

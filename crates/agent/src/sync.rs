@@ -206,6 +206,11 @@ fn recording(f: impl FnOnce(&mut ThreadState)) {
     }
 }
 
+/// This thread's kernel tid, as the agent cached it (no system call).
+pub fn current_tid() -> u32 {
+    crate::thread::current().tid
+}
+
 /// The lock is now held by this thread.
 #[inline(always)]
 pub fn acquired(

@@ -136,7 +136,7 @@ fn contended(
 /// it holds never returns (recorded and flushed first); an error-checking
 /// one is refused at once by the C library (recorded, returned).
 fn relock(m: *mut pthread_mutex_t, kind: LockKind, real: impl FnOnce() -> c_int) -> Option<c_int> {
-    if kind == LockKind::MutexRecursive || mutex_owner(m) != crate::sys::gettid() {
+    if kind == LockKind::MutexRecursive || mutex_owner(m) != sync::current_tid() {
         return None;
     }
     if kind == LockKind::MutexErrorCheck {
