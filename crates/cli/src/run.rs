@@ -229,6 +229,16 @@ fn preload_value(agent: &Path) -> OsString {
 }
 
 pub fn main(args: RunArgs) -> ExitCode {
+    let timeout = match args.timeout.map(std::time::Duration::try_from_secs_f64) {
+        None => None,
+        Some(Ok(d)) if !d.is_zero() => Some(d),
+        Some(_) => {
+            return fail(
+                crate::EXIT_USAGE,
+                "--timeout needs a positive number of seconds",
+            )
+        }
+    };
     let agent = match find_agent() {
         Ok(a) => a,
         Err(e) => return fail(EXIT_CANNOT_RUN, e),
@@ -312,18 +322,6 @@ pub fn main(args: RunArgs) -> ExitCode {
             }
         }
     });
-    let timeout = match args.timeout.map(std::time::Duration::try_from_secs_f64) {
-        None => None,
-        Some(Ok(d)) => Some(d),
-        Some(Err(_)) => {
-            let _ = kill(child_pid, Signal::SIGKILL);
-            let _ = child.wait();
-            return fail(
-                crate::EXIT_USAGE,
-                "--timeout needs a positive number of seconds",
-            );
-        }
-    };
     let (status, timed_out) = match wait_with_timeout(child, child_pid, timeout) {
         Ok(s) => s,
         Err(e) => {

@@ -359,3 +359,18 @@ fn a_real_deadlock_stopped_by_timeout_shows_who_waits_for_whom() {
     assert_ne!(one["waits_for"], two["waits_for"]);
     assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
 }
+
+#[test]
+fn a_timeout_that_is_not_a_positive_number_is_bad_usage() {
+    let dir = TestDir::new("deadlocks_bad_timeout");
+    for value in ["0", "-1", "soon"] {
+        let run = run(
+            &dir,
+            &["--timeout", value],
+            std::path::Path::new("/bin/true"),
+            &[],
+        );
+        assert_eq!(run.code(), 2, "--timeout {value}: {}", run.describe());
+        assert!(run.stderr.contains("timeout"), "{}", run.describe());
+    }
+}
