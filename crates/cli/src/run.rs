@@ -300,7 +300,7 @@ pub fn main(args: RunArgs) -> ExitCode {
                 )
             }
         };
-    let mut child = match cmd.spawn() {
+    let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::PermissionDenied {
