@@ -308,51 +308,131 @@ impl LockGraph {
         self.edges.push((e, 1));
     }
 
-    /// Simple cycles, each once (rotated to start at its smallest lock).
+    /// Simple cycles, each once (rotated to start at its smallest lock),
+    /// and whether the search was cut short. A cycle lies within one
+    /// strongly connected component, so the search from each lock only
+    /// enters locks of its component: locks always taken in one order (no
+    /// cycle) cost nothing, however deeply they nest.
     fn cycles(&self) -> (Vec<Vec<LockId>>, bool) {
+        let component = self.components();
         let mut nodes: Vec<LockId> = self.succ.keys().copied().collect();
         nodes.sort();
-        let mut out = Vec::new();
-        let mut cut = false;
+        let mut search = CycleSearch {
+            graph: self,
+            component: &component,
+            out: Vec::new(),
+            steps: 0,
+            cut: false,
+        };
         for &start in &nodes {
             let mut path = vec![start];
             let mut on_path = HashSet::from([start]);
-            self.search(start, start, &mut path, &mut on_path, &mut out, &mut cut);
-            if cut {
+            search.from(start, start, &mut path, &mut on_path);
+            if search.cut {
                 break;
             }
         }
-        (out, cut)
+        (search.out, search.cut)
     }
 
-    fn search(
-        &self,
+    /// Strongly connected component of every lock (Kosaraju, iterative).
+    fn components(&self) -> HashMap<LockId, usize> {
+        let mut nodes: Vec<LockId> = self.succ.keys().copied().collect();
+        nodes.sort();
+        let mut pred: HashMap<LockId, Vec<LockId>> = HashMap::new();
+        for (&from, tos) in &self.succ {
+            for &to in tos {
+                pred.entry(to).or_default().push(from);
+            }
+        }
+        // Finishing order of a depth-first search of the graph.
+        let mut seen: HashSet<LockId> = HashSet::new();
+        let mut order = Vec::new();
+        for &root in &nodes {
+            if !seen.insert(root) {
+                continue;
+            }
+            let mut stack = vec![(root, 0usize)];
+            while let Some((node, i)) = stack.pop() {
+                let next = self.succ.get(&node).and_then(|v| v.get(i)).copied();
+                match next {
+                    Some(n) => {
+                        stack.push((node, i + 1));
+                        if seen.insert(n) {
+                            stack.push((n, 0));
+                        }
+                    }
+                    None => order.push(node),
+                }
+            }
+        }
+        // Components: searches of the reversed graph in reverse finishing order.
+        let mut component = HashMap::new();
+        for &root in order.iter().rev() {
+            if component.contains_key(&root) {
+                continue;
+            }
+            let id = component.len();
+            let mut stack = vec![root];
+            component.insert(root, id);
+            while let Some(node) = stack.pop() {
+                for &p in pred.get(&node).into_iter().flatten() {
+                    if let std::collections::hash_map::Entry::Vacant(v) = component.entry(p) {
+                        v.insert(id);
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        component
+    }
+}
+
+/// Steps the cycle search may take before it stops (and says so).
+const MAX_SEARCH_STEPS: u64 = 10_000_000;
+
+struct CycleSearch<'a> {
+    graph: &'a LockGraph,
+    component: &'a HashMap<LockId, usize>,
+    out: Vec<Vec<LockId>>,
+    steps: u64,
+    cut: bool,
+}
+
+impl CycleSearch<'_> {
+    fn from(
+        &mut self,
         start: LockId,
         at: LockId,
         path: &mut Vec<LockId>,
         on_path: &mut HashSet<LockId>,
-        out: &mut Vec<Vec<LockId>>,
-        cut: &mut bool,
     ) {
-        let Some(next) = self.succ.get(&at) else {
+        let Some(next) = self.graph.succ.get(&at) else {
             return;
         };
         let mut next = next.clone();
         next.sort();
+        let home = self.component.get(&start);
         for n in next {
-            if *cut {
+            self.steps += 1;
+            if self.cut || self.steps > MAX_SEARCH_STEPS {
+                self.cut = true;
                 return;
             }
             if n == start && path.len() >= 2 {
-                if out.len() == MAX_CYCLES {
-                    *cut = true;
+                if self.out.len() == MAX_CYCLES {
+                    self.cut = true;
                     return;
                 }
-                out.push(path.clone());
-            } else if n > start && !on_path.contains(&n) && path.len() < MAX_CYCLE {
+                self.out.push(path.clone());
+            } else if n > start
+                && self.component.get(&n) == home
+                && !on_path.contains(&n)
+                && path.len() < MAX_CYCLE
+            {
                 path.push(n);
                 on_path.insert(n);
-                self.search(start, n, path, on_path, out, cut);
+                self.from(start, n, path, on_path);
                 on_path.remove(&n);
                 path.pop();
             }
@@ -511,7 +591,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let (lock_cycles, cut) = graph.cycles();
     if cut {
         warnings.push(format!(
-            "the lock graph has more than {MAX_CYCLES} cycles: only the first {MAX_CYCLES} were checked"
+            "the lock graph has too many cycles to list: the search stopped after {MAX_CYCLES} cycles or {MAX_SEARCH_STEPS} steps, and only the cycles found were checked"
         ));
     }
     let mut cycles = Vec::new();
