@@ -447,16 +447,29 @@ enum CycleKind {
     LockOrderInversion,
 }
 
+/// Edge choices tried per cycle and kind before the check gives up (and
+/// says so): many labelled edges per lock pair make the choice exponential.
+const MAX_CHOICES: u64 = 1_000_000;
+
 struct Checker<'a> {
     graph: &'a LockGraph,
     segments: &'a mut Segments,
+    /// Choices tried for the current cycle and kind.
+    tried: u64,
+    /// Cycles whose check gave up.
+    gave_up: u64,
 }
 
 impl Checker<'_> {
     /// Edges (one per step of `cycle`) forming a cycle of `kind`, if any.
     fn find(&mut self, cycle: &[LockId], kind: CycleKind) -> Option<Vec<usize>> {
         let mut chosen = Vec::with_capacity(cycle.len());
-        self.choose(cycle, kind, &mut chosen).then_some(chosen)
+        self.tried = 0;
+        let found = self.choose(cycle, kind, &mut chosen);
+        if !found && self.tried > MAX_CHOICES {
+            self.gave_up += 1;
+        }
+        found.then_some(chosen)
     }
 
     fn choose(&mut self, cycle: &[LockId], kind: CycleKind, chosen: &mut Vec<usize>) -> bool {
@@ -484,6 +497,10 @@ impl Checker<'_> {
     }
 
     fn compatible(&mut self, chosen: &[usize], c: usize, kind: CycleKind) -> bool {
+        self.tried += 1;
+        if self.tried > MAX_CHOICES {
+            return false;
+        }
         let e = &self.graph.edges[c].0;
         if let Some(&prev) = chosen.last() {
             if !blocks(&self.graph.edges[prev].0, e) {
@@ -598,6 +615,8 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let mut checker = Checker {
         graph: &graph,
         segments: &mut segments,
+        tried: 0,
+        gave_up: 0,
     };
     for cycle in &lock_cycles {
         for (kind, name) in [
@@ -609,6 +628,12 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
                 break;
             }
         }
+    }
+    if checker.gave_up > 0 {
+        warnings.push(format!(
+            "{} lock cycle checks gave up after {MAX_CHOICES} choices of edges: those cycles are not reported",
+            checker.gave_up
+        ));
     }
     // Potential deadlocks first (stable: cycles were found in lock order).
     cycles.sort_by_key(|c| c.kind != "potential_deadlock");
