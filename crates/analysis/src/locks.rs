@@ -396,12 +396,19 @@ pub fn render_text(r: &LocksReport) -> String {
             if l.threads == 1 { "" } else { "s" }
         )
         .unwrap();
+        let wait = if l.contended > 0 {
+            format!(
+                "wait: total {}, avg {}, max {}; ",
+                duration_text(l.wait_ns.total),
+                duration_text(l.wait_ns.avg),
+                duration_text(l.wait_ns.max)
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "{p}     wait: total {}, avg {}, max {}; hold: total {}, avg {}, max {}",
-            duration_text(l.wait_ns.total),
-            duration_text(l.wait_ns.avg),
-            duration_text(l.wait_ns.max),
+            "{p}     {wait}hold: total {}, avg {}, max {}",
             duration_text(l.hold_ns.total),
             duration_text(l.hold_ns.avg),
             duration_text(l.hold_ns.max)
