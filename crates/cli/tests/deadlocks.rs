@@ -374,3 +374,29 @@ fn a_timeout_that_is_not_a_positive_number_is_bad_usage() {
         assert!(run.stderr.contains("timeout"), "{}", run.describe());
     }
 }
+
+#[test]
+fn cpp_std_mutex_in_opposite_orders_is_one_potential_deadlock() {
+    let dir = TestDir::new("deadlocks_cpp");
+    let prog = compile_cpp(&dir, "lock_orders.cpp");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let addr = printed_addresses(&run.stdout);
+    let report = deadlocks(&dir.trace());
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    assert_eq!(cycles[0]["kind"], json!("potential_deadlock"));
+    assert_eq!(cycle_locks(&cycles[0]), sorted(&["first", "second"], &addr));
+    let into_second = edge_requesting(&cycles[0], &addr["second"]);
+    let stack = stack_of(into_second, "requested_stack");
+    // std::lock_guard's constructor calls std::mutex::lock (inlined or not
+    // at -O0); the program's line is the first frame in lock_orders.cpp.
+    let frame = stack
+        .iter()
+        .find(|f| basename(f.get("file")) == "lock_orders.cpp")
+        .unwrap_or_else(|| panic!("no frame in lock_orders.cpp: {}", show_stack(stack)));
+    assert_eq!(
+        frame["line"],
+        json!(marker_line("lock_orders.cpp", "CPP-FIRST-SECOND"))
+    );
+}
