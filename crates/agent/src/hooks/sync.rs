@@ -238,34 +238,45 @@ extern "C" fn mutex_unlock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int 
 }
 with_return_address!(pthread_mutex_unlock, mutex_unlock, "rsi", "rdx");
 
-/// # Safety
-/// As pthread_mutex_init.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_mutex_init(
-    m: *mut pthread_mutex_t,
-    attr: *const pthread_mutexattr_t,
-) -> c_int {
-    let regs = start_regs();
-    type F = unsafe extern "C" fn(*mut pthread_mutex_t, *const pthread_mutexattr_t) -> c_int;
-    // SAFETY: the caller's arguments, passed through.
-    let r = unsafe { real!(pthread_mutex_init: F)(m, attr) };
-    if r == 0 {
-        sync::lifetime(m as u64, mutex_kind(m), true, regs);
-    }
-    r
-}
+/// `pthread_*_init` and `pthread_*_destroy` of one lock type: both record
+/// the call with its stack. A destroy is recorded before the real call:
+/// glibc refuses to destroy a locked mutex (EBUSY), but the program meant
+/// to, which is the misuse to report.
+macro_rules! init_and_destroy {
+    ($init:ident, $destroy:ident, $lock:ty, $attr:ty, $kind:expr) => {
+        /// # Safety
+        /// As the C library's function.
+        #[no_mangle]
+        pub unsafe extern "C" fn $init(l: *mut $lock, attr: *const $attr) -> c_int {
+            let regs = start_regs();
+            type F = unsafe extern "C" fn(*mut $lock, *const $attr) -> c_int;
+            // SAFETY: the caller's arguments, passed through.
+            let r = unsafe { real!($init: F)(l, attr) };
+            if r == 0 {
+                sync::lifetime(l as u64, $kind(l), true, regs);
+            }
+            r
+        }
 
-/// # Safety
-/// As pthread_mutex_destroy.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_mutex_destroy(m: *mut pthread_mutex_t) -> c_int {
-    let regs = start_regs();
-    // Recorded first: glibc refuses to destroy a locked mutex (EBUSY) but the
-    // program meant to, which is the misuse to report.
-    sync::lifetime(m as u64, mutex_kind(m), false, regs);
-    // SAFETY: the caller's mutex, passed through.
-    unsafe { real!(pthread_mutex_destroy: MutexFn)(m) }
+        /// # Safety
+        /// As the C library's function.
+        #[no_mangle]
+        pub unsafe extern "C" fn $destroy(l: *mut $lock) -> c_int {
+            let regs = start_regs();
+            sync::lifetime(l as u64, $kind(l), false, regs);
+            type F = unsafe extern "C" fn(*mut $lock) -> c_int;
+            // SAFETY: the caller's lock, passed through.
+            unsafe { real!($destroy: F)(l) }
+        }
+    };
 }
+init_and_destroy!(
+    pthread_mutex_init,
+    pthread_mutex_destroy,
+    pthread_mutex_t,
+    pthread_mutexattr_t,
+    mutex_kind
+);
 
 // ---------------------------------------------------------------------------
 // rwlocks.
@@ -412,32 +423,13 @@ extern "C" fn rw_unlock(l: *mut pthread_rwlock_t, ret: u64, sp: u64) -> c_int {
 }
 with_return_address!(pthread_rwlock_unlock, rw_unlock, "rsi", "rdx");
 
-/// # Safety
-/// As pthread_rwlock_init.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_rwlock_init(
-    l: *mut pthread_rwlock_t,
-    attr: *const pthread_rwlockattr_t,
-) -> c_int {
-    let regs = start_regs();
-    type F = unsafe extern "C" fn(*mut pthread_rwlock_t, *const pthread_rwlockattr_t) -> c_int;
-    // SAFETY: the caller's arguments, passed through.
-    let r = unsafe { real!(pthread_rwlock_init: F)(l, attr) };
-    if r == 0 {
-        sync::lifetime(l as u64, LockKind::RwLock, true, regs);
-    }
-    r
-}
-
-/// # Safety
-/// As pthread_rwlock_destroy.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_rwlock_destroy(l: *mut pthread_rwlock_t) -> c_int {
-    let regs = start_regs();
-    sync::lifetime(l as u64, LockKind::RwLock, false, regs);
-    // SAFETY: the caller's rwlock, passed through.
-    unsafe { real!(pthread_rwlock_destroy: RwFn)(l) }
-}
+init_and_destroy!(
+    pthread_rwlock_init,
+    pthread_rwlock_destroy,
+    pthread_rwlock_t,
+    pthread_rwlockattr_t,
+    |_| LockKind::RwLock
+);
 
 // ---------------------------------------------------------------------------
 // Spinlocks.
