@@ -15,7 +15,7 @@ use crate::arch::StartRegs;
 use crate::record::{self, Entry};
 use crate::thread::{Site, ThreadState};
 use crate::{clock, writer};
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use trapline_trace::{Event, LockEvent, LockKind, LockMisuse, LockMode, LockOp};
 
 // ---------------------------------------------------------------------------
@@ -206,6 +206,34 @@ fn recording(f: impl FnOnce(&mut ThreadState)) {
     }
 }
 
+/// The tid of the thread that is forking (set in the prepare handler).
+static FORKING_TID: AtomicU32 = AtomicU32::new(0);
+/// In a fork child: the tid its thread had in the parent. glibc's mutexes
+/// locked before the fork (typically by pthread_atfork handlers) still name
+/// that tid as their owner.
+static OWNER_BEFORE_FORK: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn fork_prepare() {
+    FORKING_TID.store(current_tid(), Ordering::Relaxed);
+}
+
+extern "C" fn fork_child() {
+    OWNER_BEFORE_FORK.store(FORKING_TID.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// Registers the fork handlers that let a child recognize its own locks.
+pub fn register_fork_handlers() {
+    // SAFETY: registering plain functions.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), None, Some(fork_child)) };
+}
+
+/// Whether glibc's owner field names this thread (or, in a fork child, the
+/// thread it was in the parent).
+#[inline(always)]
+fn owned_by(ts: &ThreadState, owner: u32) -> bool {
+    owner == ts.tid || (owner != 0 && owner == OWNER_BEFORE_FORK.load(Ordering::Relaxed))
+}
+
 /// This thread's kernel tid, as the agent cached it (no system call).
 pub fn current_tid() -> u32 {
     crate::thread::current().tid
@@ -238,10 +266,9 @@ pub fn acquired(
 #[inline(always)]
 pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, owner: Option<u32>, site: CallSite) {
     recording(|ts| {
-        let (stack, slot) = if owner != Some(ts.tid) {
-            site_stack(ts, addr, site)
-        } else {
-            (0, slot_of(addr))
+        let (stack, slot) = match owner {
+            Some(o) if owned_by(ts, o) => (0, slot_of(addr)),
+            _ => site_stack(ts, addr, site),
         };
         let t = stamp(ts, slot, exclusive);
         ts.emit(Some(t), |e, c| e.lock_release(c, t, addr, kind, stack));

@@ -252,6 +252,14 @@ impl LockState {
                             held: Some(held),
                         }
                     }
+                    // The agent records a mutex release without a stack
+                    // only when glibc names this thread as the owner: the
+                    // lock was taken before the trace began (a fork child
+                    // unlocking what its parent locked in a
+                    // pthread_atfork handler), not misused.
+                    None if stack == 0 && kind != LockKind::RwLock && kind != LockKind::Spin => {
+                        Applied::Released { lock, held: None }
+                    }
                     None => {
                         self.note(Misuse {
                             kind: MisuseKind::UnlockNotHeld,

@@ -44,12 +44,23 @@ fn lock(time: u64, addr: u64) -> Event {
     )
 }
 
+/// A release by the mutex's owner (the agent records it without a stack).
 fn unlock(time: u64, addr: u64) -> Event {
     Event::Lock(LockEvent::Release {
         time,
         addr,
         kind: LockKind::Mutex,
         stack: 0,
+    })
+}
+
+/// A release by a thread that the C library did not name as the owner.
+fn foreign_unlock(time: u64, addr: u64) -> Event {
+    Event::Lock(LockEvent::Release {
+        time,
+        addr,
+        kind: LockKind::Mutex,
+        stack: 7,
     })
 }
 
@@ -319,7 +330,7 @@ fn misuse_found_in_the_trace() {
         (
             1,
             vec![
-                unlock(100, A),
+                foreign_unlock(100, A),
                 lock(120, B),
                 destroy,
                 unlock(140, B),
@@ -470,4 +481,18 @@ fn deeply_nested_locks_in_one_order_are_searched_without_blowing_up() {
     assert_eq!(kinds(&r), Vec::<&str>::new());
     assert_eq!(r.summary.lock_graph_edges, 60 * 59 / 2);
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn an_owners_release_of_a_lock_taken_before_the_trace_is_no_error() {
+    // A fork child unlocks, in its pthread_atfork handler, what the parent
+    // locked before the fork: the agent saw the child named as the owner.
+    let r = deadlocks_of(vec![(
+        1,
+        vec![unlock(100, A), lock(110, A), unlock(120, A)],
+    )]);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let r = deadlocks_of(vec![(1, vec![foreign_unlock(100, A)])]);
+    let kinds: Vec<&str> = r.errors.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, ["unlock_not_held"]);
 }

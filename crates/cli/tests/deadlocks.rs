@@ -400,3 +400,18 @@ fn cpp_std_mutex_in_opposite_orders_is_one_potential_deadlock() {
         json!(marker_line("lock_orders.cpp", "CPP-FIRST-SECOND"))
     );
 }
+
+#[test]
+fn a_fork_child_unlocking_its_parents_atfork_lock_is_no_error() {
+    let dir = TestDir::new("deadlocks_fork");
+    let prog = compile_c(&dir, "lock_fork.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let children = dir.other_traces();
+    assert_eq!(children.len(), 1, "one child trace: {children:?}");
+    for trace in [dir.trace(), children[0].clone()] {
+        let report = deadlocks(&trace);
+        assert_eq!(report["has_lock_events"], json!(true));
+        assert_eq!(report["errors"], json!([]), "{}", pretty(&report));
+    }
+}

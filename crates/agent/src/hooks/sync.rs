@@ -61,13 +61,10 @@ type MutexFn = unsafe extern "C" fn(*mut pthread_mutex_t) -> c_int;
 type RwFn = unsafe extern "C" fn(*mut pthread_rwlock_t) -> c_int;
 type SpinFn = unsafe extern "C" fn(*mut pthread_spinlock_t) -> c_int;
 
-/// Resolves every function up front (from the constructor, where dlsym is safe).
-pub fn resolve_all() {
-    let _ = real!(pthread_mutex_lock: MutexFn);
-    let _ = real!(pthread_mutex_trylock: MutexFn);
-    let _ = real!(pthread_mutex_unlock: MutexFn);
-    let _ = real!(pthread_rwlock_unlock: RwFn);
-    let _ = real!(pthread_spin_lock: SpinFn);
+/// From the constructor. The real functions are looked up on first use,
+/// each by the hook that needs it (`real!` keeps one word per call site).
+pub fn init() {
+    sync::register_fork_handlers();
 }
 
 /// The type of a mutex, from glibc's kind word.

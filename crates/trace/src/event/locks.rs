@@ -149,6 +149,9 @@ pub enum LockEvent {
         stack: u32,
     },
     /// The thread released the lock (the mode of an rwlock unlock is implied).
+    /// For a mutex, `stack` is 0 when the C library named this thread as its
+    /// owner (the common case, recorded without a stack), so a release the
+    /// trace never saw acquired is then one from before the trace began.
     Release {
         time: u64,
         addr: u64,
