@@ -342,6 +342,12 @@ pub fn main(args: RunArgs) -> ExitCode {
     };
     if !args.quiet {
         summarize(&output, &program);
+        if timed_out {
+            eprintln!(
+                "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
+                output.display()
+            );
+        }
     }
     ExitCode::from(code)
 }

@@ -333,7 +333,12 @@ fn a_real_deadlock_stopped_by_timeout_shows_who_waits_for_whom() {
     let (child, _pid) = start_stuck(&dir, "lock_deadlock.c", &["--timeout", "3"], &[]);
     let run = finish(child, "trapline run");
     assert_eq!(run.code(), 124, "{}", run.describe());
-    assert!(run.stderr.contains("timeout"), "{}", run.describe());
+    assert!(
+        run.stderr
+            .contains("stopped by --timeout: if it hung on a lock, see: trapline deadlocks"),
+        "{}",
+        run.describe()
+    );
     let report = deadlocks(&dir.trace());
     assert_eq!(report["trace"]["complete"], json!(true));
     assert_eq!(process_exit(&report), &json!({"signal": 15}));
@@ -371,7 +376,12 @@ fn a_timeout_that_is_not_a_positive_number_is_bad_usage() {
             &[],
         );
         assert_eq!(run.code(), 2, "--timeout {value}: {}", run.describe());
-        assert!(run.stderr.contains("timeout"), "{}", run.describe());
+        assert!(
+            run.stderr
+                .contains("stopped by --timeout: if it hung on a lock, see: trapline deadlocks"),
+            "{}",
+            run.describe()
+        );
     }
 }
 
