@@ -376,12 +376,7 @@ fn a_timeout_that_is_not_a_positive_number_is_bad_usage() {
             &[],
         );
         assert_eq!(run.code(), 2, "--timeout {value}: {}", run.describe());
-        assert!(
-            run.stderr
-                .contains("stopped by --timeout: if it hung on a lock, see: trapline deadlocks"),
-            "{}",
-            run.describe()
-        );
+        assert!(run.stderr.contains("--timeout"), "{}", run.describe());
     }
 }
 
