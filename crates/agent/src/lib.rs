@@ -15,6 +15,7 @@ mod live;
 mod modules;
 mod record;
 mod stacks;
+mod sync;
 mod sys;
 mod thread;
 mod threads;

@@ -185,6 +185,7 @@ pub fn init() {
         Ordering::Relaxed,
     );
     crate::hooks::process::resolve();
+    crate::hooks::sync::init();
     crate::hooks::threads::resolve();
     crate::hooks::signals::install();
     modules::refresh();

@@ -9,6 +9,9 @@
 
 use crate::varint::{get_u64, put_u64, unzigzag, zigzag, MAX_VARINT_LEN};
 
+mod locks;
+pub use locks::{LockEvent, LockKind, LockMisuse, LockMode, LockOp};
+
 /// The allocation or deallocation function that the program called.
 ///
 /// The numeric values are part of the trace format: append, never reorder.
@@ -420,6 +423,8 @@ pub enum Event {
         exit: ExitKind,
         counters: EndCounters,
     },
+    /// A lock or thread-synchronisation event (tags 64-95).
+    Lock(LockEvent),
 }
 
 impl Event {
@@ -436,6 +441,7 @@ impl Event {
             | Event::SnapshotBegin { time, .. }
             | Event::Fork { time, .. }
             | Event::End { time, .. } => Some(*time),
+            Event::Lock(l) => Some(l.time()),
             _ => None,
         }
     }
@@ -773,6 +779,7 @@ impl<'a> Encoder<'a> {
                 self.u64(counters.events_lost)?;
                 self.u64(counters.untracked_calls)
             }
+            Event::Lock(l) => self.lock_event(ctx, l),
         }
     }
 }
@@ -1130,6 +1137,7 @@ impl<'a> Decoder<'a> {
                     counters,
                 }
             }
+            locks::tag::FIRST..=locks::tag::LAST => return self.decode_lock(t),
             other => return Err(DecodeError::UnknownTag(other)),
         })
     }

@@ -15,6 +15,7 @@ mod builder;
 pub use builder::TraceBuilder;
 pub use event::{
     AllocFn, ChunkContext, DecodeError, Decoder, Encoder, EndCounters, ErrorKind, Event, ExitKind,
-    Family, ModuleInfo, ProcessInfo, Segment, SnapshotKind,
+    Family, LockEvent, LockKind, LockMisuse, LockMode, LockOp, ModuleInfo, ProcessInfo, Segment,
+    SnapshotKind,
 };
 pub use format::{Chunk, ChunkHeader, TraceError, TraceReader, FORMAT_VERSION};

@@ -6,4 +6,5 @@ pub mod alloc;
 pub mod cxx;
 pub mod process;
 pub mod signals;
+pub mod sync;
 pub mod threads;
