@@ -2,7 +2,7 @@
 # Side-by-side benchmarks: native vs trapline vs heaptrack (and valgrind for
 # the record). See bench/README.md for what each one measures.
 #
-#   bench/run.sh [micro|cc1|memory|scan|all]     (default: all; scan: bench/scan.sh)
+#   bench/run.sh [micro|cc1|memory|locks|scan|all]     (default: all; scan: bench/scan.sh)
 #
 # Knobs (environment):
 #   MICRO_N=5000000        malloc+free pairs per micro run
@@ -45,6 +45,7 @@ TRAPLINE=${TRAPLINE:-$ROOT/target/release/trapline}
 AGENT=${TRAPLINE_AGENT:-$(dirname "$TRAPLINE")/libtrapline_agent.so}
 
 WHAT=${1:-all}
+[[ $WHAT == locks ]] && exec "$BENCH_DIR/locks.sh" # lock benchmarks (bench/locks.sh)
 case $WHAT in
     micro | cc1 | memory | scan | all) ;;
     -h | --help)
@@ -657,6 +658,7 @@ case $WHAT in
         bench_micro
         bench_memory
         bench_cc1
+        NO_BUILD=1 "$BENCH_DIR/locks.sh"
         ;;
 esac
 if ((TRAPLINE_OK)) && [[ $(agent_identity) != "$TRAPLINE_ID" ]]; then

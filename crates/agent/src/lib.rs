@@ -16,6 +16,7 @@ mod modules;
 mod record;
 mod scan;
 mod stacks;
+mod sync;
 mod sys;
 mod thread;
 mod threads;

@@ -187,6 +187,7 @@ pub fn init() {
     );
     crate::hooks::process::resolve();
     crate::scan::init();
+    crate::hooks::sync::init();
     crate::hooks::threads::resolve();
     crate::hooks::signals::install();
     modules::refresh();

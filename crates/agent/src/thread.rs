@@ -50,6 +50,8 @@ pub struct ThreadState {
     /// (stack id, trace generation) pairs whose definitions this thread last ensured.
     pub ensured: [(u32, u32); 2],
     pub ensured_next: usize,
+    /// Stack ids of this thread's lock call sites (created on first lock use).
+    pub lock_sites: Option<Box<crate::sync::SiteCache>>,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -152,6 +154,7 @@ fn create() -> *mut ThreadState {
         deferred_n: 0,
         ensured: [(0, 0); 2],
         ensured_next: 0,
+        lock_sites: None,
     }));
     // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
     unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };
@@ -298,6 +301,13 @@ impl ThreadState {
         b
     }
 
+    /// Hands this thread's events so far to the writer (before it blocks for good).
+    pub fn flush(&mut self) {
+        if let Some(b) = self.take_buffer() {
+            writer::submit(b, false);
+        }
+    }
+
     /// Appends one event to this thread's buffer.
     #[inline]
     pub fn emit(
@@ -327,6 +337,12 @@ impl ThreadState {
         }
         // SAFETY: as above.
         let slot = unsafe { &mut *self.buf.get() };
+        if slot.is_none() {
+            // A stealer took the fresh buffer while we were submitting the
+            // old one (the periodic sweep runs on the writer thread that the
+            // submit just woke): the event still needs a place.
+            *slot = Some(writer::take_buffer(self.tid));
+        }
         if let Some(b) = slot.as_mut() {
             if !b.push(time, f) {
                 writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);

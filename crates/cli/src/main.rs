@@ -2,7 +2,9 @@
 
 #![forbid(unsafe_code)]
 
+mod deadlocks;
 mod leaks;
+mod locks;
 mod output;
 mod run;
 mod stats;
@@ -44,6 +46,10 @@ enum Command {
     Leaks(leaks::LeaksArgs),
     /// Allocation statistics: calls per function, bytes, peak heap, trace size.
     Stats(stats::StatsArgs),
+    /// Lock contention: acquisitions, contended acquisitions, owner changes, wait and hold times per lock.
+    Locks(locks::LocksArgs),
+    /// Potential deadlocks (lock-order cycles), actual deadlocks and lock misuse.
+    Deadlocks(deadlocks::DeadlocksArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +58,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run::main(args),
         Command::Leaks(args) => leaks::main(args),
         Command::Stats(args) => stats::main(args),
+        Command::Locks(args) => locks::main(args),
+        Command::Deadlocks(args) => deadlocks::main(args),
     }
 }
 

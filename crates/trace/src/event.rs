@@ -10,6 +10,9 @@
 use crate::scan::{ScanStats, ScanTrigger, Verdict};
 use crate::varint::{get_u64, put_u64, unzigzag, zigzag, MAX_VARINT_LEN};
 
+mod locks;
+pub use locks::{LockEvent, LockKind, LockMisuse, LockMode, LockOp};
+
 /// The allocation or deallocation function that the program called.
 ///
 /// The numeric values are part of the trace format: append, never reorder.
@@ -445,6 +448,8 @@ pub enum Event {
         exit: ExitKind,
         counters: EndCounters,
     },
+    /// A lock or thread-synchronisation event (tags 64-95).
+    Lock(LockEvent),
 }
 
 impl Event {
@@ -462,6 +467,7 @@ impl Event {
             | Event::ScanBegin { time, .. }
             | Event::Fork { time, .. }
             | Event::End { time, .. } => Some(*time),
+            Event::Lock(l) => Some(l.time()),
             _ => None,
         }
     }
@@ -840,6 +846,7 @@ impl<'a> Encoder<'a> {
                 self.u64(counters.events_lost)?;
                 self.u64(counters.untracked_calls)
             }
+            Event::Lock(l) => self.lock_event(ctx, l),
         }
     }
 }
@@ -1238,6 +1245,7 @@ impl<'a> Decoder<'a> {
                     counters,
                 }
             }
+            locks::tag::FIRST..=locks::tag::LAST => return self.decode_lock(t),
             other => return Err(DecodeError::UnknownTag(other)),
         })
     }

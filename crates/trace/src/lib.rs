@@ -16,7 +16,8 @@ mod builder;
 pub use builder::TraceBuilder;
 pub use event::{
     AllocFn, ChunkContext, DecodeError, Decoder, Encoder, EndCounters, ErrorKind, Event, ExitKind,
-    Family, ModuleInfo, ProcessInfo, Segment, SnapshotKind,
+    Family, LockEvent, LockKind, LockMisuse, LockMode, LockOp, ModuleInfo, ProcessInfo, Segment,
+    SnapshotKind,
 };
 pub use format::{Chunk, ChunkHeader, TraceError, TraceReader, FORMAT_VERSION};
 pub use scan::{ScanStats, ScanTrigger, Verdict};

@@ -144,6 +144,11 @@ fn multi_byte_corruption_sample() {
                 *b = rng.byte();
             }
         }
+        // A random byte may equal the one it replaces: the damage starts at
+        // the first byte that really differs.
+        let Some(first) = (first..bytes.len()).find(|&i| damaged[i] != bytes[i]) else {
+            continue;
+        };
         let out = read_all(&damaged);
         assert!(out.open_error.is_none());
         let k = spans
@@ -152,13 +157,11 @@ fn multi_byte_corruption_sample() {
             .unwrap();
         assert!(out.chunks.len() >= k, "a chunk before the damage was lost");
         assert_same_chunks(&out.chunks[..k], &full.chunks[..k]);
-        if damaged != bytes {
-            let err = out.error.expect("damage not detected");
-            assert!(
-                err.offset().unwrap() <= first as u64,
-                "{err} but damage starts at {first}"
-            );
-        }
+        let err = out.error.expect("damage not detected");
+        assert!(
+            err.offset().unwrap() <= first as u64,
+            "{err} but damage starts at {first}"
+        );
     }
 }
 

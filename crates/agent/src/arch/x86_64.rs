@@ -154,3 +154,32 @@ pub fn callee_saved_now() -> [u64; CALLEE_SAVED] {
     }
     [rbx, rbp, r12, r13, r14, r15]
 }
+
+/// Defines hook `$name` as a trampoline that passes the caller's return
+/// address and stack pointer (at the call) to `$target` in the two argument
+/// registers after the hook's own (`$ret`, `$sp`) and jumps there. The stack
+/// is then exactly as if the program had called `$target`, whose frame the
+/// unwinder follows, and the lock hooks learn their call site in registers,
+/// with no unwind and no memory round trip.
+macro_rules! with_return_address {
+    ($name:ident, $target:path, $ret:literal, $sp:literal) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                concat!("mov ", $ret, ", [rsp]"),
+                concat!("lea ", $sp, ", [rsp + 8]"),
+                "jmp {target}",
+                target = sym $target,
+            )
+        }
+    };
+}
+pub(crate) use with_return_address;
+
+/// glibc's `pthread_mutex_t` on x86_64 (`struct __pthread_mutex_s`): the
+/// owner's tid and the kind word (type in the low two bits).
+pub const MUTEX_OWNER_OFFSET: usize = 8;
+pub const MUTEX_KIND_OFFSET: usize = 16;

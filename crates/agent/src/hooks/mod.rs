@@ -7,4 +7,5 @@ pub mod cxx;
 pub mod exit;
 pub mod process;
 pub mod signals;
+pub mod sync;
 pub mod threads;

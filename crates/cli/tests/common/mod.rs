@@ -370,6 +370,32 @@ pub fn run_command(dir: &TestDir, flags: &[&str], program: &Path, args: &[&str])
     cmd
 }
 
+/// Reads one line of a running child's stdout, byte by byte so that nothing
+/// after it is consumed (the child keeps its pipe).
+pub fn read_stdout_line(child: &mut Child) -> String {
+    let mut stdout = child.stdout.take().expect("the child's stdout is piped");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.last() != Some(&b'\n') {
+        match stdout.read(&mut byte) {
+            Ok(1) => line.push(byte[0]),
+            _ => break,
+        }
+    }
+    child.stdout = Some(stdout);
+    String::from_utf8_lossy(&line).into_owned()
+}
+
+/// The `NAME=0xADDRESS` lines a fixture printed, by name.
+pub fn printed_addresses(stdout: &str) -> std::collections::HashMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(_, v)| v.starts_with("0x"))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 /// Records PROGRAM ARGS into DIR/t.trace and returns how `trapline run` ended.
 pub fn run(dir: &TestDir, flags: &[&str], program: &Path, args: &[&str]) -> Finished {
     let finished = output_of(run_command(dir, flags, program, args), "trapline run");

@@ -528,3 +528,95 @@ pub fn with_chunk_sizes(codec: u8, raw_len: u32, stored_len: u32) -> Vec<u8> {
     b[at + 16..at + 20].copy_from_slice(&stored_len.to_le_bytes());
     b
 }
+
+/// Every lock event, every kind, mode and operation, with monotonic times.
+pub fn lock_events(base_time: u64) -> Vec<Event> {
+    use trapline_trace::{LockEvent, LockKind, LockMisuse, LockMode, LockOp};
+    let mut v = Vec::new();
+    let mut t = base_time;
+    for (i, &kind) in LockKind::ALL.iter().enumerate() {
+        let addr = 0x7f00_0000_1000 + i as u64 * 64;
+        t += 3;
+        v.push(Event::Lock(LockEvent::Init {
+            time: t,
+            addr,
+            kind,
+            stack: i as u32,
+        }));
+        for (j, op) in [
+            LockOp::Blocking,
+            LockOp::Try,
+            LockOp::Timed,
+            LockOp::CondWait,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for mode in [LockMode::Exclusive, LockMode::Shared] {
+                t += 1;
+                v.push(Event::Lock(LockEvent::Request {
+                    time: t,
+                    addr,
+                    kind,
+                    mode,
+                    stack: 7,
+                }));
+                v.push(Event::Lock(LockEvent::Acquire {
+                    time: t,
+                    addr,
+                    kind,
+                    mode,
+                    op,
+                    wait_ns: (j % 2 == 0).then_some(u64::MAX >> j),
+                    stack: u32::MAX - j as u32,
+                }));
+                v.push(Event::Lock(LockEvent::Release {
+                    time: t + 1,
+                    addr,
+                    kind,
+                    stack: 0,
+                }));
+                t += 1;
+                v.push(Event::Lock(LockEvent::Failed {
+                    time: t,
+                    addr: 0,
+                    kind,
+                    mode,
+                    op,
+                    errno: if j == 3 { -1 } else { 16 },
+                    stack: 3,
+                }));
+            }
+        }
+        for misuse in [LockMisuse::SelfDeadlock, LockMisuse::Refused] {
+            v.push(Event::Lock(LockEvent::Misuse {
+                time: t,
+                addr: u64::MAX,
+                kind,
+                misuse,
+                errno: 35,
+                stack: 2,
+            }));
+        }
+        v.push(Event::Lock(LockEvent::Destroy {
+            time: t,
+            addr,
+            kind,
+            stack: 1,
+        }));
+    }
+    v.push(Event::Lock(LockEvent::Join {
+        time: t + 10,
+        joined: u32::MAX,
+        stack: 4,
+    }));
+    v.push(Event::Lock(LockEvent::Detach {
+        time: t + 11,
+        detached: 77,
+    }));
+    v.push(Event::Lock(LockEvent::Exit {
+        time: t + 11,
+        stack: 0,
+    }));
+    v
+}
