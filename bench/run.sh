@@ -2,7 +2,7 @@
 # Side-by-side benchmarks: native vs trapline vs heaptrack (and valgrind for
 # the record). See bench/README.md for what each one measures.
 #
-#   bench/run.sh [micro|cc1|memory|profile|all]     (default: all)
+#   bench/run.sh [micro|cc1|memory|locks|scan|profile|all]     (default: all; scan: bench/scan.sh, profile: bench/profile.sh)
 #
 # Knobs (environment):
 #   MICRO_N=5000000        malloc+free pairs per micro run
@@ -45,14 +45,15 @@ TRAPLINE=${TRAPLINE:-$ROOT/target/release/trapline}
 AGENT=${TRAPLINE_AGENT:-$(dirname "$TRAPLINE")/libtrapline_agent.so}
 
 WHAT=${1:-all}
+[[ $WHAT == locks ]] && exec "$BENCH_DIR/locks.sh" # lock benchmarks (bench/locks.sh)
 case $WHAT in
-    micro | cc1 | memory | profile | all) ;;
+    micro | cc1 | memory | scan | profile | all) ;;
     -h | --help)
         sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
-        echo "usage: $0 [micro|cc1|memory|profile|all]" >&2
+        echo "usage: $0 [micro|cc1|memory|scan|profile|all]" >&2
         exit 2
         ;;
 esac
@@ -652,11 +653,13 @@ case $WHAT in
     micro) bench_micro ;;
     cc1) bench_cc1 ;;
     memory) bench_memory ;;
+    scan) NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/scan.sh" ;;
     profile) fetch_sqlite && SQLITE_C=$SQLITE_C NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/profile.sh" ;;
     all)
         bench_micro
         bench_memory
         bench_cc1
+        NO_BUILD=1 "$BENCH_DIR/locks.sh"
         fetch_sqlite && SQLITE_C=$SQLITE_C NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/profile.sh"
         ;;
 esac

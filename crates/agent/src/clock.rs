@@ -15,7 +15,7 @@ static START_MONO_NS: AtomicU64 = AtomicU64::new(0);
 /// Latest published trace time.
 static TICK_NS: AtomicU64 = AtomicU64::new(0);
 
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

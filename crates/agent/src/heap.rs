@@ -68,7 +68,89 @@ fn class(layout: Layout) -> Option<usize> {
     (shift <= MAX_SHIFT).then(|| (shift - MIN_SHIFT) as usize)
 }
 
-fn map(len: usize) -> *mut u8 {
+/// Most agent mappings the registry keeps (slabs plus large blocks: buffers,
+/// tables, stack arenas); past it a mapping is only counted.
+const MAX_MAPPINGS: usize = 16384;
+
+/// Every mapping the agent heap holds, so that the reachability scan leaves
+/// the agent's own memory (its tables hold block addresses) out of its roots.
+struct Registry {
+    lock: SpinLock,
+    ranges: UnsafeCell<[(usize, usize); MAX_MAPPINGS]>,
+    len: UnsafeCell<usize>,
+}
+
+// SAFETY: `ranges` and `len` are only accessed with `lock` held.
+unsafe impl Sync for Registry {}
+
+static REGISTRY: Registry = Registry {
+    lock: SpinLock::new(),
+    ranges: UnsafeCell::new([(0, 0); MAX_MAPPINGS]),
+    len: UnsafeCell::new(0),
+};
+
+/// Mappings that did not fit in the registry (they may be scanned as roots).
+pub static UNREGISTERED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+fn register(start: usize, len: usize) {
+    REGISTRY.lock.lock();
+    // SAFETY: guarded by the registry lock.
+    unsafe {
+        let n = &mut *REGISTRY.len.get();
+        if *n < MAX_MAPPINGS {
+            (*REGISTRY.ranges.get())[*n] = (start, start + len);
+            *n += 1;
+        } else {
+            UNREGISTERED.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    REGISTRY.lock.unlock();
+}
+
+fn unregister(start: usize) {
+    REGISTRY.lock.lock();
+    // SAFETY: guarded by the registry lock.
+    unsafe {
+        let n = &mut *REGISTRY.len.get();
+        let ranges = &mut *REGISTRY.ranges.get();
+        if let Some(i) = ranges[..*n].iter().position(|r| r.0 == start) {
+            ranges[i] = ranges[*n - 1];
+            *n -= 1;
+        }
+    }
+    REGISTRY.lock.unlock();
+}
+
+/// Copies the ranges of the agent heap's mappings into `out` (which must have
+/// room: the scan calls this while other threads are stopped, so it must not
+/// allocate). Returns false if some did not fit.
+pub fn mappings_into(out: &mut Vec<(u64, u64)>) -> bool {
+    out.clear();
+    REGISTRY.lock.lock();
+    // SAFETY: guarded by the registry lock.
+    let all = unsafe {
+        let n = *REGISTRY.len.get();
+        let ranges = &*REGISTRY.ranges.get();
+        let room = out.capacity().min(n);
+        out.extend(ranges[..room].iter().map(|&(a, b)| (a as u64, b as u64)));
+        room == n
+    };
+    REGISTRY.lock.unlock();
+    all
+}
+
+/// How many mappings the registry holds now.
+pub fn mapping_count() -> usize {
+    REGISTRY.lock.lock();
+    // SAFETY: guarded by the registry lock.
+    let n = unsafe { *REGISTRY.len.get() };
+    REGISTRY.lock.unlock();
+    n
+}
+
+/// Maps `len` bytes of zeroed memory for the agent (recorded in the
+/// registry, so the reachability scan never reads it as a root).
+pub fn map(len: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping has no preconditions.
     let p = unsafe {
         libc::mmap(
@@ -83,6 +165,7 @@ fn map(len: usize) -> *mut u8 {
     if p == libc::MAP_FAILED {
         core::ptr::null_mut()
     } else {
+        register(p as usize, len);
         p.cast()
     }
 }
@@ -136,6 +219,7 @@ unsafe impl GlobalAlloc for AgentHeap {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let Some(c) = class(layout) else {
+            unregister(ptr as usize);
             // SAFETY: a block from `map` with this length.
             unsafe { libc::munmap(ptr.cast(), large_len(layout)) };
             return;

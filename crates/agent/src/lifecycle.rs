@@ -144,6 +144,7 @@ fn open_trace(top: bool) -> bool {
 
 fn periodic() {
     thread::steal_all(1000);
+    crate::scan::periodic_tick();
 }
 
 /// The library constructor: configuration, trace file, writer thread.
@@ -185,6 +186,8 @@ pub fn init() {
         Ordering::Relaxed,
     );
     crate::hooks::process::resolve();
+    crate::scan::init();
+    crate::hooks::sync::init();
     crate::hooks::threads::resolve();
     crate::hooks::sigmask::resolve();
     crate::profile::init();
@@ -304,6 +307,16 @@ impl FinalOutput {
     }
 }
 
+impl crate::scan::Sink for FinalOutput {
+    fn buffer(&mut self) -> Option<&mut Buffer> {
+        self.room()
+    }
+
+    fn push(&mut self, ev: &Event, time: Option<u64>) {
+        FinalOutput::push(self, ev, time);
+    }
+}
+
 /// Ends the trace: libc's freeres (normal exits), the live-block snapshot,
 /// every thread's buffer, the end record; then waits for the writer.
 pub fn finish(exit: ExitKind, ending: Ending) {
@@ -343,6 +356,9 @@ pub fn finish(exit: ExitKind, ending: Ending) {
             out.push(&Event::ModuleLoad(m), None);
         }
     }
+    // The reachability scan (not from a fatal signal: it allocates and waits).
+    let scan = (!signal && exit != ExitKind::Exec && crate::scan::at_exit_enabled())
+        .then(crate::scan::run_at_exit);
     let time = clock::precise_now();
     out.push(
         &Event::SnapshotBegin {
@@ -352,7 +368,11 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         Some(time),
     );
     let (mut blocks, mut bytes) = (0u64, 0u64);
-    for shard in live::shards() {
+    if let Some(o) = &scan {
+        crate::scan::emit(o, &mut out);
+        (blocks, bytes) = (o.stats.blocks, o.stats.bytes);
+    }
+    for shard in live::shards().iter().filter(|_| scan.is_none()) {
         let Some(mut locked) = shard.try_locked(spins) else {
             writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -462,6 +482,7 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     crate::AGENT_HEAP.reset_lock();
+    crate::scan::reset_in_child();
     writer::reset_in_child();
     stacks::reset_locks();
     live::reset_locks();

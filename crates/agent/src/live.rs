@@ -270,6 +270,23 @@ impl Locked<'_> {
             .find(|f| f.addr == addr)
     }
 
+    /// Appends every live block of this shard, as stored, to `out` (the
+    /// reachability scan copies the table without unpacking it).
+    pub fn copy_packed(&mut self, out: &mut Vec<Packed>) {
+        out.extend(
+            self.data()
+                .slots
+                .iter()
+                .filter(|e| e.key != 0)
+                .map(|&e| Packed(e)),
+        );
+    }
+
+    /// Number of live blocks of this shard.
+    pub fn len(&mut self) -> usize {
+        self.data().len
+    }
+
     /// Calls `f` for every live block of this shard.
     pub fn for_each(&mut self, mut f: impl FnMut(u64, Block)) {
         for e in &self.data().slots {
@@ -278,6 +295,33 @@ impl Locked<'_> {
                 f(a, b);
             }
         }
+    }
+}
+
+/// A live block as the table stores it (16 bytes): the reachability scan
+/// sorts millions of these, so it keeps them packed.
+#[derive(Clone, Copy)]
+pub struct Packed(Entry);
+
+impl Packed {
+    /// A placeholder (scratch space of a sort).
+    pub const EMPTY: Packed = Packed(Entry { key: 0, meta: 0 });
+
+    /// The block's address.
+    #[inline]
+    pub fn addr(&self) -> u64 {
+        (self.0.key & ((1 << ADDR_BITS) - 1)) << 4
+    }
+
+    /// The block's requested size.
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.0.meta & ((1 << SIZE_BITS) - 1)
+    }
+
+    /// Everything known about the block.
+    pub fn block(&self) -> Block {
+        unpack(self.0).1
     }
 }
 

@@ -144,7 +144,8 @@ fn write_start() {
     });
 }
 
-/// The highest real-time signal at SIG_DFL and not blocked.
+/// The highest real-time signal at SIG_DFL and not blocked, other than the
+/// reachability scan's park signal (installed later, when a scan runs).
 fn free_signal() -> Option<c_int> {
     // SAFETY: querying dispositions and the mask into zeroed structs.
     unsafe {
@@ -152,7 +153,8 @@ fn free_signal() -> Option<c_int> {
         libc::pthread_sigmask(libc::SIG_BLOCK, core::ptr::null(), &mut mask);
         (libc::SIGRTMIN()..=libc::SIGRTMAX()).rev().find(|&sig| {
             let mut old: libc::sigaction = core::mem::zeroed();
-            crate::hooks::signals::real_sigaction()(sig, core::ptr::null(), &mut old) == 0
+            sig != crate::scan::world::park_signal()
+                && crate::hooks::signals::real_sigaction()(sig, core::ptr::null(), &mut old) == 0
                 && old.sa_sigaction == libc::SIG_DFL
                 && libc::sigismember(&mask, sig) == 0
         })

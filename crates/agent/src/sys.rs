@@ -14,7 +14,7 @@ extern "C" {
     pub fn __libc_pvalloc(size: usize) -> *mut u8;
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
     let ts;
     let tsp = match timeout_ns {
         Some(ns) => {
@@ -38,7 +38,7 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
     }
 }
 
-fn futex_wake(word: &AtomicU32, count: i32) {
+pub fn futex_wake(word: &AtomicU32, count: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key.
     unsafe {
         libc::syscall(

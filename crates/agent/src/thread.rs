@@ -52,6 +52,8 @@ pub struct ThreadState {
     pub ensured_next: usize,
     /// CPU sampling state (`--profile`), set when the thread's timer is armed.
     pub profile: Option<Box<crate::profile::ThreadProfile>>,
+    /// Stack ids of this thread's lock call sites (created on first lock use).
+    pub lock_sites: Option<Box<crate::sync::SiteCache>>,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -155,6 +157,7 @@ fn create() -> *mut ThreadState {
         ensured: [(0, 0); 2],
         ensured_next: 0,
         profile: None,
+        lock_sites: None,
     }));
     // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
     unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };
@@ -199,6 +202,7 @@ pub fn mark_agent_thread() {
     let ts = current();
     ts.agent_thread = true;
     ts.guard = 1;
+    crate::scan::note_agent_thread();
 }
 
 impl ThreadState {
@@ -300,6 +304,13 @@ impl ThreadState {
         b
     }
 
+    /// Hands this thread's events so far to the writer (before it blocks for good).
+    pub fn flush(&mut self) {
+        if let Some(b) = self.take_buffer() {
+            writer::submit(b, false);
+        }
+    }
+
     /// Appends one event to this thread's buffer.
     #[inline]
     pub fn emit(
@@ -329,6 +340,12 @@ impl ThreadState {
         }
         // SAFETY: as above.
         let slot = unsafe { &mut *self.buf.get() };
+        if slot.is_none() {
+            // A stealer took the fresh buffer while we were submitting the
+            // old one (the periodic sweep runs on the writer thread that the
+            // submit just woke): the event still needs a place.
+            *slot = Some(writer::take_buffer(self.tid));
+        }
         if let Some(b) = slot.as_mut() {
             if !b.push(time, f) {
                 writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);

@@ -91,7 +91,6 @@ pub fn on_thread_end(ts: &mut ThreadState) {
 }
 
 /// The kernel tid of a thread started through pthread_create while traced.
-#[allow(dead_code)] // for the pthread_join hooks that follow
 pub fn tid_of(thread: libc::pthread_t) -> Option<u32> {
     let _g = TIDS.lock.guard();
     // SAFETY: guarded by the lock.

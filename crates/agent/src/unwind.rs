@@ -373,15 +373,16 @@ impl StackCapture {
                 new: false,
             };
         }
-        // Program frames, innermost first, without the agent's own.
+        // Program frames, innermost first, without the agent's own: the hook
+        // frames inside, and the thread-start wrapper further out.
         let mut n = 0;
         let mut i = self.prev_n;
-        while i > 0 && modules::is_agent_pc(self.prev[i - 1].pc) {
-            i -= 1;
-        }
         while i > 0 && n < MAX_FRAMES {
-            self.out[n] = self.prev[i - 1].pc;
-            n += 1;
+            let pc = self.prev[i - 1].pc;
+            if !modules::is_agent_pc(pc) {
+                self.out[n] = pc;
+                n += 1;
+            }
             i -= 1;
         }
         let frames = &self.out[..n];

@@ -14,7 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{Read, Seek};
 
 use serde::Serialize;
-use trapline_trace::{AllocFn, ErrorKind, Event, TraceError};
+use trapline_trace::{AllocFn, ErrorKind, Event, TraceError, Verdict};
 
 use crate::index::{MergedEvent, MergedEvents, TraceIndex};
 use crate::replay::{Block, HeapReplay};
@@ -23,6 +23,9 @@ use crate::report::{
     warnings_text, Facts, FrameReport, ProcessReport, StackSymbolizer, TraceStatus,
 };
 pub use crate::report::{BytesBlocks, HeapUsage};
+use crate::suppressions::Suppression;
+pub use crate::verdicts::{HistoryPoint, ScanReport, SiteHistory};
+use crate::verdicts::{ScanCollector, Totals};
 
 /// Loss record kind for blocks from the exit snapshot.
 pub const KIND_UNFREED_AT_EXIT: &str = "unfreed_at_exit";
@@ -36,8 +39,18 @@ pub struct LeaksReport {
     pub process: ProcessReport,
     /// Totals.
     pub summary: LeaksSummary,
-    /// Loss records: bytes descending, then blocks descending, then first frame.
+    /// Loss records: bytes descending, then blocks descending, then first
+    /// frame. With a reachability scan, only the kinds asked for (`--kinds`,
+    /// default definitely and possibly lost) and not suppressed.
     pub records: Vec<LossRecord>,
+    /// The reachability scan the records come from; null when the trace
+    /// holds none (the process did not reach exit, or ran with `--no-scan`).
+    pub scan: Option<ScanReport>,
+    /// The suppressions that hid records, with what they hid.
+    pub suppressions: Vec<SuppressionMatch>,
+    /// With `--history`: per allocation site with lost blocks, how each scan
+    /// judged it; null otherwise.
+    pub history: Option<Vec<SiteHistory>>,
     /// Allocation errors, identical ones (same kind, function and stack) merged, in order of first occurrence.
     pub errors: Vec<ErrorRecord>,
     /// Events the agent could not record; null when the trace has no end record to tell.
@@ -56,6 +69,25 @@ pub struct LeaksReport {
     /// is missing, unreadable or of another build than the traced one (its
     /// frames stay unnamed), debug information that could not be read.
     pub warnings: Vec<String>,
+    /// Why the report cannot answer what was asked (a `--snapshot` the trace
+    /// does not hold); the CLI prints it and fails.
+    #[serde(skip)]
+    pub problem: Option<String>,
+}
+
+/// A loss record of a scan.
+fn scan_record(verdict: Verdict, stack_id: u32, func: AllocFn, t: Totals) -> LossRecord {
+    let definite = verdict == Verdict::DefinitelyLost;
+    LossRecord {
+        kind: verdict.name(),
+        bytes: t.bytes + if definite { t.indirect_bytes } else { 0 },
+        blocks: t.blocks,
+        direct_bytes: definite.then_some(t.bytes),
+        indirect_bytes: definite.then_some(t.indirect_bytes),
+        allocated_by: func.name(),
+        stack_id,
+        stack: Vec::new(),
+    }
 }
 
 /// Totals of the leaks report.
@@ -66,6 +98,18 @@ pub struct LeaksSummary {
     pub unfreed_at_exit: BytesBlocks,
     /// Where `unfreed_at_exit` comes from: `"exit_snapshot"` or `"replay"`.
     pub source: &'static str,
+    /// Blocks no root reaches that head a lost structure (memcheck's
+    /// definitely lost), leaders' own bytes only. Null without a scan; all
+    /// four kinds exclude suppressed blocks.
+    pub definitely_lost: Option<BytesBlocks>,
+    /// Blocks no root reaches that a lost block points to.
+    pub indirectly_lost: Option<BytesBlocks>,
+    /// Blocks reached only through an interior pointer somewhere on every chain.
+    pub possibly_lost: Option<BytesBlocks>,
+    /// Blocks reached from a root through start pointers only.
+    pub still_reachable: Option<BytesBlocks>,
+    /// Blocks hidden by suppressions (null without a scan).
+    pub suppressed: Option<BytesBlocks>,
     /// Heap usage computed by replaying the recorded events.
     pub total_heap_usage: HeapUsage,
     /// Number of loss records.
@@ -79,10 +123,19 @@ pub struct LeaksSummary {
 /// Blocks allocated from the same stack by the same function, still live.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LossRecord {
+    /// With a scan: `"definitely_lost"`, `"indirectly_lost"`,
+    /// `"possibly_lost"` or `"still_reachable"`. Without one:
     /// `"unfreed_at_exit"` or `"live_at_end_of_trace"` (no exit snapshot).
     pub kind: &'static str,
-    /// Total bytes of the blocks.
+    /// Total bytes of the blocks; for definitely lost records, their own
+    /// bytes plus those lost through them (`direct_bytes + indirect_bytes`).
     pub bytes: u64,
+    /// Definitely lost records: the bytes of the leader blocks themselves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_bytes: Option<u64>,
+    /// Definitely lost records: the bytes of the blocks lost through them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub indirect_bytes: Option<u64>,
     /// Number of blocks.
     pub blocks: u64,
     /// The allocation function (C or C++ spelling).
@@ -91,6 +144,46 @@ pub struct LossRecord {
     pub stack_id: u32,
     /// The allocation stack, innermost first, inlined frames expanded.
     pub stack: Vec<FrameReport>,
+}
+
+/// A suppression that hid loss records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SuppressionMatch {
+    /// The Valgrind suppression's name, or the `leak:PATTERN` line.
+    pub name: String,
+    /// `file:line` where it was read.
+    pub source: String,
+    /// Loss records it hid.
+    pub records: u64,
+    /// Bytes it hid (direct bytes for definitely lost records).
+    pub bytes: u64,
+    /// Blocks it hid.
+    pub blocks: u64,
+}
+
+/// What `trapline leaks` is asked to show.
+#[derive(Clone, Debug)]
+pub struct LeaksOptions {
+    /// Which scan (1-based position); None = the last.
+    pub snapshot: Option<u32>,
+    /// Follow every allocation site across scans.
+    pub history: bool,
+    /// The kinds of loss records listed (the summary counts all).
+    pub kinds: Vec<Verdict>,
+    /// Suppressions to apply.
+    pub suppressions: Vec<Suppression>,
+}
+
+impl Default for LeaksOptions {
+    /// memcheck's defaults: definite and possible records, last scan.
+    fn default() -> Self {
+        LeaksOptions {
+            snapshot: None,
+            history: false,
+            kinds: vec![Verdict::DefinitelyLost, Verdict::PossiblyLost],
+            suppressions: Vec::new(),
+        }
+    }
 }
 
 /// One allocation error, possibly repeated.
@@ -160,6 +253,8 @@ struct LeaksPass {
     heap: HeapReplay<Block>,
     /// The live blocks of the exit snapshot, grouped.
     snapshot: Groups,
+    /// The reachability scans.
+    scans: ScanCollector,
     errors: Vec<PendingError>,
     error_index: HashMap<(ErrorKind, AllocFn, u32), usize>,
     /// The release function called at each release stack (the first seen):
@@ -195,6 +290,7 @@ impl LeaksPass {
     fn observe(&mut self, m: &MergedEvent) {
         self.facts.observe(m.time, &m.event);
         self.heap.apply(&m.event);
+        self.scans.observe(&m.event);
         match &m.event {
             Event::Error {
                 kind, func, stack, ..
@@ -231,8 +327,21 @@ impl LeaksPass {
 /// a truncated or damaged trace gives a report of what could be read, with
 /// [`TraceStatus::stopped`] set.
 pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError> {
+    analyze_with(input, &LeaksOptions::default())
+}
+
+/// Analyses a trace as [`analyze`] does, with options (scan, kinds,
+/// suppressions, history). A `snapshot` the trace does not hold gives a
+/// report whose [`LeaksReport::problem`] says so.
+pub fn analyze_with<R: Read + Seek>(
+    input: &mut R,
+    options: &LeaksOptions,
+) -> Result<LeaksReport, TraceError> {
     let index = TraceIndex::build(input)?;
-    let mut pass = LeaksPass::default();
+    let mut pass = LeaksPass {
+        scans: ScanCollector::new(options.history),
+        ..LeaksPass::default()
+    };
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
         pass.observe(&m);
@@ -256,19 +365,54 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError>
         }
     };
 
+    let complete = pass.scans.complete();
+    let mut problem = None;
+    let chosen = match options.snapshot {
+        None => complete.len(),
+        Some(n) if (1..=complete.len()).contains(&(n as usize)) => n as usize,
+        Some(n) => {
+            problem = Some(if complete.is_empty() {
+                format!("snapshot {n} was asked for, but the trace holds no reachability scan")
+            } else {
+                format!(
+                    "snapshot {n} was asked for, but the trace holds {} reachability scans",
+                    complete.len()
+                )
+            });
+            0
+        }
+    };
+    let scan = chosen.checked_sub(1).and_then(|i| {
+        pass.scans
+            .scan_report(complete[i], chosen as u32, complete.len() as u32)
+    });
+    let mut history = options.history.then(|| pass.scans.history());
+    let scan_groups = match &scan {
+        Some(_) => pass.scans.take_groups(complete[chosen - 1]),
+        None => HashMap::new(),
+    };
+
     let facts = &pass.facts;
     let mut symbolizer = facts.symbolizer();
-    let mut records: Vec<LossRecord> = groups
-        .into_iter()
-        .map(|((stack_id, func), bb)| LossRecord {
-            kind,
-            bytes: bb.bytes,
-            blocks: bb.blocks,
-            allocated_by: func.name(),
-            stack_id,
-            stack: Vec::new(),
-        })
-        .collect();
+    let mut records: Vec<LossRecord> = match &scan {
+        Some(_) => scan_groups
+            .into_iter()
+            .map(|((verdict, stack_id, func), t)| scan_record(verdict, stack_id, func, t))
+            .collect(),
+        None => groups
+            .into_iter()
+            .map(|((stack_id, func), bb)| LossRecord {
+                kind,
+                bytes: bb.bytes,
+                blocks: bb.blocks,
+                direct_bytes: None,
+                indirect_bytes: None,
+                allocated_by: func.name(),
+                stack_id,
+                stack: Vec::new(),
+            })
+            .collect(),
+    };
     let first_frame = |r: &LossRecord| {
         facts
             .stacks
@@ -284,15 +428,65 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError>
             .then(a.stack_id.cmp(&b.stack_id))
             .then(a.allocated_by.cmp(b.allocated_by))
     });
-    for r in &mut records {
-        r.stack = symbolizer.stack(&facts.stacks, r.stack_id);
-    }
     let unfreed = records
         .iter()
         .fold(BytesBlocks::default(), |acc, r| BytesBlocks {
-            bytes: acc.bytes + r.bytes,
+            bytes: acc.bytes + r.direct_bytes.unwrap_or(r.bytes),
             blocks: acc.blocks + r.blocks,
         });
+    let shown_kinds: Vec<&str> = options.kinds.iter().map(|k| k.name()).collect();
+    let mut kinds_total = [BytesBlocks::default(); 4];
+    let mut suppressed = BytesBlocks::default();
+    let mut matches: Vec<SuppressionMatch> = Vec::new();
+    records.retain_mut(|r| {
+        let symbolize =
+            scan.is_none() || !options.suppressions.is_empty() || shown_kinds.contains(&r.kind);
+        if symbolize {
+            r.stack = symbolizer.stack(&facts.stacks, r.stack_id);
+        }
+        let Some(verdict) = Verdict::ALL.into_iter().find(|v| v.name() == r.kind) else {
+            return true;
+        };
+        let own = r.direct_bytes.unwrap_or(r.bytes);
+        let func = AllocFn::ALL
+            .into_iter()
+            .find(|f| f.name() == r.allocated_by)
+            .unwrap_or(AllocFn::Malloc);
+        if let Some(s) = options
+            .suppressions
+            .iter()
+            .find(|s| s.matches(verdict, func, &r.stack))
+        {
+            suppressed.bytes += own;
+            suppressed.blocks += r.blocks;
+            let i = match matches.iter().position(|m| m.source == s.source) {
+                Some(i) => i,
+                None => {
+                    matches.push(SuppressionMatch {
+                        name: s.name.clone(),
+                        source: s.source.clone(),
+                        records: 0,
+                        bytes: 0,
+                        blocks: 0,
+                    });
+                    matches.len() - 1
+                }
+            };
+            matches[i].records += 1;
+            matches[i].bytes += own;
+            matches[i].blocks += r.blocks;
+            return false;
+        }
+        let k = &mut kinds_total[verdict as usize - 1];
+        k.bytes += own;
+        k.blocks += r.blocks;
+        shown_kinds.contains(&r.kind)
+    });
+    if let Some(h) = history.as_mut() {
+        for site in h.iter_mut() {
+            site.stack = symbolizer.stack(&facts.stacks, site.stack_id);
+        }
+    }
 
     let errors: Vec<ErrorRecord> = pass
         .errors
@@ -310,23 +504,37 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError>
         chunks: index.chunks.len() as u64,
         events: facts.events,
     };
+    let with_scan = |k: Verdict| scan.as_ref().map(|_| kinds_total[k as usize - 1]);
     Ok(LeaksReport {
         process: facts.process_report(),
         summary: LeaksSummary {
             unfreed_at_exit: unfreed,
-            source,
+            source: if scan.is_some() {
+                "reachability_scan"
+            } else {
+                source
+            },
+            definitely_lost: with_scan(Verdict::DefinitelyLost),
+            indirectly_lost: with_scan(Verdict::IndirectlyLost),
+            possibly_lost: with_scan(Verdict::PossiblyLost),
+            still_reachable: with_scan(Verdict::StillReachable),
+            suppressed: scan.as_ref().map(|_| suppressed),
             total_heap_usage: pass.heap.usage,
             loss_records: records.len() as u64,
             errors: errors.iter().map(|e| e.count).sum(),
             error_contexts: errors.len() as u64,
         },
         records,
+        scan,
+        suppressions: matches,
+        history,
         errors,
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
         trace,
         // Module files are read while symbolizing: only now are these known.
         warnings: symbolizer.warnings(),
+        problem,
     })
 }
 
@@ -398,7 +606,7 @@ fn stack_text(out: &mut String, p: &str, top: Option<&str>, frames: &[FrameRepor
 pub fn render_text(r: &LeaksReport) -> String {
     let p = prefix(&r.process);
     let mut out = String::new();
-    let exit_snapshot = r.summary.source == "exit_snapshot";
+    let exit_snapshot = r.summary.source != "replay";
     writeln!(
         out,
         "{p}trapline leaks: blocks still allocated at exit and allocation errors"
@@ -457,11 +665,17 @@ pub fn render_text(r: &LeaksReport) -> String {
     } else {
         "were still allocated when the trace ends"
     };
+    if let Some(scan) = &r.scan {
+        scan_text(&mut out, &p, scan);
+    }
     for (i, rec) in r.records.iter().enumerate() {
+        let (amount, what) = match rec.kind {
+            KIND_UNFREED_AT_EXIT | KIND_LIVE_AT_END_OF_TRACE => (thousands(rec.bytes), what),
+            kind => (record_amount(rec), kind_text(kind)),
+        };
         writeln!(
             out,
-            "{p}{} bytes in {} blocks {what} in loss record {} of {}",
-            thousands(rec.bytes),
+            "{p}{amount} bytes in {} blocks {what} in loss record {} of {}",
             thousands(rec.blocks),
             thousands(i as u64 + 1),
             thousands(n as u64)
@@ -476,6 +690,9 @@ pub fn render_text(r: &LeaksReport) -> String {
         );
         writeln!(out, "{p}").unwrap();
     }
+
+    leak_summary_text(&mut out, &p, r);
+    history_text(&mut out, &p, r);
 
     for e in &r.errors {
         error_text(&mut out, &p, e);
@@ -492,6 +709,143 @@ pub fn render_text(r: &LeaksReport) -> String {
     warnings_text(&mut out, &p, &r.warnings);
     footer_text(&mut out, &p, r.events_lost, &r.trace);
     out
+}
+
+/// "N" or, for a leader with indirect bytes, "N (D direct, I indirect)".
+fn record_amount(rec: &LossRecord) -> String {
+    match (rec.direct_bytes, rec.indirect_bytes) {
+        (Some(d), Some(i)) if i > 0 => format!(
+            "{} ({} direct, {} indirect)",
+            thousands(rec.bytes),
+            thousands(d),
+            thousands(i)
+        ),
+        _ => thousands(rec.bytes),
+    }
+}
+
+/// "N bytes in M blocks", memcheck's way.
+fn bytes_in_blocks(bb: BytesBlocks) -> String {
+    format!(
+        "{} bytes in {} blocks",
+        thousands(bb.bytes),
+        thousands(bb.blocks)
+    )
+}
+
+fn kind_text(kind: &str) -> &'static str {
+    match kind {
+        "definitely_lost" => "are definitely lost",
+        "indirectly_lost" => "are indirectly lost",
+        "possibly_lost" => "are possibly lost",
+        _ => "are still reachable",
+    }
+}
+
+fn scan_text(out: &mut String, p: &str, scan: &ScanReport) {
+    writeln!(
+        out,
+        "{p}Reachability scan {} of {} ({}, at {:.3} s): {} blocks, {} root bytes, {} threads, paused {:.1} ms",
+        scan.snapshot,
+        scan.snapshots,
+        scan.trigger,
+        scan.time_seconds,
+        thousands(scan.blocks),
+        thousands(scan.root_bytes),
+        scan.threads,
+        scan.pause_ms
+    )
+    .unwrap();
+    if scan.threads_not_suspended > 0 {
+        writeln!(
+            out,
+            "{p}WARNING: {} threads not suspended: false leaks possible",
+            scan.threads_not_suspended
+        )
+        .unwrap();
+    }
+    writeln!(out, "{p}").unwrap();
+}
+
+fn leak_summary_text(out: &mut String, p: &str, r: &LeaksReport) {
+    let s = &r.summary;
+    let (Some(d), Some(i), Some(ps), Some(sr)) = (
+        s.definitely_lost,
+        s.indirectly_lost,
+        s.possibly_lost,
+        s.still_reachable,
+    ) else {
+        if r.trace.has_exit_snapshot || r.trace.has_end {
+            writeln!(
+                out,
+                "{p}No reachability scan in the trace (recorded with --no-scan, or ended by a signal or exec): blocks are not judged lost or reachable."
+            )
+            .unwrap();
+            writeln!(out, "{p}").unwrap();
+        }
+        return;
+    };
+    writeln!(out, "{p}LEAK SUMMARY:").unwrap();
+    for (label, bb) in [
+        ("   definitely lost", d),
+        ("   indirectly lost", i),
+        ("     possibly lost", ps),
+        ("   still reachable", sr),
+        ("        suppressed", s.suppressed.unwrap_or_default()),
+    ] {
+        writeln!(out, "{p}{label}: {}", bytes_in_blocks(bb)).unwrap();
+    }
+    writeln!(out, "{p}").unwrap();
+    for m in &r.suppressions {
+        let hidden = BytesBlocks {
+            bytes: m.bytes,
+            blocks: m.blocks,
+        };
+        writeln!(
+            out,
+            "{p}used suppression: {} records, {}: {} ({})",
+            thousands(m.records),
+            bytes_in_blocks(hidden),
+            m.name,
+            m.source
+        )
+        .unwrap();
+    }
+    if !r.suppressions.is_empty() {
+        writeln!(out, "{p}").unwrap();
+    }
+}
+
+fn history_text(out: &mut String, p: &str, r: &LeaksReport) {
+    let Some(history) = &r.history else { return };
+    writeln!(
+        out,
+        "{p}HISTORY: lost bytes (definitely + indirectly, possibly) per scan, per allocation site"
+    )
+    .unwrap();
+    for site in history {
+        let points: Vec<String> = site
+            .snapshots
+            .iter()
+            .map(|pt| {
+                format!(
+                    "#{}: {} + {}",
+                    pt.snapshot,
+                    thousands(pt.definitely_lost.bytes + pt.indirectly_lost.bytes),
+                    thousands(pt.possibly_lost.bytes)
+                )
+            })
+            .collect();
+        writeln!(out, "{p}{}", points.join(", ")).unwrap();
+        writeln!(
+            out,
+            "{p} lost in every scan since allocated: {}",
+            bytes_in_blocks(site.lost_in_every_snapshot)
+        )
+        .unwrap();
+        stack_text(out, p, Some(site.allocated_by), &site.stack, site.stack_id);
+        writeln!(out, "{p}").unwrap();
+    }
 }
 
 fn error_text(out: &mut String, p: &str, e: &ErrorRecord) {

@@ -10,14 +10,21 @@
 
 #![forbid(unsafe_code)]
 
+pub mod deadlocks;
 pub mod index;
 pub mod leaks;
+pub mod locks;
+pub mod lockstate;
 pub mod profile;
 mod replay;
 pub mod report;
 pub mod stats;
+pub mod suppressions;
+mod verdicts;
 
+pub use deadlocks::DeadlocksReport;
 pub use index::{MergedEvent, MergedEvents, Stopped, TraceIndex};
 pub use leaks::LeaksReport;
+pub use locks::LocksReport;
 pub use profile::ProfileReport;
 pub use stats::StatsReport;

@@ -228,6 +228,24 @@ impl Facts {
         r
     }
 
+    /// The `trace` section of a report, once the pass is over.
+    pub fn trace_status(
+        &self,
+        index: &crate::index::TraceIndex,
+        stopped: Option<Stopped>,
+    ) -> TraceStatus {
+        let has_end = self.end.is_some();
+        TraceStatus {
+            complete: has_end && stopped.is_none(),
+            has_end,
+            has_exit_snapshot: self.has_exit_snapshot(),
+            stopped,
+            file_bytes: index.file_len,
+            chunks: index.chunks.len() as u64,
+            events: self.events,
+        }
+    }
+
     /// Lost events per the end record; None without one.
     pub fn events_lost(&self) -> Option<u64> {
         self.end.as_ref().map(|(_, _, c)| c.events_lost)

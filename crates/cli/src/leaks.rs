@@ -1,6 +1,11 @@
-//! `trapline leaks`: blocks still allocated at exit, and allocation errors.
+//! `trapline leaks`: loss records judged by reachability (definitely,
+//! indirectly, possibly lost, still reachable), and allocation errors.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use trapline_analysis::leaks::LeaksOptions;
+use trapline_analysis::suppressions;
 
 #[derive(clap::Args, Debug)]
 pub struct LeaksArgs {
@@ -9,11 +14,60 @@ pub struct LeaksArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::Format::Text)]
     pub format: crate::Format,
+    /// Show reachability scan N (1 = the first; default: the last).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub snapshot: Option<u32>,
+    /// Show how each allocation site was judged across all scans.
+    #[arg(long)]
+    pub history: bool,
+    /// Kinds of loss records to list: definite, indirect, possible,
+    /// reachable, all, none (comma-separated; the summary counts every kind).
+    #[arg(long, value_name = "LIST", default_value = "definite,possible", value_parser = parse_kinds)]
+    pub kinds: Kinds,
+    /// A suppression file (LeakSanitizer `leak:PATTERN` lines or Valgrind
+    /// `{ ... Memcheck:Leak ... }` blocks); may be repeated.
+    #[arg(long = "suppressions", value_name = "FILE")]
+    pub suppressions: Vec<PathBuf>,
+}
+
+/// The kinds of loss records to list.
+#[derive(Clone, Debug)]
+pub struct Kinds(Vec<trapline_trace::Verdict>);
+
+fn parse_kinds(s: &str) -> Result<Kinds, String> {
+    suppressions::leak_kinds(s).map(Kinds).map_err(|k| {
+        format!("unknown leak kind `{k}` (use definite, indirect, possible, reachable, all, none)")
+    })
 }
 
 /// Runs the command; see [`crate::output`] for the exit statuses.
 pub fn main(args: LeaksArgs) -> ExitCode {
+    let mut options = LeaksOptions {
+        snapshot: args.snapshot,
+        history: args.history,
+        kinds: args.kinds.0,
+        suppressions: Vec::new(),
+    };
+    for path in &args.suppressions {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!(
+                    "trapline leaks: {}: cannot read suppressions: {e}",
+                    path.display()
+                );
+                return ExitCode::from(crate::EXIT_USAGE);
+            }
+        };
+        match suppressions::parse(&text, &path.display().to_string()) {
+            Ok(s) => options.suppressions.extend(s),
+            Err(e) => {
+                eprintln!("trapline leaks: {e}");
+                return ExitCode::from(crate::EXIT_USAGE);
+            }
+        }
+    }
     crate::output::run("leaks", &args.trace.trace, args.format, |input| {
-        trapline_analysis::leaks::analyze(input)
+        trapline_analysis::leaks::analyze_with(input, &options)
     })
 }

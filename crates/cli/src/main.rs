@@ -2,7 +2,9 @@
 
 #![forbid(unsafe_code)]
 
+mod deadlocks;
 mod leaks;
+mod locks;
 mod output;
 mod profile;
 mod run;
@@ -47,6 +49,10 @@ enum Command {
     Stats(stats::StatsArgs),
     /// CPU profile from a trace recorded with `run --profile`: functions, threads, flame graph.
     Profile(profile::ProfileArgs),
+    /// Lock contention: acquisitions, contended acquisitions, owner changes, wait and hold times per lock.
+    Locks(locks::LocksArgs),
+    /// Potential deadlocks (lock-order cycles), actual deadlocks and lock misuse.
+    Deadlocks(deadlocks::DeadlocksArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +62,8 @@ fn main() -> ExitCode {
         Command::Leaks(args) => leaks::main(args),
         Command::Stats(args) => stats::main(args),
         Command::Profile(args) => profile::main(args),
+        Command::Locks(args) => locks::main(args),
+        Command::Deadlocks(args) => deadlocks::main(args),
     }
 }
 

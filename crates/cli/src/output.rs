@@ -25,6 +25,10 @@ pub trait Report: Serialize {
     fn text(&self) -> String;
     /// How reading the trace went.
     fn status(&self) -> &TraceStatus;
+    /// Why the report cannot answer what was asked, if it cannot.
+    fn problem(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Report for trapline_analysis::LeaksReport {
@@ -33,6 +37,9 @@ impl Report for trapline_analysis::LeaksReport {
     }
     fn status(&self) -> &TraceStatus {
         &self.trace
+    }
+    fn problem(&self) -> Option<&str> {
+        self.problem.as_deref()
     }
 }
 
@@ -92,6 +99,9 @@ pub fn load<T: Report, E: std::fmt::Display>(
     let file = File::open(path).map_err(|e| fail(command, path, format!("cannot open: {e}")))?;
     let mut input = BufReader::with_capacity(1 << 16, file);
     let report = analyze(&mut input).map_err(|e| fail(command, path, e))?;
+    if let Some(p) = report.problem() {
+        return Err(fail(command, path, p));
+    }
     let status = report.status();
     if status.events == 0 {
         let why = match &status.stopped {

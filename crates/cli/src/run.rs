@@ -4,7 +4,7 @@
 //! Exit status: the command's own (128+N when a signal N killed it); 125 when
 //! trapline could not start it (agent missing, unwritable trace path, a static
 //! or setuid program), 126 when the command cannot be executed, 127 when it
-//! does not exist, like env(1) and timeout(1).
+//! does not exist, like env(1) and timeout(1); 124 when `--timeout` stopped it.
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -20,6 +20,10 @@ pub const EXIT_CANNOT_RUN: u8 = 125;
 pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 /// The command was not found.
 pub const EXIT_NOT_FOUND: u8 = 127;
+/// The command was stopped by `--timeout` (like timeout(1)).
+pub const EXIT_TIMED_OUT: u8 = 124;
+/// After SIGTERM at the timeout, how long the command may take to end before SIGKILL.
+const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// File name of the agent library.
 pub const AGENT_FILE: &str = "libtrapline_agent.so";
@@ -50,6 +54,18 @@ pub struct RunArgs {
         value_parser = clap::value_parser!(u32).range(1..=100_000)
     )]
     pub profile: Option<u32>,
+    /// Also judge every live block by reachability every SECS seconds while
+    /// the program runs (each scan is a snapshot; see `trapline leaks --history`).
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub scan_every: Option<f64>,
+    /// Do not scan for reachability at exit (leaks then shows blocks unfreed at exit, unjudged).
+    #[arg(long)]
+    pub no_scan: bool,
+    /// Stop the command with SIGTERM after SECS seconds (SIGKILL 10 s later if
+    /// it is still running); the agent completes the trace on SIGTERM. For
+    /// programs that may hang, e.g. in a deadlock. Exit status 124 then.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
     /// Print no summary when the command ends.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -61,6 +77,14 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+/// A positive number of seconds (decimals allowed), at least a millisecond.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.001 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds (at least 0.001)")),
+    }
 }
 
 fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
@@ -231,6 +255,16 @@ fn preload_value(agent: &Path) -> OsString {
 }
 
 pub fn main(args: RunArgs) -> ExitCode {
+    let timeout = match args.timeout.map(std::time::Duration::try_from_secs_f64) {
+        None => None,
+        Some(Ok(d)) if !d.is_zero() => Some(d),
+        Some(_) => {
+            return fail(
+                crate::EXIT_USAGE,
+                "--timeout needs a positive number of seconds",
+            )
+        }
+    };
     let agent = match find_agent() {
         Ok(a) => a,
         Err(e) => return fail(EXIT_CANNOT_RUN, e),
@@ -270,7 +304,14 @@ pub fn main(args: RunArgs) -> ExitCode {
             "TRAPLINE_PASS_INVALID",
             if args.pass_invalid_frees { "1" } else { "0" },
         )
-        .env("TRAPLINE_FREERES", if args.no_freeres { "0" } else { "1" });
+        .env("TRAPLINE_FREERES", if args.no_freeres { "0" } else { "1" })
+        .env("TRAPLINE_SCAN", if args.no_scan { "0" } else { "1" })
+        .env(
+            "TRAPLINE_SCAN_EVERY",
+            args.scan_every.map_or("0".to_string(), |s| {
+                ((s * 1000.0).round() as u64).to_string()
+            }),
+        );
     match args.profile {
         Some(hz) => cmd.env("TRAPLINE_PROFILE", hz.to_string()),
         None => cmd.env_remove("TRAPLINE_PROFILE"),
@@ -296,7 +337,7 @@ pub fn main(args: RunArgs) -> ExitCode {
                 )
             }
         };
-    let mut child = match cmd.spawn() {
+    let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::PermissionDenied {
@@ -318,7 +359,7 @@ pub fn main(args: RunArgs) -> ExitCode {
             }
         }
     });
-    let status = match child.wait() {
+    let (status, timed_out) = match wait_with_timeout(child, child_pid, timeout) {
         Ok(s) => s,
         Err(e) => {
             return fail(
@@ -331,14 +372,60 @@ pub fn main(args: RunArgs) -> ExitCode {
     let _ = forwarder.join();
 
     let code: u8 = match (status.code(), status.signal()) {
+        _ if timed_out => EXIT_TIMED_OUT,
         (Some(c), _) => c as u8,
         (None, Some(s)) => 128u8.wrapping_add(s as u8),
         _ => 1,
     };
     if !args.quiet {
         summarize(&output, &program);
+        if timed_out {
+            eprintln!(
+                "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
+                output.display()
+            );
+        }
     }
     ExitCode::from(code)
+}
+
+/// Waits for the command; with a timeout, sends SIGTERM when it expires (and
+/// SIGKILL after a grace period). Returns its status and whether it timed out.
+fn wait_with_timeout(
+    mut child: std::process::Child,
+    pid: Pid,
+    timeout: Option<std::time::Duration>,
+) -> std::io::Result<(std::process::ExitStatus, bool)> {
+    let Some(timeout) = timeout else {
+        return child.wait().map(|s| (s, false));
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let mut timed_out = false;
+    let status = match rx.recv_timeout(timeout) {
+        Ok(s) => s,
+        Err(_) => {
+            timed_out = true;
+            eprintln!(
+                "==trapline== timeout: the command ran for {} s; sending SIGTERM",
+                timeout.as_secs_f64()
+            );
+            let _ = kill(pid, Signal::SIGTERM);
+            match rx.recv_timeout(TERM_GRACE) {
+                Ok(s) => s,
+                Err(_) => {
+                    eprintln!("==trapline== the command ignored SIGTERM; sending SIGKILL");
+                    let _ = kill(pid, Signal::SIGKILL);
+                    rx.recv()
+                        .unwrap_or_else(|_| Err(std::io::Error::other("waiter thread lost")))
+                }
+            }
+        }
+    };
+    let _ = waiter.join();
+    status.map(|s| (s, timed_out))
 }
 
 /// The short report printed when the command ends.

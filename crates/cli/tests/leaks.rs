@@ -190,6 +190,16 @@ fn threads64_exact_totals() {
             ],
         }],
     );
+    // The agent's thread-start wrapper sits between start_thread and the
+    // worker; it is no frame of the program.
+    let frames = stack_of(&records(&report)[0], "stack");
+    for frame in frames {
+        let module = frame["module"].as_str().unwrap_or("");
+        assert!(
+            !module.ends_with("libtrapline_agent.so"),
+            "agent frame in a stack: {frame}"
+        );
+    }
 }
 
 /// cpp_leak.cpp: demangled C++ names and the operator new spellings.

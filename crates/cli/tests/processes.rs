@@ -8,7 +8,6 @@ use nix::unistd::Pid;
 
 use common::*;
 use serde_json::{json, Value};
-use std::io::Read;
 use std::path::Path;
 use std::process::Stdio;
 
@@ -323,18 +322,7 @@ fn start_waiting_fixture(dir: &TestDir) -> (std::process::Child, i32) {
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("start trapline run");
 
-    // Read "ready PID\n" byte by byte (unbuffered, so nothing else is consumed).
-    let mut stdout = child.stdout.take().unwrap();
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while line.last() != Some(&b'\n') {
-        match stdout.read(&mut byte) {
-            Ok(1) => line.push(byte[0]),
-            _ => break,
-        }
-    }
-    child.stdout = Some(stdout);
-    let line = String::from_utf8_lossy(&line).into_owned();
+    let line = read_stdout_line(&mut child);
     let pid: Option<i32> = line
         .strip_prefix("ready ")
         .and_then(|rest| rest.trim().parse().ok());

@@ -7,7 +7,11 @@
 //! previous address in the chunk, zig-zag encoded, because consecutive blocks
 //! tend to sit close together.
 
+use crate::scan::{ScanStats, ScanTrigger, Verdict};
 use crate::varint::{get_u64, put_u64, unzigzag, zigzag, MAX_VARINT_LEN};
+
+mod locks;
+pub use locks::{LockEvent, LockKind, LockMisuse, LockMode, LockOp};
 
 /// The allocation or deallocation function that the program called.
 ///
@@ -418,6 +422,30 @@ pub enum Event {
         blocks: u64,
         bytes: u64,
     },
+    /// A reachability scan starts; its verdicts follow (see [`crate::scan`]).
+    ScanBegin {
+        time: u64,
+        /// Number of the scan in this trace, from 1.
+        scan: u32,
+        trigger: ScanTrigger,
+    },
+    /// A block live during scan `scan`, with the scan's verdict. A definitely
+    /// lost block heads a structure: `indirect_bytes` is the size of the blocks
+    /// lost through it (0 for other verdicts).
+    ScanBlock {
+        scan: u32,
+        addr: u64,
+        size: u64,
+        func: AllocFn,
+        stack: u32,
+        verdict: Verdict,
+        indirect_bytes: u64,
+    },
+    /// End of scan `scan`.
+    ScanEnd {
+        scan: u32,
+        stats: ScanStats,
+    },
     /// The process forked; the child writes its own trace.
     Fork {
         time: u64,
@@ -467,6 +495,8 @@ pub enum Event {
         exit: ExitKind,
         counters: EndCounters,
     },
+    /// A lock or thread-synchronisation event (tags 64-95).
+    Lock(LockEvent),
 }
 
 impl Event {
@@ -481,6 +511,7 @@ impl Event {
             | Event::Realloc { time, .. }
             | Event::Error { time, .. }
             | Event::SnapshotBegin { time, .. }
+            | Event::ScanBegin { time, .. }
             | Event::Fork { time, .. }
             | Event::End { time, .. }
             | Event::ProfileStart { time, .. }
@@ -488,6 +519,7 @@ impl Event {
             | Event::SamplesSkipped { time, .. }
             | Event::SamplesMissed { time, .. }
             | Event::ProfileStop { time, .. } => Some(*time),
+            Event::Lock(l) => Some(l.time()),
             _ => None,
         }
     }
@@ -510,6 +542,9 @@ pub(crate) mod tag {
     pub const SNAPSHOT_BEGIN: u8 = 32;
     pub const LIVE_BLOCK: u8 = 33;
     pub const SNAPSHOT_END: u8 = 34;
+    pub const SCAN_BEGIN: u8 = 35;
+    pub const SCAN_BLOCK: u8 = 36;
+    pub const SCAN_END: u8 = 37;
     pub const FORK: u8 = 48;
     pub const END: u8 = 49;
     // 96..=111: the CPU profiler.
@@ -819,6 +854,44 @@ impl<'a> Encoder<'a> {
                 self.u64(*blocks)?;
                 self.u64(*bytes)
             }
+            Event::ScanBegin {
+                time,
+                scan,
+                trigger,
+            } => {
+                self.byte(tag::SCAN_BEGIN)?;
+                self.time(ctx, *time)?;
+                self.u64(u64::from(*scan))?;
+                self.byte(*trigger as u8)
+            }
+            Event::ScanBlock {
+                scan,
+                addr,
+                size,
+                func,
+                stack,
+                verdict,
+                indirect_bytes,
+            } => {
+                self.byte(tag::SCAN_BLOCK)?;
+                self.u64(u64::from(*scan))?;
+                self.addr(ctx, *addr)?;
+                self.u64(*size)?;
+                self.byte(*func as u8)?;
+                self.u64(u64::from(*stack))?;
+                self.byte(*verdict as u8)?;
+                self.u64(*indirect_bytes)
+            }
+            Event::ScanEnd { scan, stats } => {
+                self.byte(tag::SCAN_END)?;
+                self.u64(u64::from(*scan))?;
+                self.u64(stats.pause_ns)?;
+                self.u64(u64::from(stats.threads))?;
+                self.u64(u64::from(stats.threads_not_suspended))?;
+                self.u64(stats.root_bytes)?;
+                self.u64(stats.blocks)?;
+                self.u64(stats.bytes)
+            }
             Event::Fork { time, child_pid } => {
                 self.byte(tag::FORK)?;
                 self.time(ctx, *time)?;
@@ -872,6 +945,7 @@ impl<'a> Encoder<'a> {
                 self.u64(counters.events_lost)?;
                 self.u64(counters.untracked_calls)
             }
+            Event::Lock(l) => self.lock_event(ctx, l),
         }
     }
 }
@@ -1203,6 +1277,47 @@ impl<'a> Decoder<'a> {
                 blocks: self.u64()?,
                 bytes: self.u64()?,
             },
+            tag::SCAN_BEGIN => {
+                let time = self.time()?;
+                let scan = self.u32("scan number")?;
+                let trigger = ScanTrigger::from_u8(self.byte()?)
+                    .ok_or(DecodeError::Invalid("scan trigger"))?;
+                Event::ScanBegin {
+                    time,
+                    scan,
+                    trigger,
+                }
+            }
+            tag::SCAN_BLOCK => {
+                let scan = self.u32("scan number")?;
+                let addr = self.addr()?;
+                let size = self.u64()?;
+                let func = self.func()?;
+                let stack = self.u32("stack id")?;
+                let verdict =
+                    Verdict::from_u8(self.byte()?).ok_or(DecodeError::Invalid("verdict"))?;
+                Event::ScanBlock {
+                    scan,
+                    addr,
+                    size,
+                    func,
+                    stack,
+                    verdict,
+                    indirect_bytes: self.u64()?,
+                }
+            }
+            tag::SCAN_END => {
+                let scan = self.u32("scan number")?;
+                let stats = ScanStats {
+                    pause_ns: self.u64()?,
+                    threads: self.u32("thread count")?,
+                    threads_not_suspended: self.u32("thread count")?,
+                    root_bytes: self.u64()?,
+                    blocks: self.u64()?,
+                    bytes: self.u64()?,
+                };
+                Event::ScanEnd { scan, stats }
+            }
             tag::FORK => {
                 let time = self.time()?;
                 Event::Fork {
@@ -1267,6 +1382,7 @@ impl<'a> Decoder<'a> {
                 };
                 Event::ProfileStop { time, reason }
             }
+            locks::tag::FIRST..=locks::tag::LAST => return self.decode_lock(t),
             other => return Err(DecodeError::UnknownTag(other)),
         })
     }

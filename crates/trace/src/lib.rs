@@ -8,6 +8,7 @@
 
 pub mod event;
 pub mod format;
+pub mod scan;
 pub mod varint;
 
 mod builder;
@@ -16,6 +17,8 @@ pub use builder::TraceBuilder;
 pub use event::ProfileStopReason;
 pub use event::{
     AllocFn, ChunkContext, DecodeError, Decoder, Encoder, EndCounters, ErrorKind, Event, ExitKind,
-    Family, ModuleInfo, ProcessInfo, Segment, SnapshotKind,
+    Family, LockEvent, LockKind, LockMisuse, LockMode, LockOp, ModuleInfo, ProcessInfo, Segment,
+    SnapshotKind,
 };
 pub use format::{Chunk, ChunkHeader, TraceError, TraceReader, FORMAT_VERSION};
+pub use scan::{ScanStats, ScanTrigger, Verdict};

@@ -144,9 +144,9 @@ fn multi_byte_corruption_sample() {
                 *b = rng.byte();
             }
         }
-        // A "random" byte can equal the one it replaces: the damage starts
-        // at the first byte that actually changed.
-        let Some(first) = damaged.iter().zip(&bytes).position(|(a, b)| a != b) else {
+        // A random byte may equal the one it replaces: the damage starts at
+        // the first byte that really differs.
+        let Some(first) = (first..bytes.len()).find(|&i| damaged[i] != bytes[i]) else {
             continue;
         };
         let out = read_all(&damaged);
@@ -157,13 +157,11 @@ fn multi_byte_corruption_sample() {
             .unwrap();
         assert!(out.chunks.len() >= k, "a chunk before the damage was lost");
         assert_same_chunks(&out.chunks[..k], &full.chunks[..k]);
-        if damaged != bytes {
-            let err = out.error.expect("damage not detected");
-            assert!(
-                err.offset().unwrap() <= first as u64,
-                "{err} but damage starts at {first}"
-            );
-        }
+        let err = out.error.expect("damage not detected");
+        assert!(
+            err.offset().unwrap() <= first as u64,
+            "{err} but damage starts at {first}"
+        );
     }
 }
 
@@ -178,7 +176,7 @@ fn bad_events_inside_a_valid_chunk() {
         trapline_trace::event::encode_to_vec(&mut raw, &mut ctx, ev);
     }
     let bad_at = raw.len();
-    let cases: [(&[u8], DecodeError); 6] = [
+    let cases: [(&[u8], DecodeError); 10] = [
         (&[0x7f], DecodeError::UnknownTag(0x7f)),
         (&[0], DecodeError::UnknownTag(0)),
         (&[16, 1], DecodeError::Truncated),
@@ -194,6 +192,15 @@ fn bad_events_inside_a_valid_chunk() {
             },
         ),
         (&[49, 0, 7], DecodeError::Invalid("exit kind")),
+        // ScanBegin with trigger 3; ScanBlock with verdict 5 or cut short;
+        // ScanEnd with a thread count past u32.
+        (&[35, 0, 1, 3], DecodeError::Invalid("scan trigger")),
+        (&[36, 1, 0, 16, 1, 0, 5, 0], DecodeError::Invalid("verdict")),
+        (&[36, 1, 0, 16, 1, 0], DecodeError::Truncated),
+        (
+            &[37, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x7f],
+            DecodeError::Invalid("thread count"),
+        ),
     ];
     for (tail, want) in cases {
         let mut payload = raw.clone();

@@ -32,4 +32,12 @@ fn write_fuzz_seeds() {
         std::fs::write(payloads.join(format!("chunk{i}")), raw).unwrap();
     }
     std::fs::write(traces.join("empty"), build(&[])).unwrap();
+    let locks = lock_events(1_000);
+    std::fs::write(traces.join("locks"), build(&[(3, locks.clone())])).unwrap();
+    let mut raw = Vec::new();
+    let mut ctx = ChunkContext::default();
+    for ev in &locks {
+        trapline_trace::event::encode_to_vec(&mut raw, &mut ctx, ev);
+    }
+    std::fs::write(payloads.join("locks"), raw).unwrap();
 }

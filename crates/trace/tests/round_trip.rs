@@ -6,7 +6,7 @@ use common::*;
 use trapline_trace::event::{encode_to_vec, MAX_STACK_FRAMES};
 use trapline_trace::format::{CHUNK_HEADER_LEN, FILE_HEADER_LEN};
 use trapline_trace::{
-    AllocFn, ChunkContext, DecodeError, Decoder, Event, TraceReader, FORMAT_VERSION,
+    AllocFn, ChunkContext, DecodeError, Decoder, Event, TraceReader, Verdict, FORMAT_VERSION,
 };
 
 fn assert_round_trip(chunks: &[(u32, Vec<Event>)]) {
@@ -68,6 +68,18 @@ fn every_alloc_fn_and_error_kind_round_trips() {
             func,
             stack: 1,
         });
+        for verdict in Verdict::ALL {
+            assert_eq!(Verdict::from_u8(verdict as u8), Some(verdict));
+            events.push(Event::ScanBlock {
+                scan: 1,
+                addr: i as u64 * 16,
+                size: 1,
+                func,
+                stack: 1,
+                verdict,
+                indirect_bytes: i as u64,
+            });
+        }
         for &kind in &ERROR_KINDS {
             events.push(Event::Error {
                 time: i as u64,

@@ -100,3 +100,101 @@ macro_rules! variadic_exec_trampoline {
 variadic_exec_trampoline!(execl, crate::hooks::process::execl_collected);
 variadic_exec_trampoline!(execle, crate::hooks::process::execle_collected);
 variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
+
+/// The stack pointer of the calling function (inlined into it).
+#[inline(always)]
+pub fn stack_pointer() -> u64 {
+    let sp: u64;
+    // SAFETY: reads a register only.
+    unsafe {
+        core::arch::asm!("mov {sp}, rsp", sp = out(reg) sp, options(nomem, nostack, preserves_flags));
+    }
+    sp
+}
+
+/// Registers a function must preserve (rbx, rbp, r12-r15): at a call into the
+/// agent they may hold the caller's pointers, which the reachability scan
+/// treats as roots.
+pub const CALLEE_SAVED: usize = 6;
+
+/// `exit` (hooks/exit.rs): spills the callee-saved registers, as the caller
+/// left them, into a stack array and passes it with the caller's stack
+/// pointer (its value once `exit` would have returned) to the collector.
+///
+/// # Safety
+/// The C function's contract.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn exit() {
+    core::arch::naked_asm!(
+        // On entry rsp = 8 mod 16; 56 bytes keep the call 16-aligned.
+        "sub rsp, 56",
+        "mov [rsp], rbx",
+        "mov [rsp + 8], rbp",
+        "mov [rsp + 16], r12",
+        "mov [rsp + 24], r13",
+        "mov [rsp + 32], r14",
+        "mov [rsp + 40], r15",
+        "mov rsi, rsp",
+        "lea rdx, [rsp + 64]",
+        "call {collector}",
+        "ud2",
+        collector = sym crate::hooks::exit::exit_collected,
+    )
+}
+
+/// The callee-saved registers as they are now (inlined into the caller: at
+/// the top of a hook they still hold, or have saved on the hook's frame, its
+/// caller's values).
+#[inline(always)]
+pub fn callee_saved_now() -> [u64; CALLEE_SAVED] {
+    let (rbx, rbp, r12, r13, r14, r15): (u64, u64, u64, u64, u64, u64);
+    // SAFETY: reads registers only.
+    unsafe {
+        core::arch::asm!(
+            "mov {0}, rbx",
+            "mov {1}, rbp",
+            "mov {2}, r12",
+            "mov {3}, r13",
+            "mov {4}, r14",
+            "mov {5}, r15",
+            out(reg) rbx,
+            out(reg) rbp,
+            out(reg) r12,
+            out(reg) r13,
+            out(reg) r14,
+            out(reg) r15,
+            options(nomem, nostack, preserves_flags)
+        );
+    }
+    [rbx, rbp, r12, r13, r14, r15]
+}
+
+/// Defines hook `$name` as a trampoline that passes the caller's return
+/// address and stack pointer (at the call) to `$target` in the two argument
+/// registers after the hook's own (`$ret`, `$sp`) and jumps there. The stack
+/// is then exactly as if the program had called `$target`, whose frame the
+/// unwinder follows, and the lock hooks learn their call site in registers,
+/// with no unwind and no memory round trip.
+macro_rules! with_return_address {
+    ($name:ident, $target:path, $ret:literal, $sp:literal) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                concat!("mov ", $ret, ", [rsp]"),
+                concat!("lea ", $sp, ", [rsp + 8]"),
+                "jmp {target}",
+                target = sym $target,
+            )
+        }
+    };
+}
+pub(crate) use with_return_address;
+
+/// glibc's `pthread_mutex_t` on x86_64 (`struct __pthread_mutex_s`): the
+/// owner's tid and the kind word (type in the low two bits).
+pub const MUTEX_OWNER_OFFSET: usize = 8;
+pub const MUTEX_KIND_OFFSET: usize = 16;

@@ -4,7 +4,9 @@
 
 pub mod alloc;
 pub mod cxx;
+pub mod exit;
 pub mod process;
 pub mod sigmask;
 pub mod signals;
+pub mod sync;
 pub mod threads;

@@ -237,8 +237,10 @@ pub unsafe extern "C" fn fexecve(
     r
 }
 
+#[inline(always)]
 fn exit_now(status: c_int) -> ! {
     if lifecycle::owns_process() {
+        crate::scan::note_exit_here();
         lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
     }
     let f = real(&REAL_EXIT, c"_exit");
@@ -254,6 +256,7 @@ static REAL_QUICK_EXIT: AtomicUsize = AtomicUsize::new(0);
 #[no_mangle]
 pub extern "C" fn quick_exit(status: c_int) -> ! {
     if lifecycle::owns_process() {
+        crate::scan::note_exit_here();
         lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
     }
     let f = real(&REAL_QUICK_EXIT, c"quick_exit");

@@ -67,6 +67,35 @@ pub(crate) fn real_sigaction() -> SigactionFn {
     unsafe { core::mem::transmute::<usize, SigactionFn>(f) }
 }
 
+/// The handler really installed for `sig` (SIG_DFL if it cannot be read).
+pub fn real_handler(sig: c_int) -> usize {
+    // SAFETY: querying the current disposition into a zeroed struct.
+    unsafe {
+        let mut old: libc::sigaction = core::mem::zeroed();
+        if real_sigaction()(sig, core::ptr::null(), &mut old) == 0 {
+            old.sa_sigaction
+        } else {
+            libc::SIG_DFL
+        }
+    }
+}
+
+/// Whether the agent's own fatal-signal handler holds `sig` (the program sees SIG_DFL).
+pub fn agent_owns(sig: c_int) -> bool {
+    OURS.get(sig as usize)
+        .is_some_and(|o| o.load(Ordering::Acquire))
+}
+
+/// Installs `act` for `sig` for real, past the program's view (the
+/// reachability scan's park handler); true on success.
+///
+/// # Safety
+/// `act` must be a valid action whose handler is async-signal-safe.
+pub unsafe fn real_sigaction_set(sig: c_int, act: &libc::sigaction) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { real_sigaction()(sig, act, core::ptr::null_mut()) == 0 }
+}
+
 fn is_fatal(sig: c_int) -> bool {
     FATAL.contains(&sig) || (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&sig)
 }

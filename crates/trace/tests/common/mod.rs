@@ -5,8 +5,8 @@
 
 use trapline_trace::event::{segment_flags, MAX_STACK_FRAMES};
 use trapline_trace::{
-    AllocFn, Chunk, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, Segment,
-    SnapshotKind, TraceBuilder, TraceError, TraceReader,
+    AllocFn, Chunk, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, ScanStats,
+    ScanTrigger, Segment, SnapshotKind, TraceBuilder, TraceError, TraceReader, Verdict,
 };
 
 /// xorshift64*: small, deterministic, good enough to drive mutations.
@@ -334,6 +334,56 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             func: AllocFn::Calloc,
             stack: 2,
         },
+        Event::ScanBegin {
+            time: base_time,
+            scan: 1,
+            trigger: ScanTrigger::Exit,
+        },
+        Event::ScanBlock {
+            scan: 1,
+            addr: 0x1234,
+            size: 16,
+            func: AllocFn::Calloc,
+            stack: 2,
+            verdict: Verdict::DefinitelyLost,
+            indirect_bytes: 48,
+        },
+        Event::ScanBlock {
+            scan: u32::MAX,
+            addr: u64::MAX,
+            size: u64::MAX,
+            func: AllocFn::NewArrayAlignedNothrow,
+            stack: u32::MAX,
+            verdict: Verdict::StillReachable,
+            indirect_bytes: u64::MAX,
+        },
+        Event::ScanEnd {
+            scan: 1,
+            stats: ScanStats {
+                pause_ns: 1_234_567,
+                threads: 3,
+                threads_not_suspended: 1,
+                root_bytes: 1 << 20,
+                blocks: 2,
+                bytes: 16,
+            },
+        },
+        Event::ScanBegin {
+            time: base_time,
+            scan: u32::MAX,
+            trigger: ScanTrigger::Periodic,
+        },
+        Event::ScanEnd {
+            scan: u32::MAX,
+            stats: ScanStats {
+                pause_ns: u64::MAX,
+                threads: u32::MAX,
+                threads_not_suspended: u32::MAX,
+                root_bytes: u64::MAX,
+                blocks: u64::MAX,
+                bytes: u64::MAX,
+            },
+        },
         Event::SnapshotEnd {
             blocks: 1,
             bytes: 16,
@@ -510,4 +560,96 @@ pub fn with_chunk_sizes(codec: u8, raw_len: u32, stored_len: u32) -> Vec<u8> {
     b[at + 12..at + 16].copy_from_slice(&raw_len.to_le_bytes());
     b[at + 16..at + 20].copy_from_slice(&stored_len.to_le_bytes());
     b
+}
+
+/// Every lock event, every kind, mode and operation, with monotonic times.
+pub fn lock_events(base_time: u64) -> Vec<Event> {
+    use trapline_trace::{LockEvent, LockKind, LockMisuse, LockMode, LockOp};
+    let mut v = Vec::new();
+    let mut t = base_time;
+    for (i, &kind) in LockKind::ALL.iter().enumerate() {
+        let addr = 0x7f00_0000_1000 + i as u64 * 64;
+        t += 3;
+        v.push(Event::Lock(LockEvent::Init {
+            time: t,
+            addr,
+            kind,
+            stack: i as u32,
+        }));
+        for (j, op) in [
+            LockOp::Blocking,
+            LockOp::Try,
+            LockOp::Timed,
+            LockOp::CondWait,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for mode in [LockMode::Exclusive, LockMode::Shared] {
+                t += 1;
+                v.push(Event::Lock(LockEvent::Request {
+                    time: t,
+                    addr,
+                    kind,
+                    mode,
+                    stack: 7,
+                }));
+                v.push(Event::Lock(LockEvent::Acquire {
+                    time: t,
+                    addr,
+                    kind,
+                    mode,
+                    op,
+                    wait_ns: (j % 2 == 0).then_some(u64::MAX >> j),
+                    stack: u32::MAX - j as u32,
+                }));
+                v.push(Event::Lock(LockEvent::Release {
+                    time: t + 1,
+                    addr,
+                    kind,
+                    stack: 0,
+                }));
+                t += 1;
+                v.push(Event::Lock(LockEvent::Failed {
+                    time: t,
+                    addr: 0,
+                    kind,
+                    mode,
+                    op,
+                    errno: if j == 3 { -1 } else { 16 },
+                    stack: 3,
+                }));
+            }
+        }
+        for misuse in [LockMisuse::SelfDeadlock, LockMisuse::Refused] {
+            v.push(Event::Lock(LockEvent::Misuse {
+                time: t,
+                addr: u64::MAX,
+                kind,
+                misuse,
+                errno: 35,
+                stack: 2,
+            }));
+        }
+        v.push(Event::Lock(LockEvent::Destroy {
+            time: t,
+            addr,
+            kind,
+            stack: 1,
+        }));
+    }
+    v.push(Event::Lock(LockEvent::Join {
+        time: t + 10,
+        joined: u32::MAX,
+        stack: 4,
+    }));
+    v.push(Event::Lock(LockEvent::Detach {
+        time: t + 11,
+        detached: 77,
+    }));
+    v.push(Event::Lock(LockEvent::Exit {
+        time: t + 11,
+        stack: 0,
+    }));
+    v
 }

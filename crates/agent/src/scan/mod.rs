@@ -1,0 +1,422 @@
+//! The reachability scan: stop the world, read the roots for pointers, mark
+//! the live blocks they reach, and judge every block as memcheck does
+//! (definitely, indirectly or possibly lost, or still reachable).
+//!
+//! Order of a scan (docs/design.md, section "Reachability scan"):
+//! 1. read /proc/self/maps and the module list (may allocate);
+//! 2. lock every shard of the live table, copy and sort it, allocate all
+//!    marking state (the agent heap may be used: no thread is stopped yet);
+//! 3. stop every other program thread (world.rs); from here nothing
+//!    allocates, since a stopped thread may hold the agent heap's lock;
+//! 4. plan the roots (roots.rs), read them, mark, group the lost blocks;
+//! 5. let the threads go, unlock the shards; the pause is 2 to 5.
+//!
+//! The caller then writes the verdicts (emit.rs).
+
+mod blocks;
+mod emit;
+mod maps;
+mod mark;
+mod roots;
+pub(crate) mod world;
+
+pub use emit::{emit, Sink};
+
+use crate::arch::CALLEE_SAVED;
+use crate::live::{self, Packed};
+use crate::sys::{self, RawLock};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use trapline_trace::{ScanStats, ScanTrigger, Verdict};
+
+/// `trapline run --scan-every SECS` (milliseconds here; 0 = off).
+pub const ENV_SCAN_EVERY: &str = "TRAPLINE_SCAN_EVERY";
+/// `TRAPLINE_SCAN=0` (`trapline run --no-scan`): no scan at exit.
+pub const ENV_SCAN: &str = "TRAPLINE_SCAN";
+
+static SCAN_LOCK: RawLock = RawLock::new();
+static SCANS: AtomicU32 = AtomicU32::new(0);
+static EVERY_MS: AtomicU64 = AtomicU64::new(0);
+static LAST_MS: AtomicU64 = AtomicU64::new(0);
+static AT_EXIT: AtomicBool = AtomicBool::new(true);
+/// `TRAPLINE_SCAN_TIMES=1`: print how long each phase of a scan took.
+static PRINT_TIMES: AtomicBool = AtomicBool::new(false);
+
+/// Where the thread that called `exit` had its live frames and registers.
+static EXIT_TID: AtomicU32 = AtomicU32::new(0);
+static EXIT_SP: AtomicU64 = AtomicU64::new(0);
+static EXIT_REGS: [AtomicU64; CALLEE_SAVED] = [const { AtomicU64::new(0) }; CALLEE_SAVED];
+
+/// The agent's own threads (writer, samplers): never stopped, never roots.
+const MAX_AGENT_THREADS: usize = 8;
+static AGENT_TIDS: [AtomicU32; MAX_AGENT_THREADS] =
+    [const { AtomicU32::new(0) }; MAX_AGENT_THREADS];
+static AGENT_STACKS: [AtomicU64; MAX_AGENT_THREADS] =
+    [const { AtomicU64::new(0) }; MAX_AGENT_THREADS];
+
+extern "C" {
+    /// The stack pointer at the process entry point (ld.so).
+    static __libc_stack_end: *mut libc::c_void;
+}
+
+/// Reads the configuration (from the constructor).
+pub fn init() {
+    crate::hooks::exit::resolve();
+    if let Some(ms) = std::env::var(ENV_SCAN_EVERY)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        EVERY_MS.store(ms, Ordering::Relaxed);
+    }
+    PRINT_TIMES.store(
+        std::env::var("TRAPLINE_SCAN_TIMES").ok().as_deref() == Some("1"),
+        Ordering::Relaxed,
+    );
+    AT_EXIT.store(
+        std::env::var(ENV_SCAN).ok().as_deref() != Some("0"),
+        Ordering::Relaxed,
+    );
+}
+
+/// Whether the exit snapshot is a scan.
+pub fn at_exit_enabled() -> bool {
+    AT_EXIT.load(Ordering::Relaxed)
+}
+
+/// Notes an agent thread (from `thread::mark_agent_thread`).
+pub fn note_agent_thread() {
+    let tid = sys::gettid();
+    let sp = crate::arch::stack_pointer();
+    for (t, s) in AGENT_TIDS.iter().zip(&AGENT_STACKS) {
+        if t.load(Ordering::Acquire) == tid
+            || t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            s.store(sp, Ordering::Release);
+            return;
+        }
+    }
+}
+
+/// Forgets the agent threads of the parent (fork child: only the caller
+/// survives) and frees the scan lock (the writer may have held it: it is
+/// released only after the shard locks that fork waits for).
+pub fn reset_in_child() {
+    SCAN_LOCK.reset();
+    for t in &AGENT_TIDS {
+        t.store(0, Ordering::Relaxed);
+    }
+    EXIT_TID.store(0, Ordering::Relaxed);
+}
+
+/// Notes the live frames and registers of a thread calling `exit`.
+pub fn note_exit_call(regs: &[u64; CALLEE_SAVED], caller_sp: u64) {
+    if EXIT_TID
+        .compare_exchange(0, sys::gettid(), Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        for (slot, &r) in EXIT_REGS.iter().zip(regs) {
+            slot.store(r, Ordering::Relaxed);
+        }
+        EXIT_SP.store(caller_sp, Ordering::Release);
+    }
+}
+
+/// Notes the calling hook's frame as where the exiting thread's live frames
+/// start (`_exit`, `quick_exit`: their callers' frames are above it).
+#[inline(always)]
+pub fn note_exit_here() {
+    note_exit_call(
+        &crate::arch::callee_saved_now(),
+        crate::arch::stack_pointer(),
+    );
+}
+
+/// The writer's periodic hook: runs a scan every `--scan-every` seconds.
+pub fn periodic_tick() {
+    let every = EVERY_MS.load(Ordering::Relaxed);
+    if every == 0 || crate::thread::FINISHED.load(Ordering::Acquire) {
+        return;
+    }
+    let now = crate::clock::precise_now() / 1_000_000;
+    let last = LAST_MS.load(Ordering::Relaxed);
+    if now < last + every {
+        return;
+    }
+    LAST_MS.store(now, Ordering::Relaxed);
+    if !SCAN_LOCK.try_lock_for(1) {
+        return;
+    }
+    let outcome = run_locked(ScanTrigger::Periodic);
+    SCAN_LOCK.unlock();
+    emit::to_writer(&outcome);
+}
+
+/// The result of one scan, ready to be written.
+pub struct Outcome {
+    pub scan: u32,
+    pub time: u64,
+    pub trigger: ScanTrigger,
+    blocks: Vec<Packed>,
+    verdicts: Vec<Verdict>,
+    indirect: Vec<u64>,
+    pub stats: ScanStats,
+}
+
+impl Outcome {
+    /// Calls `f(addr, block, verdict, indirect_bytes)` for every block, in address order.
+    pub fn for_each(&self, mut f: impl FnMut(u64, live::Block, Verdict, u64)) {
+        for (i, b) in self.blocks.iter().enumerate() {
+            f(b.addr(), b.block(), self.verdicts[i], self.indirect[i]);
+        }
+    }
+}
+
+/// Runs a scan from the thread that is ending the process.
+pub fn run_at_exit() -> Outcome {
+    SCAN_LOCK.lock();
+    let o = run_locked(ScanTrigger::Exit);
+    SCAN_LOCK.unlock();
+    o
+}
+
+/// Address ranges of ld.so's segments: blocks it allocates for itself (DTVs,
+/// dynamic TLS, link maps) are its bookkeeping and count as roots.
+fn loader_ranges() -> Vec<(u64, u64)> {
+    crate::modules::all()
+        .into_iter()
+        .filter(|m| {
+            let name = m.path.rsplit('/').next().unwrap_or("");
+            name.starts_with("ld-linux") || name.starts_with("ld64.so") || name.starts_with("ld.so")
+        })
+        .flat_map(|m| m.segments.into_iter().map(|s| (s.start, s.end)))
+        .collect()
+}
+
+/// Ranges of the agent's own module (code, data, bss).
+fn agent_module_ranges() -> Vec<(u64, u64)> {
+    let me = agent_module_ranges as *const () as u64;
+    crate::modules::all()
+        .into_iter()
+        .find(|m| m.segments.iter().any(|s| me >= s.start && me < s.end))
+        .map(|m| m.segments.iter().map(|s| (s.start, s.end)).collect())
+        .unwrap_or_default()
+}
+
+/// For each block, whether its allocation's innermost frame is in ld.so
+/// (one lookup per distinct stack).
+fn loader_blocks(blocks: &[Packed], loader: &[(u64, u64)]) -> Vec<u32> {
+    let mut out = Vec::new();
+    if loader.is_empty() {
+        return out;
+    }
+    let mut cache: Vec<u8> = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let id = b.block().stack as usize;
+        if id == 0 {
+            continue;
+        }
+        if id >= cache.len() {
+            cache.resize(id + 1, 0);
+        }
+        if cache[id] == 0 {
+            let first = crate::stacks::frames(id as u32).first().copied();
+            let inside = first.is_some_and(|pc| loader.iter().any(|&(a, b)| pc >= a && pc < b));
+            cache[id] = if inside { 2 } else { 1 };
+        }
+        if cache[id] == 2 {
+            out.push(i as u32);
+        }
+    }
+    out
+}
+
+/// Sorts ranges and merges overlapping ones, in place.
+fn merge(ranges: &mut Vec<(u64, u64)>) {
+    ranges.sort_unstable();
+    let mut w = 0;
+    for r in 0..ranges.len() {
+        let (a, b) = ranges[r];
+        if w > 0 && a <= ranges[w - 1].1 {
+            ranges[w - 1].1 = ranges[w - 1].1.max(b);
+        } else {
+            ranges[w] = (a, b);
+            w += 1;
+        }
+    }
+    ranges.truncate(w);
+}
+
+fn run_locked(trigger: ScanTrigger) -> Outcome {
+    let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
+    let time = crate::clock::precise_now();
+    let me = sys::gettid();
+    // 1. Facts that allocate.
+    let maps = maps::read();
+    let loader = loader_ranges();
+    let mut excluded = agent_module_ranges();
+    let agent_tids: Vec<u32> = AGENT_TIDS
+        .iter()
+        .map(|t| t.load(Ordering::Acquire))
+        .filter(|&t| t != 0 && t != me)
+        .collect();
+    for s in &AGENT_STACKS {
+        let sp = s.load(Ordering::Acquire);
+        if let Some(i) = maps::containing(&maps, sp).filter(|_| sp != 0) {
+            excluded.push((maps[i].start, maps[i].end));
+        }
+    }
+    let mut readable: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.readable && m.kind != maps::Special::Kernel)
+        .map(|m| (m.start, m.end))
+        .collect();
+    merge(&mut readable);
+    let mut rodata: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.readable && !m.writable && !m.executable && m.file)
+        .map(|m| (m.start, m.end))
+        .collect();
+    merge(&mut rodata);
+    let scratch = world::Scratch::new();
+    let mut reader = mark::SafeReader::new();
+
+    // 2. The live table, frozen.
+    let pause_start = crate::clock::precise_now();
+    let mut guards = Vec::with_capacity(live::SHARDS);
+    let mut count = 0;
+    for shard in live::shards() {
+        let mut g = shard.locked();
+        count += g.len();
+        guards.push(g);
+    }
+    let mut copy = Vec::with_capacity(count);
+    blocks::want_huge_pages(&copy);
+    for g in &mut guards {
+        g.copy_packed(&mut copy);
+    }
+    let copied = crate::clock::precise_now();
+    let index = blocks::BlockIndex::new(copy);
+    let sorted = crate::clock::precise_now();
+    let loader_roots = loader_blocks(&index.blocks, &loader);
+    let mut marker = mark::Marker::new(&index, &readable, &rodata);
+    let mut agent_maps = Vec::with_capacity(crate::heap::mapping_count() + 256);
+    excluded.reserve(agent_maps.capacity() + 8);
+    let mut root_ranges =
+        Vec::with_capacity(2 * maps.len() + excluded.capacity() + scratch.capacity() + 16);
+    let exit_sp = EXIT_SP.load(Ordering::Acquire);
+    let exit_tid = EXIT_TID.load(Ordering::Acquire);
+    let mut stack_starts = Vec::with_capacity(scratch.capacity() + 1);
+
+    // 3. Stop the world.
+    let prepared = crate::clock::precise_now();
+    let world = world::stop(scratch, &agent_tids);
+    let stopped = crate::clock::precise_now();
+
+    // 4. Roots and marking. No allocation from here to `resume`.
+    crate::heap::mappings_into(&mut agent_maps);
+    excluded.extend_from_slice(&agent_maps);
+    merge(&mut excluded);
+    stack_starts.extend(world.parked.iter().map(|p| p.sp));
+    let mut root_bytes = 0u64;
+    if trigger == ScanTrigger::Exit {
+        let own_sp = if exit_tid == me && exit_sp != 0 {
+            exit_sp
+        } else if me == sys::getpid_raw() {
+            // main returned: only the process entry frame and above are live.
+            // SAFETY: ld.so's variable, set before any code of the program ran.
+            unsafe { __libc_stack_end as u64 }
+        } else {
+            crate::arch::stack_pointer()
+        };
+        stack_starts.push(own_sp);
+        if exit_tid == me {
+            for r in &EXIT_REGS {
+                marker.word(r.load(Ordering::Relaxed), true);
+            }
+            root_bytes += (8 * CALLEE_SAVED) as u64;
+        }
+    }
+    let next_block = |lo, hi| index.first_block_in(lo, hi);
+    let mut read_word = |a: u64| {
+        let mut w = None;
+        reader.for_each_word(a, a + 8, |x| w = Some(x));
+        w
+    };
+    roots::plan(
+        roots::Plan {
+            maps: &maps,
+            excluded: &excluded,
+            stack_starts: &stack_starts,
+            next_block: &next_block,
+            read_word: &mut read_word,
+        },
+        &mut root_ranges,
+    );
+    // A thread stopped on a stack that is a heap block (a coroutine's
+    // malloc'd stack, an alternate signal stack from malloc): its live part,
+    // from the stack pointer up, with the signal frame, is a root too.
+    for &sp in &stack_starts {
+        if let Some((i, _)) = index.find(sp) {
+            let b = index.blocks[i];
+            if root_ranges.len() < root_ranges.capacity() {
+                root_ranges.push((sp & !7, b.addr() + b.size()));
+            }
+        }
+    }
+    for &(lo, hi) in &root_ranges {
+        root_bytes += reader.for_each_word(lo, hi, |w| marker.word(w, true));
+        marker.propagate(&mut reader);
+    }
+    for &i in &loader_roots {
+        marker.root_block(i as usize);
+    }
+    marker.propagate(&mut reader);
+    let marked = crate::clock::precise_now();
+    marker.cliques(&mut reader);
+
+    // 5. Let go.
+    world::resume(&world);
+    drop(guards);
+    let resumed = crate::clock::precise_now();
+    let pause_ns = resumed.saturating_sub(pause_start);
+    if PRINT_TIMES.load(Ordering::Relaxed) {
+        let ms = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e6;
+        sys::warn(&format!(
+            "scan {scan}: lock+copy {:.1} ms, sort+index {:.1} ms, arrays {:.1} ms, stop {:.1} ms, roots+mark {:.1} ms, cliques+resume {:.1} ms",
+            ms(pause_start, copied),
+            ms(copied, sorted),
+            ms(sorted, prepared),
+            ms(prepared, stopped),
+            ms(stopped, marked),
+            ms(marked, resumed)
+        ));
+    }
+
+    let verdicts: Vec<Verdict> = (0..index.len()).map(|i| marker.verdict(i)).collect();
+    let indirect = core::mem::take(&mut marker.indirect);
+    drop(marker);
+    let bytes = index.blocks.iter().map(Packed::size).sum();
+    let stats = ScanStats {
+        pause_ns,
+        threads: world.threads,
+        threads_not_suspended: world.not_suspended,
+        root_bytes,
+        blocks: index.len() as u64,
+        bytes,
+    };
+    if world.not_suspended > 0 {
+        sys::warn(&format!(
+            "reachability scan: {} threads not suspended: false leaks possible",
+            world.not_suspended
+        ));
+    }
+    Outcome {
+        scan,
+        time,
+        trigger,
+        blocks: index.blocks,
+        verdicts,
+        indirect,
+        stats,
+    }
+}

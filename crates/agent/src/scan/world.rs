@@ -1,0 +1,362 @@
+//! Stopping every other thread of the process while the scan reads memory.
+//!
+//! Each thread is sent `park_signal()` with tgkill. Its handler (which runs on
+//! the thread's current stack, so the registers the kernel saved in the signal
+//! frame lie just above the handler's stack pointer) publishes that stack
+//! pointer in the thread's slot and sleeps on a futex until the scan releases
+//! it. Threads created meanwhile are found by listing /proc/self/task again
+//! until no new thread appears. A thread that does not park within the
+//! deadline (it blocks the signal, or the program took the signal over) is
+//! counted as not suspended: its stack is then scanned as it is, without its
+//! registers, and the report says false leaks are possible.
+//!
+//! Nothing here allocates once `stop` has started signalling: a stopped thread
+//! may hold the agent heap's lock.
+
+use crate::sys;
+use core::ffi::c_int;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+/// Slots of the thread table (a power of two, twice the most threads handled).
+const SLOTS: usize = 1 << 16;
+/// Most threads one scan stops; others count as not suspended.
+const MAX_THREADS: usize = SLOTS / 2;
+/// How long to wait for threads to park, per round of signalling.
+const PARK_DEADLINE_NS: u64 = 2_000_000_000;
+
+const EMPTY: u32 = 0;
+const SIGNALLED: u32 = 1;
+const PARKED: u32 = 2;
+const LEFT: u32 = 3;
+const GONE: u32 = 4;
+
+#[repr(C)]
+struct Slot {
+    tid: AtomicU32,
+    state: AtomicU32,
+    sp: AtomicU64,
+}
+
+/// The slot table, mapped once and never unmapped: a handler that runs late
+/// (its signal was pending past a scan) may still look into it.
+static TABLE: AtomicPtr<Slot> = AtomicPtr::new(core::ptr::null_mut());
+/// While 0, parked threads wait; set to 1 to release them.
+static RELEASE: AtomicU32 = AtomicU32::new(1);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// The signal that parks threads: one of the real-time signals, chosen near
+/// the top where programs rarely look.
+pub fn park_signal() -> c_int {
+    libc::SIGRTMAX() - 3
+}
+
+/// A thread stopped for the scan: its stack pointer inside the park handler.
+#[derive(Clone, Copy)]
+pub struct Parked {
+    pub tid: u32,
+    pub sp: u64,
+}
+
+/// The stopped world.
+pub struct World {
+    pub parked: Vec<Parked>,
+    /// Threads of the process seen, the scanning thread included.
+    pub threads: u32,
+    pub not_suspended: u32,
+}
+
+fn table() -> Option<&'static [Slot]> {
+    let mut p = TABLE.load(Ordering::Acquire);
+    if p.is_null() {
+        // Zeroed memory is a valid empty table; the agent heap's registry
+        // keeps it out of the scan's roots.
+        p = crate::heap::map(SLOTS * core::mem::size_of::<Slot>()).cast();
+        if p.is_null() {
+            return None;
+        }
+        TABLE.store(p, Ordering::Release);
+    }
+    // SAFETY: the mapping holds SLOTS slots and is never unmapped.
+    Some(unsafe { core::slice::from_raw_parts(p, SLOTS) })
+}
+
+fn home(tid: u32) -> usize {
+    (tid.wrapping_mul(0x9E37_79B1) >> 16) as usize & (SLOTS - 1)
+}
+
+fn lookup(slots: &[Slot], tid: u32) -> Option<&Slot> {
+    let mut i = home(tid);
+    loop {
+        let t = slots[i].tid.load(Ordering::Acquire);
+        if t == tid {
+            return Some(&slots[i]);
+        }
+        if t == 0 {
+            return None;
+        }
+        i = (i + 1) & (SLOTS - 1);
+    }
+}
+
+fn insert(slots: &[Slot], tid: u32) -> Option<&Slot> {
+    let mut i = home(tid);
+    loop {
+        let t = slots[i].tid.load(Ordering::Acquire);
+        if t == tid {
+            return None;
+        }
+        if t == 0 {
+            slots[i].sp.store(0, Ordering::Relaxed);
+            slots[i].state.store(SIGNALLED, Ordering::Relaxed);
+            slots[i].tid.store(tid, Ordering::Release);
+            return Some(&slots[i]);
+        }
+        i = (i + 1) & (SLOTS - 1);
+    }
+}
+
+extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: errno is thread-local; saved and restored around the handler.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    let sp = crate::arch::stack_pointer();
+    let p = TABLE.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: the table is never unmapped.
+        let slots = unsafe { core::slice::from_raw_parts(p, SLOTS) };
+        if let Some(slot) = lookup(slots, sys::gettid()) {
+            if slot.state.load(Ordering::Acquire) == SIGNALLED {
+                slot.sp.store(sp, Ordering::Relaxed);
+                slot.state.store(PARKED, Ordering::Release);
+                sys::futex_wake(&slot.state, 1);
+                while RELEASE.load(Ordering::Acquire) == 0 {
+                    sys::futex_wait(&RELEASE, 0, None);
+                }
+                slot.state.store(LEFT, Ordering::Release);
+                sys::futex_wake(&slot.state, 1);
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved_errno };
+}
+
+/// Installs the park handler if the signal is free (default, ignored, or
+/// the agent's fatal-signal handler, which the program sees as SIG_DFL);
+/// false if the program has a handler of its own there. The handler stays:
+/// a signal still pending for a thread that did not park must not kill it.
+fn install() -> bool {
+    if INSTALLED.load(Ordering::Acquire) {
+        // The program may have replaced it since.
+        return crate::hooks::signals::real_handler(park_signal()) == on_park as *const () as usize;
+    }
+    let sig = park_signal();
+    let current = crate::hooks::signals::real_handler(sig);
+    let free = current == libc::SIG_DFL
+        || current == libc::SIG_IGN
+        || crate::hooks::signals::agent_owns(sig);
+    if !free {
+        return false;
+    }
+    // SAFETY: a zeroed sigaction with our handler and every signal blocked while it runs.
+    let ok = unsafe {
+        let mut act: libc::sigaction = core::mem::zeroed();
+        act.sa_sigaction = on_park as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigfillset(&mut act.sa_mask);
+        crate::hooks::signals::real_sigaction_set(sig, &act)
+    };
+    INSTALLED.store(ok, Ordering::Release);
+    ok
+}
+
+/// Lists the tids of the process into `out` (within its capacity) without
+/// allocating: getdents64 on /proc/self/task into `buf`.
+fn list_tasks(buf: &mut [u8], out: &mut Vec<u32>) {
+    out.clear();
+    // SAFETY: opening a directory read-only with a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/task".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    loop {
+        // SAFETY: getdents64 writes at most buf.len() bytes into buf.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        let mut off = 0usize;
+        while off + 19 < n as usize {
+            let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
+            let name = &buf[off + 19..off + reclen];
+            let digits = name.iter().take_while(|b| b.is_ascii_digit());
+            let mut tid = 0u32;
+            let mut any = false;
+            for d in digits {
+                tid = tid.wrapping_mul(10).wrapping_add(u32::from(d - b'0'));
+                any = true;
+            }
+            if any && out.len() < out.capacity() {
+                out.push(tid);
+            }
+            if reclen == 0 {
+                break;
+            }
+            off += reclen;
+        }
+    }
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+}
+
+/// Scratch for `stop`, allocated before the scan locks anything.
+pub struct Scratch {
+    dirents: Vec<u8>,
+    tids: Vec<u32>,
+    parked: Vec<Parked>,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        let threads = std::fs::read_dir("/proc/self/task").map_or(64, |d| d.count());
+        let cap = (2 * threads + 256).min(MAX_THREADS);
+        Scratch {
+            dirents: vec![0u8; 64 << 10],
+            tids: Vec::with_capacity(cap),
+            parked: Vec::with_capacity(cap),
+        }
+    }
+}
+
+impl Scratch {
+    /// Most threads this scratch can list.
+    pub fn capacity(&self) -> usize {
+        self.parked.capacity()
+    }
+}
+
+fn now_ns() -> u64 {
+    crate::clock::precise_now()
+}
+
+/// Stops every thread but the caller and `skip` (the agent's own threads).
+pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
+    let Scratch {
+        mut dirents,
+        mut tids,
+        mut parked,
+    } = scratch;
+    let me = sys::gettid();
+    let pid = sys::getpid_raw();
+    let mut world = World {
+        parked: Vec::new(),
+        threads: 1,
+        not_suspended: 0,
+    };
+    let usable = install();
+    let Some(slots) = table() else {
+        list_tasks(&mut dirents, &mut tids);
+        world.threads = tids.len().max(1) as u32;
+        world.not_suspended = world.threads - 1;
+        return world;
+    };
+    for s in slots {
+        s.tid.store(0, Ordering::Relaxed);
+        s.state.store(EMPTY, Ordering::Relaxed);
+    }
+    RELEASE.store(0, Ordering::Release);
+    let mut seen = 0usize;
+    for _round in 0..64 {
+        list_tasks(&mut dirents, &mut tids);
+        let mut new = 0;
+        for &tid in &tids {
+            if tid == me || skip.contains(&tid) || seen >= MAX_THREADS {
+                continue;
+            }
+            let Some(slot) = insert(slots, tid) else {
+                continue;
+            };
+            seen += 1;
+            new += 1;
+            if !usable {
+                continue;
+            }
+            // SAFETY: tgkill on a thread of our own process.
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, park_signal()) };
+            if r != 0 {
+                slot.state.store(GONE, Ordering::Release);
+            }
+        }
+        if new == 0 || !usable {
+            break;
+        }
+        let deadline = now_ns() + PARK_DEADLINE_NS;
+        for &tid in &tids {
+            let Some(slot) = lookup(slots, tid) else {
+                continue;
+            };
+            loop {
+                let st = slot.state.load(Ordering::Acquire);
+                if st != SIGNALLED {
+                    break;
+                }
+                let now = now_ns();
+                if now >= deadline {
+                    break;
+                }
+                sys::futex_wait(
+                    &slot.state,
+                    SIGNALLED,
+                    Some((deadline - now).min(10_000_000)),
+                );
+                // A thread that exited after it was signalled never parks.
+                // SAFETY: signal 0 only checks that the thread exists.
+                if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } != 0 {
+                    slot.state.store(GONE, Ordering::Release);
+                }
+            }
+        }
+    }
+    for s in slots {
+        let tid = s.tid.load(Ordering::Acquire);
+        if tid == 0 {
+            continue;
+        }
+        match s.state.load(Ordering::Acquire) {
+            PARKED => {
+                if parked.len() < parked.capacity() {
+                    parked.push(Parked {
+                        tid,
+                        sp: s.sp.load(Ordering::Relaxed),
+                    });
+                } else {
+                    world.not_suspended += 1;
+                }
+            }
+            GONE => {}
+            _ => world.not_suspended += 1,
+        }
+    }
+    list_tasks(&mut dirents, &mut tids);
+    world.threads = tids.len().max(1) as u32;
+    world.parked = parked;
+    world
+}
+
+/// Lets the stopped threads go, and waits until each has left its handler.
+pub fn resume(world: &World) {
+    RELEASE.store(1, Ordering::Release);
+    sys::futex_wake(&RELEASE, i32::MAX);
+    let Some(slots) = table() else { return };
+    for p in &world.parked {
+        if let Some(slot) = lookup(slots, p.tid) {
+            while slot.state.load(Ordering::Acquire) == PARKED {
+                sys::futex_wait(&slot.state, PARKED, Some(10_000_000));
+            }
+        }
+    }
+}

@@ -1,0 +1,881 @@
+//! Deadlocks: potential deadlocks by the generalized Goodlock algorithm, and
+//! the actual deadlock of a program that hung while recorded.
+//!
+//! One streaming pass builds the lock graph: whenever a thread acquires a
+//! lock by a blocking call while holding others, an edge from every held
+//! lock to the new one, labelled with the thread, its guard set (every lock
+//! it held then) and its thread segment. A successful trylock (or timed
+//! lock) makes its lock held but adds no edge into it: it cannot wait.
+//! Segments split at pthread_create (creator) and pthread_join (joiner), and
+//! a child's first segment follows its creator's segment before the create,
+//! a joiner's segment after the join follows the joined thread's last one:
+//! a happens-before order between segments.
+//!
+//! After the pass, every simple cycle of the graph (up to [`MAX_CYCLE`] locks)
+//! is checked with the labels: it is a potential deadlock only if one edge
+//! per step can be chosen such that all come from different threads, their
+//! guard sets are pairwise disjoint (a common "gate" lock serializes them),
+//! no edge's segment happens before another's, and no step is a read hold
+//! meeting a read request on an rwlock (glibc's rwlocks prefer readers, so
+//! read-read does not block). A cycle whose edges all come from one thread
+//! is a lock-order inversion instead (reported apart, lower severity).
+//!
+//! At the end of the trace, threads still waiting in a lock request (a
+//! `Request` without its acquisition: the program hung and was stopped) form
+//! a wait-for graph with the holders of those locks; its cycles are actual
+//! deadlocks.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Write as _;
+use std::io::{Read, Seek};
+
+use serde::Serialize;
+use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
+
+use crate::index::{MergedEvents, TraceIndex};
+use crate::lockstate::{errors_text, mode_name, stack_text, Applied, LockError, LockId, LockState};
+use crate::report::{
+    command_text, footer_text, prefix, serialize_hex, warnings_text, Facts, FrameReport,
+    ProcessReport, StackSymbolizer, TraceStatus,
+};
+
+/// Longest cycle searched for, in locks.
+pub const MAX_CYCLE: usize = 12;
+/// Most cycles reported (the search stops there and says so).
+pub const MAX_CYCLES: usize = 1000;
+
+/// The `trapline deadlocks` report (its JSON form is the stable schema).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadlocksReport {
+    /// The traced process.
+    pub process: ProcessReport,
+    /// Whether the trace holds any lock event at all.
+    pub has_lock_events: bool,
+    /// Counts.
+    pub summary: DeadlocksSummary,
+    /// Potential deadlocks first, then lock-order inversions.
+    pub cycles: Vec<CycleReport>,
+    /// Threads that were stuck waiting for each other when the trace ended.
+    pub actual_deadlocks: Vec<ActualDeadlock>,
+    /// Lock misuse found in the trace.
+    pub errors: Vec<LockError>,
+    /// Events the agent could not record; null without an end record.
+    pub events_lost: Option<u64>,
+    /// Whether the trace was complete.
+    pub trace: TraceStatus,
+    /// Problems met while symbolizing, and a cut-short cycle search.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeadlocksSummary {
+    pub potential_deadlocks: u64,
+    pub lock_order_inversions: u64,
+    pub actual_deadlocks: u64,
+    pub errors: u64,
+    /// Distinct (held, requested) lock pairs in the lock graph.
+    pub lock_graph_edges: u64,
+    pub threads: u64,
+}
+
+/// A cycle in the lock graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CycleReport {
+    /// `potential_deadlock` or `lock_order_inversion`.
+    pub kind: &'static str,
+    /// The locks, in cycle order (each edge goes from one to the next).
+    #[serde(serialize_with = "hex_list")]
+    pub locks: Vec<u64>,
+    /// One edge per step.
+    pub edges: Vec<EdgeReport>,
+    /// How often the cycle was seen: the fewest times any of its edges was.
+    pub occurrences: u64,
+}
+
+/// A thread holding `held` while it requested `requested`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EdgeReport {
+    /// The thread (tid).
+    pub thread: u32,
+    #[serde(serialize_with = "serialize_hex")]
+    pub held: u64,
+    pub held_kind: &'static str,
+    pub held_mode: &'static str,
+    #[serde(serialize_with = "serialize_hex")]
+    pub requested: u64,
+    pub requested_kind: &'static str,
+    pub requested_mode: &'static str,
+    /// Where the held lock was taken.
+    pub held_stack: Vec<FrameReport>,
+    /// Where the next one was requested.
+    pub requested_stack: Vec<FrameReport>,
+    /// How often this edge was seen.
+    pub count: u64,
+}
+
+/// Threads that waited for each other at the end of the trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ActualDeadlock {
+    pub threads: Vec<Waiter>,
+}
+
+/// One stuck thread: what it waits for, and who holds that.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Waiter {
+    pub thread: u32,
+    #[serde(serialize_with = "serialize_hex")]
+    pub waits_for: u64,
+    pub lock_kind: &'static str,
+    pub mode: &'static str,
+    /// Where it asked for the lock.
+    pub requested_stack: Vec<FrameReport>,
+    /// The thread holding the lock.
+    pub held_by: u32,
+    /// Where the holder took it.
+    pub held_stack: Vec<FrameReport>,
+}
+
+fn hex_list<S: serde::Serializer>(v: &[u64], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for a in v {
+        seq.serialize_element(&format!("{a:#x}"))?;
+    }
+    seq.end()
+}
+
+// ---------------------------------------------------------------------------
+// Threads and segments.
+
+/// Happens-before between thread segments.
+#[derive(Default)]
+struct Segments {
+    /// Successors of each segment.
+    next: Vec<Vec<usize>>,
+    /// Current segment of each thread instance.
+    current: Vec<usize>,
+    /// tid -> its current thread instance.
+    instance_of: HashMap<u32, usize>,
+    /// Creator's segment before each create id.
+    created_from: HashMap<u64, usize>,
+    /// (segment, create id): the segment follows the creator's (resolved at the end).
+    after_create: Vec<(usize, u64)>,
+    /// (segment, thread instance): the segment follows that thread's last segment.
+    after_end: Vec<(usize, usize)>,
+    reach: HashMap<(usize, usize), bool>,
+}
+
+impl Segments {
+    fn new_segment(&mut self) -> usize {
+        self.next.push(Vec::new());
+        self.next.len() - 1
+    }
+
+    /// The thread instance of `tid`, created on first sight.
+    fn instance(&mut self, tid: u32) -> usize {
+        if let Some(&i) = self.instance_of.get(&tid) {
+            return i;
+        }
+        self.start_instance(tid)
+    }
+
+    fn start_instance(&mut self, tid: u32) -> usize {
+        let s = self.new_segment();
+        self.current.push(s);
+        let i = self.current.len() - 1;
+        self.instance_of.insert(tid, i);
+        i
+    }
+
+    /// Ends the current segment of `tid`'s instance; returns (old, new).
+    fn split(&mut self, tid: u32) -> (usize, usize) {
+        let i = self.instance(tid);
+        let old = self.current[i];
+        let new = self.new_segment();
+        self.next[old].push(new);
+        self.current[i] = new;
+        (old, new)
+    }
+
+    fn apply(&mut self, tid: u32, ev: &Event) {
+        match ev {
+            Event::ThreadCreate { create_id, .. } => {
+                let (old, _) = self.split(tid);
+                self.created_from.insert(*create_id, old);
+            }
+            Event::ThreadStart { create_id, .. } => {
+                let i = self.start_instance(tid);
+                self.after_create.push((self.current[i], *create_id));
+            }
+            Event::Lock(LockEvent::Join { joined, .. }) if *joined != 0 => {
+                let joined_instance = self.instance_of.get(joined).copied();
+                let (_, new) = self.split(tid);
+                if let Some(j) = joined_instance {
+                    self.after_end.push((new, j));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds the create and join links once every thread's last segment is known.
+    fn resolve(&mut self) {
+        for (seg, id) in std::mem::take(&mut self.after_create) {
+            if let Some(&from) = self.created_from.get(&id) {
+                self.next[from].push(seg);
+            }
+        }
+        for (seg, instance) in std::mem::take(&mut self.after_end) {
+            let last = self.current[instance];
+            if last != seg {
+                self.next[last].push(seg);
+            }
+        }
+    }
+
+    /// Whether segment `a` happens before segment `b`.
+    fn before(&mut self, a: usize, b: usize) -> bool {
+        if a == b {
+            return false;
+        }
+        if let Some(&r) = self.reach.get(&(a, b)) {
+            return r;
+        }
+        let mut seen = HashSet::new();
+        let mut queue = VecDeque::from([a]);
+        let mut found = false;
+        while let Some(s) = queue.pop_front() {
+            if s == b {
+                found = true;
+                break;
+            }
+            for &n in &self.next[s] {
+                if seen.insert(n) {
+                    queue.push_back(n);
+                }
+            }
+        }
+        self.reach.insert((a, b), found);
+        found
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The lock graph.
+
+/// One labelled edge of the lock graph, with how often it was seen.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Edge {
+    held: LockId,
+    requested: LockId,
+    tid: u32,
+    /// Thread instance (a reused tid is another thread).
+    instance: usize,
+    segment: usize,
+    /// Sorted guard set: every lock held at the request, with its mode.
+    guard: Vec<(LockId, LockMode)>,
+    held_kind: LockKind,
+    held_mode: LockMode,
+    requested_kind: LockKind,
+    requested_mode: LockMode,
+    held_stack: u32,
+    requested_stack: u32,
+}
+
+#[derive(Default)]
+struct LockGraph {
+    edges: Vec<(Edge, u64)>,
+    index: HashMap<Edge, usize>,
+    /// (held, requested) -> indices into `edges`.
+    pairs: HashMap<(LockId, LockId), Vec<usize>>,
+    succ: HashMap<LockId, Vec<LockId>>,
+}
+
+impl LockGraph {
+    fn add(&mut self, e: Edge) {
+        if let Some(&i) = self.index.get(&e) {
+            self.edges[i].1 += 1;
+            return;
+        }
+        let i = self.edges.len();
+        let pair = (e.held, e.requested);
+        let list = self.pairs.entry(pair).or_default();
+        if list.is_empty() {
+            self.succ.entry(e.held).or_default().push(e.requested);
+        }
+        list.push(i);
+        self.index.insert(e.clone(), i);
+        self.edges.push((e, 1));
+    }
+
+    /// Simple cycles, each once (rotated to start at its smallest lock),
+    /// and whether the search was cut short. A cycle lies within one
+    /// strongly connected component, so the search from each lock only
+    /// enters locks of its component: locks always taken in one order (no
+    /// cycle) cost nothing, however deeply they nest.
+    fn cycles(&self) -> (Vec<Vec<LockId>>, bool) {
+        let component = self.components();
+        let mut nodes: Vec<LockId> = self.succ.keys().copied().collect();
+        nodes.sort();
+        let mut search = CycleSearch {
+            graph: self,
+            component: &component,
+            out: Vec::new(),
+            steps: 0,
+            cut: false,
+        };
+        for &start in &nodes {
+            let mut path = vec![start];
+            let mut on_path = HashSet::from([start]);
+            search.from(start, start, &mut path, &mut on_path);
+            if search.cut {
+                break;
+            }
+        }
+        (search.out, search.cut)
+    }
+
+    /// Strongly connected component of every lock (Kosaraju, iterative).
+    fn components(&self) -> HashMap<LockId, usize> {
+        let mut nodes: Vec<LockId> = self.succ.keys().copied().collect();
+        nodes.sort();
+        let mut pred: HashMap<LockId, Vec<LockId>> = HashMap::new();
+        for (&from, tos) in &self.succ {
+            for &to in tos {
+                pred.entry(to).or_default().push(from);
+            }
+        }
+        // Finishing order of a depth-first search of the graph.
+        let mut seen: HashSet<LockId> = HashSet::new();
+        let mut order = Vec::new();
+        for &root in &nodes {
+            if !seen.insert(root) {
+                continue;
+            }
+            let mut stack = vec![(root, 0usize)];
+            while let Some((node, i)) = stack.pop() {
+                let next = self.succ.get(&node).and_then(|v| v.get(i)).copied();
+                match next {
+                    Some(n) => {
+                        stack.push((node, i + 1));
+                        if seen.insert(n) {
+                            stack.push((n, 0));
+                        }
+                    }
+                    None => order.push(node),
+                }
+            }
+        }
+        // Components: searches of the reversed graph in reverse finishing order.
+        let mut component = HashMap::new();
+        for &root in order.iter().rev() {
+            if component.contains_key(&root) {
+                continue;
+            }
+            let id = component.len();
+            let mut stack = vec![root];
+            component.insert(root, id);
+            while let Some(node) = stack.pop() {
+                for &p in pred.get(&node).into_iter().flatten() {
+                    if let std::collections::hash_map::Entry::Vacant(v) = component.entry(p) {
+                        v.insert(id);
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        component
+    }
+}
+
+/// Steps the cycle search may take before it stops (and says so).
+const MAX_SEARCH_STEPS: u64 = 10_000_000;
+
+struct CycleSearch<'a> {
+    graph: &'a LockGraph,
+    component: &'a HashMap<LockId, usize>,
+    out: Vec<Vec<LockId>>,
+    steps: u64,
+    cut: bool,
+}
+
+impl CycleSearch<'_> {
+    fn from(
+        &mut self,
+        start: LockId,
+        at: LockId,
+        path: &mut Vec<LockId>,
+        on_path: &mut HashSet<LockId>,
+    ) {
+        let Some(next) = self.graph.succ.get(&at) else {
+            return;
+        };
+        let mut next = next.clone();
+        next.sort();
+        let home = self.component.get(&start);
+        for n in next {
+            self.steps += 1;
+            if self.cut || self.steps > MAX_SEARCH_STEPS {
+                self.cut = true;
+                return;
+            }
+            if n == start && path.len() >= 2 {
+                if self.out.len() == MAX_CYCLES {
+                    self.cut = true;
+                    return;
+                }
+                self.out.push(path.clone());
+            } else if n > start
+                && self.component.get(&n) == home
+                && !on_path.contains(&n)
+                && path.len() < MAX_CYCLE
+            {
+                path.push(n);
+                on_path.insert(n);
+                self.from(start, n, path, on_path);
+                on_path.remove(&n);
+                path.pop();
+            }
+        }
+    }
+}
+
+/// Which kind of cycle an assignment of edges is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CycleKind {
+    PotentialDeadlock,
+    LockOrderInversion,
+}
+
+/// Edge choices tried per cycle and kind before the check gives up (and
+/// says so): many labelled edges per lock pair make the choice exponential.
+const MAX_CHOICES: u64 = 1_000_000;
+
+struct Checker<'a> {
+    graph: &'a LockGraph,
+    segments: &'a mut Segments,
+    /// Choices tried for the current cycle and kind.
+    tried: u64,
+    /// Cycles whose check gave up.
+    gave_up: u64,
+}
+
+impl Checker<'_> {
+    /// Edges (one per step of `cycle`) forming a cycle of `kind`, if any.
+    fn find(&mut self, cycle: &[LockId], kind: CycleKind) -> Option<Vec<usize>> {
+        let mut chosen = Vec::with_capacity(cycle.len());
+        self.tried = 0;
+        let found = self.choose(cycle, kind, &mut chosen);
+        if !found && self.tried > MAX_CHOICES {
+            self.gave_up += 1;
+        }
+        found.then_some(chosen)
+    }
+
+    fn choose(&mut self, cycle: &[LockId], kind: CycleKind, chosen: &mut Vec<usize>) -> bool {
+        let step = chosen.len();
+        if step == cycle.len() {
+            // The last step's request meets the first step's hold.
+            let last = &self.graph.edges[chosen[step - 1]].0;
+            let first = &self.graph.edges[chosen[0]].0;
+            return blocks(last, first);
+        }
+        let pair = (cycle[step], cycle[(step + 1) % cycle.len()]);
+        let Some(candidates) = self.graph.pairs.get(&pair) else {
+            return false;
+        };
+        for &c in candidates {
+            if self.compatible(chosen, c, kind) {
+                chosen.push(c);
+                if self.choose(cycle, kind, chosen) {
+                    return true;
+                }
+                chosen.pop();
+            }
+        }
+        false
+    }
+
+    fn compatible(&mut self, chosen: &[usize], c: usize, kind: CycleKind) -> bool {
+        self.tried += 1;
+        if self.tried > MAX_CHOICES {
+            return false;
+        }
+        let e = &self.graph.edges[c].0;
+        if let Some(&prev) = chosen.last() {
+            if !blocks(&self.graph.edges[prev].0, e) {
+                return false;
+            }
+        }
+        for &o in chosen {
+            let f = &self.graph.edges[o].0;
+            if guards_overlap(&e.guard, &f.guard) {
+                return false;
+            }
+            match kind {
+                CycleKind::PotentialDeadlock => {
+                    if f.instance == e.instance
+                        || self.segments.before(f.segment, e.segment)
+                        || self.segments.before(e.segment, f.segment)
+                    {
+                        return false;
+                    }
+                }
+                CycleKind::LockOrderInversion => {
+                    if f.instance != e.instance {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Whether two guard sets share a lock that serializes them: one held
+/// exclusively by at least one of the two (two read holds exclude nothing).
+fn guards_overlap(a: &[(LockId, LockMode)], b: &[(LockId, LockMode)]) -> bool {
+    a.iter().any(|(l, m)| {
+        b.iter()
+            .any(|(k, n)| l == k && !(*m == LockMode::Shared && *n == LockMode::Shared))
+    })
+}
+
+/// Whether `request`'s wait for its lock can be blocked by `hold` (the next
+/// edge, which holds that lock): not when both are read holds of an rwlock.
+fn blocks(request: &Edge, hold: &Edge) -> bool {
+    !(request.requested_mode == LockMode::Shared && hold.held_mode == LockMode::Shared)
+}
+
+// ---------------------------------------------------------------------------
+// The analysis.
+
+/// Analyses a trace. Fails only when the input is not a readable trace at all.
+pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceError> {
+    let index = TraceIndex::build(input)?;
+    let mut facts = Facts::default();
+    let mut state = LockState::default();
+    let mut segments = Segments::default();
+    let mut graph = LockGraph::default();
+    let mut threads: HashSet<u32> = HashSet::new();
+
+    let mut merged = MergedEvents::new(input, &index);
+    for m in merged.by_ref() {
+        facts.observe(m.time, &m.event);
+        segments.apply(m.tid, &m.event);
+        if let Event::Lock(LockEvent::Acquire { op, stack, .. }) = &m.event {
+            threads.insert(m.tid);
+            let (op, stack) = (*op, *stack);
+            let held_before: Vec<_> = state.held(m.tid).to_vec();
+            if let Applied::Acquired { held, nested } = state.apply(m.tid, &m.event) {
+                let waits = matches!(op, LockOp::Blocking | LockOp::CondWait);
+                let reentry = nested || held_before.iter().any(|h| h.lock == held.lock);
+                if waits && !reentry && !held_before.is_empty() {
+                    let mut guard: Vec<(LockId, LockMode)> =
+                        held_before.iter().map(|h| (h.lock, h.mode)).collect();
+                    guard.sort();
+                    guard.dedup();
+                    let instance = segments.instance(m.tid);
+                    let segment = segments.current[instance];
+                    for h in &held_before {
+                        graph.add(Edge {
+                            held: h.lock,
+                            requested: held.lock,
+                            tid: m.tid,
+                            instance,
+                            segment,
+                            guard: guard.clone(),
+                            held_kind: h.kind,
+                            held_mode: h.mode,
+                            requested_kind: held.kind,
+                            requested_mode: held.mode,
+                            held_stack: h.stack,
+                            requested_stack: stack,
+                        });
+                    }
+                }
+            }
+            continue;
+        }
+        state.apply(m.tid, &m.event);
+    }
+    let stopped = merged.stopped().cloned();
+    drop(merged);
+    segments.resolve();
+
+    let mut sym = facts.symbolizer();
+    let mut warnings = Vec::new();
+    let (lock_cycles, cut) = graph.cycles();
+    if cut {
+        warnings.push(format!(
+            "the lock graph has too many cycles to list: the search stopped after {MAX_CYCLES} cycles or {MAX_SEARCH_STEPS} steps, and only the cycles found were checked"
+        ));
+    }
+    let mut cycles = Vec::new();
+    let mut checker = Checker {
+        graph: &graph,
+        segments: &mut segments,
+        tried: 0,
+        gave_up: 0,
+    };
+    for cycle in &lock_cycles {
+        for (kind, name) in [
+            (CycleKind::PotentialDeadlock, "potential_deadlock"),
+            (CycleKind::LockOrderInversion, "lock_order_inversion"),
+        ] {
+            if let Some(chosen) = checker.find(cycle, kind) {
+                cycles.push(cycle_report(name, cycle, &chosen, &graph, &facts, &mut sym));
+                break;
+            }
+        }
+    }
+    if checker.gave_up > 0 {
+        warnings.push(format!(
+            "{} lock cycle checks gave up after {MAX_CHOICES} choices of edges: those cycles are not reported",
+            checker.gave_up
+        ));
+    }
+    // Potential deadlocks first (stable: cycles were found in lock order).
+    cycles.sort_by_key(|c| c.kind != "potential_deadlock");
+
+    let actual_deadlocks = actual_deadlocks(&state, &facts, &mut sym);
+    let errors = state.errors(&facts.stacks, &mut sym);
+    warnings.extend(sym.warnings());
+    let count = |k: &str| cycles.iter().filter(|c| c.kind == k).count() as u64;
+    Ok(DeadlocksReport {
+        process: facts.process_report(),
+        has_lock_events: state.saw_lock_events,
+        summary: DeadlocksSummary {
+            potential_deadlocks: count("potential_deadlock"),
+            lock_order_inversions: count("lock_order_inversion"),
+            actual_deadlocks: actual_deadlocks.len() as u64,
+            errors: errors.len() as u64,
+            lock_graph_edges: graph.pairs.len() as u64,
+            threads: threads.len() as u64,
+        },
+        cycles,
+        actual_deadlocks,
+        errors,
+        events_lost: facts.events_lost(),
+        trace: facts.trace_status(&index, stopped),
+        warnings,
+    })
+}
+
+fn cycle_report(
+    kind: &'static str,
+    cycle: &[LockId],
+    chosen: &[usize],
+    graph: &LockGraph,
+    facts: &Facts,
+    sym: &mut StackSymbolizer,
+) -> CycleReport {
+    let edges: Vec<EdgeReport> = chosen
+        .iter()
+        .map(|&i| {
+            let (e, count) = &graph.edges[i];
+            EdgeReport {
+                thread: e.tid,
+                held: e.held.addr,
+                held_kind: e.held_kind.name(),
+                held_mode: mode_name(e.held_kind, e.held_mode),
+                requested: e.requested.addr,
+                requested_kind: e.requested_kind.name(),
+                requested_mode: mode_name(e.requested_kind, e.requested_mode),
+                held_stack: sym.stack(&facts.stacks, e.held_stack),
+                requested_stack: sym.stack(&facts.stacks, e.requested_stack),
+                count: *count,
+            }
+        })
+        .collect();
+    CycleReport {
+        kind,
+        locks: cycle.iter().map(|l| l.addr).collect(),
+        occurrences: edges.iter().map(|e| e.count).min().unwrap_or(0),
+        edges,
+    }
+}
+
+/// Wait-for cycles among the threads still waiting at the end of the trace.
+fn actual_deadlocks(
+    state: &LockState,
+    facts: &Facts,
+    sym: &mut StackSymbolizer,
+) -> Vec<ActualDeadlock> {
+    let pending: HashMap<u32, _> = state.pending().into_iter().collect();
+    // Each waiting thread -> the thread it waits for (the first holder that
+    // excludes it: any holder for a write request, a writer for a read one).
+    let mut waits_for: HashMap<u32, (u32, crate::lockstate::Held)> = HashMap::new();
+    for (&tid, p) in &pending {
+        let holder = state
+            .holders(p.lock)
+            .into_iter()
+            .find(|(_, h)| p.mode == LockMode::Exclusive || h.mode == LockMode::Exclusive);
+        if let Some((holder, h)) = holder {
+            waits_for.insert(tid, (holder, h));
+        }
+    }
+    let mut reported: HashSet<u32> = HashSet::new();
+    let mut out = Vec::new();
+    let mut tids: Vec<u32> = waits_for.keys().copied().collect();
+    tids.sort_unstable();
+    for start in tids {
+        if reported.contains(&start) {
+            continue;
+        }
+        // Follow the chain; a cycle is found when a thread repeats.
+        let mut chain = vec![start];
+        let mut at = start;
+        let cycle_start = loop {
+            let Some(&(next, _)) = waits_for.get(&at) else {
+                break None;
+            };
+            if let Some(pos) = chain.iter().position(|&t| t == next) {
+                break Some(pos);
+            }
+            chain.push(next);
+            at = next;
+        };
+        let Some(pos) = cycle_start else {
+            continue;
+        };
+        let members = &chain[pos..];
+        if members.iter().any(|t| reported.contains(t)) {
+            continue;
+        }
+        reported.extend(members.iter().copied());
+        let threads = members
+            .iter()
+            .map(|tid| {
+                let p = pending[tid];
+                let (holder, h) = waits_for[tid];
+                Waiter {
+                    thread: *tid,
+                    waits_for: p.lock.addr,
+                    lock_kind: p.kind.name(),
+                    mode: mode_name(p.kind, p.mode),
+                    requested_stack: sym.stack(&facts.stacks, p.stack),
+                    held_by: holder,
+                    held_stack: sym.stack(&facts.stacks, h.stack),
+                }
+            })
+            .collect();
+        out.push(ActualDeadlock { threads });
+    }
+    out
+}
+
+/// Renders the report as text.
+pub fn render_text(r: &DeadlocksReport) -> String {
+    let p = prefix(&r.process);
+    let mut out = String::new();
+    writeln!(
+        out,
+        "{p}trapline deadlocks: lock-order analysis (generalized Goodlock)"
+    )
+    .unwrap();
+    writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
+    if !r.has_lock_events {
+        writeln!(
+            out,
+            "{p}The trace holds no lock events: the program took no pthread mutex, rwlock or spinlock while recorded."
+        )
+        .unwrap();
+        footer_text(&mut out, &p, r.events_lost, &r.trace);
+        return out;
+    }
+    let s = &r.summary;
+    writeln!(
+        out,
+        "{p}Found: {} potential deadlock{}, {} lock-order inversion{}, {} actual deadlock{}, {} error{} ({} lock pairs ordered, {} threads)",
+        s.potential_deadlocks,
+        plural(s.potential_deadlocks),
+        s.lock_order_inversions,
+        plural(s.lock_order_inversions),
+        s.actual_deadlocks,
+        plural(s.actual_deadlocks),
+        s.errors,
+        plural(s.errors),
+        s.lock_graph_edges,
+        s.threads
+    )
+    .unwrap();
+    writeln!(out, "{p}").unwrap();
+    for (i, d) in r.actual_deadlocks.iter().enumerate() {
+        writeln!(
+            out,
+            "{p}ACTUAL DEADLOCK #{} ({} threads stuck when the trace ended):",
+            i + 1,
+            d.threads.len()
+        )
+        .unwrap();
+        for w in &d.threads {
+            writeln!(
+                out,
+                "{p}  thread {} waits for {} {:#x} ({}), held by thread {}",
+                w.thread, w.lock_kind, w.waits_for, w.mode, w.held_by
+            )
+            .unwrap();
+            writeln!(out, "{p}    requested at:").unwrap();
+            stack_text(&mut out, &p, "      ", &w.requested_stack);
+            writeln!(out, "{p}    taken by thread {} at:", w.held_by).unwrap();
+            stack_text(&mut out, &p, "      ", &w.held_stack);
+        }
+        writeln!(out, "{p}").unwrap();
+    }
+    for (i, c) in r.cycles.iter().enumerate() {
+        let title = if c.kind == "potential_deadlock" {
+            "POTENTIAL DEADLOCK"
+        } else {
+            "LOCK-ORDER INVERSION (one thread; lower severity)"
+        };
+        let locks: Vec<String> = c.locks.iter().map(|a| format!("{a:#x}")).collect();
+        writeln!(
+            out,
+            "{p}{title} #{}: {} -> {} (seen {} time{})",
+            i + 1,
+            locks.join(" -> "),
+            locks[0],
+            c.occurrences,
+            plural(c.occurrences)
+        )
+        .unwrap();
+        for e in &c.edges {
+            writeln!(
+                out,
+                "{p}  thread {} holds {} {:#x} ({}) and requests {} {:#x} ({}), {} time{}",
+                e.thread,
+                e.held_kind,
+                e.held,
+                e.held_mode,
+                e.requested_kind,
+                e.requested,
+                e.requested_mode,
+                e.count,
+                plural(e.count)
+            )
+            .unwrap();
+            writeln!(out, "{p}    held lock taken at:").unwrap();
+            stack_text(&mut out, &p, "      ", &e.held_stack);
+            writeln!(out, "{p}    next lock requested at:").unwrap();
+            stack_text(&mut out, &p, "      ", &e.requested_stack);
+        }
+        writeln!(out, "{p}").unwrap();
+    }
+    if r.cycles.is_empty() && r.actual_deadlocks.is_empty() {
+        writeln!(out, "{p}No lock-order cycle found.").unwrap();
+        writeln!(out, "{p}").unwrap();
+    }
+    errors_text(&mut out, &p, &r.errors);
+    warnings_text(&mut out, &p, &r.warnings);
+    footer_text(&mut out, &p, r.events_lost, &r.trace);
+    out
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}

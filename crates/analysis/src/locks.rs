@@ -1,0 +1,455 @@
+//! Locks: a contention profile (what mutrace shows). Per lock and, for
+//! rwlocks, per mode: acquisitions, contended acquisitions (the lock was busy
+//! when asked for; the agent measured the wait), owner changes (an
+//! acquisition by another thread than the previous one), threads, wait and
+//! hold times, where the lock was initialized or first used, and the call
+//! sites that waited most.
+//!
+//! One streaming pass in global time order over the lock events, replaying
+//! ownership with [`crate::lockstate`]. Hold times come from event times,
+//! which are the agent's millisecond tick made strictly increasing per lock:
+//! totals over many holds are unbiased, a single short hold reads as
+//! nanoseconds or as a tick (docs/design.md, "Lock recording").
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{Read, Seek};
+
+use serde::Serialize;
+use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
+
+use crate::index::{MergedEvents, TraceIndex};
+use crate::lockstate::{errors_text, mode_name, stack_text, Applied, LockError, LockId, LockState};
+use crate::report::{
+    command_text, footer_text, prefix, serialize_hex, thousands, warnings_text, Facts, FrameReport,
+    ProcessReport, TraceStatus,
+};
+
+/// Contending call sites listed per lock.
+const TOP_SITES: usize = 5;
+
+/// The `trapline locks` report (its JSON form is the stable schema).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LocksReport {
+    /// The traced process.
+    pub process: ProcessReport,
+    /// Whether the trace holds any lock event at all.
+    pub has_lock_events: bool,
+    /// Totals over every lock.
+    pub totals: LockTotals,
+    /// Per lock and mode: most contended first, then most owner changes,
+    /// then most acquisitions.
+    pub locks: Vec<LockReport>,
+    /// Lock misuse found in the trace.
+    pub errors: Vec<LockError>,
+    /// Events the agent could not record; null without an end record.
+    pub events_lost: Option<u64>,
+    /// Whether the trace was complete.
+    pub trace: TraceStatus,
+    /// Problems met while symbolizing.
+    pub warnings: Vec<String>,
+}
+
+/// Totals of the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LockTotals {
+    /// Distinct locks used.
+    pub locks: u64,
+    pub acquisitions: u64,
+    pub contended: u64,
+    pub owner_changes: u64,
+    /// Nanoseconds threads waited for busy locks.
+    pub wait_ns: u64,
+    /// Threads that took a lock.
+    pub threads: u64,
+}
+
+/// Total, maximum and average of a duration, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Durations {
+    pub total: u64,
+    pub max: u64,
+    /// total / count (0 without any).
+    pub avg: u64,
+}
+
+/// One lock, in one mode for rwlocks.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LockReport {
+    /// The lock's address.
+    #[serde(serialize_with = "serialize_hex")]
+    pub address: u64,
+    /// `mutex`, `recursive_mutex`, `errorcheck_mutex`, `adaptive_mutex`, `rwlock` or `spinlock`.
+    pub kind: &'static str,
+    /// `read` or `write` for rwlocks, `exclusive` otherwise.
+    pub mode: &'static str,
+    /// Successful acquisitions (lock, trylock, timed), condition-wait re-acquisitions excluded.
+    pub acquisitions: u64,
+    /// Acquisitions that found the lock busy and waited.
+    pub contended: u64,
+    /// Acquisitions by another thread than the lock's previous acquirer.
+    pub owner_changes: u64,
+    /// Distinct threads that acquired it.
+    pub threads: u64,
+    /// trylock calls that found it busy.
+    pub try_failures: u64,
+    /// Timed acquisitions that gave up.
+    pub timeouts: u64,
+    /// Re-acquisitions on return from a condition wait.
+    pub cond_waits: u64,
+    /// Waits of contended acquisitions (avg over `contended`).
+    pub wait_ns: Durations,
+    /// Holds (avg over holds that ended).
+    pub hold_ns: Durations,
+    /// `init` when the trace holds its pthread_*_init, else `first_acquisition`.
+    pub first_use: &'static str,
+    /// Where it was initialized or first used.
+    pub first_use_stack: Vec<FrameReport>,
+    /// Call sites of contended acquisitions, most contended first.
+    pub top_sites: Vec<ContendingSite>,
+}
+
+/// A call site that waited for the lock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ContendingSite {
+    pub contended: u64,
+    pub wait_ns: u64,
+    pub stack: Vec<FrameReport>,
+}
+
+#[derive(Default)]
+struct Acc {
+    kind: Option<LockKind>,
+    acquisitions: u64,
+    contended: u64,
+    owner_changes: u64,
+    threads: Vec<u32>,
+    try_failures: u64,
+    timeouts: u64,
+    cond_waits: u64,
+    wait_total: u64,
+    wait_max: u64,
+    holds: u64,
+    hold_total: u64,
+    hold_max: u64,
+    /// stack id -> (contended, wait)
+    sites: HashMap<u32, (u64, u64)>,
+}
+
+#[derive(Default)]
+struct PerLock {
+    last_owner: Option<u32>,
+    first_stack: u32,
+    from_init: bool,
+    seen: bool,
+}
+
+/// Analyses a trace. Fails only when the input is not a readable trace at all.
+pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError> {
+    let index = TraceIndex::build(input)?;
+    let mut facts = Facts::default();
+    let mut state = LockState::default();
+    let mut accs: HashMap<(LockId, LockMode), Acc> = HashMap::new();
+    let mut per_lock: HashMap<LockId, PerLock> = HashMap::new();
+    let mut threads: Vec<u32> = Vec::new();
+
+    let mut merged = MergedEvents::new(input, &index);
+    for m in merged.by_ref() {
+        facts.observe(m.time, &m.event);
+        if let Event::Lock(l) = &m.event {
+            if let Some(addr) = l.addr() {
+                let id = state.lock_id(addr);
+                let p = per_lock.entry(id).or_default();
+                let stack = match l {
+                    LockEvent::Init { stack, .. }
+                    | LockEvent::Acquire { stack, .. }
+                    | LockEvent::Request { stack, .. }
+                    | LockEvent::Failed { stack, .. } => Some(*stack),
+                    _ => None,
+                };
+                if let Some(stack) = stack.filter(|_| !p.seen) {
+                    p.seen = true;
+                    p.first_stack = stack;
+                    p.from_init = matches!(l, LockEvent::Init { .. });
+                }
+            }
+            match *l {
+                LockEvent::Acquire {
+                    addr,
+                    kind,
+                    mode,
+                    op,
+                    wait_ns,
+                    stack,
+                    ..
+                } => {
+                    let id = state.lock_id(addr);
+                    let a = accs.entry((id, mode)).or_default();
+                    a.kind = Some(kind);
+                    if op == LockOp::CondWait {
+                        a.cond_waits += 1;
+                    } else {
+                        a.acquisitions += 1;
+                        let p = per_lock.entry(id).or_default();
+                        if p.last_owner.is_some_and(|o| o != m.tid) {
+                            a.owner_changes += 1;
+                        }
+                        p.last_owner = Some(m.tid);
+                        if !a.threads.contains(&m.tid) {
+                            a.threads.push(m.tid);
+                        }
+                        if !threads.contains(&m.tid) {
+                            threads.push(m.tid);
+                        }
+                        if let Some(w) = wait_ns {
+                            a.contended += 1;
+                            a.wait_total += w;
+                            a.wait_max = a.wait_max.max(w);
+                            let s = a.sites.entry(stack).or_default();
+                            s.0 += 1;
+                            s.1 += w;
+                        }
+                    }
+                }
+                LockEvent::Failed {
+                    addr,
+                    kind,
+                    mode,
+                    op,
+                    errno,
+                    ..
+                } => {
+                    let a = accs.entry((state.lock_id(addr), mode)).or_default();
+                    a.kind = Some(kind);
+                    if op == LockOp::Try {
+                        a.try_failures += 1;
+                    } else if errno == ETIMEDOUT {
+                        a.timeouts += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Applied::Released {
+            lock,
+            held: Some(h),
+        } = state.apply(m.tid, &m.event)
+        {
+            if h.depth == 0 {
+                let a = accs.entry((lock, h.mode)).or_default();
+                let d = m.time.saturating_sub(h.time);
+                a.holds += 1;
+                a.hold_total += d;
+                a.hold_max = a.hold_max.max(d);
+            }
+        }
+    }
+    let stopped = merged.stopped().cloned();
+    drop(merged);
+
+    let mut sym = facts.symbolizer();
+    let mut locks: Vec<LockReport> = accs
+        .into_iter()
+        .filter(|(_, a)| a.kind.is_some())
+        .map(|((id, mode), a)| {
+            let kind = a.kind.unwrap_or(LockKind::Mutex);
+            let p = per_lock.get(&id);
+            let mut sites: Vec<(u32, (u64, u64))> = a.sites.into_iter().collect();
+            sites.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+            LockReport {
+                address: id.addr,
+                kind: kind.name(),
+                mode: mode_name(kind, mode),
+                acquisitions: a.acquisitions,
+                contended: a.contended,
+                owner_changes: a.owner_changes,
+                threads: a.threads.len() as u64,
+                try_failures: a.try_failures,
+                timeouts: a.timeouts,
+                cond_waits: a.cond_waits,
+                wait_ns: Durations {
+                    total: a.wait_total,
+                    max: a.wait_max,
+                    avg: a.wait_total.checked_div(a.contended).unwrap_or(0),
+                },
+                hold_ns: Durations {
+                    total: a.hold_total,
+                    max: a.hold_max,
+                    avg: a.hold_total.checked_div(a.holds).unwrap_or(0),
+                },
+                first_use: if p.is_some_and(|p| p.from_init) {
+                    "init"
+                } else {
+                    "first_acquisition"
+                },
+                first_use_stack: sym.stack(&facts.stacks, p.map_or(0, |p| p.first_stack)),
+                top_sites: sites
+                    .into_iter()
+                    .take(TOP_SITES)
+                    .map(|(stack, (contended, wait_ns))| ContendingSite {
+                        contended,
+                        wait_ns,
+                        stack: sym.stack(&facts.stacks, stack),
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    locks.sort_by(|x, y| {
+        y.contended
+            .cmp(&x.contended)
+            .then(y.owner_changes.cmp(&x.owner_changes))
+            .then(y.acquisitions.cmp(&x.acquisitions))
+            .then(x.address.cmp(&y.address))
+            .then(x.mode.cmp(y.mode))
+    });
+    let mut distinct: Vec<u64> = locks.iter().map(|l| l.address).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let totals = LockTotals {
+        locks: distinct.len() as u64,
+        acquisitions: locks.iter().map(|l| l.acquisitions).sum(),
+        contended: locks.iter().map(|l| l.contended).sum(),
+        owner_changes: locks.iter().map(|l| l.owner_changes).sum(),
+        wait_ns: locks.iter().map(|l| l.wait_ns.total).sum(),
+        threads: threads.len() as u64,
+    };
+    let errors = state.errors(&facts.stacks, &mut sym);
+    Ok(LocksReport {
+        process: facts.process_report(),
+        has_lock_events: state.saw_lock_events,
+        totals,
+        locks,
+        errors,
+        events_lost: facts.events_lost(),
+        trace: facts.trace_status(&index, stopped),
+        warnings: sym.warnings(),
+    })
+}
+
+const ETIMEDOUT: i32 = 110;
+
+/// A duration for people: `850 ns`, `12.4 us`, `3.02 ms`, `1.50 s`.
+pub fn duration_text(ns: u64) -> String {
+    match ns {
+        0..=999 => format!("{ns} ns"),
+        1_000..=999_999 => format!("{:.1} us", ns as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.2} ms", ns as f64 / 1e6),
+        _ => format!("{:.2} s", ns as f64 / 1e9),
+    }
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "0%".to_string();
+    }
+    format!("{:.1}%", part as f64 * 100.0 / whole as f64)
+}
+
+/// Renders the report as text.
+pub fn render_text(r: &LocksReport) -> String {
+    let p = prefix(&r.process);
+    let mut out = String::new();
+    writeln!(out, "{p}trapline locks: lock contention").unwrap();
+    writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
+    if !r.has_lock_events {
+        writeln!(
+            out,
+            "{p}The trace holds no lock events: the program took no pthread mutex, rwlock or spinlock while recorded."
+        )
+        .unwrap();
+        footer_text(&mut out, &p, r.events_lost, &r.trace);
+        return out;
+    }
+    let t = &r.totals;
+    writeln!(
+        out,
+        "{p}Totals: {} locks, {} acquisitions, {} contended ({}), {} owner changes, {} waited, {} threads",
+        thousands(t.locks),
+        thousands(t.acquisitions),
+        thousands(t.contended),
+        percent(t.contended, t.acquisitions),
+        thousands(t.owner_changes),
+        duration_text(t.wait_ns),
+        thousands(t.threads)
+    )
+    .unwrap();
+    writeln!(out, "{p}").unwrap();
+    writeln!(
+        out,
+        "{p}LOCKS (most contended first, then most owner changes):"
+    )
+    .unwrap();
+    for (i, l) in r.locks.iter().enumerate() {
+        writeln!(
+            out,
+            "{p}  #{} {} {:#x} ({}): {} acquisitions, {} contended ({}), {} owner changes, {} thread{}",
+            i + 1,
+            l.kind,
+            l.address,
+            l.mode,
+            thousands(l.acquisitions),
+            thousands(l.contended),
+            percent(l.contended, l.acquisitions),
+            thousands(l.owner_changes),
+            l.threads,
+            if l.threads == 1 { "" } else { "s" }
+        )
+        .unwrap();
+        let wait = if l.contended > 0 {
+            format!(
+                "wait: total {}, avg {}, max {}; ",
+                duration_text(l.wait_ns.total),
+                duration_text(l.wait_ns.avg),
+                duration_text(l.wait_ns.max)
+            )
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "{p}     {wait}hold: total {}, avg {}, max {}",
+            duration_text(l.hold_ns.total),
+            duration_text(l.hold_ns.avg),
+            duration_text(l.hold_ns.max)
+        )
+        .unwrap();
+        let extra: Vec<String> = [
+            (l.try_failures, "busy trylocks"),
+            (l.timeouts, "timeouts"),
+            (l.cond_waits, "condition waits"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{} {what}", thousands(*n)))
+        .collect();
+        if !extra.is_empty() {
+            writeln!(out, "{p}     {}", extra.join(", ")).unwrap();
+        }
+        let how = if l.first_use == "init" {
+            "initialized"
+        } else {
+            "first used"
+        };
+        writeln!(out, "{p}     {how} at:").unwrap();
+        stack_text(&mut out, &p, "       ", &l.first_use_stack);
+        if !l.top_sites.is_empty() {
+            writeln!(out, "{p}     top contending sites:").unwrap();
+            for s in &l.top_sites {
+                writeln!(
+                    out,
+                    "{p}       {} contended, {} waited at:",
+                    thousands(s.contended),
+                    duration_text(s.wait_ns)
+                )
+                .unwrap();
+                stack_text(&mut out, &p, "         ", &s.stack);
+            }
+        }
+    }
+    writeln!(out, "{p}").unwrap();
+    errors_text(&mut out, &p, &r.errors);
+    warnings_text(&mut out, &p, &r.warnings);
+    footer_text(&mut out, &p, r.events_lost, &r.trace);
+    out
+}

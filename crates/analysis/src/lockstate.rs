@@ -1,0 +1,478 @@
+//! Replay of lock ownership, shared by `locks` and `deadlocks`: which thread
+//! holds which lock in which mode, which thread waits for which lock, and the
+//! misuse that the replay itself reveals (unlocking a lock the thread does not
+//! hold, destroying a held lock, a thread ending while holding locks) next to
+//! the misuse the agent saw (self-deadlock, calls the C library refused).
+//!
+//! A lock is identified by its address and a generation that a destroy
+//! advances, so a heap mutex freed and another one created at the same
+//! address are two locks.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use trapline_trace::{Event, LockEvent, LockKind, LockMisuse, LockMode, LockOp};
+
+use crate::report::{serialize_hex, FrameReport, StackSymbolizer};
+
+/// A lock: its address and how many times that address was destroyed before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockId {
+    pub addr: u64,
+    pub gen: u32,
+}
+
+/// A lock one thread holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub lock: LockId,
+    pub kind: LockKind,
+    pub mode: LockMode,
+    /// Stack of the acquisition.
+    pub stack: u32,
+    /// Time of the acquisition.
+    pub time: u64,
+    /// Nested acquisitions of a recursive mutex or repeated read locks.
+    pub depth: u32,
+    pub op: LockOp,
+}
+
+/// A blocking request not (yet) followed by its acquisition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub lock: LockId,
+    pub kind: LockKind,
+    pub mode: LockMode,
+    pub stack: u32,
+    pub time: u64,
+}
+
+#[derive(Default)]
+struct ThreadLocks {
+    held: Vec<Held>,
+    pending: Option<Pending>,
+}
+
+/// What an applied lock event did.
+pub enum Applied {
+    /// The thread now holds the lock. `nested`: it held it already (a
+    /// recursive mutex or another read hold), so nothing new is ordered.
+    Acquired { held: Held, nested: bool },
+    /// The thread gave the lock up; `held` is the acquisition it ends (None
+    /// when the thread did not hold it: an error was recorded).
+    Released { lock: LockId, held: Option<Held> },
+    /// Anything else.
+    Other,
+}
+
+/// Misuse of locks, one occurrence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Misuse {
+    pub kind: MisuseKind,
+    pub tid: u32,
+    pub lock: LockId,
+    pub lock_kind: LockKind,
+    /// Where the misuse happened (0 when unknown: a thread's end).
+    pub stack: u32,
+    /// Where the lock involved was taken (0 when not applicable).
+    pub held_stack: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MisuseKind {
+    UnlockNotHeld,
+    SelfDeadlock,
+    Refused,
+    DestroyLocked,
+    ThreadEndHolding,
+}
+
+impl MisuseKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            MisuseKind::UnlockNotHeld => "unlock_not_held",
+            MisuseKind::SelfDeadlock => "self_deadlock",
+            MisuseKind::Refused => "refused_by_libc",
+            MisuseKind::DestroyLocked => "destroy_locked",
+            MisuseKind::ThreadEndHolding => "thread_end_holding",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            MisuseKind::UnlockNotHeld => "unlock of a lock the thread does not hold",
+            MisuseKind::SelfDeadlock => {
+                "re-lock of a non-recursive mutex the thread holds (self-deadlock: the thread blocks forever)"
+            }
+            MisuseKind::Refused => {
+                "re-lock of a held error-checking mutex or rwlock, refused by the C library (EDEADLK)"
+            }
+            MisuseKind::DestroyLocked => "destroy of a locked lock",
+            MisuseKind::ThreadEndHolding => "a thread ended while holding a lock",
+        }
+    }
+}
+
+/// The replayed state of every lock and thread.
+#[derive(Default)]
+pub struct LockState {
+    gens: HashMap<u64, u32>,
+    threads: HashMap<u32, ThreadLocks>,
+    /// Misuse in order of occurrence, identical ones merged: (misuse, count).
+    misuse: Vec<(Misuse, u64)>,
+    misuse_index: HashMap<Misuse, usize>,
+    /// Whether any lock event was seen.
+    pub saw_lock_events: bool,
+}
+
+impl LockState {
+    pub fn lock_id(&self, addr: u64) -> LockId {
+        LockId {
+            addr,
+            gen: self.gens.get(&addr).copied().unwrap_or(0),
+        }
+    }
+
+    /// The locks `tid` holds, in acquisition order.
+    pub fn held(&self, tid: u32) -> &[Held] {
+        self.threads.get(&tid).map_or(&[], |t| &t.held)
+    }
+
+    fn note(&mut self, m: Misuse) {
+        match self.misuse_index.get(&m) {
+            Some(&i) => self.misuse[i].1 += 1,
+            None => {
+                self.misuse_index.insert(m, self.misuse.len());
+                self.misuse.push((m, 1));
+            }
+        }
+    }
+
+    /// Every thread's hold of `lock`: (tid, hold).
+    pub fn holders(&self, lock: LockId) -> Vec<(u32, Held)> {
+        let mut v: Vec<(u32, Held)> = self
+            .threads
+            .iter()
+            .flat_map(|(&tid, t)| {
+                t.held
+                    .iter()
+                    .filter(|h| h.lock == lock)
+                    .map(move |h| (tid, *h))
+            })
+            .collect();
+        v.sort_by_key(|(tid, _)| *tid);
+        v
+    }
+
+    /// Threads waiting for a lock at this point (the end of the trace): (tid, request).
+    pub fn pending(&self) -> Vec<(u32, Pending)> {
+        let mut v: Vec<(u32, Pending)> = self
+            .threads
+            .iter()
+            .filter_map(|(&tid, t)| t.pending.map(|p| (tid, p)))
+            .collect();
+        v.sort_by_key(|(tid, _)| *tid);
+        v
+    }
+
+    /// Applies one event of thread `tid`.
+    pub fn apply(&mut self, tid: u32, ev: &Event) -> Applied {
+        let l = match ev {
+            Event::Lock(l) => l,
+            Event::ThreadEnd { .. } => {
+                self.thread_end(tid);
+                return Applied::Other;
+            }
+            Event::ThreadStart { .. } => {
+                // A reused tid starts with nothing held.
+                self.threads.remove(&tid);
+                return Applied::Other;
+            }
+            _ => return Applied::Other,
+        };
+        self.saw_lock_events = true;
+        match *l {
+            LockEvent::Acquire {
+                time,
+                addr,
+                kind,
+                mode,
+                op,
+                stack,
+                ..
+            } => {
+                let lock = self.lock_id(addr);
+                let t = self.threads.entry(tid).or_default();
+                if t.pending.is_some_and(|p| p.lock == lock) {
+                    t.pending = None;
+                }
+                if let Some(h) = t.held.iter_mut().find(|h| h.lock == lock && h.mode == mode) {
+                    h.depth += 1;
+                    return Applied::Acquired {
+                        held: *h,
+                        nested: true,
+                    };
+                }
+                let held = Held {
+                    lock,
+                    kind,
+                    mode,
+                    stack,
+                    time,
+                    depth: 1,
+                    op,
+                };
+                t.held.push(held);
+                Applied::Acquired {
+                    held,
+                    nested: false,
+                }
+            }
+            LockEvent::Release {
+                addr, kind, stack, ..
+            } => {
+                let lock = self.lock_id(addr);
+                let t = self.threads.entry(tid).or_default();
+                // An rwlock unlock releases the write hold if any, else one read hold.
+                let pos = t
+                    .held
+                    .iter()
+                    .rposition(|h| h.lock == lock && h.mode == LockMode::Exclusive)
+                    .or_else(|| t.held.iter().rposition(|h| h.lock == lock));
+                match pos {
+                    Some(i) => {
+                        let h = &mut t.held[i];
+                        h.depth -= 1;
+                        let held = *h;
+                        if held.depth == 0 {
+                            t.held.remove(i);
+                        }
+                        Applied::Released {
+                            lock,
+                            held: Some(held),
+                        }
+                    }
+                    // The agent records a mutex release without a stack
+                    // only when glibc names this thread as the owner: the
+                    // lock was taken before the trace began (a fork child
+                    // unlocking what its parent locked in a
+                    // pthread_atfork handler), not misused.
+                    None if stack == 0 && kind != LockKind::RwLock && kind != LockKind::Spin => {
+                        Applied::Released { lock, held: None }
+                    }
+                    None => {
+                        self.note(Misuse {
+                            kind: MisuseKind::UnlockNotHeld,
+                            tid,
+                            lock,
+                            lock_kind: kind,
+                            stack,
+                            held_stack: 0,
+                        });
+                        Applied::Released { lock, held: None }
+                    }
+                }
+            }
+            LockEvent::Request {
+                time,
+                addr,
+                kind,
+                mode,
+                stack,
+            } => {
+                let lock = self.lock_id(addr);
+                self.threads.entry(tid).or_default().pending = Some(Pending {
+                    lock,
+                    kind,
+                    mode,
+                    stack,
+                    time,
+                });
+                Applied::Other
+            }
+            LockEvent::Failed { addr, .. } => {
+                let lock = self.lock_id(addr);
+                let t = self.threads.entry(tid).or_default();
+                if t.pending.is_some_and(|p| p.lock == lock) {
+                    t.pending = None;
+                }
+                Applied::Other
+            }
+            LockEvent::Misuse {
+                addr,
+                kind,
+                misuse,
+                stack,
+                ..
+            } => {
+                let lock = self.lock_id(addr);
+                let held_stack = self
+                    .held(tid)
+                    .iter()
+                    .find(|h| h.lock == lock)
+                    .map_or(0, |h| h.stack);
+                let kind_of = match misuse {
+                    LockMisuse::SelfDeadlock => MisuseKind::SelfDeadlock,
+                    LockMisuse::Refused => MisuseKind::Refused,
+                };
+                self.note(Misuse {
+                    kind: kind_of,
+                    tid,
+                    lock,
+                    lock_kind: kind,
+                    stack,
+                    held_stack,
+                });
+                if misuse == LockMisuse::SelfDeadlock {
+                    // The thread now waits for itself.
+                    self.threads.entry(tid).or_default().pending = Some(Pending {
+                        lock,
+                        kind,
+                        mode: LockMode::Exclusive,
+                        stack,
+                        time: l.time(),
+                    });
+                }
+                Applied::Other
+            }
+            LockEvent::Destroy {
+                addr, kind, stack, ..
+            } => {
+                let lock = self.lock_id(addr);
+                let holders = self.holders(lock);
+                for (_, h) in &holders {
+                    self.note(Misuse {
+                        kind: MisuseKind::DestroyLocked,
+                        tid,
+                        lock,
+                        lock_kind: kind,
+                        stack,
+                        held_stack: h.stack,
+                    });
+                }
+                // glibc refuses to destroy a held lock (EBUSY): it lives on.
+                if holders.is_empty() {
+                    *self.gens.entry(addr).or_default() += 1;
+                }
+                Applied::Other
+            }
+            LockEvent::Exit { .. } | LockEvent::Init { .. } => Applied::Other,
+            LockEvent::Join { .. } | LockEvent::Detach { .. } => Applied::Other,
+        }
+    }
+
+    fn thread_end(&mut self, tid: u32) {
+        let Some(t) = self.threads.remove(&tid) else {
+            return;
+        };
+        for h in t.held {
+            self.note(Misuse {
+                kind: MisuseKind::ThreadEndHolding,
+                tid,
+                lock: h.lock,
+                lock_kind: h.kind,
+                stack: 0,
+                held_stack: h.stack,
+            });
+        }
+    }
+
+    /// The misuse found, symbolized, in order of first occurrence.
+    pub(crate) fn errors(
+        &self,
+        stacks: &HashMap<u32, Vec<u64>>,
+        sym: &mut StackSymbolizer,
+    ) -> Vec<LockError> {
+        self.misuse
+            .iter()
+            .map(|(m, count)| LockError {
+                kind: m.kind.name(),
+                description: m.kind.describe(),
+                thread: m.tid,
+                lock: m.lock.addr,
+                lock_kind: m.lock_kind.name(),
+                count: *count,
+                stack: sym.stack(stacks, m.stack),
+                held_stack: sym.stack(stacks, m.held_stack),
+            })
+            .collect()
+    }
+}
+
+/// One kind of lock misuse at one place (JSON `errors[]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LockError {
+    /// `unlock_not_held`, `self_deadlock`, `refused_by_libc`, `destroy_locked`
+    /// or `thread_end_holding`.
+    pub kind: &'static str,
+    /// One sentence.
+    pub description: &'static str,
+    /// Thread (tid) that misused the lock (first occurrence).
+    pub thread: u32,
+    /// Address of the lock.
+    #[serde(serialize_with = "serialize_hex")]
+    pub lock: u64,
+    /// Kind of the lock (`mutex`, `recursive_mutex`, `errorcheck_mutex`,
+    /// `adaptive_mutex`, `rwlock`, `spinlock`).
+    pub lock_kind: &'static str,
+    /// Times seen.
+    pub count: u64,
+    /// Where it happened (empty for a thread's end).
+    pub stack: Vec<FrameReport>,
+    /// Where the lock involved was taken (empty when not applicable).
+    pub held_stack: Vec<FrameReport>,
+}
+
+/// How a lock's mode is named in reports: rwlocks have `read` and `write`
+/// holds, every other lock is `exclusive`.
+pub fn mode_name(kind: LockKind, mode: LockMode) -> &'static str {
+    match (kind, mode) {
+        (LockKind::RwLock, m) => m.name(),
+        _ => "exclusive",
+    }
+}
+
+/// Text lines for the errors section of a report.
+pub fn errors_text(out: &mut String, p: &str, errors: &[LockError]) {
+    use std::fmt::Write as _;
+    if errors.is_empty() {
+        return;
+    }
+    writeln!(out, "{p}ERRORS ({}):", errors.len()).unwrap();
+    for e in errors {
+        writeln!(
+            out,
+            "{p}  {}: {} ({} {:#x}, thread {}, {} time{})",
+            e.kind,
+            e.description,
+            e.lock_kind,
+            e.lock,
+            e.thread,
+            e.count,
+            if e.count == 1 { "" } else { "s" }
+        )
+        .unwrap();
+        stack_text(out, p, "    ", &e.stack);
+        if !e.held_stack.is_empty() {
+            writeln!(out, "{p}    the lock was taken at:").unwrap();
+            stack_text(out, p, "      ", &e.held_stack);
+        }
+    }
+    writeln!(out, "{p}").unwrap();
+}
+
+/// Text lines of a stack in memcheck's style (`at`, then `by`), indented; at
+/// most 12 frames.
+pub fn stack_text(out: &mut String, p: &str, indent: &str, frames: &[FrameReport]) {
+    use std::fmt::Write as _;
+    for (i, f) in frames.iter().take(12).enumerate() {
+        let word = if i == 0 { "at" } else { "by" };
+        writeln!(out, "{p}{indent}{word} {}", crate::report::frame_text(f)).unwrap();
+    }
+    if frames.len() > 12 {
+        writeln!(out, "{p}{indent}... {} more frames", frames.len() - 12).unwrap();
+    }
+    if frames.is_empty() {
+        writeln!(out, "{p}{indent}(no stack recorded)").unwrap();
+    }
+}

@@ -1,0 +1,28 @@
+//! `trapline locks`: lock contention per lock: acquisitions, contention, owner changes, wait and hold times.
+
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct LocksArgs {
+    #[command(flatten)]
+    pub trace: crate::TraceArg,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = crate::Format::Text)]
+    pub format: crate::Format,
+}
+
+impl crate::output::Report for trapline_analysis::LocksReport {
+    fn text(&self) -> String {
+        trapline_analysis::locks::render_text(self)
+    }
+    fn status(&self) -> &trapline_analysis::report::TraceStatus {
+        &self.trace
+    }
+}
+
+/// Runs the command; see [`crate::output`] for the exit statuses.
+pub fn main(args: LocksArgs) -> ExitCode {
+    crate::output::run("locks", &args.trace.trace, args.format, |input| {
+        trapline_analysis::locks::analyze(input)
+    })
+}

@@ -1,0 +1,422 @@
+//! End-to-end: `trapline deadlocks` on the lock-order scenarios of
+//! lock_orders.c, the misuse of lock_misuse.c and the real deadlock of
+//! lock_deadlock.c.
+
+mod common;
+
+use common::*;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::process::Stdio;
+
+fn deadlocks(trace: &std::path::Path) -> Value {
+    let finished = analysis("deadlocks", trace);
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    serde_json::from_str(&finished.stdout).expect("JSON")
+}
+
+/// Runs lock_orders.c in `mode`; returns the report and the lock addresses.
+fn lock_orders(mode: &str) -> (Value, HashMap<String, String>) {
+    let dir = TestDir::new(&format!("deadlocks_{mode}"));
+    let prog = compile_c(&dir, "lock_orders.c");
+    let run = run(&dir, &[], &prog, &[mode]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let report = deadlocks(&dir.trace());
+    assert_eq!(report["trace"]["complete"], json!(true));
+    assert_eq!(report["errors"], json!([]), "{}", pretty(&report));
+    assert_eq!(report["actual_deadlocks"], json!([]), "{}", pretty(&report));
+    (report, printed_addresses(&run.stdout))
+}
+
+fn cycles(report: &Value) -> &Vec<Value> {
+    as_array(report, "cycles")
+}
+
+/// The lock addresses of a cycle, sorted.
+fn cycle_locks(cycle: &Value) -> Vec<String> {
+    let mut v: Vec<String> = as_array(cycle, "locks")
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn sorted(names: &[&str], addr: &HashMap<String, String>) -> Vec<String> {
+    let mut v: Vec<String> = names.iter().map(|n| addr[*n].clone()).collect();
+    v.sort();
+    v
+}
+
+/// The edge of `cycle` that requests `requested`.
+fn edge_requesting<'a>(cycle: &'a Value, requested: &str) -> &'a Value {
+    as_array(cycle, "edges")
+        .iter()
+        .find(|e| as_str(e, "requested") == requested)
+        .unwrap_or_else(|| panic!("no edge requests {requested}: {}", pretty(cycle)))
+}
+
+fn assert_no_cycles(report: &Value) {
+    assert_eq!(cycles(report), &Vec::<Value>::new(), "{}", pretty(report));
+    assert_eq!(report["summary"]["potential_deadlocks"], json!(0));
+    assert_eq!(report["summary"]["lock_order_inversions"], json!(0));
+}
+
+#[test]
+fn two_threads_in_opposite_orders_are_one_potential_deadlock() {
+    let (report, addr) = lock_orders("ab");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    let c = &cycles[0];
+    assert_eq!(c["kind"], json!("potential_deadlock"));
+    assert_eq!(cycle_locks(c), sorted(&["A", "B"], &addr));
+    assert_eq!(c["occurrences"], json!(1));
+    let edges = as_array(c, "edges");
+    assert_eq!(edges.len(), 2);
+    assert_ne!(edges[0]["thread"], edges[1]["thread"]);
+    let ab = edge_requesting(c, &addr["B"]);
+    assert_eq!(ab["held"], json!(addr["A"]));
+    assert_eq!(ab["count"], json!(1));
+    assert_stack_top(
+        stack_of(ab, "requested_stack"),
+        &[(
+            "lock_a_then_b",
+            "lock_orders.c",
+            marker_line("lock_orders.c", "AB_SECOND"),
+        )],
+        "A->B request",
+    );
+    assert_eq!(
+        stack_of(ab, "held_stack")[0]["line"],
+        json!(marker_line("lock_orders.c", "AB_SECOND") - 1)
+    );
+    assert_eq!(frame_function(&stack_of(ab, "held_stack")[1]), "first_ab");
+    let ba = edge_requesting(c, &addr["A"]);
+    assert_stack_top(
+        stack_of(ba, "requested_stack"),
+        &[
+            (
+                "lock_b_then_a",
+                "lock_orders.c",
+                marker_line("lock_orders.c", "BA_SECOND"),
+            ),
+            (
+                "second_ba",
+                "lock_orders.c",
+                marker_line("lock_orders.c", "CALL-BA"),
+            ),
+        ],
+        "B->A request",
+    );
+    assert_eq!(report["summary"]["potential_deadlocks"], json!(1));
+    assert_eq!(report["summary"]["lock_order_inversions"], json!(0));
+}
+
+#[test]
+fn trylock_then_lock_against_the_opposite_order_is_one_potential_deadlock() {
+    let (report, addr) = lock_orders("trylock");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    assert_eq!(cycles[0]["kind"], json!("potential_deadlock"));
+    assert_eq!(cycle_locks(&cycles[0]), sorted(&["A", "B"], &addr));
+    // The trylocked A is held by the edge into B, taken at the trylock.
+    let edge = edge_requesting(&cycles[0], &addr["B"]);
+    assert_eq!(
+        stack_of(edge, "held_stack")[0]["line"],
+        json!(marker_line("lock_orders.c", "TRY_FIRST"))
+    );
+    assert_eq!(
+        stack_of(edge, "requested_stack")[0]["line"],
+        json!(marker_line("lock_orders.c", "TRY_THEN_LOCK"))
+    );
+}
+
+#[test]
+fn a_trylock_adds_no_edge_into_its_lock() {
+    let (report, _) = lock_orders("trylock_both");
+    assert_no_cycles(&report);
+    assert_eq!(report["summary"]["lock_graph_edges"], json!(1));
+}
+
+#[test]
+fn a_common_gate_lock_prevents_the_deadlock() {
+    let (report, _) = lock_orders("gate");
+    assert_no_cycles(&report);
+    // G->A, G->B, A->B and B->A were all seen.
+    assert_eq!(report["summary"]["lock_graph_edges"], json!(4));
+}
+
+#[test]
+fn threads_ordered_by_join_and_create_cannot_deadlock() {
+    let (report, _) = lock_orders("joined");
+    assert_no_cycles(&report);
+    assert_eq!(report["summary"]["lock_graph_edges"], json!(2));
+    assert_eq!(report["summary"]["threads"], json!(2));
+}
+
+#[test]
+fn five_dining_philosophers_are_one_cycle_of_five_locks() {
+    let (report, addr) = lock_orders("philosophers");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    let c = &cycles[0];
+    assert_eq!(c["kind"], json!("potential_deadlock"));
+    assert_eq!(
+        cycle_locks(c),
+        sorted(&["F0", "F1", "F2", "F3", "F4"], &addr)
+    );
+    let edges = as_array(c, "edges");
+    assert_eq!(edges.len(), 5);
+    let mut threads: Vec<u64> = edges.iter().map(|e| as_u64(e, "thread")).collect();
+    threads.sort();
+    threads.dedup();
+    assert_eq!(threads.len(), 5, "five different threads: {}", pretty(c));
+    for (i, e) in edges.iter().enumerate() {
+        // Each step holds the lock the previous one requested.
+        let next = &edges[(i + 1) % 5];
+        assert_eq!(e["requested"], next["held"], "{}", pretty(c));
+        assert_stack_top(
+            stack_of(e, "requested_stack"),
+            &[(
+                "philosopher",
+                "lock_orders.c",
+                marker_line("lock_orders.c", "PHILOSOPHER_SECOND"),
+            )],
+            "philosopher request",
+        );
+    }
+}
+
+#[test]
+fn read_read_on_an_rwlock_does_not_block() {
+    let (report, _) = lock_orders("readread");
+    assert_no_cycles(&report);
+    assert_eq!(report["summary"]["lock_graph_edges"], json!(2));
+}
+
+#[test]
+fn read_then_write_on_an_rwlock_is_a_potential_deadlock() {
+    let (report, addr) = lock_orders("readwrite");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    assert_eq!(cycles[0]["kind"], json!("potential_deadlock"));
+    assert_eq!(cycle_locks(&cycles[0]), sorted(&["A", "R"], &addr));
+    let into_r = edge_requesting(&cycles[0], &addr["R"]);
+    assert_eq!(into_r["requested_mode"], json!("write"));
+    let into_a = edge_requesting(&cycles[0], &addr["A"]);
+    assert_eq!(into_a["held_mode"], json!("read"));
+}
+
+#[test]
+fn opposite_orders_in_one_thread_are_a_lock_order_inversion_only() {
+    let (report, addr) = lock_orders("inversion");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    assert_eq!(cycles[0]["kind"], json!("lock_order_inversion"));
+    assert_eq!(cycle_locks(&cycles[0]), sorted(&["A", "B"], &addr));
+    let edges = as_array(&cycles[0], "edges");
+    assert_eq!(edges[0]["thread"], edges[1]["thread"]);
+    assert_eq!(report["summary"]["potential_deadlocks"], json!(0));
+    assert_eq!(report["summary"]["lock_order_inversions"], json!(1));
+}
+
+/// The only error of `kind`.
+fn error<'a>(report: &'a Value, kind: &str) -> &'a Value {
+    let found: Vec<&Value> = errors(report)
+        .iter()
+        .filter(|e| as_str(e, "kind") == kind)
+        .collect();
+    assert_eq!(found.len(), 1, "one {kind} expected: {}", pretty(report));
+    found[0]
+}
+
+fn top_line(item: &Value, key: &str) -> Value {
+    stack_of(item, key)
+        .first()
+        .map_or(Value::Null, |f| f["line"].clone())
+}
+
+#[test]
+fn lock_misuse_is_reported_with_its_stacks() {
+    let dir = TestDir::new("deadlocks_misuse");
+    let prog = compile_c(&dir, "lock_misuse.c");
+    let run = run(&dir, &[], &prog, &["errors"]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = deadlocks(&dir.trace());
+    let line = |m| json!(marker_line("lock_misuse.c", m));
+    assert_eq!(errors(&report).len(), 4, "{}", pretty(&report));
+
+    let e = error(&report, "unlock_not_held");
+    assert_eq!(top_line(e, "stack"), line("UNLOCK-NOT-HELD"));
+    assert_eq!(e["lock_kind"], json!("mutex"));
+    assert_eq!(e["count"], json!(1));
+
+    let e = error(&report, "destroy_locked");
+    assert_eq!(top_line(e, "stack"), line("DESTROY-LOCKED"));
+    assert_eq!(top_line(e, "held_stack"), line("DESTROYED-LOCK"));
+
+    let e = error(&report, "thread_end_holding");
+    assert_eq!(stack_of(e, "stack"), &Vec::<Value>::new());
+    assert_eq!(top_line(e, "held_stack"), line("KEPT-LOCK"));
+    assert_eq!(
+        frame_function(&stack_of(e, "held_stack")[0]),
+        "exits_holding"
+    );
+
+    let e = error(&report, "refused_by_libc");
+    assert_eq!(e["lock_kind"], json!("errorcheck_mutex"));
+    assert_eq!(top_line(e, "stack"), line("CHECKED-RELOCK"));
+    assert_eq!(top_line(e, "held_stack"), line("CHECKED-LOCK"));
+
+    assert_eq!(cycles(&report), &Vec::<Value>::new());
+    assert_eq!(report["actual_deadlocks"], json!([]));
+}
+
+/// Starts FIXTURE ARGS under `trapline run FLAGS` and waits for its
+/// "deadlocked PID" line (written once the kernel shows its threads blocked).
+fn start_stuck(
+    dir: &TestDir,
+    fixture: &str,
+    flags: &[&str],
+    args: &[&str],
+) -> (std::process::Child, i32) {
+    let prog = compile_c(dir, fixture);
+    let mut cmd = isolated(run_command(dir, flags, &prog, args));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start trapline run");
+    let line = read_stdout_line(&mut child);
+    let Some(pid) = line
+        .strip_prefix("deadlocked ")
+        .and_then(|rest| rest.trim().parse().ok())
+    else {
+        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        let finished = finish(child, "trapline run");
+        panic!(
+            "the fixture never got stuck (got {line:?})\n{}",
+            finished.describe()
+        );
+    };
+    (child, pid)
+}
+
+#[test]
+fn self_deadlock_is_recorded_before_the_thread_blocks_and_sigterm_completes_the_trace() {
+    let dir = TestDir::new("deadlocks_self");
+    let (child, pid) = start_stuck(&dir, "lock_misuse.c", &[], &["self_deadlock"]);
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the traced program");
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 143, "{}", run.describe());
+    let report = deadlocks(&dir.trace());
+    assert_eq!(report["trace"]["complete"], json!(true));
+    assert_eq!(process_exit(&report), &json!({"signal": 15}));
+    let line = |m| json!(marker_line("lock_misuse.c", m));
+    let e = error(&report, "self_deadlock");
+    assert_eq!(top_line(e, "stack"), line("SELF-DEADLOCK"));
+    assert_eq!(top_line(e, "held_stack"), line("FIRST-LOCK"));
+    assert_eq!(errors(&report).len(), 1, "{}", pretty(&report));
+    // The thread waits for itself.
+    let actual = as_array(&report, "actual_deadlocks");
+    assert_eq!(actual.len(), 1, "{}", pretty(&report));
+    let waiter = &actual[0]["threads"][0];
+    assert_eq!(waiter["thread"], json!(pid));
+    assert_eq!(waiter["held_by"], json!(pid));
+}
+
+#[test]
+fn a_real_deadlock_stopped_by_timeout_shows_who_waits_for_whom() {
+    let dir = TestDir::new("deadlocks_actual");
+    let (child, _pid) = start_stuck(&dir, "lock_deadlock.c", &["--timeout", "3"], &[]);
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 124, "{}", run.describe());
+    assert!(
+        run.stderr
+            .contains("stopped by --timeout: if it hung on a lock, see: trapline deadlocks"),
+        "{}",
+        run.describe()
+    );
+    let report = deadlocks(&dir.trace());
+    assert_eq!(report["trace"]["complete"], json!(true));
+    assert_eq!(process_exit(&report), &json!({"signal": 15}));
+    let actual = as_array(&report, "actual_deadlocks");
+    assert_eq!(actual.len(), 1, "{}", pretty(&report));
+    let threads = as_array(&actual[0], "threads");
+    assert_eq!(threads.len(), 2, "{}", pretty(&report));
+    let line = |m| json!(marker_line("lock_deadlock.c", m));
+    let one = threads
+        .iter()
+        .find(|w| stack_of(w, "requested_stack")[0]["function"] == json!("one"))
+        .expect("thread one waits");
+    let two = threads
+        .iter()
+        .find(|w| stack_of(w, "requested_stack")[0]["function"] == json!("two"))
+        .expect("thread two waits");
+    assert_eq!(one["held_by"], two["thread"]);
+    assert_eq!(two["held_by"], one["thread"]);
+    assert_eq!(top_line(one, "requested_stack"), line("ONE-WAITS-B"));
+    assert_eq!(top_line(one, "held_stack"), line("TWO-HOLDS-B"));
+    assert_eq!(top_line(two, "requested_stack"), line("TWO-WAITS-A"));
+    assert_eq!(top_line(two, "held_stack"), line("ONE-HOLDS-A"));
+    assert_ne!(one["waits_for"], two["waits_for"]);
+    assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+}
+
+#[test]
+fn a_timeout_that_is_not_a_positive_number_is_bad_usage() {
+    let dir = TestDir::new("deadlocks_bad_timeout");
+    for value in ["0", "-1", "soon"] {
+        let run = run(
+            &dir,
+            &["--timeout", value],
+            std::path::Path::new("/bin/true"),
+            &[],
+        );
+        assert_eq!(run.code(), 2, "--timeout {value}: {}", run.describe());
+        assert!(run.stderr.contains("--timeout"), "{}", run.describe());
+    }
+}
+
+#[test]
+fn cpp_std_mutex_in_opposite_orders_is_one_potential_deadlock() {
+    let dir = TestDir::new("deadlocks_cpp");
+    let prog = compile_cpp(&dir, "lock_orders.cpp");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let addr = printed_addresses(&run.stdout);
+    let report = deadlocks(&dir.trace());
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    assert_eq!(cycles[0]["kind"], json!("potential_deadlock"));
+    assert_eq!(cycle_locks(&cycles[0]), sorted(&["first", "second"], &addr));
+    let into_second = edge_requesting(&cycles[0], &addr["second"]);
+    let stack = stack_of(into_second, "requested_stack");
+    // std::lock_guard's constructor calls std::mutex::lock (inlined or not
+    // at -O0); the program's line is the first frame in lock_orders.cpp.
+    let frame = stack
+        .iter()
+        .find(|f| basename(f.get("file")) == "lock_orders.cpp")
+        .unwrap_or_else(|| panic!("no frame in lock_orders.cpp: {}", show_stack(stack)));
+    assert_eq!(
+        frame["line"],
+        json!(marker_line("lock_orders.cpp", "CPP-FIRST-SECOND"))
+    );
+}
+
+#[test]
+fn a_fork_child_unlocking_its_parents_atfork_lock_is_no_error() {
+    let dir = TestDir::new("deadlocks_fork");
+    let prog = compile_c(&dir, "lock_fork.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let children = dir.other_traces();
+    assert_eq!(children.len(), 1, "one child trace: {children:?}");
+    for trace in [dir.trace(), children[0].clone()] {
+        let report = deadlocks(&trace);
+        assert_eq!(report["has_lock_events"], json!(true));
+        assert_eq!(report["errors"], json!([]), "{}", pretty(&report));
+    }
+}

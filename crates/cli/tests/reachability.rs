@@ -1,0 +1,588 @@
+//! End-to-end: the agent's reachability scan and `trapline leaks` verdicts.
+//! Each fixture covers one pointer-chain case; its expected totals per kind
+//! are memcheck's for the same program (checked with valgrind 3.19; the only
+//! difference, ld.so's thread vectors, is asserted separately).
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::Write;
+use std::process::Stdio;
+
+/// (bytes, blocks) per kind: definitely, indirectly, possibly lost, still reachable.
+type Totals = [(u64, u64); 4];
+
+const KINDS: [&str; 4] = [
+    "definitely_lost",
+    "indirectly_lost",
+    "possibly_lost",
+    "still_reachable",
+];
+
+fn kind_totals(report: &Value) -> Totals {
+    let summary = field(report, "summary");
+    KINDS.map(|k| {
+        let bb = field(summary, k);
+        (as_u64(bb, "bytes"), as_u64(bb, "blocks"))
+    })
+}
+
+/// Records a fixture (default flags) and returns its report with every kind listed.
+fn judged(name: &str, source: &str) -> (TestDir, Value) {
+    let dir = TestDir::new(name);
+    let prog = compile_c(&dir, source);
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    (dir, report)
+}
+
+/// The scan section: one exit scan, every thread stopped.
+fn assert_exit_scan(report: &Value, threads: u64, blocks: u64) {
+    let scan = field(report, "scan");
+    assert_eq!(as_str(scan, "trigger"), "exit", "{}", pretty(scan));
+    assert_eq!(
+        (as_u64(scan, "snapshot"), as_u64(scan, "snapshots")),
+        (1, 1)
+    );
+    // The program's threads plus the agent's writer.
+    assert_eq!(as_u64(scan, "threads"), threads, "{}", pretty(scan));
+    assert_eq!(as_u64(scan, "threads_not_suspended"), 0);
+    assert_eq!(as_u64(scan, "blocks"), blocks);
+    assert!(as_u64(scan, "root_bytes") > 4096, "{}", pretty(scan));
+    assert!(field(scan, "pause_ms").as_f64().is_some());
+}
+
+/// The only record of `kind` whose stack satisfies `pred` (`what` says which, for messages).
+fn only_record<'a>(
+    report: &'a Value,
+    kind: &str,
+    what: &str,
+    pred: impl Fn(&[Value]) -> bool,
+) -> &'a Value {
+    let found: Vec<&Value> = records(report)
+        .iter()
+        .filter(|r| as_str(r, "kind") == kind && pred(stack_of(r, "stack")))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {kind} record {what}: {}",
+        pretty(field(report, "records"))
+    );
+    found[0]
+}
+
+/// The only record of `kind` with `function` somewhere in its stack.
+fn record_of<'a>(report: &'a Value, kind: &str, function: &str) -> &'a Value {
+    only_record(report, kind, &format!("through {function}"), |stack| {
+        stack.iter().any(|f| frame_function(f) == function)
+    })
+}
+
+/// The only record of `kind` whose innermost frames are `functions`.
+fn record_from<'a>(report: &'a Value, kind: &str, functions: &[&str]) -> &'a Value {
+    only_record(report, kind, &format!("from {functions:?}"), |stack| {
+        stack.len() >= functions.len()
+            && functions
+                .iter()
+                .zip(stack)
+                .all(|(f, frame)| frame_function(frame) == *f)
+    })
+}
+
+/// The only record of `kind` allocated at the line of `marker` in `source`.
+fn record_at<'a>(report: &'a Value, kind: &str, source: &str, marker: &str) -> &'a Value {
+    let line = marker_line(source, marker);
+    only_record(report, kind, &format!("at {source}:{line}"), |stack| {
+        stack.first().is_some_and(|f| {
+            basename(f.get("file")) == source && f.get("line").and_then(Value::as_u64) == Some(line)
+        })
+    })
+}
+
+fn bytes_blocks(record: &Value) -> (u64, u64) {
+    (as_u64(record, "bytes"), as_u64(record, "blocks"))
+}
+
+#[test]
+fn start_interior_and_no_pointer_in_globals() {
+    let (_dir, report) = judged("reach_pointers", "reach_pointers.c");
+    assert_eq!(kind_totals(&report), [(300, 1), (0, 0), (200, 1), (100, 1)]);
+    assert_exit_scan(&report, 2, 3);
+    let m = |marker| marker_line("reach_pointers.c", marker);
+    let lost = record_of(&report, "definitely_lost", "lose");
+    assert_eq!(bytes_blocks(lost), (300, 1));
+    assert_eq!(
+        (as_u64(lost, "direct_bytes"), as_u64(lost, "indirect_bytes")),
+        (300, 0)
+    );
+    assert_stack_top(
+        stack_of(lost, "stack"),
+        &[("lose", "reach_pointers.c", m("LOSE"))],
+        "lost",
+    );
+    let possible = record_of(&report, "possibly_lost", "keep_interior");
+    assert_eq!(bytes_blocks(possible), (200, 1));
+    assert!(
+        possible.get("direct_bytes").is_none(),
+        "{}",
+        pretty(possible)
+    );
+    let reachable = record_of(&report, "still_reachable", "keep_start");
+    assert_eq!(bytes_blocks(reachable), (100, 1));
+
+    // memcheck's default: definite and possible records only.
+    let default = leaks_with(&_dir.trace(), &[]);
+    let kinds: Vec<&str> = records(&default)
+        .iter()
+        .map(|r| as_str(r, "kind"))
+        .collect();
+    assert_eq!(kinds, ["definitely_lost", "possibly_lost"]);
+    assert_eq!(kind_totals(&default), kind_totals(&report));
+}
+
+#[test]
+fn chains_through_start_and_interior_pointers() {
+    let (_dir, report) = judged("reach_chains", "reach_chains.c");
+    assert_eq!(kind_totals(&report), [(32, 1), (64, 2), (96, 3), (112, 4)]);
+    assert_exit_scan(&report, 2, 10);
+    let leader = record_of(&report, "definitely_lost", "chain");
+    assert_eq!(bytes_blocks(leader), (96, 1));
+    assert_eq!(
+        (
+            as_u64(leader, "direct_bytes"),
+            as_u64(leader, "indirect_bytes")
+        ),
+        (32, 64)
+    );
+    assert_eq!(
+        bytes_blocks(record_of(&report, "indirectly_lost", "chain")),
+        (64, 2)
+    );
+    // Every chain to D and E passes g_mid's interior pointer.
+    assert_eq!(
+        bytes_blocks(record_from(&report, "possibly_lost", &["chain", "build"])),
+        (64, 2)
+    );
+    // F is pointed into from a reachable block.
+    assert_eq!(
+        bytes_blocks(record_from(&report, "possibly_lost", &["build", "main"])),
+        (32, 1)
+    );
+    assert_eq!(
+        bytes_blocks(record_from(&report, "still_reachable", &["chain", "build"])),
+        (96, 3)
+    );
+    assert_eq!(
+        bytes_blocks(record_from(&report, "still_reachable", &["build", "main"])),
+        (16, 1)
+    );
+}
+
+#[test]
+fn lost_cycles_have_one_leader_each() {
+    let (_dir, report) = judged("reach_cycles", "reach_cycles.c");
+    assert_eq!(kind_totals(&report), [(64, 2), (64, 2), (0, 0), (64, 2)]);
+    assert_exit_scan(&report, 2, 6);
+    let lost: Vec<(u64, u64, u64)> = records(&report)
+        .iter()
+        .filter(|r| as_str(r, "kind") == "definitely_lost")
+        .map(|r| {
+            (
+                as_u64(r, "bytes"),
+                as_u64(r, "direct_bytes"),
+                as_u64(r, "indirect_bytes"),
+            )
+        })
+        .collect();
+    // The three-node cycle's leader, then the self loop.
+    assert_eq!(lost, [(96, 32, 64), (32, 32, 0)]);
+    let self_loop = record_of(&report, "definitely_lost", "lose_self_loop");
+    assert_eq!(bytes_blocks(self_loop), (32, 1));
+    let ring: u64 = records(&report)
+        .iter()
+        .filter(|r| as_str(r, "kind") == "still_reachable")
+        .map(|r| as_u64(r, "blocks"))
+        .sum();
+    assert_eq!(ring, 2);
+}
+
+/// Records allocated by the dynamic loader for itself (their innermost frame
+/// is in ld.so): thread vectors, which memcheck calls possibly lost.
+fn loader_records(report: &Value) -> Vec<&Value> {
+    records(report)
+        .iter()
+        .filter(|r| {
+            stack_of(r, "stack")
+                .first()
+                .is_some_and(|f| basename(f.get("module")).starts_with("ld-linux"))
+        })
+        .collect()
+}
+
+#[test]
+fn pointers_only_in_other_threads_stacks_and_registers() {
+    let (_dir, report) = judged("reach_threads", "reach_threads.c");
+    let [definite, indirect, possible, reachable] = kind_totals(&report);
+    assert_eq!((definite, indirect, possible), ((512, 1), (0, 0), (0, 0)));
+    // main, the writer and five blocked workers were stopped.
+    let scan = field(&report, "scan");
+    assert_eq!(as_u64(scan, "threads"), 7, "{}", pretty(scan));
+    assert_eq!(as_u64(scan, "threads_not_suspended"), 0);
+    assert_eq!(
+        bytes_blocks(record_of(&report, "still_reachable", "stack_worker")),
+        (4006, 4)
+    );
+    assert_eq!(
+        bytes_blocks(record_of(&report, "still_reachable", "register_worker")),
+        (2048, 1)
+    );
+    assert_eq!(
+        bytes_blocks(record_of(&report, "definitely_lost", "ending_worker")),
+        (512, 1)
+    );
+    // One thread vector per live worker, kept by ld.so (never lost).
+    let loader = loader_records(&report);
+    assert!(loader
+        .iter()
+        .all(|r| as_str(r, "kind") == "still_reachable"));
+    let loader_blocks: u64 = loader.iter().map(|r| as_u64(r, "blocks")).sum();
+    let loader_bytes: u64 = loader.iter().map(|r| as_u64(r, "bytes")).sum();
+    assert_eq!(loader_blocks, 5, "{}", pretty(field(&report, "records")));
+    assert_eq!(reachable, (6054 + loader_bytes, 5 + loader_blocks));
+}
+
+#[test]
+fn pointers_only_in_thread_local_storage() {
+    let (_dir, report) = judged("reach_tls", "reach_tls.c");
+    let [definite, indirect, possible, reachable] = kind_totals(&report);
+    assert_eq!((definite, indirect, possible), ((128, 1), (0, 0), (0, 0)));
+    let tls = |kind, caller| bytes_blocks(record_from(&report, kind, &["keep_in_tls", caller]));
+    assert_eq!(tls("still_reachable", "blocked_worker"), (512, 1));
+    assert_eq!(tls("still_reachable", "main"), (256, 1));
+    assert_eq!(tls("definitely_lost", "ending_worker"), (128, 1));
+    let loader = loader_records(&report);
+    let loader_bytes: u64 = loader.iter().map(|r| as_u64(r, "bytes")).sum();
+    assert_eq!(loader.len(), 1, "the blocked worker's thread vector");
+    assert_eq!(reachable, (768 + loader_bytes, 3));
+}
+
+#[test]
+fn pointers_only_in_an_mmapped_region() {
+    let (_dir, report) = judged("reach_mmap", "reach_mmap.c");
+    assert_eq!(
+        kind_totals(&report),
+        [(64, 1), (0, 0), (0, 0), (1_048_800, 3)]
+    );
+    assert_exit_scan(&report, 2, 4);
+    let at = |kind, marker| bytes_blocks(record_at(&report, kind, "reach_mmap.c", marker));
+    assert_eq!(at("still_reachable", "MAPPED-BLOCK"), (128, 1));
+    assert_eq!(at("definitely_lost", "UNMAPPED-BLOCK"), (64, 1));
+    // Its page shares a line of /proc/self/maps with the 1 MiB block's mapping.
+    assert_eq!(at("still_reachable", "NEXT-TO-BIG-BLOCK"), (96, 1));
+    assert_eq!(at("still_reachable", "BIG-BLOCK"), (1 << 20, 1));
+}
+
+#[test]
+fn a_million_reachable_blocks_and_a_lost_subtree() {
+    let (_dir, report) = judged("reach_many", "reach_many.c");
+    assert_eq!(
+        kind_totals(&report),
+        [(32, 1), (32_704, 1022), (0, 0), (32_000_000, 1_000_000)]
+    );
+    assert_exit_scan(&report, 2, 1_001_023);
+    let root = record_of(&report, "definitely_lost", "tree");
+    assert_eq!(bytes_blocks(root), (32_736, 1));
+    assert_eq!(
+        (as_u64(root, "direct_bytes"), as_u64(root, "indirect_bytes")),
+        (32, 32_704)
+    );
+}
+
+fn write_file(dir: &TestDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).expect("write a suppression file");
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn suppressions_hide_exactly_the_matching_record() {
+    let (dir, _) = judged("reach_suppress", "reach_pointers.c");
+    let lsan = write_file(&dir, "lsan.supp", "# LeakSanitizer form\nleak:lose\n");
+    let report = leaks_with(&dir.trace(), &["--suppressions", &lsan]);
+    assert_eq!(kind_totals(&report), [(0, 0), (0, 0), (200, 1), (100, 1)]);
+    let suppressed = field(field(&report, "summary"), "suppressed");
+    assert_eq!(
+        (as_u64(suppressed, "bytes"), as_u64(suppressed, "blocks")),
+        (300, 1)
+    );
+    let used = as_array(&report, "suppressions");
+    assert_eq!(used.len(), 1, "{}", pretty(&report));
+    assert_eq!(as_str(&used[0], "name"), "leak:lose");
+    assert_eq!(
+        (
+            as_u64(&used[0], "records"),
+            as_u64(&used[0], "bytes"),
+            as_u64(&used[0], "blocks")
+        ),
+        (1, 300, 1)
+    );
+    let kinds: Vec<&str> = records(&report).iter().map(|r| as_str(r, "kind")).collect();
+    assert_eq!(kinds, ["possibly_lost"]);
+
+    let valgrind = write_file(
+        &dir,
+        "vg.supp",
+        "{\n   interior\n   Memcheck:Leak\n   match-leak-kinds: possible\n   fun:malloc\n   fun:keep_interior\n   ...\n}\n",
+    );
+    let report = leaks_with(
+        &dir.trace(),
+        &["--suppressions", &valgrind, "--kinds", "all"],
+    );
+    assert_eq!(kind_totals(&report), [(300, 1), (0, 0), (0, 0), (100, 1)]);
+    let used = as_array(&report, "suppressions");
+    assert_eq!(used.len(), 1);
+    assert_eq!(as_str(&used[0], "name"), "interior");
+    assert_eq!(as_u64(&used[0], "bytes"), 200);
+    assert_eq!(records(&report).len(), 2);
+
+    let text = analysis_text(&dir, &["--suppressions", &lsan]);
+    assert!(text.contains("LEAK SUMMARY:"), "{text}");
+    assert!(
+        text.contains("        suppressed: 300 bytes in 1 blocks"),
+        "{text}"
+    );
+    assert!(
+        text.contains("used suppression: 1 records, 300 bytes in 1 blocks: leak:lose"),
+        "{text}"
+    );
+}
+
+fn analysis_text(dir: &TestDir, extra: &[&str]) -> String {
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("leaks").arg(dir.trace()).args(extra);
+    let f = output_of(cmd, "trapline leaks");
+    assert_eq!(f.code(), 0, "{}", f.describe());
+    f.stdout
+}
+
+#[test]
+fn bad_suppression_files_and_snapshots_are_refused() {
+    let (dir, _) = judged("reach_bad_input", "reach_pointers.c");
+    let bad = write_file(&dir, "bad.supp", "leak:ok\nthis is not a suppression\n");
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("leaks")
+        .arg(dir.trace())
+        .args(["--suppressions", &bad]);
+    let f = output_of(cmd, "trapline leaks");
+    assert_eq!(f.code(), 2, "{}", f.describe());
+    assert!(f.stderr.contains("bad.supp:2:"), "{}", f.describe());
+
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("leaks").arg(dir.trace()).args(["--snapshot", "2"]);
+    let f = output_of(cmd, "trapline leaks");
+    assert_eq!(f.code(), 1, "{}", f.describe());
+    assert!(
+        f.stderr
+            .contains("snapshot 2 was asked for, but the trace holds 1 reachability scans"),
+        "{}",
+        f.describe()
+    );
+}
+
+#[test]
+fn without_a_scan_the_report_says_so() {
+    let dir = TestDir::new("reach_no_scan");
+    let prog = compile_c(&dir, "reach_pointers.c");
+    let run = run(&dir, &["--no-scan"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks_with(&dir.trace(), &[]);
+    assert!(field(&report, "scan").is_null());
+    for k in KINDS {
+        assert!(field(field(&report, "summary"), k).is_null(), "{k}");
+    }
+    assert_eq!(unfreed_summary(&report), (600, 3));
+    let text = analysis_text(&dir, &[]);
+    assert!(text.contains("No reachability scan in the trace"), "{text}");
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("leaks").arg(dir.trace()).args(["--snapshot", "1"]);
+    let f = output_of(cmd, "trapline leaks");
+    assert_eq!(f.code(), 1, "{}", f.describe());
+    assert!(
+        f.stderr.contains("holds no reachability scan"),
+        "{}",
+        f.describe()
+    );
+}
+
+/// The number of complete scans in a trace being written (0 while unreadable).
+fn scans_so_far(dir: &TestDir) -> u64 {
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("leaks").arg(dir.trace()).args(["--format", "json"]);
+    let f = output_of(cmd, "trapline leaks");
+    if f.code() != 0 {
+        return 0;
+    }
+    serde_json::from_str::<Value>(&f.stdout)
+        .ok()
+        .and_then(|r| r["scan"]["snapshots"].as_u64())
+        .unwrap_or(0)
+}
+
+#[test]
+fn periodic_scans_snapshots_and_history() {
+    let dir = TestDir::new("reach_periodic");
+    let prog = compile_c(&dir, "reach_periodic.c");
+    let mut cmd = isolated(run_command(&dir, &["--scan-every", "0.05"], &prog, &[]));
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start trapline run");
+    // The program waits on stdin until two periodic scans are in the trace.
+    while scans_so_far(&dir) < 2 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"x").unwrap();
+    drop(stdin);
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+
+    let last = leaks(&dir.trace());
+    let scan = field(&last, "scan");
+    let n = as_u64(scan, "snapshots");
+    assert!(n >= 3, "{}", pretty(scan));
+    assert_eq!(as_u64(scan, "snapshot"), n);
+    assert_eq!(as_str(scan, "trigger"), "exit");
+    assert_eq!(kind_totals(&last), [(3000, 2), (0, 0), (0, 0), (0, 0)]);
+
+    let first = leaks_with(&dir.trace(), &["--snapshot", "1", "--kinds", "all"]);
+    assert_eq!(as_str(field(&first, "scan"), "trigger"), "periodic");
+    assert_eq!(kind_totals(&first), [(1000, 1), (0, 0), (0, 0), (2000, 1)]);
+    assert_eq!(
+        bytes_blocks(record_of(&first, "still_reachable", "keep")),
+        (2000, 1)
+    );
+
+    let history = leaks_with(&dir.trace(), &["--history"]);
+    let sites = as_array(&history, "history");
+    assert_eq!(sites.len(), 2, "{}", pretty(&history));
+    let site = |function: &str| {
+        sites
+            .iter()
+            .find(|s| {
+                stack_of(s, "stack")
+                    .iter()
+                    .any(|f| frame_function(f) == function)
+            })
+            .unwrap_or_else(|| panic!("no history for {function}"))
+    };
+    let early = site("lose_early");
+    let persistent = field(early, "lost_in_every_snapshot");
+    assert_eq!(
+        (as_u64(persistent, "bytes"), as_u64(persistent, "blocks")),
+        (1000, 1)
+    );
+    assert_eq!(as_array(early, "snapshots").len() as u64, n);
+    let dropped = site("keep");
+    let persistent = field(dropped, "lost_in_every_snapshot");
+    assert_eq!(
+        (as_u64(persistent, "bytes"), as_u64(persistent, "blocks")),
+        (0, 0)
+    );
+    let points = as_array(dropped, "snapshots");
+    assert_eq!(as_u64(field(&points[0], "still_reachable"), "bytes"), 2000);
+    assert_eq!(
+        as_u64(field(&points[n as usize - 1], "definitely_lost"), "bytes"),
+        2000
+    );
+    // The strongest suspect comes first.
+    assert!(std::ptr::eq(&sites[0], early));
+}
+
+#[test]
+fn a_thread_that_blocks_the_signal_is_reported_not_suspended() {
+    let dir = TestDir::new("reach_blocked");
+    let prog = compile_c(&dir, "reach_blocked_signals.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert!(
+        run.stderr
+            .contains("1 threads not suspended: false leaks possible"),
+        "{}",
+        run.describe()
+    );
+    let report = leaks(&dir.trace());
+    let scan = field(&report, "scan");
+    assert_eq!(as_u64(scan, "threads"), 3, "{}", pretty(scan));
+    assert_eq!(as_u64(scan, "threads_not_suspended"), 1, "{}", pretty(scan));
+    assert_eq!(
+        bytes_blocks(record_of(&report, "still_reachable", "deaf_worker")),
+        (700, 1)
+    );
+    let [definite, indirect, possible, _] = kind_totals(&report);
+    assert_eq!((definite, indirect, possible), ((0, 0), (0, 0), (0, 0)));
+    let text = analysis_text(&dir, &[]);
+    assert!(
+        text.contains("WARNING: 1 threads not suspended: false leaks possible"),
+        "{text}"
+    );
+}
+
+#[test]
+fn interior_pointers_that_memcheck_heuristics_accept() {
+    let dir = TestDir::new("reach_heuristics");
+    let prog = compile_cpp(&dir, "reach_heuristics.cpp");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    assert_eq!(kind_totals(&report), [(0, 0), (0, 0), (40, 1), (192, 3)]);
+    let at = |kind, marker| bytes_blocks(record_at(&report, kind, "reach_heuristics.cpp", marker));
+    assert_eq!(at("still_reachable", "MULTIPLE-INHERITANCE"), (32, 1));
+    assert_eq!(at("still_reachable", "NEW-ARRAY"), (88, 1));
+    assert_eq!(at("still_reachable", "LENGTH64"), (72, 1));
+    assert_eq!(at("possibly_lost", "CONTROL"), (40, 1));
+}
+
+#[test]
+fn the_exiting_threads_live_frames_are_roots_and_dead_ones_are_not() {
+    let dir = TestDir::new("reach_exit_frames");
+    let prog = compile_c(&dir, "reach_exit_frames.c");
+    for (mode, expected) in [
+        ("exit", [(0, 0), (0, 0), (0, 0), (111, 1)]),
+        ("_exit", [(0, 0), (0, 0), (0, 0), (111, 1)]),
+        ("return", [(111, 1), (0, 0), (0, 0), (0, 0)]),
+    ] {
+        let run = run(&dir, &[], &prog, &[mode]);
+        assert_eq!(run.code(), 0, "{mode}: {}", run.describe());
+        let report = leaks(&dir.trace());
+        assert_eq!(kind_totals(&report), expected, "{mode}");
+        assert_eq!(field(&report, "scan")["trigger"], "exit", "{mode}");
+    }
+}
+
+/// memcheck reads a stack that is a heap block only as the block's contents,
+/// reached through the stack pointer (an interior pointer): it says the
+/// 222-byte block is possibly lost (and, not reading the thread's own stack,
+/// that its thread vector is definitely lost). trapline reads the live part
+/// of the stack as a root.
+#[test]
+fn a_thread_running_on_a_heap_block_stack() {
+    let dir = TestDir::new("reach_coroutine");
+    let prog = compile_c(&dir, "reach_coroutine.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    let at = |kind, marker| bytes_blocks(record_at(&report, kind, "reach_coroutine.c", marker));
+    assert_eq!(at("still_reachable", "COROUTINE-BLOCK"), (222, 1));
+    assert_eq!(at("possibly_lost", "COROUTINE-STACK"), (256 << 10, 1));
+    let [definite, indirect, possible, _] = kind_totals(&report);
+    assert_eq!(
+        (definite, indirect, possible),
+        ((0, 0), (0, 0), (256 << 10, 1))
+    );
+}

@@ -1,0 +1,606 @@
+//! Lock and thread-synchronisation events (tags 64-95): what the agent
+//! records around pthread mutexes, rwlocks, spinlocks, condition waits and
+//! joins, and their encoding.
+//!
+//! An uncontended acquisition is the hot case: tag, time delta, address
+//! delta, one flags byte and a stack id, usually 5 to 8 bytes. A contended
+//! one adds its wait in nanoseconds.
+
+use super::{ChunkContext, DecodeError, Decoder, Encoder, Event, NoRoom};
+use crate::varint::zigzag;
+
+/// What kind of lock an event is about.
+///
+/// The numeric values are part of the trace format: append, never reorder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum LockKind {
+    /// A default (`PTHREAD_MUTEX_NORMAL`/`TIMED_NP`) mutex: re-locking it deadlocks.
+    Mutex = 0,
+    MutexRecursive = 1,
+    MutexErrorCheck = 2,
+    MutexAdaptive = 3,
+    RwLock = 4,
+    Spin = 5,
+}
+
+impl LockKind {
+    pub const ALL: [LockKind; 6] = [
+        LockKind::Mutex,
+        LockKind::MutexRecursive,
+        LockKind::MutexErrorCheck,
+        LockKind::MutexAdaptive,
+        LockKind::RwLock,
+        LockKind::Spin,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<LockKind> {
+        LockKind::ALL.get(usize::from(v)).copied()
+    }
+
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LockKind::Mutex => "mutex",
+            LockKind::MutexRecursive => "recursive_mutex",
+            LockKind::MutexErrorCheck => "errorcheck_mutex",
+            LockKind::MutexAdaptive => "adaptive_mutex",
+            LockKind::RwLock => "rwlock",
+            LockKind::Spin => "spinlock",
+        }
+    }
+
+    /// Whether the same thread may hold it more than once.
+    pub fn is_recursive(self) -> bool {
+        self == LockKind::MutexRecursive
+    }
+}
+
+/// Exclusive (mutex, spinlock, rwlock write) or shared (rwlock read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum LockMode {
+    Exclusive = 0,
+    Shared = 1,
+}
+
+impl LockMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "write",
+            LockMode::Shared => "read",
+        }
+    }
+}
+
+/// How an acquisition was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum LockOp {
+    /// lock, rdlock, wrlock, spin_lock: waits as long as it takes.
+    Blocking = 0,
+    /// trylock: never waits.
+    Try = 1,
+    /// timedlock, clocklock: gives up at a deadline.
+    Timed = 2,
+    /// The re-acquisition of a condition variable's mutex on wakeup.
+    CondWait = 3,
+}
+
+impl LockOp {
+    fn from_bits(v: u8) -> LockOp {
+        match v & 3 {
+            0 => LockOp::Blocking,
+            1 => LockOp::Try,
+            2 => LockOp::Timed,
+            _ => LockOp::CondWait,
+        }
+    }
+}
+
+/// Misuse the agent sees at the time of the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum LockMisuse {
+    /// A thread locked a non-recursive mutex it already holds: it blocks
+    /// forever (the agent flushed the trace first).
+    SelfDeadlock = 1,
+    /// The C library refused a call: relocking a held error-checking mutex
+    /// (EDEADLK) or unlocking one the thread does not own (EPERM).
+    Refused = 2,
+}
+
+impl LockMisuse {
+    fn from_u8(v: u8) -> Option<LockMisuse> {
+        match v {
+            1 => Some(LockMisuse::SelfDeadlock),
+            2 => Some(LockMisuse::Refused),
+            _ => None,
+        }
+    }
+}
+
+/// A lock or thread-synchronisation event. The thread is the chunk's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockEvent {
+    /// pthread_*_init.
+    Init {
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        stack: u32,
+    },
+    /// pthread_*_destroy.
+    Destroy {
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        stack: u32,
+    },
+    /// The lock is now held by this thread. `wait_ns` is Some for a
+    /// contended acquisition (the lock was busy when asked for).
+    Acquire {
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        mode: LockMode,
+        op: LockOp,
+        wait_ns: Option<u64>,
+        stack: u32,
+    },
+    /// The thread released the lock (the mode of an rwlock unlock is implied).
+    /// For a mutex, `stack` is 0 when the C library named this thread as its
+    /// owner (the common case, recorded without a stack), so a release the
+    /// trace never saw acquired is then one from before the trace began.
+    Release {
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        stack: u32,
+    },
+    /// The lock was busy: the thread starts waiting. Followed by its
+    /// `Acquire` or `Failed`; a request without either at the end of the
+    /// trace is a thread that never got the lock.
+    Request {
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        mode: LockMode,
+        stack: u32,
+    },
+    /// An attempt that did not acquire: `errno` is EBUSY for a busy trylock,
+    /// ETIMEDOUT for a timed lock that gave up, or the error returned.
+    Failed {
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        mode: LockMode,
+        op: LockOp,
+        errno: i32,
+        stack: u32,
+    },
+    /// Misuse detected at the time of the call.
+    Misuse {
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        misuse: LockMisuse,
+        errno: i32,
+        stack: u32,
+    },
+    /// pthread_join returned: the thread `joined` (a tid, 0 if unknown) has ended.
+    Join { time: u64, joined: u32, stack: u32 },
+    /// pthread_detach of thread `detached` (tid, 0 if unknown).
+    Detach { time: u64, detached: u32 },
+    /// The thread called pthread_exit.
+    Exit { time: u64, stack: u32 },
+}
+
+pub(super) mod tag {
+    pub const INIT: u8 = 64;
+    pub const DESTROY: u8 = 65;
+    pub const ACQUIRE: u8 = 66;
+    pub const RELEASE: u8 = 67;
+    pub const REQUEST: u8 = 68;
+    pub const FAILED: u8 = 69;
+    pub const MISUSE: u8 = 70;
+    pub const JOIN: u8 = 71;
+    pub const DETACH: u8 = 72;
+    pub const EXIT: u8 = 73;
+    pub const FIRST: u8 = 64;
+    pub const LAST: u8 = 95;
+}
+
+/// Appends `v` (< 2^14) as a one- or two-byte varint at bit `bits` of `acc`.
+#[inline(always)]
+fn push_varint14(acc: &mut u128, bits: &mut u32, v: u64) {
+    if v < 0x80 {
+        *acc |= u128::from(v) << *bits;
+        *bits += 8;
+    } else {
+        let two = (v & 0x7f) | 0x80 | (v >> 7) << 8;
+        *acc |= u128::from(two) << *bits;
+        *bits += 16;
+    }
+}
+
+/// Flags byte: kind (bits 0-2), mode (bit 3), op (bits 4-5), contended (bit 6).
+fn flags(kind: LockKind, mode: LockMode, op: LockOp, contended: bool) -> u8 {
+    kind as u8 | (mode as u8) << 3 | (op as u8) << 4 | u8::from(contended) << 6
+}
+
+impl LockEvent {
+    pub fn time(&self) -> u64 {
+        match self {
+            LockEvent::Init { time, .. }
+            | LockEvent::Destroy { time, .. }
+            | LockEvent::Acquire { time, .. }
+            | LockEvent::Release { time, .. }
+            | LockEvent::Request { time, .. }
+            | LockEvent::Failed { time, .. }
+            | LockEvent::Misuse { time, .. }
+            | LockEvent::Join { time, .. }
+            | LockEvent::Detach { time, .. }
+            | LockEvent::Exit { time, .. } => *time,
+        }
+    }
+
+    /// The lock's address, for the events about one lock.
+    pub fn addr(&self) -> Option<u64> {
+        match self {
+            LockEvent::Init { addr, .. }
+            | LockEvent::Destroy { addr, .. }
+            | LockEvent::Acquire { addr, .. }
+            | LockEvent::Release { addr, .. }
+            | LockEvent::Request { addr, .. }
+            | LockEvent::Failed { addr, .. }
+            | LockEvent::Misuse { addr, .. } => Some(*addr),
+            _ => None,
+        }
+    }
+}
+
+impl Encoder<'_> {
+    /// Encodes an acquisition without building an [`Event`] (the agent's hot path).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn lock_acquire(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        mode: LockMode,
+        op: LockOp,
+        wait_ns: Option<u64>,
+        stack: u32,
+    ) -> Result<(), NoRoom> {
+        let flags = flags(kind, mode, op, wait_ns.is_some());
+        if wait_ns.is_none() && self.packed(ctx, tag::ACQUIRE, time, addr, flags, stack) {
+            return Ok(());
+        }
+        self.byte(tag::ACQUIRE)?;
+        self.time(ctx, time)?;
+        self.addr(ctx, addr)?;
+        self.byte(flags)?;
+        self.u64(u64::from(stack))?;
+        if let Some(w) = wait_ns {
+            self.u64(w)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes a release without building an [`Event`].
+    #[inline]
+    pub fn lock_release(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        stack: u32,
+    ) -> Result<(), NoRoom> {
+        if self.packed(ctx, tag::RELEASE, time, addr, kind as u8, stack) {
+            return Ok(());
+        }
+        self.byte(tag::RELEASE)?;
+        self.time(ctx, time)?;
+        self.addr(ctx, addr)?;
+        self.byte(kind as u8)?;
+        self.u64(u64::from(stack))
+    }
+
+    /// The common shape of an acquisition or release (tag, time, address,
+    /// one byte, stack), built in a register and written with one 16-byte
+    /// store when every varint is under 3 bytes and 16 bytes are free: a
+    /// lock hook then makes one store for its event instead of one per byte.
+    /// Returns false (nothing written) otherwise. The bytes past the event
+    /// are scratch: the next event overwrites them, the chunk ends at `len`.
+    #[inline(always)]
+    fn packed(
+        &mut self,
+        ctx: &mut ChunkContext,
+        tag: u8,
+        time: u64,
+        addr: u64,
+        byte: u8,
+        stack: u32,
+    ) -> bool {
+        const LIMIT: u64 = 1 << 14;
+        let dt = time.saturating_sub(ctx.prev_time);
+        let da = zigzag(addr.wrapping_sub(ctx.prev_addr) as i64);
+        let stack = u64::from(stack);
+        if dt >= LIMIT || da >= LIMIT || stack >= LIMIT || self.out.len() - self.pos < 16 {
+            return false;
+        }
+        let mut acc = u128::from(tag);
+        let mut bits = 8;
+        for v in [dt, da] {
+            push_varint14(&mut acc, &mut bits, v);
+        }
+        acc |= u128::from(byte) << bits;
+        bits += 8;
+        push_varint14(&mut acc, &mut bits, stack);
+        self.out[self.pos..self.pos + 16].copy_from_slice(&acc.to_le_bytes());
+        self.pos += bits as usize / 8;
+        ctx.prev_time = ctx.prev_time.max(time);
+        ctx.prev_addr = addr;
+        true
+    }
+
+    pub(super) fn lock_event(
+        &mut self,
+        ctx: &mut ChunkContext,
+        ev: &LockEvent,
+    ) -> Result<(), NoRoom> {
+        match *ev {
+            LockEvent::Init {
+                time,
+                addr,
+                kind,
+                stack,
+            }
+            | LockEvent::Destroy {
+                time,
+                addr,
+                kind,
+                stack,
+            } => {
+                let t = if matches!(ev, LockEvent::Init { .. }) {
+                    tag::INIT
+                } else {
+                    tag::DESTROY
+                };
+                self.byte(t)?;
+                self.time(ctx, time)?;
+                self.addr(ctx, addr)?;
+                self.byte(kind as u8)?;
+                self.u64(u64::from(stack))
+            }
+            LockEvent::Acquire {
+                time,
+                addr,
+                kind,
+                mode,
+                op,
+                wait_ns,
+                stack,
+            } => self.lock_acquire(ctx, time, addr, kind, mode, op, wait_ns, stack),
+            LockEvent::Release {
+                time,
+                addr,
+                kind,
+                stack,
+            } => self.lock_release(ctx, time, addr, kind, stack),
+            LockEvent::Request {
+                time,
+                addr,
+                kind,
+                mode,
+                stack,
+            } => {
+                self.byte(tag::REQUEST)?;
+                self.time(ctx, time)?;
+                self.addr(ctx, addr)?;
+                self.byte(flags(kind, mode, LockOp::Blocking, false))?;
+                self.u64(u64::from(stack))
+            }
+            LockEvent::Failed {
+                time,
+                addr,
+                kind,
+                mode,
+                op,
+                errno,
+                stack,
+            } => {
+                self.byte(tag::FAILED)?;
+                self.time(ctx, time)?;
+                self.addr(ctx, addr)?;
+                self.byte(flags(kind, mode, op, false))?;
+                self.u64(u64::from(errno as u32))?;
+                self.u64(u64::from(stack))
+            }
+            LockEvent::Misuse {
+                time,
+                addr,
+                kind,
+                misuse,
+                errno,
+                stack,
+            } => {
+                self.byte(tag::MISUSE)?;
+                self.time(ctx, time)?;
+                self.addr(ctx, addr)?;
+                self.byte(kind as u8)?;
+                self.byte(misuse as u8)?;
+                self.u64(u64::from(errno as u32))?;
+                self.u64(u64::from(stack))
+            }
+            LockEvent::Join {
+                time,
+                joined,
+                stack,
+            } => {
+                self.byte(tag::JOIN)?;
+                self.time(ctx, time)?;
+                self.u64(u64::from(joined))?;
+                self.u64(u64::from(stack))
+            }
+            LockEvent::Detach { time, detached } => {
+                self.byte(tag::DETACH)?;
+                self.time(ctx, time)?;
+                self.u64(u64::from(detached))
+            }
+            LockEvent::Exit { time, stack } => {
+                self.byte(tag::EXIT)?;
+                self.time(ctx, time)?;
+                self.u64(u64::from(stack))
+            }
+        }
+    }
+}
+
+impl Decoder<'_> {
+    fn lock_kind(&mut self, v: u8) -> Result<LockKind, DecodeError> {
+        LockKind::from_u8(v).ok_or(DecodeError::Invalid("lock kind"))
+    }
+
+    /// (kind, mode, op, contended) from a flags byte.
+    fn lock_flags(&mut self) -> Result<(LockKind, LockMode, LockOp, bool), DecodeError> {
+        let f = self.byte()?;
+        if f & 0x80 != 0 {
+            return Err(DecodeError::Invalid("lock flags"));
+        }
+        let kind = self.lock_kind(f & 7)?;
+        let mode = if f & 8 != 0 {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        };
+        Ok((kind, mode, LockOp::from_bits(f >> 4), f & 0x40 != 0))
+    }
+
+    fn errno(&mut self) -> Result<i32, DecodeError> {
+        let v = self.u32("errno")?;
+        Ok(v as i32)
+    }
+
+    pub(super) fn decode_lock(&mut self, t: u8) -> Result<Event, DecodeError> {
+        let ev = match t {
+            tag::INIT | tag::DESTROY => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let b = self.byte()?;
+                let kind = self.lock_kind(b)?;
+                let stack = self.u32("stack id")?;
+                if t == tag::INIT {
+                    LockEvent::Init {
+                        time,
+                        addr,
+                        kind,
+                        stack,
+                    }
+                } else {
+                    LockEvent::Destroy {
+                        time,
+                        addr,
+                        kind,
+                        stack,
+                    }
+                }
+            }
+            tag::ACQUIRE => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let (kind, mode, op, contended) = self.lock_flags()?;
+                let stack = self.u32("stack id")?;
+                let wait_ns = if contended { Some(self.u64()?) } else { None };
+                LockEvent::Acquire {
+                    time,
+                    addr,
+                    kind,
+                    mode,
+                    op,
+                    wait_ns,
+                    stack,
+                }
+            }
+            tag::RELEASE => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let b = self.byte()?;
+                let kind = self.lock_kind(b)?;
+                let stack = self.u32("stack id")?;
+                LockEvent::Release {
+                    time,
+                    addr,
+                    kind,
+                    stack,
+                }
+            }
+            tag::REQUEST => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let (kind, mode, _, _) = self.lock_flags()?;
+                let stack = self.u32("stack id")?;
+                LockEvent::Request {
+                    time,
+                    addr,
+                    kind,
+                    mode,
+                    stack,
+                }
+            }
+            tag::FAILED => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let (kind, mode, op, _) = self.lock_flags()?;
+                let errno = self.errno()?;
+                let stack = self.u32("stack id")?;
+                LockEvent::Failed {
+                    time,
+                    addr,
+                    kind,
+                    mode,
+                    op,
+                    errno,
+                    stack,
+                }
+            }
+            tag::MISUSE => {
+                let time = self.time()?;
+                let addr = self.addr()?;
+                let b = self.byte()?;
+                let kind = self.lock_kind(b)?;
+                let misuse =
+                    LockMisuse::from_u8(self.byte()?).ok_or(DecodeError::Invalid("lock misuse"))?;
+                let errno = self.errno()?;
+                let stack = self.u32("stack id")?;
+                LockEvent::Misuse {
+                    time,
+                    addr,
+                    kind,
+                    misuse,
+                    errno,
+                    stack,
+                }
+            }
+            tag::JOIN => LockEvent::Join {
+                time: self.time()?,
+                joined: self.u32("thread id")?,
+                stack: self.u32("stack id")?,
+            },
+            tag::DETACH => LockEvent::Detach {
+                time: self.time()?,
+                detached: self.u32("thread id")?,
+            },
+            tag::EXIT => LockEvent::Exit {
+                time: self.time()?,
+                stack: self.u32("stack id")?,
+            },
+            other => return Err(DecodeError::UnknownTag(other)),
+        };
+        Ok(Event::Lock(ev))
+    }
+}
