@@ -35,6 +35,9 @@ pub fn enter() -> Entry {
         return Entry::Nested(ts);
     }
     ts.guard = 1;
+    // A signal handler on this thread reads the guard: the store must not
+    // move past the work it protects (free on the hot path: no instruction).
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
     Entry::Record(ts)
 }
 
@@ -43,6 +46,7 @@ pub fn leave(ts: &mut ThreadState) {
     if ts.deferred_n > 0 {
         apply_deferred(ts);
     }
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
     ts.guard = 0;
 }
 
