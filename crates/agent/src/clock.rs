@@ -15,14 +15,20 @@ static START_MONO_NS: AtomicU64 = AtomicU64::new(0);
 /// Latest published trace time.
 static TICK_NS: AtomicU64 = AtomicU64::new(0);
 
-pub fn monotonic_ns() -> u64 {
+/// Nanoseconds on clock `id`, or None if the kernel refuses it (a thread CPU
+/// clock of a thread that is gone).
+pub fn read_ns(id: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    let r = unsafe { libc::clock_gettime(id, &mut ts) };
+    (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+pub fn monotonic_ns() -> u64 {
+    read_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
 }
 
 /// Starts trace time at 0 now (process start, and again in a fork child).
@@ -46,11 +52,5 @@ pub fn tick() -> u64 {
 
 /// Wall-clock nanoseconds since the Unix epoch.
 pub fn unix_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    read_ns(libc::CLOCK_REALTIME).unwrap_or(0)
 }

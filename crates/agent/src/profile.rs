@@ -18,11 +18,11 @@
 //! own, sampling stops with a warning and the signal is handed over.
 
 use crate::arch;
+use crate::modules;
 use crate::record;
 use crate::sys;
 use crate::thread::{self, FINISHED};
 use crate::unwind::StackCapture;
-use crate::{clock, modules};
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use trapline_trace::{Event, ProfileStopReason};
@@ -136,7 +136,7 @@ pub fn init() {
 /// Tells the trace that sampling is on, and how (first thing in every trace).
 fn write_start() {
     let ts = thread::current();
-    let time = clock::precise_now().max(ts.last_time);
+    let time = ts.next_precise_time();
     let hz = HZ.load(Ordering::Relaxed);
     let signal = SIGNAL.load(Ordering::Relaxed) as u32;
     ts.emit(Some(time), |e, c| {
@@ -208,7 +208,7 @@ pub fn thread_end(ts: &mut thread::ThreadState) {
     // Counted before the slot is released (another thread may reuse it).
     let missed = missed_periods(slot, ts.tid);
     release_slot(slot);
-    let time = clock::tick().max(ts.last_time);
+    let time = ts.next_time();
     write_skipped(ts, time, SKIPPED[slot].swap(0, Ordering::Relaxed));
     write_missed(ts, time, missed);
     let mut name = [0u8; 17];
@@ -247,7 +247,7 @@ pub fn stop(from_signal: bool) {
     }
     let ts = thread::current();
     ts.guard += 1;
-    let time = clock::tick().max(ts.last_time);
+    let time = ts.next_time();
     write_skipped(ts, time, skipped);
     write_missed(ts, time, missed);
     for &tid in &tids[..ntids] {
@@ -346,7 +346,7 @@ fn hand_over() {
     delete_all(|_, _, s| skipped += s);
     sys::warn("the program installed a handler for the sampling signal; CPU sampling stopped (see `trapline profile`)");
     if let record::Entry::Record(ts) = record::enter() {
-        let time = clock::tick().max(ts.last_time);
+        let time = ts.next_time();
         write_skipped(ts, time, skipped);
         ts.emit(Some(time), |e, c| {
             e.event(
@@ -431,8 +431,7 @@ fn sample(regs: arch::StartRegs, periods: u32) {
         SKIPPED[slot].fetch_add(u64::from(periods), Ordering::Relaxed);
     } else {
         record::ensure_stack(ts, cap.id, cap.new);
-        let time = clock::tick().max(ts.last_time);
-        ts.last_time = time;
+        let time = ts.next_time();
         write_skipped(ts, time, SKIPPED[slot].swap(0, Ordering::Relaxed));
         ts.emit(Some(time), |e, c| e.sample(c, time, cap.id, periods));
     }
@@ -555,14 +554,7 @@ fn delete_all(mut each: impl FnMut(usize, Option<u32>, u64)) {
 /// CPU time of thread `tid` of this process, in nanoseconds (the kernel's
 /// per-thread CPU clock id: `~tid << 3 | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED`).
 fn thread_cpu_ns(tid: u32) -> Option<u64> {
-    let clock = (!(tid as c_int) << 3) | 6;
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own.
-    let r = unsafe { libc::clock_gettime(clock, &mut t) };
-    (r == 0).then(|| t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64)
+    crate::clock::read_ns((!(tid as c_int) << 3) | 6)
 }
 
 /// Periods of thread `tid` (slot `slot`) that used CPU but were never

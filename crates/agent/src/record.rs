@@ -115,6 +115,15 @@ fn ensure_stack_shared(ts: &mut ThreadState, id: u32, gen: u32, new: bool) {
     }
 }
 
+/// Captures the stack from a hook's registers (with `site`'s cache) and makes
+/// sure the trace being written defines it. Returns the stack id (0: none).
+#[inline(always)]
+pub fn capture_stack(ts: &mut ThreadState, regs: StartRegs, site: Site) -> u32 {
+    let cap = ts.capture(regs, site);
+    ensure_stack(ts, cap.id, cap.new);
+    cap.id
+}
+
 /// Writes the definition of a stack id from any thread (snapshot, errors).
 pub fn ensure_stack_in(buf: &mut writer::Buffer, id: u32) -> bool {
     if id == 0 {
@@ -142,8 +151,7 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
     let addr = addr as u64;
     match enter() {
         Entry::Record(ts) => {
-            let cap = ts.capture(regs, Site::Alloc);
-            ensure_stack(ts, cap.id, cap.new);
+            let stack = capture_stack(ts, regs, Site::Alloc);
             if !live::storable(addr) {
                 untracked::insert(addr);
             } else {
@@ -153,14 +161,14 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                     Block {
                         size: size as u64,
                         func,
-                        stack: cap.id,
+                        stack,
                     },
                 );
                 let t = shard.stamp(clock::tick(), ts.last_time);
                 drop(shard);
                 ts.last_time = t;
                 ts.emit(Some(t), |e, c| {
-                    e.alloc(c, t, addr, size as u64, align as u64, func, cap.id)
+                    e.alloc(c, t, addr, size as u64, align as u64, func, stack)
                 });
             }
             leave(ts);
@@ -192,8 +200,7 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 }
 
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
-    let cap = ts.capture(regs, Site::Free);
-    ensure_stack(ts, cap.id, cap.new);
+    let stack = capture_stack(ts, regs, Site::Free);
     let mut shard = live::shard_of(addr).locked();
     if let Some(block) = shard.remove(addr) {
         shard.remember_free(Freed {
@@ -201,12 +208,12 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
             size: block.size,
             func: block.func as u8,
             alloc_stack: block.stack,
-            free_stack: cap.id,
+            free_stack: stack,
         });
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
         ts.last_time = t;
-        ts.emit(Some(t), |e, c| e.free(c, t, addr, func, cap.id));
+        ts.emit(Some(t), |e, c| e.free(c, t, addr, func, stack));
         if block.func.family() != func.family() {
             report(
                 ts,
@@ -215,7 +222,7 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
                     kind: ErrorKind::MismatchedFree,
                     func,
                     addr,
-                    stack: cap.id,
+                    stack,
                     alloc_func: Some(block.func),
                     alloc_size: block.size,
                     alloc_stack: block.stack,
@@ -247,7 +254,7 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
             },
             func,
             addr,
-            stack: cap.id,
+            stack,
             alloc_func: freed.and_then(|f| AllocFn::from_u8(f.func)),
             alloc_size: f.size,
             alloc_stack: f.alloc_stack,
@@ -331,8 +338,7 @@ pub fn realloc(
         Entry::Nested(ts) => return realloc_nested(ts, old, size, real),
         Entry::Off => return real(old),
     };
-    let cap = ts.capture(regs, Site::Alloc);
-    ensure_stack(ts, cap.id, cap.new);
+    let stack = capture_stack(ts, regs, Site::Alloc);
     let mut old_block = None;
     if old_addr != 0 {
         let mut shard = live::shard_of(old_addr).locked();
@@ -345,7 +351,7 @@ pub fn realloc(
                 size: b.size,
                 func: b.func as u8,
                 alloc_stack: b.stack,
-                free_stack: cap.id,
+                free_stack: stack,
             });
             ts.last_time = shard.stamp(clock::tick(), ts.last_time);
         }
@@ -361,7 +367,7 @@ pub fn realloc(
                     kind: ErrorKind::InvalidRealloc,
                     func,
                     addr: old_addr,
-                    stack: cap.id,
+                    stack,
                     alloc_func: None,
                     alloc_size: 0,
                     alloc_stack: 0,
@@ -400,7 +406,7 @@ pub fn realloc(
             Block {
                 size: size as u64,
                 func,
-                stack: cap.id,
+                stack,
             },
         );
         let t = shard.stamp(clock::tick(), ts.last_time);
@@ -420,7 +426,7 @@ pub fn realloc(
                 new_addr,
                 size: size as u64,
                 func,
-                stack: cap.id,
+                stack,
             },
         )
     });

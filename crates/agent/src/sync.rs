@@ -99,13 +99,6 @@ fn stamp(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
     t
 }
 
-/// A time on this thread only (events that order nothing across threads).
-fn thread_time(ts: &mut ThreadState) -> u64 {
-    let t = clock::tick().max(ts.last_time);
-    ts.last_time = t;
-    t
-}
-
 // ---------------------------------------------------------------------------
 // Call-site stacks.
 
@@ -173,7 +166,7 @@ fn site_stack_miss(
     i: usize,
     gen: u32,
 ) -> (u32, u32) {
-    let id = capture(ts, crate::arch::start_regs());
+    let id = record::capture_stack(ts, crate::arch::start_regs(), Site::Alloc);
     let lock_slot = slot_of(lock);
     let cache = ts.lock_sites.get_or_insert_with(SiteCache::new);
     cache.slots[i] = SiteSlot {
@@ -185,13 +178,6 @@ fn site_stack_miss(
         lock_slot,
     };
     (id, lock_slot)
-}
-
-/// A full stack capture, its definition written to the trace.
-fn capture(ts: &mut ThreadState, regs: StartRegs) -> u32 {
-    let cap = ts.capture(regs, Site::Alloc);
-    record::ensure_stack(ts, cap.id, cap.new);
-    cap.id
 }
 
 // ---------------------------------------------------------------------------
@@ -280,7 +266,7 @@ pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, owner: Option<u32>,
 fn at_site(addr: u64, site: CallSite, make: impl FnOnce(u64, u32) -> LockEvent) {
     recording(|ts| {
         let (stack, _) = site_stack(ts, addr, site);
-        let time = thread_time(ts);
+        let time = ts.next_time();
         emit_event(ts, make(time, stack));
     });
 }
@@ -293,7 +279,7 @@ fn captured(
     make: impl FnOnce(u64, u32) -> LockEvent,
 ) {
     recording(|ts| {
-        let stack = capture(ts, regs);
+        let stack = record::capture_stack(ts, regs, Site::Alloc);
         let time = time_of(ts);
         let ev = make(time, stack);
         let flush = matches!(
@@ -338,13 +324,15 @@ pub fn failed(addr: u64, kind: LockKind, mode: LockMode, op: LockOp, errno: i32,
 /// thread's events are handed to the writer first (`captured`), so the trace
 /// holds them even if the program is then killed with SIGKILL.
 pub fn misuse(addr: u64, kind: LockKind, misuse: LockMisuse, errno: i32, regs: StartRegs) {
-    captured(regs, thread_time, |time, stack| LockEvent::Misuse {
-        time,
-        addr,
-        kind,
-        misuse,
-        errno,
-        stack,
+    captured(regs, ThreadState::next_time, |time, stack| {
+        LockEvent::Misuse {
+            time,
+            addr,
+            kind,
+            misuse,
+            errno,
+            stack,
+        }
     });
 }
 
@@ -373,30 +361,27 @@ pub fn lifetime(addr: u64, kind: LockKind, init: bool, regs: StartRegs) {
 /// pthread_join returned for thread `joined` (tid, 0 if unknown). Its time
 /// is precise, like the joined thread's ThreadEnd, so it sorts after it.
 pub fn joined(joined: u32, regs: StartRegs) {
-    let precise = |ts: &mut ThreadState| {
-        ts.last_time = clock::precise_now().max(ts.last_time);
-        ts.last_time
-    };
-    captured(regs, precise, |time, stack| LockEvent::Join {
-        time,
-        joined,
-        stack,
+    captured(regs, ThreadState::next_precise_time, |time, stack| {
+        LockEvent::Join {
+            time,
+            joined,
+            stack,
+        }
     });
 }
 
 /// pthread_detach of thread `detached`.
 pub fn detached(detached: u32) {
     recording(|ts| {
-        let time = thread_time(ts);
+        let time = ts.next_time();
         emit_event(ts, LockEvent::Detach { time, detached });
     });
 }
 
 /// The thread calls pthread_exit.
 pub fn exiting(regs: StartRegs) {
-    captured(regs, thread_time, |time, stack| LockEvent::Exit {
-        time,
-        stack,
+    captured(regs, ThreadState::next_time, |time, stack| {
+        LockEvent::Exit { time, stack }
     });
 }
 

@@ -206,6 +206,23 @@ pub fn mark_agent_thread() {
 }
 
 impl ThreadState {
+    /// A time for an event of this thread that no shard or lock orders:
+    /// the tick, never before the thread's previous event.
+    #[inline]
+    pub fn next_time(&mut self) -> u64 {
+        let t = crate::clock::tick().max(self.last_time);
+        self.last_time = t;
+        t
+    }
+
+    /// The same from the precise clock, for rare events whose order against
+    /// other threads' precise events matters (thread lifecycle, join).
+    pub fn next_precise_time(&mut self) -> u64 {
+        let t = crate::clock::precise_now().max(self.last_time);
+        self.last_time = t;
+        t
+    }
+
     /// Stack bounds for a capture starting at stack pointer `sp`.
     pub fn bounds_for(&self, sp: u64) -> Bounds {
         if sp >= self.stack.lo && sp < self.stack.hi {

@@ -6,9 +6,9 @@
 
 use crate::arch::StartRegs;
 use crate::record::{self, Entry};
+use crate::sys;
 use crate::sys::RawLock;
 use crate::thread::{Site, ThreadState};
-use crate::{clock, sys};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU64, Ordering};
 use std::collections::HashMap;
@@ -30,26 +30,17 @@ static TIDS: TidMap = TidMap {
     map: UnsafeCell::new(None),
 };
 
-/// A time for a lifecycle event: precise (these are rare), never before the
-/// thread's previous event.
-fn stamp(ts: &mut ThreadState) -> u64 {
-    let t = clock::precise_now().max(ts.last_time);
-    ts.last_time = t;
-    t
-}
-
 /// In the creating thread, just before the real pthread_create: records
 /// `ThreadCreate` with the caller's stack and returns its id for the child.
 pub fn on_create(regs: StartRegs) -> u64 {
     let create_id = NEXT_CREATE_ID.fetch_add(1, Ordering::Relaxed);
     if let Entry::Record(ts) = record::enter() {
-        let cap = ts.capture(regs, Site::Alloc);
-        record::ensure_stack(ts, cap.id, cap.new);
-        let t = stamp(ts);
+        let stack = record::capture_stack(ts, regs, Site::Alloc);
+        let t = ts.next_precise_time();
         let ev = Event::ThreadCreate {
             time: t,
             create_id,
-            stack: cap.id,
+            stack,
         };
         ts.emit(Some(t), |e, c| e.event(c, &ev));
         record::leave(ts);
@@ -70,7 +61,7 @@ pub fn on_thread_begin(parent_tid: u32, create_id: u64) {
             .insert(unsafe { libc::pthread_self() }, tid);
     }
     if let Entry::Record(ts) = record::enter() {
-        let t = stamp(ts);
+        let t = ts.next_precise_time();
         let ev = Event::ThreadStart {
             time: t,
             parent_tid,
@@ -86,7 +77,7 @@ pub fn on_thread_begin(parent_tid: u32, create_id: u64) {
 /// buffer is queued. The guard is already held by the caller.
 pub fn on_thread_end(ts: &mut ThreadState) {
     crate::profile::thread_end(ts);
-    let t = stamp(ts);
+    let t = ts.next_precise_time();
     ts.emit(Some(t), |e, c| e.event(c, &Event::ThreadEnd { time: t }));
 }
 

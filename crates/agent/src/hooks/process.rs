@@ -76,7 +76,7 @@ pub extern "C" fn fork() -> libc::pid_t {
     let pid = real_fork();
     if pid > 0 && !thread::FINISHED.load(Ordering::Acquire) {
         if let crate::record::Entry::Record(ts) = crate::record::enter() {
-            let t = crate::clock::tick().max(ts.last_time);
+            let t = ts.next_time();
             ts.emit(Some(t), |e, c| {
                 e.event(
                     c,
