@@ -53,14 +53,18 @@ fn record(dir: &TestDir, program: &Path, args: &[&str]) -> Finished {
     finished
 }
 
-/// Whether the kernel signalled at least 95% of the CPU time of a recording.
+/// Whether the kernel signalled at least 99% of the CPU time of a recording.
 /// It checks CPU timers only at ticks that find the thread running; on an
-/// overloaded machine a thread can run between ticks, and the agent counts
-/// that time as `samples_missed` (unattributed). Shares are only defined over
-/// the time that was sampled.
+/// overloaded machine (or a VM whose host steals its CPU) a thread can run
+/// between ticks, and the agent counts that time as `samples_missed`
+/// (unattributed). Shares are only defined over the time that was sampled,
+/// and the missed time may all fall in one function: 1% of 0.9 s moves a
+/// function's share within its 0.4 s thread by at most 2.3 points, which
+/// leaves room in the 5-point tolerance; the 5% allowed before did not (a CI
+/// run missed 40 periods, all in work_b).
 fn covered(report: &Value) -> bool {
     let missed = as_u64(report, "samples_missed");
-    missed * 20 <= as_u64(report, "samples") + missed
+    missed * 100 <= as_u64(report, "samples") + missed
 }
 
 /// Records PROGRAM ARGS until every profile `reports` makes of the run is
@@ -82,7 +86,7 @@ fn record_covered(
         if ok || attempt == 4 {
             if !ok {
                 eprintln!(
-                    "the kernel signalled less than 95% of the CPU time in {attempt} recordings (machine overloaded): shares not checked"
+                    "the kernel signalled less than 99% of the CPU time in {attempt} recordings (machine overloaded): shares not checked"
                 );
             }
             return (run, profiles, ok);
