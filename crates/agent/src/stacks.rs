@@ -7,6 +7,7 @@
 //! also keeps a small direct-mapped cache of hash -> id in front of it.
 
 use crate::sys::RawLock;
+use crate::unwind::MAX_FRAMES;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
@@ -71,17 +72,33 @@ static ARENA: Arena = Arena {
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct StackHash(pub u64, pub u64);
 
-#[inline]
-pub fn hash_frames(frames: &[u64]) -> StackHash {
-    let mut a: u64 = frames.len() as u64;
-    let mut b: u64 = 0x9E37_79B9_7F4A_7C15 ^ a;
-    for &f in frames {
-        a = (a.rotate_left(5) ^ f).wrapping_mul(0x51_7C_C1_B7_27_22_0A_95);
-        b = (b ^ f.rotate_left(29))
+/// The hash state of an empty frame list: `hash_step` folds frames into it,
+/// outermost first, and `hash_finish` seals it with the frame count. Folding
+/// outermost first lets an unwinder keep every frame's prefix state and hash
+/// a stack that changed only inside by folding just the new inner frames.
+pub const HASH_SEED: (u64, u64) = (0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+
+#[inline(always)]
+pub fn hash_step(state: (u64, u64), frame: u64) -> (u64, u64) {
+    let (a, b) = state;
+    (
+        (a.rotate_left(5) ^ frame).wrapping_mul(0x51_7C_C1_B7_27_22_0A_95),
+        (b ^ frame.rotate_left(29))
             .wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-            .rotate_left(31);
-    }
+            .rotate_left(31),
+    )
+}
+
+#[inline(always)]
+pub fn hash_finish(state: (u64, u64), len: usize) -> StackHash {
+    let (a, b) = hash_step(state, len as u64);
     StackHash(a | 1, b)
+}
+
+/// The identity of a frame list given innermost first (as stored).
+pub fn hash_frames(frames: &[u64]) -> StackHash {
+    let state = frames.iter().rev().fold(HASH_SEED, |s, &f| hash_step(s, f));
+    hash_finish(state, frames.len())
 }
 
 fn rec(id: u32) -> Option<&'static StackRec> {
@@ -176,9 +193,14 @@ fn publish(frames: &[u64]) -> Option<u32> {
     Some(id)
 }
 
-/// The id of `frames` (with precomputed `hash`), creating it if new. Returns
-/// (id, newly created). `None` only if ids are exhausted.
-pub fn intern(frames: &[u64], hash: StackHash) -> Option<(u32, bool)> {
+/// The id of the stack with identity `hash`, creating it from the frames
+/// `frames` writes (innermost first, returning their count) if it is new; the
+/// frames are only gathered then. Returns (id, newly created). `None` only if
+/// ids are exhausted.
+pub fn intern(
+    hash: StackHash,
+    frames: impl FnOnce(&mut [u64; MAX_FRAMES]) -> usize,
+) -> Option<(u32, bool)> {
     let shard = &TABLE[(hash.0 >> 60) as usize % SHARDS];
     let _g = shard.lock.guard();
     // SAFETY: guarded by the shard lock.
@@ -209,7 +231,9 @@ pub fn intern(frames: &[u64], hash: StackHash) -> Option<(u32, bool)> {
         }
         i = (i + 1) & mask;
     }
-    let id = publish(frames)?;
+    let mut buf = [0u64; MAX_FRAMES];
+    let n = frames(&mut buf).min(MAX_FRAMES);
+    let id = publish(&buf[..n])?;
     d.slots[i] = (hash, id);
     d.len += 1;
     Some((id, true))

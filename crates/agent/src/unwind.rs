@@ -34,6 +34,11 @@ struct FrameRec {
     pc: u64,
     sp: u64,
     bp: u64,
+    /// Hash state of the program frames from the outermost through this one
+    /// (`stacks::hash_step`), and their count: the stack's identity when this
+    /// is the innermost frame, without re-reading the outer frames.
+    prefix: (u64, u64),
+    depth: u32,
     nreads: u8,
     reads: [(u64, u64); MAX_READS],
     /// The rule read through bp (a frame-pointer rule).
@@ -52,27 +57,73 @@ struct FrameRec {
 const NO_READ: u8 = u8::MAX;
 
 /// framehop's unwind-rule caches of one thread. One cache holds 509 rules,
-/// direct-mapped by address; a large program (gcc's cc1) uses many more, and
-/// every miss re-parses CFI. Several caches chosen by a hash of the pc act as
-/// one larger cache with the same exact rules; each is created on first use,
-/// so threads that unwind little pay for one.
+/// direct-mapped by address, and a miss re-parses CFI (about a microsecond).
+/// A large program (gcc's cc1) unwinds through many more return sites than
+/// that, so several caches chosen by a hash of the pc act as one larger cache
+/// with the same exact rules. A thread starts with 4 and grows to 16, then
+/// 64, while more than 1% of its lookups miss: cc1 needs 64 (CFI parsing fell
+/// from 2.5% to 1.2% of its samples going from 16 to 64), a thread that
+/// unwinds through a few hundred sites keeps 4 (each cache is about 20 KiB,
+/// created on first use).
 pub struct RuleCaches {
-    caches: [Option<Box<UnwindCache>>; RULE_CACHES],
+    caches: [Option<Box<UnwindCache>>; MAX_RULE_CACHES],
+    /// log2 of the number of caches in use.
+    bits: u32,
+    /// Lookups since the miss rate was last checked.
+    lookups: u32,
+    /// Misses of the caches in use at the last check.
+    misses_seen: u64,
 }
 
-const RULE_CACHES: usize = 16;
+const MAX_RULE_CACHES: usize = 64;
+const RULE_CACHE_START_BITS: u32 = 2;
+/// Lookups per miss-rate check.
+const RULE_WINDOW: u32 = 16_384;
 
 impl RuleCaches {
     pub fn new() -> Self {
         RuleCaches {
-            caches: [const { None }; RULE_CACHES],
+            caches: [const { None }; MAX_RULE_CACHES],
+            bits: RULE_CACHE_START_BITS,
+            lookups: 0,
+            misses_seen: 0,
         }
     }
 
     #[inline]
     fn for_pc(&mut self, pc: u64) -> &mut UnwindCache {
-        let i = ((pc >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % RULE_CACHES;
+        self.lookups += 1;
+        if self.lookups == RULE_WINDOW {
+            self.check_miss_rate();
+        }
+        let h = (pc >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let i = (h >> (64 - self.bits)) as usize;
         self.caches[i].get_or_insert_with(|| Box::new(UnwindCache::new_in()))
+    }
+
+    /// Misses so far of the caches in use.
+    fn misses(&self) -> u64 {
+        self.caches[..1 << self.bits]
+            .iter()
+            .flatten()
+            .map(|c| {
+                let s = c.stats();
+                s.miss_empty_slot_count + s.miss_wrong_modules_count + s.miss_wrong_address_count
+            })
+            .sum()
+    }
+
+    #[cold]
+    fn check_miss_rate(&mut self) {
+        self.lookups = 0;
+        let misses = self.misses();
+        let recent = misses.saturating_sub(self.misses_seen);
+        if recent * 100 > u64::from(RULE_WINDOW) && (1 << self.bits) < MAX_RULE_CACHES {
+            self.bits += 2;
+            self.misses_seen = self.misses();
+        } else {
+            self.misses_seen = misses;
+        }
     }
 }
 
@@ -97,7 +148,6 @@ pub struct StackCapture {
     /// checks_end[i]: end of frame i's entries in `checks`; (lowest, highest)
     /// address among frames 0..=i.
     checks_end: [(u16, u64, u64); MAX_RAW],
-    out: [u64; MAX_FRAMES],
     /// Direct-mapped StackHash -> id cache in front of the shared table.
     id_cache: Box<[(stacks::StackHash, u32); ID_CACHE]>,
 }
@@ -120,7 +170,6 @@ impl StackCapture {
             scratch: [FrameRec::default(); MAX_RAW],
             checks: [(0, 0); MAX_RAW * 2],
             checks_end: [(0, 0, 0); MAX_RAW],
-            out: [0; MAX_FRAMES],
             id_cache: Box::new([(stacks::StackHash::default(), 0); ID_CACHE]),
         })
     }
@@ -128,6 +177,12 @@ impl StackCapture {
     /// Forgets the previous stack (after fork, or when the stack memory may be gone).
     pub fn invalidate(&mut self) {
         self.prev_n = 0;
+    }
+
+    /// The remembered stack's program frames, innermost first, at most
+    /// MAX_FRAMES; returns their count.
+    fn program_frames(&self, out: &mut [u64; MAX_FRAMES]) -> usize {
+        program_frames_of(&self.prev[..self.prev_n], out)
     }
 
     /// Whether every read that decided frames 0..upto (outermost first)
@@ -342,6 +397,13 @@ impl StackCapture {
         // Splice: outer frames [0..=m] from the previous stack, then the new inner frames.
         let keep = matched.map_or(0, |m| m + 1);
         let unchanged = matched.is_some() && k == 0 && keep == self.prev_n;
+        if unchanged && self.prev_id != 0 {
+            return Captured {
+                id: self.prev_id,
+                new: false,
+            };
+        }
+        let mut rebuild_from = None;
         if !unchanged {
             let total = keep + k;
             let drop_outer = total.saturating_sub(MAX_RAW);
@@ -357,41 +419,56 @@ impl StackCapture {
             // the first frame that moved or is new.
             let from = if drop_outer > 0 { 0 } else { base };
             // Outermost first: a frame's bp matters if its rule uses it, or
-            // if it passes bp on to a caller for which it matters.
-            let mut outer_matters = from > 0 && self.prev[from - 1].bp_matters;
+            // if it passes bp on to a caller for which it matters. The hash
+            // prefix folds in every program frame (the agent's own, the hook
+            // frames inside and the thread-start wrapper outside, are left
+            // out of stacks).
+            let (mut outer_matters, mut prefix, mut depth) = match from {
+                0 => (false, stacks::HASH_SEED, 0),
+                _ => {
+                    let o = &self.prev[from - 1];
+                    (o.bp_matters, o.prefix, o.depth)
+                }
+            };
             for f in &mut self.prev[from..self.prev_n] {
                 f.bp_matters =
                     f.bp_used || (f.bp_passed && outer_matters) || f.nreads == UNVERIFIABLE;
                 outer_matters = f.bp_matters;
+                if !modules::is_agent_pc(f.pc) {
+                    prefix = stacks::hash_step(prefix, f.pc);
+                    depth += 1;
+                }
+                f.prefix = prefix;
+                f.depth = depth;
             }
-            self.rebuild_checks(from);
+            rebuild_from = Some(from);
         }
 
-        if unchanged && self.prev_id != 0 {
-            return Captured {
-                id: self.prev_id,
-                new: false,
-            };
-        }
-        // Program frames, innermost first, without the agent's own: the hook
-        // frames inside, and the thread-start wrapper further out.
-        let mut n = 0;
-        let mut i = self.prev_n;
-        while i > 0 && n < MAX_FRAMES {
-            let pc = self.prev[i - 1].pc;
-            if !modules::is_agent_pc(pc) {
-                self.out[n] = pc;
-                n += 1;
+        let h = match self.prev_n.checked_sub(1).map(|i| &self.prev[i]) {
+            Some(top) if top.depth as usize <= MAX_FRAMES && top.depth > 0 => {
+                Some(stacks::hash_finish(top.prefix, top.depth as usize))
             }
-            i -= 1;
+            Some(top) if top.depth > 0 => {
+                // Deeper than kept: the identity of the innermost MAX_FRAMES.
+                let mut frames = [0u64; MAX_FRAMES];
+                let n = self.program_frames(&mut frames);
+                Some(stacks::hash_frames(&frames[..n]))
+            }
+            _ => None,
+        };
+        let slot = h.map_or(0, |h| (h.1 as usize >> 7) % ID_CACHE);
+        if h.is_some() {
+            // The id cache line is likely cold (the program ran in between):
+            // start loading it while the check list is rebuilt.
+            arch::prefetch(&self.id_cache[slot]);
         }
-        let frames = &self.out[..n];
-        if frames.is_empty() {
+        if let Some(from) = rebuild_from {
+            self.rebuild_checks(from);
+        }
+        let Some(h) = h else {
             self.prev_id = 0;
             return Captured { id: 0, new: false };
-        }
-        let h = stacks::hash_frames(frames);
-        let slot = (h.1 as usize >> 7) % ID_CACHE;
+        };
         let (ch, cid) = self.id_cache[slot];
         if ch == h && cid != 0 {
             self.prev_id = cid;
@@ -400,7 +477,8 @@ impl StackCapture {
                 new: false,
             };
         }
-        match stacks::intern(frames, h) {
+        let prev = &self.prev[..self.prev_n];
+        match stacks::intern(h, |buf| program_frames_of(prev, buf)) {
             Some((id, new)) => {
                 self.id_cache[slot] = (h, id);
                 self.prev_id = id;
@@ -412,4 +490,21 @@ impl StackCapture {
             }
         }
     }
+}
+
+/// Program frames of `frames` (outermost first), innermost first into `out`:
+/// without the agent's own (the hook frames inside, the thread-start wrapper
+/// further out). Returns their count.
+fn program_frames_of(frames: &[FrameRec], out: &mut [u64; MAX_FRAMES]) -> usize {
+    let mut n = 0;
+    for f in frames.iter().rev() {
+        if n == MAX_FRAMES {
+            break;
+        }
+        if !modules::is_agent_pc(f.pc) {
+            out[n] = f.pc;
+            n += 1;
+        }
+    }
+    n
 }

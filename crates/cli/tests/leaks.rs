@@ -314,3 +314,82 @@ fn rust_leak_demangled_names() {
         }
     }
 }
+
+/// deep_stacks.c: a stack deeper than 64 frames keeps its innermost 64 (so
+/// two depth-100 calls from different lines of main are one record), and
+/// stacks captured one after another that differ only in their inner frames
+/// (depth 10, 11, 10, 11 from one line) are told apart exactly.
+#[test]
+fn deep_stacks_keep_64_frames_and_inner_changes_are_told_apart() {
+    let dir = TestDir::new("deep_stacks");
+    let prog = compile_c(&dir, "deep_stacks.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "deep done\n");
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let src = "deep_stacks.c";
+    let m = |marker: &str| marker_line(src, marker);
+    let recs = records(&report);
+    assert_eq!(
+        recs.len(),
+        3,
+        "records: {:?}\n{}",
+        record_summaries(&report),
+        pretty(&report)
+    );
+    assert_eq!(unfreed_summary(&report), (80 + 48 + 48, 6));
+
+    // leaf, the innermost down, then n more downs, then (if in view) main.
+    let expected = |downs: usize, caller: Option<&str>| {
+        let mut frames = vec![("leaf", src, m("LEAF")), ("down", src, m("DOWN-LEAF"))];
+        frames.extend(std::iter::repeat_n(("down", src, m("DOWN")), downs));
+        if let Some(marker) = caller {
+            frames.push(("main", src, m(marker)));
+        }
+        frames
+    };
+
+    let deep = recs
+        .iter()
+        .find(|r| as_u64(r, "bytes") == 80)
+        .unwrap_or_else(|| panic!("no 80-byte record: {:?}", record_summaries(&report)));
+    assert_eq!(as_u64(deep, "blocks"), 2);
+    let stack = stack_of(deep, "stack");
+    assert_eq!(stack.len(), 64, "{}", show_stack(stack));
+    assert_stack_top(stack, &expected(62, None), "deep record");
+
+    for downs in [10, 11] {
+        let want = expected(downs, Some("SHALLOW"));
+        let found: Vec<&Value> = recs
+            .iter()
+            .filter(|r| {
+                let stack = stack_of(r, "stack");
+                stack.len() > want.len()
+                    && stack[..want.len() + 1]
+                        .iter()
+                        .filter(|f| frame_function(f) == "down")
+                        .count()
+                        == downs + 1
+                    && frame_function(&stack[want.len() - 1]) == "main"
+            })
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "one record at depth {downs}: {:?}",
+            record_summaries(&report)
+        );
+        assert_eq!(
+            (as_u64(found[0], "bytes"), as_u64(found[0], "blocks")),
+            (48, 2)
+        );
+        assert_stack_top(
+            stack_of(found[0], "stack"),
+            &want,
+            &format!("depth {downs}"),
+        );
+    }
+}

@@ -60,6 +60,13 @@ pub fn sp_bp(r: &UnwindRegs) -> (u64, u64) {
     (r.sp(), r.bp())
 }
 
+/// Starts loading the cache line of `p` (a hint: never faults).
+#[inline(always)]
+pub fn prefetch<T>(p: *const T) {
+    // SAFETY: prefetch is a hint; it does not fault on any address.
+    unsafe { core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0) };
+}
+
 /// Bytes below the stack pointer that leaf code may use (the System V red zone).
 pub const RED_ZONE: u64 = 128;
 
