@@ -21,6 +21,7 @@ mod sync;
 mod sys;
 mod thread;
 mod threads;
+mod totals;
 mod untracked;
 mod unwind;
 mod writer;

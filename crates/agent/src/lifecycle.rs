@@ -165,6 +165,10 @@ pub fn init() {
     let follow = env(ENV_FOLLOW).as_deref() != Some("0");
     FOLLOW.store(follow, Ordering::Relaxed);
     FREERES.store(env(ENV_FREERES).as_deref() != Some("0"), Ordering::Relaxed);
+    record::FREE_STACKS.store(
+        env("TRAPLINE_FREE_STACKS").as_deref() != Some("0"),
+        Ordering::Relaxed,
+    );
     record::PASS_INVALID.store(
         env(ENV_PASS_INVALID).as_deref() == Some("1"),
         Ordering::Relaxed,
@@ -408,6 +412,10 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     let end_time = clock::precise_now();
     let lost =
         writer::EVENTS_LOST.load(Ordering::Relaxed) + untracked::OVERFLOW.load(Ordering::Relaxed);
+    // A fatal signal may have struck between a count and its event.
+    if let Some(t) = crate::totals::exact(lost).filter(|_| !signal) {
+        out.push(&Event::RunTotals(t), None);
+    }
     let counters = EndCounters {
         events: writer::EVENTS_SUBMITTED.load(Ordering::Relaxed)
             + out.written_directly

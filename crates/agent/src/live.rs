@@ -184,8 +184,9 @@ impl Locked<'_> {
         t
     }
 
-    /// Records a new live block, replacing a stale entry for the same address.
-    pub fn insert(&mut self, addr: u64, block: Block) {
+    /// Records a new live block, replacing a stale entry for the same
+    /// address (whose size it returns).
+    pub fn insert(&mut self, addr: u64, block: Block) -> Option<u64> {
         let d = self.data();
         if d.slots.is_empty() {
             d.slots = vec![Entry::default(); 256];
@@ -195,6 +196,7 @@ impl Locked<'_> {
         let n = d.slots.len();
         let mut i = home(addr, n);
         let want = addr >> 4;
+        let mut replaced = None;
         loop {
             let e = d.slots[i];
             if e.key == 0 {
@@ -202,13 +204,22 @@ impl Locked<'_> {
                 break;
             }
             if e.key & ((1 << ADDR_BITS) - 1) == want {
-                d.bytes -= unpack(e).1.size;
+                let old = unpack(e).1.size;
+                d.bytes -= old;
+                replaced = Some(old);
                 break;
             }
             i = next(i, n);
         }
         d.slots[i] = pack(addr, block);
         d.bytes += block.size;
+        replaced
+    }
+
+    /// Whether a size is kept exactly (larger ones are clamped).
+    #[inline]
+    pub fn exact_size(size: u64) -> bool {
+        size < 1 << SIZE_BITS
     }
 
     /// Removes a block and returns what was known about it.

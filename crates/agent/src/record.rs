@@ -4,6 +4,7 @@
 use crate::arch::StartRegs;
 use crate::live::{self, Block, Freed};
 use crate::thread::{self, Site, ThreadState, FINISHED};
+use crate::totals;
 use crate::untracked;
 use crate::{clock, stacks, sys, writer};
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use trapline_trace::{AllocFn, ErrorKind, Event};
 
 /// Pass invalid and double frees on to the C library (`--pass-invalid-frees`).
 pub static PASS_INVALID: AtomicBool = AtomicBool::new(false);
+pub static FREE_STACKS: AtomicBool = AtomicBool::new(true);
 
 /// How a hook may use the agent right now.
 pub enum Entry {
@@ -60,7 +62,8 @@ fn apply_deferred(ts: &mut ThreadState) {
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
         ts.last_time = t;
-        if removed.is_some() {
+        if let Some(b) = removed {
+            totals::free(ts, b.size);
             ts.emit(Some(t), |e, c| e.free(c, t, addr, AllocFn::Free, 0));
         }
         // Released only now that the table no longer holds it, so another
@@ -156,7 +159,7 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                 untracked::insert(addr);
             } else {
                 let mut shard = live::shard_of(addr).locked();
-                shard.insert(
+                let replaced = shard.insert(
                     addr,
                     Block {
                         size: size as u64,
@@ -167,6 +170,10 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                 let t = shard.stamp(clock::tick(), ts.last_time);
                 drop(shard);
                 ts.last_time = t;
+                if !live::Locked::exact_size(size as u64) {
+                    totals::make_inexact();
+                }
+                totals::alloc(ts, size as u64, replaced, t);
                 ts.emit(Some(t), |e, c| {
                     e.alloc(c, t, addr, size as u64, align as u64, func, stack)
                 });
@@ -200,7 +207,11 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 }
 
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
-    let stack = capture_stack(ts, regs, Site::Free);
+    let stack = if FREE_STACKS.load(Ordering::Relaxed) {
+        capture_stack(ts, regs, Site::Free)
+    } else {
+        0
+    };
     let mut shard = live::shard_of(addr).locked();
     if let Some(block) = shard.remove(addr) {
         shard.remember_free(Freed {
@@ -213,6 +224,7 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
         ts.last_time = t;
+        totals::free(ts, block.size);
         ts.emit(Some(t), |e, c| e.free(c, t, addr, func, stack));
         if block.func.family() != func.family() {
             report(
@@ -271,9 +283,12 @@ fn report(ts: &mut ThreadState, ev: Event) {
         time,
         alloc_stack,
         free_stack,
+        func,
+        kind,
         ..
     } = ev
     {
+        totals::error(ts, func, kind);
         ensure_stack(ts, alloc_stack, false);
         ensure_stack(ts, free_stack, false);
         ts.emit(Some(time), |e, c| e.event(c, &ev));
@@ -394,6 +409,7 @@ pub fn realloc(
         leave(ts);
         return p;
     }
+    let mut gained = None;
     let t = if p.is_null() {
         let mut shard = live::shard_of(old_addr).locked();
         let t = shard.stamp(clock::tick(), ts.last_time);
@@ -401,7 +417,7 @@ pub fn realloc(
         t
     } else if live::storable(new_addr) {
         let mut shard = live::shard_of(new_addr).locked();
-        shard.insert(
+        let replaced = shard.insert(
             new_addr,
             Block {
                 size: size as u64,
@@ -411,12 +427,19 @@ pub fn realloc(
         );
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
+        gained = Some((size as u64, replaced));
         t
     } else {
+        // The event names a block the table does not hold.
         untracked::insert(new_addr);
+        totals::make_inexact();
         ts.last_time
     };
     ts.last_time = t;
+    if !live::Locked::exact_size(size as u64) {
+        totals::make_inexact();
+    }
+    totals::realloc(ts, old_block.map(|b| b.size), gained, t);
     ts.emit(Some(t), |e, c| {
         e.event(
             c,

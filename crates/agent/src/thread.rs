@@ -54,6 +54,8 @@ pub struct ThreadState {
     pub profile: Option<Box<crate::profile::ThreadProfile>>,
     /// Stack ids of this thread's lock call sites (created on first lock use).
     pub lock_sites: Option<Box<crate::sync::SiteCache>>,
+    /// Whether this thread keeps the run totals (`totals.rs`).
+    pub heap_role: u8,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -158,6 +160,7 @@ fn create() -> *mut ThreadState {
         ensured_next: 0,
         profile: None,
         lock_sites: None,
+        heap_role: crate::totals::ROLE_UNKNOWN,
     }));
     // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
     unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };

@@ -412,6 +412,7 @@ pub fn unlock() {
 
 /// After a failed exec: the old file is closed; a new one follows.
 pub fn reset_for_new_file() {
+    crate::totals::make_inexact();
     EVENTS_SUBMITTED.store(0, Ordering::Relaxed);
     EVENTS_WRITTEN.store(0, Ordering::Relaxed);
     EVENTS_LOST.store(0, Ordering::Relaxed);
@@ -420,6 +421,7 @@ pub fn reset_for_new_file() {
 
 /// In a fork child: drop the parent's queue and file, start a new generation.
 pub fn reset_in_child() {
+    crate::totals::make_inexact();
     SHARED.lock.reset();
     // SAFETY: the child is single-threaded here.
     let q = unsafe { &mut *SHARED.q.get() };

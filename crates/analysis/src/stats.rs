@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::io::{Read, Seek};
 
 use serde::Serialize;
-use trapline_trace::{AllocFn, ErrorKind, Event, TraceError};
+use trapline_trace::{AllocFn, ErrorKind, Event, RunTotals, TraceError};
 
 use crate::index::{MergedEvents, TraceIndex};
 use crate::replay::HeapReplay;
@@ -72,6 +72,11 @@ pub struct StatsReport {
     /// interrupted it (see [`crate::LeaksReport::untracked_calls`]). Null
     /// without an end record.
     pub untracked_calls: Option<u64>,
+    /// Whether the totals the agent kept itself for `trapline run`'s summary
+    /// (allocation and release calls, errors, peak heap) equal this replay's:
+    /// null when the trace has none (the agent writes them only when a single
+    /// thread allocated; see docs/design.md). False would be a bug to report.
+    pub agent_totals_match: Option<bool>,
     /// Whether the trace was complete.
     pub trace: TraceStatus,
 }
@@ -111,6 +116,67 @@ pub struct PeakHeap {
     pub time_seconds: f64,
 }
 
+/// What `trapline run` prints when the program ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSummary {
+    pub allocation_calls: u64,
+    pub release_calls: u64,
+    pub peak_heap_bytes: u64,
+    pub peak_heap_time_ns: u64,
+    pub unfreed_at_exit: BytesBlocks,
+    pub errors: u64,
+    pub events_lost: u64,
+}
+
+/// Most chunks read back from the end of the file looking for the records
+/// the agent writes last (the end record, its totals, the snapshot's end).
+const SUMMARY_TAIL_CHUNKS: usize = 64;
+
+/// The end-of-run summary from the records the agent writes last: its own
+/// totals (`RunTotals`), the exit snapshot's totals and the end record. These
+/// sit in the last chunks of a complete trace, so nothing else is decoded.
+/// `None` when any of them is missing (the agent writes totals only when they
+/// equal what [`analyze`] computes: see the agent's totals.rs), when the trace
+/// is damaged or lost events; then [`analyze`] is the way.
+pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSummary>, TraceError> {
+    let index = TraceIndex::build(input)?;
+    if index.stopped.is_some() {
+        return Ok(None);
+    }
+    let (mut totals, mut end_lost, mut unfreed) = (None, None, None);
+    for entry in index.chunks.iter().rev().take(SUMMARY_TAIL_CHUNKS) {
+        let chunk = index.read_chunk(input, entry)?;
+        for ev in chunk.events() {
+            match ev.map_err(|e| TraceError::Corrupt {
+                offset: entry.offset,
+                what: format!("an event of the chunk does not decode: {e}"),
+            })? {
+                Event::RunTotals(t) => totals = Some(t),
+                Event::End { counters, .. } => end_lost = Some(counters.events_lost),
+                Event::SnapshotEnd { blocks, bytes } => {
+                    unfreed = Some(BytesBlocks { bytes, blocks })
+                }
+                _ => {}
+            }
+        }
+        if totals.is_some() && end_lost.is_some() && unfreed.is_some() {
+            break;
+        }
+    }
+    let (Some(t), Some(0), Some(unfreed)) = (totals, end_lost, unfreed) else {
+        return Ok(None);
+    };
+    Ok(Some(RunSummary {
+        allocation_calls: t.allocation_calls,
+        release_calls: t.release_calls,
+        peak_heap_bytes: t.peak_bytes,
+        peak_heap_time_ns: t.peak_time,
+        unfreed_at_exit: unfreed,
+        errors: t.errors,
+        events_lost: 0,
+    }))
+}
+
 /// Analyses a trace. Fails only when the input is not a readable trace at all.
 pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError> {
     let index = TraceIndex::build(input)?;
@@ -128,6 +194,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
         ..Default::default()
     };
 
+    let mut agent_totals = None;
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
         // Only the ids matter here: keep the frames out of the facts.
@@ -135,6 +202,9 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             stacks.insert(*id);
             facts.events += 1;
             continue;
+        }
+        if let Event::RunTotals(t) = &m.event {
+            agent_totals = Some(t.clone());
         }
         facts.observe(m.time, &m.event);
         if m.tid != 0 && m.tid != last_tid {
@@ -227,6 +297,16 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
         trace_bytes_per_event: (events > 0).then(|| index.file_len as f64 / events as f64),
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
+        agent_totals_match: agent_totals.map(|t| {
+            t == RunTotals {
+                allocation_calls,
+                release_calls,
+                errors,
+                peak_bytes: peak.bytes,
+                peak_blocks: peak.blocks,
+                peak_time: peak.time_ns,
+            }
+        }),
         trace: TraceStatus {
             complete: has_end && stopped.is_none(),
             has_end,

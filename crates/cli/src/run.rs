@@ -455,46 +455,89 @@ fn summarize(output: &Path, program: &Path) {
     let Ok(mut file) = std::fs::File::open(output) else {
         return;
     };
+    // The agent's own totals, from the end of the file, when it could keep
+    // them exactly; otherwise a replay of the whole trace.
+    if let Ok(Some(s)) = trapline_analysis::stats::summary_from_tail(&mut file) {
+        print_summary(
+            &s,
+            format!(
+                "unfreed at exit: {} bytes in {} blocks",
+                th(s.unfreed_at_exit.bytes),
+                th(s.unfreed_at_exit.blocks)
+            ),
+            Some(s.events_lost),
+            &[],
+        );
+        eprintln!("==trapline== see: trapline leaks {}", output.display());
+        return;
+    }
     match trapline_analysis::stats::analyze(&mut file) {
         Ok(s) => {
-            let th = trapline_analysis::report::thousands;
-            eprintln!(
-                "==trapline== allocation calls: {} ({} releases)",
-                th(s.allocation_calls),
-                th(s.release_calls)
-            );
-            eprintln!(
-                "==trapline== peak heap: {} bytes at {:.3} s",
-                th(s.peak_heap.bytes),
-                trapline_analysis::report::seconds(s.peak_heap.time_ns)
-            );
             // The exit snapshot is the agent's own table at exit; a replay of
             // the events misses what the process did not allocate itself (a
             // fork child's inherited blocks) and what ran after the last chunk.
-            match s.unfreed_at_exit {
-                Some(u) => eprintln!(
-                    "==trapline== unfreed at exit: {} bytes in {} blocks",
+            let unfreed = match s.unfreed_at_exit {
+                Some(u) => format!(
+                    "unfreed at exit: {} bytes in {} blocks",
                     th(u.bytes),
                     th(u.blocks)
                 ),
-                None => eprintln!(
-                    "==trapline== unfreed at end of trace: {} bytes in {} blocks (replayed: the process did not finish)",
+                None => format!(
+                    "unfreed at end of trace: {} bytes in {} blocks (replayed: the process did not finish)",
                     th(s.live_at_end.bytes),
                     th(s.live_at_end.blocks)
                 ),
-            }
-            eprintln!("==trapline== errors found: {}", th(s.errors));
-            match s.events_lost {
-                Some(n) => eprintln!("==trapline== events lost: {}", th(n)),
-                None => {
-                    eprintln!("==trapline== events lost: unknown (the trace has no end record)")
-                }
-            }
-            for w in trapline_analysis::report::status_warnings(&s.trace) {
-                eprintln!("==trapline== {w}");
-            }
+            };
+            let summary = trapline_analysis::stats::RunSummary {
+                allocation_calls: s.allocation_calls,
+                release_calls: s.release_calls,
+                peak_heap_bytes: s.peak_heap.bytes,
+                peak_heap_time_ns: s.peak_heap.time_ns,
+                unfreed_at_exit: s.unfreed_at_exit.unwrap_or(s.live_at_end),
+                errors: s.errors,
+                events_lost: s.events_lost.unwrap_or(0),
+            };
+            print_summary(
+                &summary,
+                unfreed,
+                s.events_lost,
+                &trapline_analysis::report::status_warnings(&s.trace),
+            );
             eprintln!("==trapline== see: trapline leaks {}", output.display());
         }
         Err(e) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
+    }
+}
+
+fn th(n: u64) -> String {
+    trapline_analysis::report::thousands(n)
+}
+
+/// The summary lines after the trace names (`events_lost`: None when the
+/// trace has no end record).
+fn print_summary(
+    s: &trapline_analysis::stats::RunSummary,
+    unfreed: String,
+    events_lost: Option<u64>,
+    warnings: &[String],
+) {
+    eprintln!(
+        "==trapline== allocation calls: {} ({} releases)",
+        th(s.allocation_calls),
+        th(s.release_calls)
+    );
+    eprintln!(
+        "==trapline== peak heap: {} bytes at {:.3} s",
+        th(s.peak_heap_bytes),
+        trapline_analysis::report::seconds(s.peak_heap_time_ns)
+    );
+    eprintln!("==trapline== {unfreed}");
+    eprintln!("==trapline== errors found: {}", th(s.errors));
+    match events_lost {
+        Some(n) => eprintln!("==trapline== events lost: {}", th(n)),
+        None => eprintln!("==trapline== events lost: unknown (the trace has no end record)"),
+    }
+    for w in warnings {
+        eprintln!("==trapline== {w}");
     }
 }

@@ -125,3 +125,115 @@ fn stats_count_errors() {
     assert_eq!(as_u64(&report, "errors"), 4, "{}", pretty(&report));
     assert_eq!(as_u64(&report, "events_lost"), 0);
 }
+
+/// The numbers of `trapline run`'s end-of-run summary, parsed from its lines:
+/// (allocation calls, releases, peak bytes, peak time as printed, unfreed
+/// bytes, unfreed blocks, errors, events lost).
+fn summary_numbers(stderr: &str) -> (u64, u64, u64, String, u64, u64, u64, u64) {
+    let line = |prefix: &str| -> &str {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no summary line {prefix:?} in:\n{stderr}"))
+    };
+    let nums = |text: &str| -> Vec<u64> {
+        text.replace(',', "")
+            .split(|c: char| !c.is_ascii_digit() && c != '.')
+            .filter(|w| !w.is_empty() && !w.contains('.'))
+            .map(|w| w.parse().unwrap())
+            .collect()
+    };
+    let calls = nums(line("==trapline== allocation calls: "));
+    let peak = line("==trapline== peak heap: ");
+    let (peak_bytes, peak_time) = peak.split_once(" bytes at ").expect("peak line");
+    let unfreed = nums(line("==trapline== unfreed at exit: "));
+    (
+        calls[0],
+        calls[1],
+        peak_bytes.replace(',', "").parse().unwrap(),
+        peak_time.to_owned(),
+        unfreed[0],
+        unfreed[1],
+        nums(line("==trapline== errors found: "))[0],
+        nums(line("==trapline== events lost: "))[0],
+    )
+}
+
+/// `trapline run`'s summary comes from the totals the agent kept itself when
+/// one thread recorded every heap event (read from the end of the trace,
+/// without a replay), else from a replay. Either way it must say exactly what
+/// `trapline stats` computes, and `stats` checks the agent's totals against
+/// its replay (`agent_totals_match`).
+#[test]
+fn run_summary_equals_stats_with_and_without_agent_totals() {
+    let cases: [(&str, &[&str], bool); 6] = [
+        ("leaks.c", &[], true),
+        ("errors.c", &[], true),
+        ("realloc_double_free.c", &[], true),
+        ("cpp_leak.cpp", &[], true),
+        ("deep_stacks.c", &[], true),
+        // 64 threads allocate: no agent totals, the summary replays.
+        ("threads64.c", &[], false),
+    ];
+    for (source, args, agent_totals) in cases {
+        let dir = TestDir::new(&format!("summary_{}", source.replace('.', "_")));
+        let prog = if source.ends_with(".cpp") {
+            compile_cpp(&dir, source)
+        } else {
+            compile_c(&dir, source)
+        };
+        let run = run(&dir, &[], &prog, args);
+        assert_eq!(run.code(), 0, "{source}: {}", run.describe());
+        let report = stats(&dir.trace());
+        let peak = field(&report, "peak_heap");
+        let unfreed = field(&report, "unfreed_at_exit");
+        assert_eq!(
+            summary_numbers(&run.stderr),
+            (
+                as_u64(&report, "allocation_calls"),
+                as_u64(&report, "release_calls"),
+                as_u64(peak, "bytes"),
+                format!("{:.3} s", peak["time_seconds"].as_f64().unwrap()),
+                as_u64(unfreed, "bytes"),
+                as_u64(unfreed, "blocks"),
+                as_u64(&report, "errors"),
+                as_u64(&report, "events_lost"),
+            ),
+            "{source}: summary against stats\n{}\n{}",
+            run.stderr,
+            pretty(&report)
+        );
+        let expected = if agent_totals {
+            json!(true)
+        } else {
+            Value::Null
+        };
+        assert_eq!(
+            report["agent_totals_match"],
+            expected,
+            "{source}: agent totals\n{}",
+            pretty(&report)
+        );
+    }
+}
+
+/// A program killed by a signal leaves no agent totals (the signal may have
+/// struck between a count and its event); its summary replays the trace.
+#[test]
+fn no_agent_totals_after_a_fatal_signal() {
+    let dir = TestDir::new("summary_abort");
+    let prog = compile_c(&dir, "exit_paths.c");
+    let run = run(&dir, &[], &prog, &["abort"]);
+    assert_eq!(run.code(), 134, "{}", run.describe());
+    let report = stats(&dir.trace());
+    assert_eq!(
+        report["agent_totals_match"],
+        Value::Null,
+        "{}",
+        pretty(&report)
+    );
+    assert_eq!(
+        summary_numbers(&run.stderr).0,
+        as_u64(&report, "allocation_calls")
+    );
+}

@@ -328,6 +328,28 @@ pub struct EndCounters {
     pub untracked_calls: u64,
 }
 
+/// What the agent counted itself for the end-of-run summary. Written just
+/// before `End`, and only when it equals what a replay of the trace's events
+/// computes (a single thread recorded every heap event, in one trace file,
+/// with nothing lost), so `trapline run` can print its summary from the end
+/// of the file instead of replaying it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunTotals {
+    /// Calls of allocating functions (Alloc and Realloc events, and allocating
+    /// calls that were errors).
+    pub allocation_calls: u64,
+    /// Calls of releasing functions (Free events, and releases that were
+    /// errors other than a mismatched free, which has its Free event).
+    pub release_calls: u64,
+    /// Error events.
+    pub errors: u64,
+    /// Live bytes and blocks at the highest heap occupancy, and the time of
+    /// the event that first reached it.
+    pub peak_bytes: u64,
+    pub peak_blocks: u64,
+    pub peak_time: u64,
+}
+
 /// One trace event. The owned form, as the reader yields it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -495,6 +517,8 @@ pub enum Event {
         exit: ExitKind,
         counters: EndCounters,
     },
+    /// The agent's own totals for the summary (just before `End`, when exact).
+    RunTotals(RunTotals),
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
 }
@@ -547,6 +571,7 @@ pub(crate) mod tag {
     pub const SCAN_END: u8 = 37;
     pub const FORK: u8 = 48;
     pub const END: u8 = 49;
+    pub const RUN_TOTALS: u8 = 50;
     // 96..=111: the CPU profiler.
     pub const PROFILE_START: u8 = 96;
     pub const SAMPLE: u8 = 97;
@@ -853,6 +878,15 @@ impl<'a> Encoder<'a> {
                 self.byte(tag::SNAPSHOT_END)?;
                 self.u64(*blocks)?;
                 self.u64(*bytes)
+            }
+            Event::RunTotals(t) => {
+                self.byte(tag::RUN_TOTALS)?;
+                self.u64(t.allocation_calls)?;
+                self.u64(t.release_calls)?;
+                self.u64(t.errors)?;
+                self.u64(t.peak_bytes)?;
+                self.u64(t.peak_blocks)?;
+                self.u64(t.peak_time)
             }
             Event::ScanBegin {
                 time,
@@ -1277,6 +1311,14 @@ impl<'a> Decoder<'a> {
                 blocks: self.u64()?,
                 bytes: self.u64()?,
             },
+            tag::RUN_TOTALS => Event::RunTotals(RunTotals {
+                allocation_calls: self.u64()?,
+                release_calls: self.u64()?,
+                errors: self.u64()?,
+                peak_bytes: self.u64()?,
+                peak_blocks: self.u64()?,
+                peak_time: self.u64()?,
+            }),
             tag::SCAN_BEGIN => {
                 let time = self.time()?;
                 let scan = self.u32("scan number")?;

@@ -17,8 +17,8 @@ pub use builder::TraceBuilder;
 pub use event::ProfileStopReason;
 pub use event::{
     AllocFn, ChunkContext, DecodeError, Decoder, Encoder, EndCounters, ErrorKind, Event, ExitKind,
-    Family, LockEvent, LockKind, LockMisuse, LockMode, LockOp, ModuleInfo, ProcessInfo, Segment,
-    SnapshotKind,
+    Family, LockEvent, LockKind, LockMisuse, LockMode, LockOp, ModuleInfo, ProcessInfo, RunTotals,
+    Segment, SnapshotKind,
 };
 pub use format::{Chunk, ChunkHeader, TraceError, TraceReader, FORMAT_VERSION};
 pub use scan::{ScanStats, ScanTrigger, Verdict};

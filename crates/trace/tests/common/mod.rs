@@ -5,8 +5,8 @@
 
 use trapline_trace::event::{segment_flags, MAX_STACK_FRAMES};
 use trapline_trace::{
-    AllocFn, Chunk, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, ScanStats,
-    ScanTrigger, Segment, SnapshotKind, TraceBuilder, TraceError, TraceReader, Verdict,
+    AllocFn, Chunk, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, RunTotals,
+    ScanStats, ScanTrigger, Segment, SnapshotKind, TraceBuilder, TraceError, TraceReader, Verdict,
 };
 
 /// xorshift64*: small, deterministic, good enough to drive mutations.
@@ -396,6 +396,23 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             blocks: u64::MAX,
             bytes: u64::MAX,
         },
+        Event::RunTotals(RunTotals {
+            allocation_calls: 15_493_954,
+            release_calls: 14_653_298,
+            errors: 0,
+            peak_bytes: 40_836_575,
+            peak_blocks: 281_337,
+            peak_time: 30_511_000_123,
+        }),
+        Event::RunTotals(RunTotals::default()),
+        Event::RunTotals(RunTotals {
+            allocation_calls: u64::MAX,
+            release_calls: u64::MAX,
+            errors: u64::MAX,
+            peak_bytes: u64::MAX,
+            peak_blocks: u64::MAX,
+            peak_time: u64::MAX,
+        }),
     ];
     let exits = [
         ExitKind::Code(0),
