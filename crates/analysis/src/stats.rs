@@ -303,7 +303,6 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
                 release_calls,
                 errors,
                 peak_bytes: peak.bytes,
-                peak_blocks: peak.blocks,
                 peak_time: peak.time_ns,
             }
         }),

@@ -343,10 +343,9 @@ pub struct RunTotals {
     pub release_calls: u64,
     /// Error events.
     pub errors: u64,
-    /// Live bytes and blocks at the highest heap occupancy, and the time of
-    /// the event that first reached it.
+    /// Live bytes at the highest heap occupancy, and the time of the event
+    /// that first reached it.
     pub peak_bytes: u64,
-    pub peak_blocks: u64,
     pub peak_time: u64,
 }
 
@@ -885,7 +884,6 @@ impl<'a> Encoder<'a> {
                 self.u64(t.release_calls)?;
                 self.u64(t.errors)?;
                 self.u64(t.peak_bytes)?;
-                self.u64(t.peak_blocks)?;
                 self.u64(t.peak_time)
             }
             Event::ScanBegin {
@@ -1316,7 +1314,6 @@ impl<'a> Decoder<'a> {
                 release_calls: self.u64()?,
                 errors: self.u64()?,
                 peak_bytes: self.u64()?,
-                peak_blocks: self.u64()?,
                 peak_time: self.u64()?,
             }),
             tag::SCAN_BEGIN => {

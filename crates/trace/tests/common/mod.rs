@@ -401,7 +401,6 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             release_calls: 14_653_298,
             errors: 0,
             peak_bytes: 40_836_575,
-            peak_blocks: 281_337,
             peak_time: 30_511_000_123,
         }),
         Event::RunTotals(RunTotals::default()),
@@ -410,7 +409,6 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             release_calls: u64::MAX,
             errors: u64::MAX,
             peak_bytes: u64::MAX,
-            peak_blocks: u64::MAX,
             peak_time: u64::MAX,
         }),
     ];
