@@ -471,6 +471,14 @@ fn summarize(output: &Path, program: &Path) {
         eprintln!("==trapline== see: trapline leaks {}", output.display());
         return;
     }
+    // A replay reads every event: say why trapline has not returned yet.
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if len >= SLOW_SUMMARY_BYTES {
+        eprintln!(
+            "==trapline== reading {} MB of trace for the summary (-q skips this)...",
+            th(len >> 20)
+        );
+    }
     match trapline_analysis::stats::analyze(&mut file) {
         Ok(s) => {
             // The exit snapshot is the agent's own table at exit; a replay of
@@ -508,6 +516,10 @@ fn summarize(output: &Path, program: &Path) {
         Err(e) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
     }
 }
+
+/// Trace size from which a summary replay takes long enough (about a second)
+/// to be announced.
+const SLOW_SUMMARY_BYTES: u64 = 32 << 20;
 
 fn th(n: u64) -> String {
     trapline_analysis::report::thousands(n)
