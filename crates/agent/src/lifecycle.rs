@@ -16,6 +16,7 @@ pub const ENV_ROLE: &str = "TRAPLINE_ROLE";
 pub const ENV_FOLLOW: &str = "TRAPLINE_FOLLOW";
 pub const ENV_PASS_INVALID: &str = "TRAPLINE_PASS_INVALID";
 pub const ENV_FREERES: &str = "TRAPLINE_FREERES";
+pub const ENV_RELEASE_STACKS: &str = "TRAPLINE_RELEASE_STACKS";
 
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -81,6 +82,14 @@ fn header_buffer() -> Box<Buffer> {
         argv: read_cmdline(),
     });
     b.push_event(&ev, None);
+    if !record::RELEASE_STACKS.load(Ordering::Relaxed) {
+        b.push_event(
+            &Event::Recording {
+                no_release_stacks: true,
+            },
+            None,
+        );
+    }
     for m in modules::all() {
         b = push_or_flush(b, &Event::ModuleLoad(m), None);
     }
@@ -165,8 +174,8 @@ pub fn init() {
     let follow = env(ENV_FOLLOW).as_deref() != Some("0");
     FOLLOW.store(follow, Ordering::Relaxed);
     FREERES.store(env(ENV_FREERES).as_deref() != Some("0"), Ordering::Relaxed);
-    record::FREE_STACKS.store(
-        env("TRAPLINE_FREE_STACKS").as_deref() != Some("0"),
+    record::RELEASE_STACKS.store(
+        env(ENV_RELEASE_STACKS).as_deref() != Some("0"),
         Ordering::Relaxed,
     );
     record::PASS_INVALID.store(
@@ -547,6 +556,9 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
             "{}={hz}",
             crate::profile::ENV_PROFILE
         )));
+    }
+    if !has(b"TRAPLINE_RELEASE_STACKS=") && !record::RELEASE_STACKS.load(Ordering::Relaxed) {
+        add.extend(CString::new("TRAPLINE_RELEASE_STACKS=0"));
     }
     if !has(b"TRAPLINE_FREERES=") && !FREERES.load(Ordering::Relaxed) {
         add.extend(CString::new("TRAPLINE_FREERES=0"));

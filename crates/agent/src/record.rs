@@ -12,7 +12,9 @@ use trapline_trace::{AllocFn, ErrorKind, Event};
 
 /// Pass invalid and double frees on to the C library (`--pass-invalid-frees`).
 pub static PASS_INVALID: AtomicBool = AtomicBool::new(false);
-pub static FREE_STACKS: AtomicBool = AtomicBool::new(true);
+/// Capture a call stack for every release (`--no-release-stacks` clears it:
+/// then only releases that are errors get one).
+pub static RELEASE_STACKS: AtomicBool = AtomicBool::new(true);
 
 /// How a hook may use the agent right now.
 pub enum Entry {
@@ -207,10 +209,20 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 }
 
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
-    let stack = if FREE_STACKS.load(Ordering::Relaxed) {
+    let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
+    let stack = if with_stack {
         capture_stack(ts, regs, Site::Free)
     } else {
         0
+    };
+    // An erroneous call always gets its stack (captured late without
+    // release stacks: the hook's frame is still there).
+    let error_stack = |ts: &mut ThreadState| {
+        if with_stack {
+            stack
+        } else {
+            capture_stack(ts, regs, Site::Free)
+        }
     };
     let mut shard = live::shard_of(addr).locked();
     if let Some(block) = shard.remove(addr) {
@@ -227,6 +239,7 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
         totals::free(ts, block.size);
         ts.emit(Some(t), |e, c| e.free(c, t, addr, func, stack));
         if block.func.family() != func.family() {
+            let stack = error_stack(ts);
             report(
                 ts,
                 Event::Error {
@@ -255,6 +268,7 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
     let pass = PASS_INVALID.load(Ordering::Relaxed);
     // A double free if this address was freed lately; else never allocated.
     let f = freed.unwrap_or_default();
+    let stack = error_stack(ts);
     report(
         ts,
         Event::Error {

@@ -63,6 +63,10 @@ pub struct LeaksReport {
     /// from a signal handler that interrupted the agent, and blocks at
     /// addresses the agent cannot store. Null without an end record.
     pub untracked_calls: Option<u64>,
+    /// Whether releases were recorded with their call stacks: false after
+    /// `trapline run --no-release-stacks`, when the `free_stack` of errors is
+    /// empty (the stack of each erroneous call itself is still recorded).
+    pub release_stacks: bool,
     /// Whether the trace was complete.
     pub trace: TraceStatus,
     /// Problems met while symbolizing, one sentence each: a module file that
@@ -531,6 +535,7 @@ pub fn analyze_with<R: Read + Seek>(
         errors,
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
+        release_stacks: !facts.no_release_stacks,
         trace,
         // Module files are read while symbolizing: only now are these known.
         warnings: symbolizer.warnings(),
@@ -695,7 +700,7 @@ pub fn render_text(r: &LeaksReport) -> String {
     history_text(&mut out, &p, r);
 
     for e in &r.errors {
-        error_text(&mut out, &p, e);
+        error_text(&mut out, &p, e, r.release_stacks);
         writeln!(out, "{p}").unwrap();
     }
 
@@ -848,7 +853,19 @@ fn history_text(out: &mut String, p: &str, r: &LeaksReport) {
     }
 }
 
-fn error_text(out: &mut String, p: &str, e: &ErrorRecord) {
+fn error_text(out: &mut String, p: &str, e: &ErrorRecord, release_stacks: bool) {
+    // Without release stacks, say why a first-free stack is missing.
+    let free_stack_text = |out: &mut String| {
+        if e.free_stack_id == 0 && !release_stacks {
+            writeln!(
+                out,
+                "{p}   (not recorded: the trace was made with --no-release-stacks)"
+            )
+            .unwrap();
+        } else {
+            stack_text(out, p, e.free_function, &e.free_stack, e.free_stack_id);
+        }
+    };
     let (title, what) = match e.kind {
         "double_free" => (
             "Invalid free() / delete / delete[] / realloc()",
@@ -902,15 +919,15 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord) {
                 thousands(size)
             )
             .unwrap();
-            stack_text(out, p, e.free_function, &e.free_stack, e.free_stack_id);
+            free_stack_text(out);
             writeln!(out, "{p} Block was alloc'd at").unwrap();
             alloc_at(out);
         }
         ("double_free", None) => {
             writeln!(out, "{p} Address {addr} was already freed").unwrap();
-            if e.free_stack_id != 0 {
+            if e.free_stack_id != 0 || !release_stacks {
                 writeln!(out, "{p} First freed at").unwrap();
-                stack_text(out, p, e.free_function, &e.free_stack, e.free_stack_id);
+                free_stack_text(out);
             }
         }
         _ => {

@@ -166,6 +166,8 @@ pub(crate) struct Facts {
     saw_snapshot_begin: bool,
     /// The totals of the exit snapshot's `SnapshotEnd`, once read.
     snapshot_end: Option<BytesBlocks>,
+    /// The recording kept no stacks for releases (`--no-release-stacks`).
+    pub no_release_stacks: bool,
 }
 
 impl Facts {
@@ -185,6 +187,7 @@ impl Facts {
             Event::StackDef { id, frames } => {
                 self.stacks.entry(*id).or_insert_with(|| frames.clone());
             }
+            Event::Recording { no_release_stacks } => self.no_release_stacks |= *no_release_stacks,
             Event::End {
                 time,
                 exit,

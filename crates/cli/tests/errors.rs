@@ -327,3 +327,74 @@ fn failing_operator_new_still_throws_bad_alloc() {
         run.describe()
     );
 }
+
+/// errors.c with `--no-release-stacks`: the same four errors, each with the
+/// stack of the bad call (captured when the error is found) and the
+/// allocation stack; only the double free's first-free stack is unknown, and
+/// both reports say why. The summary still equals `trapline stats`.
+#[test]
+fn no_release_stacks_keeps_error_stacks_and_says_what_is_missing() {
+    let dir = TestDir::new("errors_c_no_release_stacks");
+    let prog = compile_c(&dir, "errors.c");
+    let run = run(&dir, &["--no-release-stacks"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "survived\n", "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(report["release_stacks"], json!(false));
+    assert_eq!(
+        kinds(&report),
+        [
+            "double_free",
+            "invalid_free",
+            "invalid_free",
+            "invalid_realloc"
+        ]
+    );
+    let src = "errors.c";
+    let m = |marker: &str| marker_line(src, marker);
+    let df = error_at(&report, "double_free", "double_free");
+    assert_stack_top(
+        stack_of(df, "stack"),
+        &[
+            ("double_free", src, m("DF-FREE2")),
+            ("main", src, m("CALL-DOUBLE-FREE")),
+        ],
+        "double_free.stack",
+    );
+    assert_stack_top(
+        stack_of(df, "alloc_stack"),
+        &[("double_free", src, m("DF-ALLOC"))],
+        "double_free.alloc_stack",
+    );
+    assert_eq!(df["free_stack"], json!([]), "{}", pretty(df));
+    let stack_free = error_at(&report, "invalid_free", "free_stack_address");
+    assert_stack_top(
+        stack_of(stack_free, "stack"),
+        &[
+            ("free_stack_address", src, m("INVALID-STACK")),
+            ("main", src, m("CALL-INVALID-STACK")),
+        ],
+        "invalid_free.stack",
+    );
+
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("leaks").arg(dir.trace());
+    let text = output_of(cmd, "trapline leaks");
+    assert_eq!(text.code(), 0, "{}", text.describe());
+    assert!(
+        text.stdout
+            .contains("   (not recorded: the trace was made with --no-release-stacks)\n"),
+        "{}",
+        text.stdout
+    );
+
+    // A default recording says it kept release stacks.
+    let dir = TestDir::new("errors_c_release_stacks");
+    let prog = compile_c(&dir, "errors.c");
+    let default_run = common::run(&dir, &[], &prog, &[]);
+    assert_eq!(default_run.code(), 0, "{}", default_run.describe());
+    assert_eq!(leaks(&dir.trace())["release_stacks"], json!(true));
+}

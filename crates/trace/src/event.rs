@@ -518,6 +518,13 @@ pub enum Event {
     },
     /// The agent's own totals for the summary (just before `End`, when exact).
     RunTotals(RunTotals),
+    /// How the recording was configured, where it changes what the trace
+    /// holds (after `Process`, only when something is not the default).
+    Recording {
+        /// Releases carry no call stack (`--no-release-stacks`): their stack
+        /// ids are 0, and a double free's first-free stack is unknown.
+        no_release_stacks: bool,
+    },
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
 }
@@ -571,6 +578,7 @@ pub(crate) mod tag {
     pub const FORK: u8 = 48;
     pub const END: u8 = 49;
     pub const RUN_TOTALS: u8 = 50;
+    pub const RECORDING: u8 = 51;
     // 96..=111: the CPU profiler.
     pub const PROFILE_START: u8 = 96;
     pub const SAMPLE: u8 = 97;
@@ -877,6 +885,11 @@ impl<'a> Encoder<'a> {
                 self.byte(tag::SNAPSHOT_END)?;
                 self.u64(*blocks)?;
                 self.u64(*bytes)
+            }
+            Event::Recording { no_release_stacks } => {
+                self.byte(tag::RECORDING)?;
+                // A flag word, so later options need no new tag.
+                self.u64(u64::from(*no_release_stacks))
             }
             Event::RunTotals(t) => {
                 self.byte(tag::RUN_TOTALS)?;
@@ -1309,6 +1322,15 @@ impl<'a> Decoder<'a> {
                 blocks: self.u64()?,
                 bytes: self.u64()?,
             },
+            tag::RECORDING => {
+                let flags = self.u64()?;
+                if flags > 1 {
+                    return Err(DecodeError::Invalid("recording flags"));
+                }
+                Event::Recording {
+                    no_release_stacks: flags & 1 != 0,
+                }
+            }
             tag::RUN_TOTALS => Event::RunTotals(RunTotals {
                 allocation_calls: self.u64()?,
                 release_calls: self.u64()?,

@@ -404,6 +404,12 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             peak_time: 30_511_000_123,
         }),
         Event::RunTotals(RunTotals::default()),
+        Event::Recording {
+            no_release_stacks: true,
+        },
+        Event::Recording {
+            no_release_stacks: false,
+        },
         Event::RunTotals(RunTotals {
             allocation_calls: u64::MAX,
             release_calls: u64::MAX,
