@@ -10,6 +10,7 @@
 #   VALGRIND_N=1000000     pairs for the single valgrind memcheck run (0: skip)
 #   CC1_REPS=3             repetitions per tool for cc1 (sqlite3.c is ~40 s native)
 #   CC1_HEAPTRACK_REPS=1   heaptrack repetitions for cc1 (it is slow; 0: skip)
+#   CC1_NO_RELEASE_STACKS=1  also run cc1 under `trapline run --no-release-stacks` (0: skip)
 #   MEM_KS="1000000 10000000"  live-block counts for the memory benchmark
 #   MEM_REPS=3             repetitions per tool and K for memory
 #   CC1_SOURCE=FILE.c      compile FILE.c instead of sqlite3.c (to try the script)
@@ -206,6 +207,11 @@ run_tool() {
             # shellcheck disable=SC2206
             pre=("$TRAPLINE" run ${TRAPLINE_ARGS:-} -o "$OUT/$tag.trace" --)
             ;;
+        trapline-norel)
+            rm -f "$OUT/$tag.trace" "$OUT/$tag.trace".*
+            # shellcheck disable=SC2206
+            pre=("$TRAPLINE" run --no-release-stacks ${TRAPLINE_ARGS:-} -o "$OUT/$tag.trace" --)
+            ;;
         heaptrack)
             rm -f "$OUT/$tag.heaptrack".*
             pre=(timeout "$HEAPTRACK_TIMEOUT" prlimit --as="$(to_bytes "$HEAPTRACK_AS_LIMIT")"
@@ -281,7 +287,7 @@ find_desc() {
 # Executables of each tool's own helper processes (not the measured program).
 tool_exes() {
     case $1 in
-        trapline) echo "$TRAPLINE" ;;
+        trapline | trapline-norel) echo "$TRAPLINE" ;;
         heaptrack)
             local d
             for d in /usr/lib/heaptrack/libexec /usr/lib/*/heaptrack/libexec; do
@@ -454,6 +460,7 @@ bench_cc1() {
     log "cc1: ${cmd[*]}"
     local -a tools=(native)
     ((TRAPLINE_OK)) && tools+=(trapline)
+    ((TRAPLINE_OK && ${CC1_NO_RELEASE_STACKS:-1})) && tools+=(trapline-norel)
     ((CC1_HEAPTRACK_REPS > 0)) && tools+=(heaptrack)
     declare -A walls cpus rss toolrss tree ok fails
     local r tool reps
@@ -536,7 +543,10 @@ bench_cc1() {
     echo
     echo "| tool | wall s | ratio to native | CPU s (user+sys, all processes) | CPU ratio | cc1 peak RSS MiB | tool process peak RSS MiB | largest process peak RSS MiB | output file bytes | outcome |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
-    for tool in native trapline heaptrack; do
+    for tool in native trapline trapline-norel heaptrack; do
+        [[ $tool == trapline-norel && -z ${walls[$tool]:-}${fails[$tool]:-} ]] && continue
+        # Not run: no row (a leftover output file would look like a result).
+        [[ $tool == heaptrack ]] && ((CC1_HEAPTRACK_REPS == 0)) && continue
         local w=n/a c=n/a h t th name=$tool outcome=ok bytes=
         # shellcheck disable=SC2086
         th=$(median ${toolrss[$tool]:-})
@@ -550,6 +560,10 @@ bench_cc1() {
             trapline)
                 ((TRAPLINE_OK)) || { name="trapline (not available)"; outcome="pending"; }
                 bytes=$tr_bytes
+                ;;
+            trapline-norel)
+                name="trapline --no-release-stacks"
+                bytes=$(trace_bytes "$OUT/cc1-trapline-norel-1.trace")
                 ;;
             heaptrack)
                 name=$(heaptrack_version)
