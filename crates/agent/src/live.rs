@@ -84,6 +84,12 @@ fn next(i: usize, n: usize) -> usize {
     }
 }
 
+/// Whether a block size is kept exactly (larger ones are clamped).
+#[inline]
+pub fn exact_size(size: u64) -> bool {
+    size < 1 << SIZE_BITS
+}
+
 /// Whether an address can be kept in the table (glibc's blocks always can).
 #[inline]
 pub fn storable(addr: u64) -> bool {
@@ -214,12 +220,6 @@ impl Locked<'_> {
         d.slots[i] = pack(addr, block);
         d.bytes += block.size;
         replaced
-    }
-
-    /// Whether a size is kept exactly (larger ones are clamped).
-    #[inline]
-    pub fn exact_size(size: u64) -> bool {
-        size < 1 << SIZE_BITS
     }
 
     /// Removes a block and returns what was known about it.

@@ -172,9 +172,6 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                 let t = shard.stamp(clock::tick(), ts.last_time);
                 drop(shard);
                 ts.last_time = t;
-                if !live::Locked::exact_size(size as u64) {
-                    totals::make_inexact();
-                }
                 totals::alloc(ts, size as u64, replaced, t);
                 ts.emit(Some(t), |e, c| {
                     e.alloc(c, t, addr, size as u64, align as u64, func, stack)
@@ -450,9 +447,6 @@ pub fn realloc(
         ts.last_time
     };
     ts.last_time = t;
-    if !live::Locked::exact_size(size as u64) {
-        totals::make_inexact();
-    }
     totals::realloc(ts, old_block.map(|b| b.size), gained, t);
     ts.emit(Some(t), |e, c| {
         e.event(

@@ -96,9 +96,13 @@ fn sub(counter: &AtomicU64, n: u64) {
 }
 
 /// The replay's live set gains a block of `size` at time `time`; `replaced`
-/// is the size of a stale entry the table held for the same address.
+/// is the size of a stale entry the table held for the same address. A size
+/// the table clamps would later leave with its clamped value.
 #[inline(always)]
 fn gain(size: u64, replaced: Option<u64>, time: u64) {
+    if !crate::live::exact_size(size) {
+        make_inexact();
+    }
     let live = C
         .live_bytes
         .load(Ordering::Relaxed)

@@ -118,11 +118,11 @@ impl RuleCaches {
         self.lookups = 0;
         let misses = self.misses();
         let recent = misses.saturating_sub(self.misses_seen);
+        // Caches are only ever created in use, so growing adds none yet: the
+        // count over the larger range is the same.
+        self.misses_seen = misses;
         if recent * 100 > u64::from(RULE_WINDOW) && (1 << self.bits) < MAX_RULE_CACHES {
             self.bits += 2;
-            self.misses_seen = self.misses();
-        } else {
-            self.misses_seen = misses;
         }
     }
 }
@@ -177,12 +177,6 @@ impl StackCapture {
     /// Forgets the previous stack (after fork, or when the stack memory may be gone).
     pub fn invalidate(&mut self) {
         self.prev_n = 0;
-    }
-
-    /// The remembered stack's program frames, innermost first, at most
-    /// MAX_FRAMES; returns their count.
-    fn program_frames(&self, out: &mut [u64; MAX_FRAMES]) -> usize {
-        program_frames_of(&self.prev[..self.prev_n], out)
     }
 
     /// Whether every read that decided frames 0..upto (outermost first)
@@ -451,7 +445,7 @@ impl StackCapture {
             Some(top) if top.depth > 0 => {
                 // Deeper than kept: the identity of the innermost MAX_FRAMES.
                 let mut frames = [0u64; MAX_FRAMES];
-                let n = self.program_frames(&mut frames);
+                let n = program_frames_of(&self.prev[..self.prev_n], &mut frames);
                 Some(stacks::hash_frames(&frames[..n]))
             }
             _ => None,

@@ -123,9 +123,32 @@ pub struct RunSummary {
     pub release_calls: u64,
     pub peak_heap_bytes: u64,
     pub peak_heap_time_ns: u64,
-    pub unfreed_at_exit: BytesBlocks,
+    /// The exit snapshot's totals, or without one the blocks live at the end
+    /// of a replay (`unfreed_replayed`: the process did not finish).
+    pub unfreed: BytesBlocks,
+    pub unfreed_replayed: bool,
     pub errors: u64,
-    pub events_lost: u64,
+    /// None without an end record.
+    pub events_lost: Option<u64>,
+    /// What the reader has to say about a damaged or incomplete trace.
+    pub warnings: Vec<String>,
+}
+
+impl RunSummary {
+    /// The summary of a full `stats` pass.
+    pub fn from_stats(s: &StatsReport) -> Self {
+        RunSummary {
+            allocation_calls: s.allocation_calls,
+            release_calls: s.release_calls,
+            peak_heap_bytes: s.peak_heap.bytes,
+            peak_heap_time_ns: s.peak_heap.time_ns,
+            unfreed: s.unfreed_at_exit.unwrap_or(s.live_at_end),
+            unfreed_replayed: s.unfreed_at_exit.is_none(),
+            errors: s.errors,
+            events_lost: s.events_lost,
+            warnings: crate::report::status_warnings(&s.trace),
+        }
+    }
 }
 
 /// Most chunks read back from the end of the file looking for the records
@@ -171,9 +194,11 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         release_calls: t.release_calls,
         peak_heap_bytes: t.peak_bytes,
         peak_heap_time_ns: t.peak_time,
-        unfreed_at_exit: unfreed,
+        unfreed,
+        unfreed_replayed: false,
         errors: t.errors,
-        events_lost: 0,
+        events_lost: Some(0),
+        warnings: Vec::new(),
     }))
 }
 

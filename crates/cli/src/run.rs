@@ -467,60 +467,24 @@ fn summarize(output: &Path, program: &Path) {
     };
     // The agent's own totals, from the end of the file, when it could keep
     // them exactly; otherwise a replay of the whole trace.
-    if let Ok(Some(s)) = trapline_analysis::stats::summary_from_tail(&mut file) {
-        print_summary(
-            &s,
-            format!(
-                "unfreed at exit: {} bytes in {} blocks",
-                th(s.unfreed_at_exit.bytes),
-                th(s.unfreed_at_exit.blocks)
-            ),
-            Some(s.events_lost),
-            &[],
-        );
-        eprintln!("==trapline== see: trapline leaks {}", output.display());
-        return;
-    }
-    // A replay reads every event: say why trapline has not returned yet.
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if len >= SLOW_SUMMARY_BYTES {
-        eprintln!(
-            "==trapline== reading {} MB of trace for the summary (-q skips this)...",
-            th(len >> 20)
-        );
-    }
-    match trapline_analysis::stats::analyze(&mut file) {
+    let summary = match trapline_analysis::stats::summary_from_tail(&mut file) {
+        Ok(Some(s)) => Ok(s),
+        _ => {
+            // A replay reads every event: say why trapline has not returned yet.
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            if len >= SLOW_SUMMARY_BYTES {
+                eprintln!(
+                    "==trapline== reading {} MB of trace for the summary (-q skips this)...",
+                    th(len >> 20)
+                );
+            }
+            trapline_analysis::stats::analyze(&mut file)
+                .map(|s| trapline_analysis::stats::RunSummary::from_stats(&s))
+        }
+    };
+    match summary {
         Ok(s) => {
-            // The exit snapshot is the agent's own table at exit; a replay of
-            // the events misses what the process did not allocate itself (a
-            // fork child's inherited blocks) and what ran after the last chunk.
-            let unfreed = match s.unfreed_at_exit {
-                Some(u) => format!(
-                    "unfreed at exit: {} bytes in {} blocks",
-                    th(u.bytes),
-                    th(u.blocks)
-                ),
-                None => format!(
-                    "unfreed at end of trace: {} bytes in {} blocks (replayed: the process did not finish)",
-                    th(s.live_at_end.bytes),
-                    th(s.live_at_end.blocks)
-                ),
-            };
-            let summary = trapline_analysis::stats::RunSummary {
-                allocation_calls: s.allocation_calls,
-                release_calls: s.release_calls,
-                peak_heap_bytes: s.peak_heap.bytes,
-                peak_heap_time_ns: s.peak_heap.time_ns,
-                unfreed_at_exit: s.unfreed_at_exit.unwrap_or(s.live_at_end),
-                errors: s.errors,
-                events_lost: s.events_lost.unwrap_or(0),
-            };
-            print_summary(
-                &summary,
-                unfreed,
-                s.events_lost,
-                &trapline_analysis::report::status_warnings(&s.trace),
-            );
+            print_summary(&s);
             eprintln!("==trapline== see: trapline leaks {}", output.display());
         }
         Err(e) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
@@ -535,14 +499,8 @@ fn th(n: u64) -> String {
     trapline_analysis::report::thousands(n)
 }
 
-/// The summary lines after the trace names (`events_lost`: None when the
-/// trace has no end record).
-fn print_summary(
-    s: &trapline_analysis::stats::RunSummary,
-    unfreed: String,
-    events_lost: Option<u64>,
-    warnings: &[String],
-) {
+/// The summary lines after the trace names.
+fn print_summary(s: &trapline_analysis::stats::RunSummary) {
     eprintln!(
         "==trapline== allocation calls: {} ({} releases)",
         th(s.allocation_calls),
@@ -553,13 +511,21 @@ fn print_summary(
         th(s.peak_heap_bytes),
         trapline_analysis::report::seconds(s.peak_heap_time_ns)
     );
-    eprintln!("==trapline== {unfreed}");
+    // The exit snapshot is the agent's own table at exit; a replay of the
+    // events misses what the process did not allocate itself (a fork child's
+    // inherited blocks) and what ran after the last chunk.
+    let (bytes, blocks) = (th(s.unfreed.bytes), th(s.unfreed.blocks));
+    if s.unfreed_replayed {
+        eprintln!("==trapline== unfreed at end of trace: {bytes} bytes in {blocks} blocks (replayed: the process did not finish)");
+    } else {
+        eprintln!("==trapline== unfreed at exit: {bytes} bytes in {blocks} blocks");
+    }
     eprintln!("==trapline== errors found: {}", th(s.errors));
-    match events_lost {
+    match s.events_lost {
         Some(n) => eprintln!("==trapline== events lost: {}", th(n)),
         None => eprintln!("==trapline== events lost: unknown (the trace has no end record)"),
     }
-    for w in warnings {
+    for w in &s.warnings {
         eprintln!("==trapline== {w}");
     }
 }
