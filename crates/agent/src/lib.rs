@@ -15,6 +15,7 @@ mod live;
 mod modules;
 mod profile;
 mod record;
+mod rules;
 mod scan;
 mod stacks;
 mod sync;

@@ -17,6 +17,7 @@ pub const ENV_FOLLOW: &str = "TRAPLINE_FOLLOW";
 pub const ENV_PASS_INVALID: &str = "TRAPLINE_PASS_INVALID";
 pub const ENV_FREERES: &str = "TRAPLINE_FREERES";
 pub const ENV_RELEASE_STACKS: &str = "TRAPLINE_RELEASE_STACKS";
+pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
 
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -176,6 +177,10 @@ pub fn init() {
     FREERES.store(env(ENV_FREERES).as_deref() != Some("0"), Ordering::Relaxed);
     record::RELEASE_STACKS.store(
         env(ENV_RELEASE_STACKS).as_deref() != Some("0"),
+        Ordering::Relaxed,
+    );
+    crate::rules::ENABLED.store(
+        env(ENV_RULE_TABLE).as_deref() != Some("0"),
         Ordering::Relaxed,
     );
     record::PASS_INVALID.store(

@@ -1,8 +1,9 @@
 //! The loaded modules: found with dl_iterate_phdr, written to the trace as
-//! the module map (path, build id, bias, segments), and handed to framehop as
-//! unwind tables read straight from the mapped `.eh_frame_hdr` / `.eh_frame`.
+//! the module map (path, build id, bias, segments), and handed to the
+//! unwinders (framehop, and rules.rs's CFI reader) as unwind tables read
+//! straight from the mapped `.eh_frame_hdr` / `.eh_frame`.
 //!
-//! The unwinder is immutable once built; a module change (dlopen, dlclose)
+//! The unwinders are immutable once built; a module change (dlopen, dlclose)
 //! builds a new one and publishes it through an atomic pointer, so unwinding
 //! (including from signal handlers) never takes a lock. Old unwinders are kept
 //! alive for threads that may still be using them.
@@ -49,7 +50,7 @@ struct Scanned {
 struct Registry {
     known: Vec<(u32, Scanned)>,
     next_id: u32,
-    all_unwinders: Vec<*mut Unwinder>,
+    all_unwinders: Vec<*mut Unwinders>,
 }
 
 struct Modules {
@@ -67,13 +68,13 @@ static MODULES: Modules = Modules {
         all_unwinders: Vec::new(),
     }),
 };
-static UNWINDER: AtomicPtr<Unwinder> = AtomicPtr::new(core::ptr::null_mut());
+static UNWINDER: AtomicPtr<Unwinders> = AtomicPtr::new(core::ptr::null_mut());
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 static AGENT_START: AtomicU64 = AtomicU64::new(0);
 static AGENT_END: AtomicU64 = AtomicU64::new(0);
 
 /// The current unwinder and its generation (changes whenever modules change).
-pub fn unwinder() -> Option<(&'static Unwinder, u32)> {
+pub fn unwinder() -> Option<(&'static Unwinders, u32)> {
     let p = UNWINDER.load(Ordering::Acquire);
     if p.is_null() {
         return None;
@@ -246,31 +247,51 @@ fn eh_frame_from_hdr(hdr: u64, hdr_len: u64) -> Option<u64> {
     }
 }
 
-fn framehop_module(m: &Scanned) -> Option<Module<MappedBytes>> {
+/// Where a module's CFI is mapped.
+struct CfiSections {
+    /// .eh_frame_hdr (address, size).
+    hdr: (u64, u64),
+    /// .eh_frame, up to the end of its segment (its size is not recorded).
+    eh_frame: (u64, u64),
+    text: Segment,
+    /// The module's whole address range.
+    range: (u64, u64),
+}
+
+fn cfi_sections(m: &Scanned) -> Option<CfiSections> {
     let (hdr, hdr_len) = m.eh_frame_hdr?;
     let eh = eh_frame_from_hdr(hdr, hdr_len)?;
-    let seg_of = |a: u64| m.segments.iter().find(|s| s.start <= a && a < s.end);
-    let eh_seg = seg_of(eh)?;
+    let eh_seg = m.segments.iter().find(|s| s.start <= eh && eh < s.end)?;
     let text = m
         .segments
         .iter()
         .find(|s| s.flags & segment_flags::EXEC != 0)?;
     let lo = m.segments.iter().map(|s| s.start).min()?;
     let hi = m.segments.iter().map(|s| s.end).max()?;
+    Some(CfiSections {
+        hdr: (hdr, hdr_len),
+        eh_frame: (eh, eh_seg.end - eh),
+        text: text.clone(),
+        range: (lo, hi),
+    })
+}
+
+fn mapped((ptr, len): (u64, u64)) -> MappedBytes {
+    MappedBytes {
+        ptr: ptr as *const u8,
+        len: len as usize,
+    }
+}
+
+fn framehop_module(m: &Scanned, c: &CfiSections) -> Module<MappedBytes> {
     let svma = |a: u64| a - m.bias;
     let info = ExplicitModuleSectionInfo {
         base_svma: 0,
-        text_svma: Some(svma(text.start)..svma(text.end)),
-        eh_frame_svma: Some(svma(eh)..svma(eh_seg.end)),
-        eh_frame: Some(MappedBytes {
-            ptr: eh as *const u8,
-            len: (eh_seg.end - eh) as usize,
-        }),
-        eh_frame_hdr_svma: Some(svma(hdr)..svma(hdr + hdr_len)),
-        eh_frame_hdr: Some(MappedBytes {
-            ptr: hdr as *const u8,
-            len: hdr_len as usize,
-        }),
+        text_svma: Some(svma(c.text.start)..svma(c.text.end)),
+        eh_frame_svma: Some(svma(c.eh_frame.0)..svma(c.eh_frame.0 + c.eh_frame.1)),
+        eh_frame: Some(mapped(c.eh_frame)),
+        eh_frame_hdr_svma: Some(svma(c.hdr.0)..svma(c.hdr.0 + c.hdr.1)),
+        eh_frame_hdr: Some(mapped(c.hdr)),
         text: None,
         stubs_svma: None,
         stub_helper_svma: None,
@@ -280,7 +301,45 @@ fn framehop_module(m: &Scanned) -> Option<Module<MappedBytes>> {
         text_segment_svma: None,
         text_segment: None,
     };
-    Some(Module::new(m.name.clone(), lo..hi, m.bias, info))
+    Module::new(m.name.clone(), c.range.0..c.range.1, m.bias, info)
+}
+
+/// A module's CFI as rules.rs reads it: the sections in place, and their
+/// addresses for gimli, so that CFI addresses come out as run-time addresses.
+pub struct CfiModule {
+    pub start: u64,
+    pub end: u64,
+    pub eh_frame_hdr: MappedBytes,
+    pub eh_frame: MappedBytes,
+    pub bases: gimli::BaseAddresses,
+}
+
+fn cfi_module(c: &CfiSections) -> CfiModule {
+    CfiModule {
+        start: c.range.0,
+        end: c.range.1,
+        eh_frame_hdr: mapped(c.hdr),
+        eh_frame: mapped(c.eh_frame),
+        bases: gimli::BaseAddresses::default()
+            .set_eh_frame_hdr(c.hdr.0)
+            .set_eh_frame(c.eh_frame.0)
+            .set_text(c.text.start),
+    }
+}
+
+/// What unwinding needs of the loaded modules, published together.
+pub struct Unwinders {
+    pub framehop: Unwinder,
+    /// Modules with CFI, sorted by address.
+    pub cfi: Vec<CfiModule>,
+}
+
+impl Unwinders {
+    /// The module whose address range holds `address`.
+    pub fn cfi_module(&self, address: u64) -> Option<&CfiModule> {
+        let i = self.cfi.partition_point(|m| m.start <= address);
+        self.cfi[..i].last().filter(|m| address < m.end)
+    }
 }
 
 fn same(a: &Scanned, b: &Scanned) -> bool {
@@ -332,16 +391,22 @@ pub fn refresh() -> Changes {
         || !changes.unloaded.is_empty()
         || UNWINDER.load(Ordering::Acquire).is_null()
     {
-        let mut u = Unwinder::new();
+        let mut u = Unwinders {
+            framehop: Unwinder::new(),
+            cfi: Vec::new(),
+        };
         for (_, m) in &reg.known {
-            if let Some(fm) = framehop_module(m) {
-                u.add_module(fm);
+            if let Some(c) = cfi_sections(m) {
+                u.framehop.add_module(framehop_module(m, &c));
+                u.cfi.push(cfi_module(&c));
             }
         }
+        u.cfi.sort_by_key(|m| m.start);
         let p = Box::into_raw(Box::new(u));
         reg.all_unwinders.push(p);
         UNWINDER.store(p, Ordering::Release);
         GENERATION.fetch_add(1, Ordering::AcqRel);
+        crate::rules::forget_all();
     }
     changes
 }

@@ -12,7 +12,7 @@
 //! of 20 rule lookups, and when nothing changed it reuses the stack id too.
 //! Frames are kept outermost-first so a capture only rewrites the inner part.
 
-use crate::arch::{self, StartRegs, UnwindCache};
+use crate::arch::{self, Rule, StartRegs, UnwindCache};
 use crate::modules;
 use crate::stacks;
 use framehop::{FrameAddress, Unwinder as _};
@@ -66,6 +66,8 @@ const NO_READ: u8 = u8::MAX;
 /// unwinds through a few hundred sites keeps 4 (each cache is about 20 KiB,
 /// created on first use).
 pub struct RuleCaches {
+    /// Working memory for evaluating CFI when the shared table misses (rules.rs).
+    cfi: Option<Box<crate::rules::CfiContext>>,
     caches: [Option<Box<UnwindCache>>; MAX_RULE_CACHES],
     /// log2 of the number of caches in use.
     bits: u32,
@@ -83,6 +85,7 @@ const RULE_WINDOW: u32 = 16_384;
 impl RuleCaches {
     pub fn new() -> Self {
         RuleCaches {
+            cfi: None,
             caches: [const { None }; MAX_RULE_CACHES],
             bits: RULE_CACHE_START_BITS,
             lookups: 0,
@@ -246,7 +249,7 @@ impl StackCapture {
         bounds: Bounds,
         rules: &mut RuleCaches,
     ) -> Captured {
-        let Some((unwinder, gen)) = modules::unwinder() else {
+        let Some((unwinders, gen)) = modules::unwinder() else {
             return Captured { id: 0, new: false };
         };
         // The commonest case, kept small and inlined: the hook frame itself is
@@ -266,7 +269,7 @@ impl StackCapture {
                 };
             }
         }
-        self.capture_changed(unwinder, gen, start, bounds, rules)
+        self.capture_changed(unwinders, gen, start, bounds, rules)
     }
 
     /// A capture whose stack differs from the previous one, at least in its
@@ -274,7 +277,7 @@ impl StackCapture {
     #[inline(never)]
     fn capture_changed(
         &mut self,
-        unwinder: &crate::arch::Unwinder,
+        unwinders: &modules::Unwinders,
         gen: u32,
         start: StartRegs,
         bounds: Bounds,
@@ -314,14 +317,6 @@ impl StackCapture {
                 bp,
                 ..FrameRec::default()
             };
-            let address = if k == 0 {
-                FrameAddress::from_instruction_pointer(pc)
-            } else {
-                match FrameAddress::from_return_address(pc) {
-                    Some(a) => a,
-                    None => break,
-                }
-            };
             let mut step_reads = [(0u64, 0u64); MAX_STEP_READS];
             let mut nstep = 0usize;
             let mut read = |a: u64| -> Result<u64, ()> {
@@ -339,7 +334,26 @@ impl StackCapture {
                 nstep += 1;
                 Ok(v)
             };
-            let r = unwinder.unwind_frame(address, &mut regs, rules.for_pc(pc), &mut read);
+            // The innermost frame is at pc; a caller is inside the call
+            // instruction before its return address.
+            let lookup = if k == 0 { pc } else { pc.wrapping_sub(1) };
+            let r = match crate::rules::rule_for(lookup, gen, unwinders, &mut rules.cfi) {
+                Rule::Other => {
+                    let address = if k == 0 {
+                        FrameAddress::from_instruction_pointer(pc)
+                    } else {
+                        match FrameAddress::from_return_address(pc) {
+                            Some(a) => a,
+                            None => break,
+                        }
+                    };
+                    unwinders
+                        .framehop
+                        .unwind_frame(address, &mut regs, rules.for_pc(pc), &mut read)
+                        .map_err(|_| ())
+                }
+                rule => rule.exec(k == 0, &mut regs, &mut read),
+            };
             let step_reads = &step_reads[..nstep.min(MAX_STEP_READS)];
             rec.bp_used = step_reads
                 .iter()

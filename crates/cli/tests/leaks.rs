@@ -393,3 +393,90 @@ fn deep_stacks_keep_64_frames_and_inner_changes_are_told_apart() {
         );
     }
 }
+
+/// unwind_shapes.c at -O2: stacks through stack-pointer rules, a frame
+/// pointer (alloca), a frame over 64 KiB (not held by the shared rule
+/// table), glibc's qsort and a signal frame come out with exact functions
+/// and lines, and identical whether the shared rule table or framehop alone
+/// unwinds them (TRAPLINE_RULE_TABLE=0).
+#[test]
+fn every_unwind_rule_shape_gives_exact_stacks_with_and_without_the_rule_table() {
+    let dir = TestDir::new("unwind_shapes");
+    let prog = compile_c_with(&dir, "unwind_shapes.c", "unwind_shapes", &["-O2"]);
+    type Frame = (String, String, Option<u64>, bool);
+    let stacks = |table: &str| -> Vec<(u64, u64, Vec<Frame>)> {
+        let mut cmd = run_command(&dir, &[], &prog, &[]);
+        cmd.env("TRAPLINE_RULE_TABLE", table);
+        let run = output_of(cmd, "trapline run");
+        assert_eq!(run.code(), 0, "{}", run.describe());
+        assert_eq!(run.stdout, "shapes done\n");
+        assert_no_events_lost_in_summary(&run);
+        let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
+        assert_complete(&report);
+        let mut recs: Vec<(u64, u64, Vec<Frame>)> = records(&report)
+            .iter()
+            .map(|r| {
+                let frames = stack_of(r, "stack")
+                    .iter()
+                    .map(|f| {
+                        (
+                            frame_function(f).to_owned(),
+                            basename(f.get("file")).to_owned(),
+                            f.get("line").and_then(Value::as_u64),
+                            f.get("inlined") == Some(&Value::Bool(true)),
+                        )
+                    })
+                    .collect();
+                (as_u64(r, "bytes"), as_u64(r, "blocks"), frames)
+            })
+            .collect();
+        recs.sort();
+        recs
+    };
+    let with_table = stacks("1");
+    let framehop_only = stacks("0");
+    assert_eq!(with_table, framehop_only);
+
+    let src = "unwind_shapes.c";
+    let at = |function: &str, marker: &str| -> Frame {
+        (
+            function.to_owned(),
+            src.to_owned(),
+            Some(marker_line(src, marker)),
+            false,
+        )
+    };
+    let sizes: Vec<(u64, u64)> = with_table.iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(sizes, [(202, 2), (404, 2), (606, 2), (808, 2), (1010, 2)]);
+    let stack = |bytes: u64| &with_table.iter().find(|r| r.0 == bytes).unwrap().2;
+    let expect_top = |bytes: u64, want: &[Frame]| {
+        let got = stack(bytes);
+        assert!(got.len() >= want.len(), "{bytes} bytes: {got:?}");
+        assert_eq!(&got[..want.len()], want, "{bytes} bytes: {got:?}");
+    };
+    expect_top(
+        202,
+        &[
+            at("sp_c", "SP-C"),
+            at("sp_b", "SP-B"),
+            at("sp_a", "SP-A"),
+            at("main", "MAIN-SP"),
+        ],
+    );
+    expect_top(
+        404,
+        &[at("with_alloca", "ALLOCA"), at("main", "MAIN-ALLOCA")],
+    );
+    expect_top(606, &[at("huge_frame", "HUGE"), at("main", "MAIN-HUGE")]);
+    expect_top(1010, &[at("on_signal", "SIGNAL")]);
+
+    // The comparator, glibc's sort frames, qsort itself, then main.
+    let sort = stack(808);
+    assert_eq!(sort[0], at("compare_and_keep", "COMPARE"), "{sort:?}");
+    let qsort = sort
+        .iter()
+        .position(|f| f.0.contains("qsort"))
+        .unwrap_or_else(|| panic!("no qsort frame: {sort:?}"));
+    assert!(qsort > 1, "glibc's sort frames come before qsort: {sort:?}");
+    assert_eq!(sort[qsort + 1], at("main", "MAIN-QSORT"), "{sort:?}");
+}

@@ -60,6 +60,161 @@ pub fn sp_bp(r: &UnwindRegs) -> (u64, u64) {
     (r.sp(), r.bp())
 }
 
+/// One frame's unwind rule in the forms x86_64 CFI takes almost everywhere,
+/// small enough to share in one word per return site (rules.rs). The
+/// return address is always at CFA - 8. These are the rules framehop derives
+/// from DWARF on x86_64, with the same meaning; anything else is `Other`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// The return address rule is undefined: the outermost frame.
+    EndOfStack,
+    /// CFA = sp + cfa_offset; bp is unchanged.
+    Sp { cfa_offset: u32 },
+    /// CFA = sp + cfa_offset; bp = *(CFA - bp_below_cfa).
+    SpRestoreBp { cfa_offset: u32, bp_below_cfa: u32 },
+    /// CFA = bp + 16; bp = *bp (a frame pointer).
+    FramePointer,
+    /// Anything else (a CFA expression, unusual offsets, no CFI for the
+    /// address): framehop unwinds the frame.
+    Other,
+}
+
+/// Offsets are kept in units of 8 bytes in these many bits.
+const RULE_CFA_BITS: u32 = 13;
+const RULE_BP_BITS: u32 = 12;
+/// Bits of an encoded rule (`Rule::encode`); never all zero.
+pub const RULE_BITS: u32 = 3 + RULE_CFA_BITS + RULE_BP_BITS;
+
+impl Rule {
+    /// The rule in `RULE_BITS` bits, never 0; `Other` if the offsets do not fit.
+    pub fn encode(self) -> u32 {
+        let packed = |kind: u32, cfa: u32, bp: u32| {
+            let (cfa, bp) = (cfa / 8, bp / 8);
+            if cfa >> RULE_CFA_BITS != 0 || bp >> RULE_BP_BITS != 0 {
+                return Rule::Other.encode();
+            }
+            kind | cfa << 3 | bp << (3 + RULE_CFA_BITS)
+        };
+        match self {
+            Rule::EndOfStack => 1,
+            Rule::Sp { cfa_offset } => packed(2, cfa_offset, 0),
+            Rule::SpRestoreBp {
+                cfa_offset,
+                bp_below_cfa,
+            } => packed(3, cfa_offset, bp_below_cfa),
+            Rule::FramePointer => 4,
+            Rule::Other => 5,
+        }
+    }
+
+    pub fn decode(bits: u32) -> Rule {
+        let cfa_offset = (bits >> 3 & ((1 << RULE_CFA_BITS) - 1)) * 8;
+        let bp_below_cfa = (bits >> (3 + RULE_CFA_BITS) & ((1 << RULE_BP_BITS) - 1)) * 8;
+        match bits & 7 {
+            1 => Rule::EndOfStack,
+            2 => Rule::Sp { cfa_offset },
+            3 => Rule::SpRestoreBp {
+                cfa_offset,
+                bp_below_cfa,
+            },
+            4 => Rule::FramePointer,
+            _ => Rule::Other,
+        }
+    }
+
+    /// The rule of a CFI row, translated as framehop translates it (so the
+    /// stacks are the same whichever of the two unwinds a frame).
+    pub fn from_cfi<T: gimli::ReaderOffset, S: gimli::UnwindContextStorage<T>>(
+        row: &gimli::UnwindTableRow<T, S>,
+    ) -> Rule {
+        use gimli::{CfaRule, RegisterRule, X86_64};
+        let saved_below_cfa = |r: Option<RegisterRule<T>>| match r {
+            None | Some(RegisterRule::Undefined) | Some(RegisterRule::SameValue) => Some(None),
+            Some(RegisterRule::Offset(o)) if o < 0 && o % 8 == 0 => Some(Some(o.unsigned_abs())),
+            _ => None,
+        };
+        match row.register(X86_64::RA) {
+            None | Some(RegisterRule::Undefined) => return Rule::EndOfStack,
+            Some(RegisterRule::Offset(-8)) => {}
+            _ => return Rule::Other,
+        }
+        let Some(bp) = saved_below_cfa(row.register(X86_64::RBP)) else {
+            return Rule::Other;
+        };
+        let (register, offset) = match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => (*register, *offset),
+            CfaRule::Expression(_) => return Rule::Other,
+        };
+        let Ok(cfa_offset) = u32::try_from(offset) else {
+            return Rule::Other;
+        };
+        let bp_below_cfa = bp.and_then(|b| u32::try_from(b).ok());
+        match (register, bp_below_cfa) {
+            _ if cfa_offset % 8 != 0 || bp.is_some() != bp_below_cfa.is_some() => Rule::Other,
+            (X86_64::RSP, None) => Rule::Sp { cfa_offset },
+            (X86_64::RSP, Some(bp_below_cfa)) => Rule::SpRestoreBp {
+                cfa_offset,
+                bp_below_cfa,
+            },
+            (X86_64::RBP, Some(16)) if cfa_offset == 16 => Rule::FramePointer,
+            _ => Rule::Other,
+        }
+    }
+
+    /// Unwinds one frame: `regs` become the caller's. Ok(None) at the end of
+    /// the stack, Err if a read failed or the frame does not unwind. The
+    /// checks are framehop's, so both unwinders end stacks alike.
+    #[inline(always)]
+    pub fn exec(
+        self,
+        first_frame: bool,
+        regs: &mut UnwindRegs,
+        read: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ) -> Result<Option<u64>, ()> {
+        let (sp, bp) = (regs.sp(), regs.bp());
+        let (new_sp, new_bp) = match self {
+            Rule::EndOfStack => return Ok(None),
+            Rule::Sp { cfa_offset } => (sp.checked_add(u64::from(cfa_offset)).ok_or(())?, bp),
+            Rule::SpRestoreBp {
+                cfa_offset,
+                bp_below_cfa,
+            } => {
+                let cfa = sp.checked_add(u64::from(cfa_offset)).ok_or(())?;
+                let at = cfa.wrapping_sub(u64::from(bp_below_cfa));
+                let new_bp = match read(at) {
+                    Ok(v) => v,
+                    // An epilogue may already have popped bp (CFI need not say so).
+                    Err(()) if first_frame && at < sp => bp,
+                    Err(()) => return Err(()),
+                };
+                (cfa, new_bp)
+            }
+            Rule::FramePointer => {
+                if bp == 0 {
+                    return Ok(None);
+                }
+                let new_sp = bp.checked_add(16).ok_or(())?;
+                if new_sp <= sp {
+                    return Err(());
+                }
+                (new_sp, read(bp)?)
+            }
+            Rule::Other => return Err(()),
+        };
+        let ra = read(new_sp - 8)?;
+        if ra == 0 {
+            return Ok(None);
+        }
+        if new_sp == sp && ra == regs.ip() {
+            return Err(());
+        }
+        regs.set_ip(ra);
+        regs.set_sp(new_sp);
+        regs.set_bp(new_bp);
+        Ok(Some(ra))
+    }
+}
+
 /// Starts loading the cache line of `p` (a hint: never faults).
 #[inline(always)]
 pub fn prefetch<T>(p: *const T) {

@@ -1,0 +1,112 @@
+//! Unwind rules by code address, one table for the whole process.
+//!
+//! Unwinding a frame needs the rule of its return site (where the caller's
+//! frame starts, where bp was saved). Finding it in CFI takes about a
+//! microsecond, so rules are cached. framehop's caches are per thread, 16
+//! bytes a rule, and a program the size of gcc's cc1 needs 64 of them (1.3 MB
+//! a thread), which the program's own work evicts between two allocations:
+//! every lookup went to memory. Here every rule that x86_64 CFI commonly
+//! takes fits in one word with its address (arch::Rule), all threads share
+//! one direct-mapped table of 65,536 words (512 KiB, of which a program
+//! touches what it uses), and a miss evaluates the CFI with gimli, translated
+//! exactly as framehop translates it. Rules of other forms are cached as
+//! `Other`: framehop unwinds those frames, as before.
+//!
+//! A word holds the address's high bits (the low 16 choose the slot), the
+//! module generation's low bits and the encoded rule, so a word read whole is
+//! either the right rule or a miss; writers race harmlessly (the last wins).
+//! When modules change the table is emptied, and a rule a thread computes from
+//! the old modules afterwards carries the old generation and never matches.
+
+use crate::arch::{Rule, RULE_BITS};
+use crate::modules::Unwinders;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use gimli::{EhFrame, EhFrameHdr, LittleEndian, UnwindContext, UnwindSection as _};
+
+const SLOT_BITS: u32 = 16;
+const SLOTS: usize = 1 << SLOT_BITS;
+/// Addresses above this do not fit the tag (no user-space code lives there).
+const MAX_ADDRESS: u64 = 1 << 48;
+const GEN_BITS: u32 = 32 - RULE_BITS;
+
+/// `TRAPLINE_RULE_TABLE=0` turns the table off: framehop unwinds every
+/// frame, as before it existed (to compare the two on a suspect stack).
+pub static ENABLED: AtomicBool = AtomicBool::new(true);
+static TABLE: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+/// Whether any rule was stored since the table was last emptied.
+static USED: AtomicBool = AtomicBool::new(false);
+
+/// gimli's working memory for evaluating one FDE, without allocating.
+pub struct CfiStorage;
+
+impl gimli::UnwindContextStorage<usize> for CfiStorage {
+    /// x86_64 CFI describes at most the 17 general registers and the return address.
+    type Rules = [(gimli::Register, gimli::RegisterRule<usize>); 24];
+    /// DW_CFA_remember_state nesting.
+    type Stack = [gimli::UnwindTableRow<usize, Self>; 4];
+}
+
+pub type CfiContext = UnwindContext<usize, CfiStorage>;
+
+pub fn new_context() -> Box<CfiContext> {
+    Box::new(UnwindContext::new_in())
+}
+
+/// The rule for unwinding a frame at `address` (the pc of the innermost
+/// frame, or return address - 1 for the others).
+#[inline(always)]
+pub fn rule_for(
+    address: u64,
+    gen: u32,
+    unwinders: &Unwinders,
+    context: &mut Option<Box<CfiContext>>,
+) -> Rule {
+    if address >= MAX_ADDRESS || !ENABLED.load(Ordering::Relaxed) {
+        return Rule::Other;
+    }
+    let slot = &TABLE[address as usize & (SLOTS - 1)];
+    let word = slot.load(Ordering::Relaxed);
+    let tag = (address >> SLOT_BITS) as u32;
+    let gen_bits = gen & ((1 << GEN_BITS) - 1);
+    let value = gen_bits << RULE_BITS;
+    if word as u32 == tag && word != 0 && (word >> 32) as u32 >> RULE_BITS == gen_bits {
+        return Rule::decode((word >> 32) as u32);
+    }
+    let rule = from_cfi(address, unwinders, context);
+    USED.store(true, Ordering::Relaxed);
+    slot.store(
+        u64::from(tag) | u64::from(value | rule.encode()) << 32,
+        Ordering::Relaxed,
+    );
+    rule
+}
+
+#[cold]
+fn from_cfi(address: u64, unwinders: &Unwinders, context: &mut Option<Box<CfiContext>>) -> Rule {
+    let Some(m) = unwinders.cfi_module(address) else {
+        return Rule::Other;
+    };
+    let Ok(hdr) = EhFrameHdr::new(&m.eh_frame_hdr, LittleEndian).parse(&m.bases, 8) else {
+        return Rule::Other;
+    };
+    let Some(table) = hdr.table() else {
+        return Rule::Other;
+    };
+    let mut eh_frame = EhFrame::new(&m.eh_frame, LittleEndian);
+    eh_frame.set_address_size(8);
+    let ctx = context.get_or_insert_with(new_context);
+    match table.unwind_info_for_address(&eh_frame, &m.bases, ctx, address, EhFrame::cie_from_offset)
+    {
+        Ok(row) => Rule::from_cfi(row),
+        Err(_) => Rule::Other,
+    }
+}
+
+/// Empties the table (the modules changed).
+pub fn forget_all() {
+    if USED.swap(false, Ordering::Relaxed) {
+        for slot in &TABLE {
+            slot.store(0, Ordering::Relaxed);
+        }
+    }
+}
