@@ -480,3 +480,47 @@ fn every_unwind_rule_shape_gives_exact_stacks_with_and_without_the_rule_table() 
     assert!(qsort > 1, "glibc's sort frames come before qsort: {sort:?}");
     assert_eq!(sort[qsort + 1], at("main", "MAIN-QSORT"), "{sort:?}");
 }
+
+/// dl_rules.c: a library is loaded, unwound through, and closed; a second
+/// build with the same return addresses but other frame sizes is loaded at
+/// the same address. The 48-byte block it leaks has its exact stack (rules
+/// remembered for the first build would have made garbage of it).
+#[test]
+fn unwind_rules_follow_dlclose_and_dlopen_at_the_same_address() {
+    let dir = TestDir::new("dl_rules");
+    let prog = compile_c(&dir, "dl_rules.c");
+    let lib_flags = |pad: &'static str| ["-O2", "-fPIC", "-shared", "-Wl,-z,noseparate-code", pad];
+    let first = compile_c_with(&dir, "dl_rules_lib.c", "lib8.so", &lib_flags("-DPAD=8"));
+    let second = compile_c_with(&dir, "dl_rules_lib.c", "lib72.so", &lib_flags("-DPAD=72"));
+    let run = run(
+        &dir,
+        &[],
+        &prog,
+        &[first.to_str().unwrap(), second.to_str().unwrap()],
+    );
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert!(run.stdout.ends_with("dl done\n"), "{}", run.stdout);
+    let bases = printed_addresses(&run.stdout);
+    assert_eq!(
+        bases.get("BASE1"),
+        bases.get("BASE2"),
+        "the second build must reuse the first one's address for this test to mean anything"
+    );
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    // The loader's own blocks for the library still open are records too.
+    let rec = record_with_function(&report, "lib_inner");
+    assert_eq!((as_u64(rec, "bytes"), as_u64(rec, "blocks")), (48, 1));
+    let lib = "dl_rules_lib.c";
+    assert_stack_top(
+        stack_of(rec, "stack"),
+        &[
+            ("lib_inner", lib, marker_line(lib, "LIB-INNER")),
+            ("lib_outer", lib, marker_line(lib, "LIB-OUTER")),
+            ("main", "dl_rules.c", marker_line("dl_rules.c", "SECOND")),
+            ("__libc_start_call_main", "libc_start_call_main.h", 58),
+        ],
+        "second build",
+    );
+}
