@@ -94,9 +94,15 @@ fn from_cfi(address: u64, unwinders: &Unwinders, context: &mut Option<Box<CfiCon
     };
     let mut eh_frame = EhFrame::new(&m.eh_frame, LittleEndian);
     eh_frame.set_address_size(8);
+    let Ok(fde) = table.fde_for_address(&eh_frame, &m.bases, address, EhFrame::cie_from_offset)
+    else {
+        return Rule::Other;
+    };
+    if fde.is_signal_trampoline() {
+        return Rule::SignalFrame;
+    }
     let ctx = context.get_or_insert_with(new_context);
-    match table.unwind_info_for_address(&eh_frame, &m.bases, ctx, address, EhFrame::cie_from_offset)
-    {
+    match fde.unwind_info_for_address(&eh_frame, &m.bases, ctx, address) {
         Ok(row) => Rule::from_cfi(row),
         Err(_) => Rule::Other,
     }

@@ -289,6 +289,9 @@ impl StackCapture {
         }
         let mut regs = arch::regs(start);
         let mut pc = start.pc;
+        // pc is where the frame's code is (the first frame, or one a signal
+        // interrupted), not a return address after a call.
+        let mut at_instruction = true;
         let mut k = 0;
         let mut cursor = self.prev_n;
         let mut matched: Option<usize> = None;
@@ -336,10 +339,15 @@ impl StackCapture {
             };
             // The innermost frame is at pc; a caller is inside the call
             // instruction before its return address.
-            let lookup = if k == 0 { pc } else { pc.wrapping_sub(1) };
-            let r = match crate::rules::rule_for(lookup, gen, unwinders, &mut rules.cfi) {
+            let lookup = if at_instruction {
+                pc
+            } else {
+                pc.wrapping_sub(1)
+            };
+            let rule = crate::rules::rule_for(lookup, gen, unwinders, &mut rules.cfi);
+            let r = match rule {
                 Rule::Other => {
-                    let address = if k == 0 {
+                    let address = if at_instruction {
                         FrameAddress::from_instruction_pointer(pc)
                     } else {
                         match FrameAddress::from_return_address(pc) {
@@ -352,8 +360,9 @@ impl StackCapture {
                         .unwind_frame(address, &mut regs, rules.for_pc(pc), &mut read)
                         .map_err(|_| ())
                 }
-                rule => rule.exec(k == 0, &mut regs, &mut read),
+                rule => rule.exec(at_instruction, &mut regs, &mut read),
             };
+            at_instruction = arch::caller_is_interrupted(rule);
             let step_reads = &step_reads[..nstep.min(MAX_STEP_READS)];
             rec.bp_used = step_reads
                 .iter()
@@ -365,16 +374,18 @@ impl StackCapture {
                 rec.nreads = UNVERIFIABLE;
             } else {
                 // The result is (return address, sp, bp); sp follows from the
-                // rule and the input registers. Reads whose values became
-                // neither the return address nor the caller's bp (other saved
-                // registers) cannot change it, so they are not verified.
+                // rule and the input registers, except in a signal frame,
+                // where it is read too. Reads whose values became none of
+                // these (other saved registers) cannot change it, so they
+                // are not verified.
                 let ra = match r {
                     Ok(Some(ra)) => ra,
                     _ => 0,
                 };
+                let sp_out = (rule == Rule::SignalFrame).then(|| arch::sp_bp(&regs).0);
                 let mut kept = 0;
                 for &(a, v) in step_reads {
-                    if v == ra || (!rec.bp_passed && v == bp_out) {
+                    if v == ra || Some(v) == sp_out || (!rec.bp_passed && v == bp_out) {
                         if kept == MAX_READS {
                             kept = usize::from(UNVERIFIABLE);
                             break;

@@ -74,6 +74,11 @@ pub enum Rule {
     SpRestoreBp { cfa_offset: u32, bp_below_cfa: u32 },
     /// CFA = bp + 16; bp = *bp (a frame pointer).
     FramePointer,
+    /// The kernel's signal frame (glibc's `__restore_rt`, an FDE marked as
+    /// a signal trampoline): sp points at the `ucontext_t` the handler got,
+    /// which holds the interrupted pc, sp and bp. The next frame's pc is an
+    /// instruction pointer, not a return address.
+    SignalFrame,
     /// Anything else (a CFA expression, unusual offsets, no CFI for the
     /// address): framehop unwinds the frame.
     Other,
@@ -104,6 +109,7 @@ impl Rule {
             } => packed(3, cfa_offset, bp_below_cfa),
             Rule::FramePointer => 4,
             Rule::Other => 5,
+            Rule::SignalFrame => 6,
         }
     }
 
@@ -118,6 +124,7 @@ impl Rule {
                 bp_below_cfa,
             },
             4 => Rule::FramePointer,
+            6 => Rule::SignalFrame,
             _ => Rule::Other,
         }
     }
@@ -164,6 +171,7 @@ impl Rule {
     /// Unwinds one frame: `regs` become the caller's. Ok(None) at the end of
     /// the stack, Err if a read failed or the frame does not unwind. The
     /// checks are framehop's, so both unwinders end stacks alike.
+    /// `first_frame`: pc is an instruction pointer (not a return address).
     #[inline(always)]
     pub fn exec(
         self,
@@ -174,6 +182,7 @@ impl Rule {
         let (sp, bp) = (regs.sp(), regs.bp());
         let (new_sp, new_bp) = match self {
             Rule::EndOfStack => return Ok(None),
+            Rule::SignalFrame => return signal_frame(regs, read),
             Rule::Sp { cfa_offset } => (sp.checked_add(u64::from(cfa_offset)).ok_or(())?, bp),
             Rule::SpRestoreBp {
                 cfa_offset,
@@ -213,6 +222,40 @@ impl Rule {
         regs.set_bp(new_bp);
         Ok(Some(ra))
     }
+}
+
+/// Unwinds the kernel's signal frame: the interrupted registers are in the
+/// `ucontext_t` at sp (the handler's return address, `__restore_rt`, was
+/// just above it).
+fn signal_frame(
+    regs: &mut UnwindRegs,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Result<Option<u64>, ()> {
+    let greg = |r: i32| {
+        let at = core::mem::offset_of!(libc::ucontext_t, uc_mcontext) + r as usize * 8;
+        regs.sp().checked_add(at as u64).ok_or(())
+    };
+    let (bp_at, sp_at, ip_at) = (
+        greg(libc::REG_RBP)?,
+        greg(libc::REG_RSP)?,
+        greg(libc::REG_RIP)?,
+    );
+    let ip = read(ip_at)?;
+    let sp = read(sp_at)?;
+    let bp = read(bp_at)?;
+    if ip == 0 {
+        return Ok(None);
+    }
+    regs.set_ip(ip);
+    regs.set_sp(sp);
+    regs.set_bp(bp);
+    Ok(Some(ip))
+}
+
+/// Whether the caller of a frame unwound by `rule` is at an instruction
+/// pointer (interrupted there) rather than after a call.
+pub fn caller_is_interrupted(rule: Rule) -> bool {
+    rule == Rule::SignalFrame
 }
 
 /// Starts loading the cache line of `p` (a hint: never faults).
