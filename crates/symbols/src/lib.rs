@@ -241,7 +241,17 @@ impl Symbolizer {
         let FileSlot::Ready(debug) = &self.files[slot] else {
             return unknown(Some(path));
         };
-        let raw = debug.resolve(file_address);
+        let mut raw = debug.resolve(file_address);
+        if raw.iter().all(|f| f.function.is_none()) {
+            // A return address at the first byte of a function that no
+            // symbol precedes: the kernel's signal frame "returns" to glibc's
+            // __restore_rt, whose CFI starts one byte early so that unwinders
+            // probing address - 1 find it; symbols do not.
+            let at = debug.resolve(file_address.wrapping_add(1));
+            if at.iter().any(|f| f.function.is_some()) {
+                raw = at;
+            }
+        }
         let last = raw.len() - 1;
         raw.into_iter()
             .enumerate()
