@@ -56,15 +56,15 @@ struct FrameRec {
 
 const NO_READ: u8 = u8::MAX;
 
-/// framehop's unwind-rule caches of one thread. One cache holds 509 rules,
-/// direct-mapped by address, and a miss re-parses CFI (about a microsecond).
-/// A large program (gcc's cc1) unwinds through many more return sites than
-/// that, so several caches chosen by a hash of the pc act as one larger cache
-/// with the same exact rules. A thread starts with 4 and grows to 16, then
-/// 64, while more than 1% of its lookups miss: cc1 needs 64 (CFI parsing fell
-/// from 2.5% to 1.2% of its samples going from 16 to 64), a thread that
-/// unwinds through a few hundred sites keeps 4 (each cache is about 20 KiB,
-/// created on first use).
+/// One thread's unwinding workspace besides the shared rule table: gimli's
+/// context for evaluating CFI on a table miss, and framehop's rule caches for
+/// the frames the table does not hold (`Rule::Other`). One framehop cache
+/// holds 509 rules, direct-mapped by address, and a miss re-parses CFI
+/// (about a microsecond); several caches chosen by a hash of the pc act as
+/// one larger cache with the same exact rules. A thread starts with 4 and
+/// grows to 16, then 64, while more than 1% of its lookups miss (before the
+/// shared table, cc1 needed 64); each cache is about 20 KiB, created on
+/// first use, so a thread whose frames all fit the table has none.
 pub struct RuleCaches {
     /// Working memory for evaluating CFI when the shared table misses (rules.rs).
     cfi: Option<Box<crate::rules::CfiContext>>,
@@ -337,32 +337,29 @@ impl StackCapture {
                 nstep += 1;
                 Ok(v)
             };
-            // The innermost frame is at pc; a caller is inside the call
-            // instruction before its return address.
-            let lookup = if at_instruction {
-                pc
+            let address = if at_instruction {
+                FrameAddress::from_instruction_pointer(pc)
             } else {
-                pc.wrapping_sub(1)
+                match FrameAddress::from_return_address(pc) {
+                    Some(a) => a,
+                    None => break,
+                }
             };
+            // The innermost frame is looked up at pc; a caller inside the
+            // call instruction, before its return address.
+            let lookup = address.address_for_lookup();
             let rule = crate::rules::rule_for(lookup, gen, unwinders, &mut rules.cfi);
             let r = match rule {
-                Rule::Other => {
-                    let address = if at_instruction {
-                        FrameAddress::from_instruction_pointer(pc)
-                    } else {
-                        match FrameAddress::from_return_address(pc) {
-                            Some(a) => a,
-                            None => break,
-                        }
-                    };
-                    unwinders
-                        .framehop
-                        .unwind_frame(address, &mut regs, rules.for_pc(pc), &mut read)
-                        .map_err(|_| ())
-                }
+                Rule::Other => unwinders
+                    .framehop
+                    .unwind_frame(address, &mut regs, rules.for_pc(pc), &mut read)
+                    .map_err(|_| ()),
                 rule => rule.exec(at_instruction, &mut regs, &mut read),
             };
-            at_instruction = arch::caller_is_interrupted(rule);
+            // A signal frame's caller was interrupted, not calling: its pc is
+            // an instruction, and its sp was read from the frame too.
+            let interrupted_caller = rule == Rule::SignalFrame;
+            at_instruction = interrupted_caller;
             let step_reads = &step_reads[..nstep.min(MAX_STEP_READS)];
             rec.bp_used = step_reads
                 .iter()
@@ -382,7 +379,7 @@ impl StackCapture {
                     Ok(Some(ra)) => ra,
                     _ => 0,
                 };
-                let sp_out = (rule == Rule::SignalFrame).then(|| arch::sp_bp(&regs).0);
+                let sp_out = interrupted_caller.then(|| arch::sp_bp(&regs).0);
                 let mut kept = 0;
                 for &(a, v) in step_reads {
                     if v == ra || Some(v) == sp_out || (!rec.bp_passed && v == bp_out) {

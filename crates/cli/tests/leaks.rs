@@ -405,7 +405,8 @@ fn every_unwind_rule_shape_gives_exact_stacks_with_and_without_the_rule_table() 
     let dir = TestDir::new("unwind_shapes");
     let prog = compile_c_with(&dir, "unwind_shapes.c", "unwind_shapes", &["-O2"]);
     type Frame = (String, String, Option<u64>, bool);
-    let stacks = |table: &str| -> Vec<(u64, u64, Vec<Frame>)> {
+    // A recording's report, and its records as comparable values.
+    let record = |table: &str| -> (Value, Vec<(u64, u64, Vec<Frame>)>) {
         let mut cmd = run_command(&dir, &[], &prog, &[]);
         cmd.env("TRAPLINE_RULE_TABLE", table);
         let run = output_of(cmd, "trapline run");
@@ -432,10 +433,10 @@ fn every_unwind_rule_shape_gives_exact_stacks_with_and_without_the_rule_table() 
             })
             .collect();
         recs.sort();
-        recs
+        (report, recs)
     };
-    let with_table = stacks("1");
-    let framehop_only = stacks("0");
+    let (report, with_table) = record("1");
+    let (_, framehop_only) = record("0");
     // framehop cannot unwind the signal frame (its CFA is an expression that
     // reads memory) and stops there; the rule table continues past it.
     let apart_from_signal = |recs: &[(u64, u64, Vec<Frame>)]| -> Vec<(u64, u64, Vec<Frame>)> {
@@ -447,64 +448,79 @@ fn every_unwind_rule_shape_gives_exact_stacks_with_and_without_the_rule_table() 
     );
 
     let src = "unwind_shapes.c";
-    let at = |function: &str, marker: &str| -> Frame {
-        (
-            function.to_owned(),
-            src.to_owned(),
-            Some(marker_line(src, marker)),
-            false,
-        )
-    };
+    let m = |marker: &str| marker_line(src, marker);
     let sizes: Vec<(u64, u64)> = with_table.iter().map(|r| (r.0, r.1)).collect();
     assert_eq!(sizes, [(202, 2), (404, 2), (606, 2), (808, 2), (1010, 2)]);
-    let stack = |bytes: u64| &with_table.iter().find(|r| r.0 == bytes).unwrap().2;
-    let expect_top = |bytes: u64, want: &[Frame]| {
-        let got = stack(bytes);
-        assert!(got.len() >= want.len(), "{bytes} bytes: {got:?}");
-        assert_eq!(&got[..want.len()], want, "{bytes} bytes: {got:?}");
+    let stack = |bytes: u64| {
+        let r = records(&report)
+            .iter()
+            .find(|r| as_u64(r, "bytes") == bytes)
+            .unwrap_or_else(|| panic!("no {bytes}-byte record: {}", pretty(&report)));
+        stack_of(r, "stack")
     };
-    expect_top(
-        202,
+    assert_stack_top(
+        stack(202),
         &[
-            at("sp_c", "SP-C"),
-            at("sp_b", "SP-B"),
-            at("sp_a", "SP-A"),
-            at("main", "MAIN-SP"),
+            ("sp_c", src, m("SP-C")),
+            ("sp_b", src, m("SP-B")),
+            ("sp_a", src, m("SP-A")),
+            ("main", src, m("MAIN-SP")),
         ],
+        "stack-pointer rules",
     );
-    expect_top(
-        404,
-        &[at("with_alloca", "ALLOCA"), at("main", "MAIN-ALLOCA")],
+    assert_stack_top(
+        stack(404),
+        &[
+            ("with_alloca", src, m("ALLOCA")),
+            ("main", src, m("MAIN-ALLOCA")),
+        ],
+        "frame pointer",
     );
-    expect_top(606, &[at("huge_frame", "HUGE"), at("main", "MAIN-HUGE")]);
-    expect_top(1010, &[at("on_signal", "SIGNAL")]);
+    assert_stack_top(
+        stack(606),
+        &[
+            ("huge_frame", src, m("HUGE")),
+            ("main", src, m("MAIN-HUGE")),
+        ],
+        "frame over 64 KiB",
+    );
+    assert_stack_top(stack(1010), &[("on_signal", src, m("SIGNAL"))], "signal");
     // Past the handler: the signal frame (glibc's __restore_rt, named
     // although the byte before it, where return addresses are looked up, has
     // no symbol), the frames raise was in when the signal arrived, then main
     // at the raise call.
     let handled = stack(1010);
-    assert_eq!(handled[1].0, "__restore_rt", "{handled:?}");
+    let shown = show_stack(handled);
+    assert_eq!(frame_function(&handled[1]), "__restore_rt", "{shown}");
     let main = handled
         .iter()
-        .position(|f| f.0 == "main")
-        .unwrap_or_else(|| panic!("no main past the signal frame: {handled:?}"));
-    assert_eq!(handled[main], at("main", "MAIN-RAISE"), "{handled:?}");
+        .position(|f| frame_function(f) == "main")
+        .unwrap_or_else(|| panic!("no main past the signal frame: {shown}"));
+    assert_stack_top(&handled[main..], &[("main", src, m("MAIN-RAISE"))], &shown);
     assert!(
-        handled[2..main].iter().any(|f| f.0.contains("raise")),
-        "{handled:?}"
+        handled[2..main]
+            .iter()
+            .any(|f| frame_function(f).contains("raise")),
+        "{shown}"
     );
-    let framehop_signal = &framehop_only.iter().find(|r| r.0 == 1010).unwrap().2;
-    assert_eq!(framehop_signal[0], handled[0]);
+    let signal_top =
+        |recs: &[(u64, u64, Vec<Frame>)]| recs.iter().find(|r| r.0 == 1010).unwrap().2[0].clone();
+    assert_eq!(signal_top(&framehop_only), signal_top(&with_table));
 
     // The comparator, glibc's sort frames, qsort itself, then main.
     let sort = stack(808);
-    assert_eq!(sort[0], at("compare_and_keep", "COMPARE"), "{sort:?}");
+    let shown = show_stack(sort);
+    assert_stack_top(sort, &[("compare_and_keep", src, m("COMPARE"))], &shown);
     let qsort = sort
         .iter()
-        .position(|f| f.0.contains("qsort"))
-        .unwrap_or_else(|| panic!("no qsort frame: {sort:?}"));
-    assert!(qsort > 1, "glibc's sort frames come before qsort: {sort:?}");
-    assert_eq!(sort[qsort + 1], at("main", "MAIN-QSORT"), "{sort:?}");
+        .position(|f| frame_function(f).contains("qsort"))
+        .unwrap_or_else(|| panic!("no qsort frame: {shown}"));
+    assert!(qsort > 1, "glibc's sort frames come before qsort: {shown}");
+    assert_stack_top(
+        &sort[qsort + 1..],
+        &[("main", src, m("MAIN-QSORT"))],
+        &shown,
+    );
 }
 
 /// dl_rules.c: a library is loaded, unwound through, and closed; a second

@@ -252,12 +252,6 @@ fn signal_frame(
     Ok(Some(ip))
 }
 
-/// Whether the caller of a frame unwound by `rule` is at an instruction
-/// pointer (interrupted there) rather than after a call.
-pub fn caller_is_interrupted(rule: Rule) -> bool {
-    rule == Rule::SignalFrame
-}
-
 /// Starts loading the cache line of `p` (a hint: never faults).
 #[inline(always)]
 pub fn prefetch<T>(p: *const T) {
