@@ -86,7 +86,17 @@ pub fn unwinder() -> Option<(&'static Unwinders, u32)> {
 /// True if `pc` is code of the agent itself (those frames are cut from stacks).
 #[inline]
 pub fn is_agent_pc(pc: u64) -> bool {
-    pc >= AGENT_START.load(Ordering::Relaxed) && pc < AGENT_END.load(Ordering::Relaxed)
+    let (start, end) = agent_code();
+    pc >= start && pc < end
+}
+
+/// The agent's code, [start, end): for loops that test many frames.
+#[inline]
+pub fn agent_code() -> (u64, u64) {
+    (
+        AGENT_START.load(Ordering::Relaxed),
+        AGENT_END.load(Ordering::Relaxed),
+    )
 }
 
 fn read_build_id(note_start: u64, note_len: u64) -> Option<Vec<u8>> {

@@ -55,16 +55,16 @@ pub fn new_context() -> Box<CfiContext> {
 }
 
 /// The rule for unwinding a frame at `address` (the pc of the innermost
-/// frame, or return address - 1 for the others).
+/// frame, or return address - 1 for the others), encoded (`Rule::encode`).
 #[inline(always)]
 pub fn rule_for(
     address: u64,
     gen: u32,
     unwinders: &Unwinders,
     context: &mut Option<Box<CfiContext>>,
-) -> Rule {
+) -> u32 {
     if address >= MAX_ADDRESS || !ENABLED.load(Ordering::Relaxed) {
-        return Rule::Other;
+        return Rule::Other.encode();
     }
     // Two ways: the pair is chosen by address bits 1..16, and the tag keeps
     // bit 0 and the bits above 16.
@@ -75,21 +75,22 @@ pub fn rule_for(
         |word: u64| word as u32 == tag && word != 0 && (word >> 32) as u32 >> RULE_BITS == gen_bits;
     let first = TABLE[pair].load(Ordering::Relaxed);
     if hit(first) {
-        return Rule::decode((first >> 32) as u32);
+        return (first >> 32) as u32 & ((1 << RULE_BITS) - 1);
     }
     let second = TABLE[pair + 1].load(Ordering::Relaxed);
     if hit(second) {
-        return Rule::decode((second >> 32) as u32);
+        return (second >> 32) as u32 & ((1 << RULE_BITS) - 1);
     }
     let rule = from_cfi(address, unwinders, context);
     USED.store(true, Ordering::Relaxed);
     // The newest rule goes first; the one it displaces moves to the second way.
     TABLE[pair + 1].store(first, Ordering::Relaxed);
+    let bits = rule.encode();
     TABLE[pair].store(
-        u64::from(tag) | u64::from(gen_bits << RULE_BITS | rule.encode()) << 32,
+        u64::from(tag) | u64::from(gen_bits << RULE_BITS | bits) << 32,
         Ordering::Relaxed,
     );
-    rule
+    bits
 }
 
 #[cold]

@@ -9,7 +9,7 @@
 use crate::sys::RawLock;
 use crate::unwind::MAX_FRAMES;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 const SHARDS: usize = 16;
 const DIR_PAGE: usize = 1 << 16;
@@ -35,6 +35,11 @@ struct ShardData {
 
 struct Shard {
     lock: RawLock,
+    /// Where `slots` is and its index mask, readable without the lock: only
+    /// to prefetch a hash's slot (a stale pair names a wrong address, which
+    /// a prefetch ignores).
+    slots_at: AtomicUsize,
+    slots_mask: AtomicUsize,
     data: UnsafeCell<ShardData>,
 }
 
@@ -44,6 +49,8 @@ unsafe impl Sync for Shard {}
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY: Shard = Shard {
     lock: RawLock::new(),
+    slots_at: AtomicUsize::new(0),
+    slots_mask: AtomicUsize::new(0),
     data: UnsafeCell::new(ShardData {
         slots: Vec::new(),
         len: 0,
@@ -193,6 +200,27 @@ fn publish(frames: &[u64]) -> Option<u32> {
     Some(id)
 }
 
+impl Shard {
+    fn publish_slots(&self, d: &ShardData) {
+        self.slots_at
+            .store(d.slots.as_ptr() as usize, Ordering::Relaxed);
+        self.slots_mask.store(d.slots.len() - 1, Ordering::Relaxed);
+    }
+}
+
+/// Starts loading the intern table slot of `hash`: a capture that misses its
+/// id cache goes there, and the slot is usually in memory, not in a cache.
+#[inline(always)]
+pub fn prefetch_slot(hash: StackHash) {
+    let shard = &TABLE[(hash.0 >> 60) as usize % SHARDS];
+    let mask = shard.slots_mask.load(Ordering::Relaxed);
+    let at = shard.slots_at.load(Ordering::Relaxed);
+    if at != 0 {
+        let i = hash.0 as usize & mask;
+        crate::arch::prefetch((at + i * size_of::<(StackHash, u32)>()) as *const u8);
+    }
+}
+
 /// The id of the stack with identity `hash`, creating it from the frames
 /// `frames` writes (innermost first, returning their count) if it is new; the
 /// frames are only gathered then. Returns (id, newly created). `None` only if
@@ -207,6 +235,7 @@ pub fn intern(
     let d = unsafe { &mut *shard.data.get() };
     if d.slots.is_empty() {
         d.slots = vec![(StackHash::default(), 0); 1024];
+        shard.publish_slots(d);
     } else if (d.len + 1) * 4 > d.slots.len() * 3 {
         let doubled = vec![(StackHash::default(), 0); d.slots.len() * 2];
         let old = core::mem::replace(&mut d.slots, doubled);
@@ -218,6 +247,7 @@ pub fn intern(
             }
             d.slots[i] = (h, id);
         }
+        shard.publish_slots(d);
     }
     let mask = d.slots.len() - 1;
     let mut i = hash.0 as usize & mask;

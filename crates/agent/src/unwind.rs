@@ -28,6 +28,9 @@ const MAX_READS: usize = 4;
 const MAX_STEP_READS: usize = 8;
 const UNVERIFIABLE: u8 = u8::MAX;
 const ID_CACHE: usize = 4096;
+/// Entries of the flat check list (two per frame on average is plenty: a
+/// stack whose list is full is verified only up to there).
+const CHECKS: usize = MAX_RAW * 2;
 
 #[derive(Clone, Copy, Default)]
 struct FrameRec {
@@ -141,13 +144,15 @@ pub struct Bounds {
 pub struct StackCapture {
     /// Previous stack, outermost frame first.
     prev: [FrameRec; MAX_RAW],
+    /// prev[i].sp, dense: searched on every changed capture.
+    prev_sp: [u64; MAX_RAW],
     prev_n: usize,
     prev_gen: u32,
     prev_id: u32,
     scratch: [FrameRec; MAX_RAW],
     /// The reads that decide the outer stack, flattened outermost first:
     /// checking a prefix of this is the whole cost of a cache hit.
-    checks: [(u64, u64); MAX_RAW * 2],
+    checks: [(u64, u64); CHECKS],
     /// checks_end[i]: end of frame i's entries in `checks`; (lowest, highest)
     /// address among frames 0..=i.
     checks_end: [(u16, u64, u64); MAX_RAW],
@@ -167,11 +172,12 @@ impl StackCapture {
     pub fn new() -> Box<Self> {
         Box::new(StackCapture {
             prev: [FrameRec::default(); MAX_RAW],
+            prev_sp: [0; MAX_RAW],
             prev_n: 0,
             prev_gen: 0,
             prev_id: 0,
             scratch: [FrameRec::default(); MAX_RAW],
-            checks: [(0, 0); MAX_RAW * 2],
+            checks: [(0, 0); CHECKS],
             checks_end: [(0, 0, 0); MAX_RAW],
             id_cache: Box::new([(stacks::StackHash::default(), 0); ID_CACHE]),
         })
@@ -195,7 +201,7 @@ impl StackCapture {
         let differs = |&(a, v): &(u64, u64)| unsafe { core::ptr::read(a as *const u64) } ^ v;
         // Most checks pass: test a group of them with one branch, so the
         // loads overlap instead of each waiting for its compare.
-        let checks = &self.checks[..end as usize];
+        let checks = &self.checks[..usize::from(end)];
         let mut groups = checks.chunks_exact(4);
         for g in &mut groups {
             if differs(&g[0]) | differs(&g[1]) | differs(&g[2]) | differs(&g[3]) != 0 {
@@ -216,12 +222,12 @@ impl StackCapture {
         };
         let mut caller_bp_matters = from > 0 && self.prev[from - 1].bp_matters;
         for i in from..self.prev_n {
-            let f = self.prev[i];
-            if f.nreads == UNVERIFIABLE || n + f.nreads as usize > self.checks.len() {
+            let f = &self.prev[i];
+            if f.nreads == UNVERIFIABLE || n + f.nreads as usize > CHECKS {
                 broken = true;
             }
             if !broken {
-                for (j, &(a, v)) in f.reads[..f.nreads as usize].iter().enumerate() {
+                for (j, &(a, v)) in f.reads[..usize::from(f.nreads)].iter().enumerate() {
                     if j as u8 == f.bp_read && !caller_bp_matters {
                         continue;
                     }
@@ -293,11 +299,21 @@ impl StackCapture {
         // interrupted), not a return address after a call.
         let mut at_instruction = true;
         let mut k = 0;
-        let mut cursor = self.prev_n;
         let mut matched: Option<usize> = None;
+        // Readable: 8 aligned bytes inside the bounds, as one compare
+        // (nothing is when the range is under 8 bytes).
+        let (read_lo, read_span) = match (bounds.hi.wrapping_sub(bounds.lo)).checked_sub(8) {
+            Some(span) if bounds.hi >= bounds.lo => (bounds.lo, span),
+            _ => (u64::MAX, 0),
+        };
+        // Remembered frames at or above the current sp (the candidates are
+        // below that count). The first frame may be far from the previous
+        // stack's innermost (cc1's depth swings by dozens of frames), so it
+        // searches; later frames move by one or two.
+        let mut cursor = frames_at_or_above(&self.prev_sp[..self.prev_n], start.sp);
         loop {
             let (sp, bp) = arch::sp_bp(&regs);
-            while cursor > 0 && self.prev[cursor - 1].sp < sp {
+            while cursor > 0 && self.prev_sp[cursor - 1] < sp {
                 cursor -= 1;
             }
             if cursor > 0 {
@@ -314,29 +330,6 @@ impl StackCapture {
             if k == MAX_RAW {
                 break;
             }
-            let mut rec = FrameRec {
-                pc,
-                sp,
-                bp,
-                ..FrameRec::default()
-            };
-            let mut step_reads = [(0u64, 0u64); MAX_STEP_READS];
-            let mut nstep = 0usize;
-            let mut read = |a: u64| -> Result<u64, ()> {
-                if a < bounds.lo
-                    || a.checked_add(8).is_none_or(|e| e > bounds.hi)
-                    || !a.is_multiple_of(8)
-                {
-                    return Err(());
-                }
-                // SAFETY: inside the thread's readable stack range, aligned.
-                let v = unsafe { core::ptr::read_volatile(a as *const u64) };
-                if nstep < MAX_STEP_READS {
-                    step_reads[nstep] = (a, v);
-                }
-                nstep += 1;
-                Ok(v)
-            };
             let address = if at_instruction {
                 FrameAddress::from_instruction_pointer(pc)
             } else {
@@ -348,7 +341,65 @@ impl StackCapture {
             // The innermost frame is looked up at pc; a caller inside the
             // call instruction, before its return address.
             let lookup = address.address_for_lookup();
-            let rule = crate::rules::rule_for(lookup, gen, unwinders, &mut rules.cfi);
+            let bits = crate::rules::rule_for(lookup, gen, unwinders, &mut rules.cfi);
+            // Nearly every frame: a common rule, all reads in bounds. What it
+            // records is what the general path below records for the same
+            // reads (the return address always kept; the restored bp kept
+            // when bp changed, or when it equals the return address).
+            let readable = |a: u64| a.wrapping_sub(read_lo) <= read_span && a.is_multiple_of(8);
+            if let Some(step) = arch::fast_step(bits, &mut regs, readable) {
+                let rec = &mut self.scratch[k];
+                rec.pc = pc;
+                rec.sp = sp;
+                rec.bp = bp;
+                let near_bp = |a: u64| a.wrapping_sub(bp) & !8 == 0;
+                let (ra_at, ra) = (step.ra_at, step.ra);
+                rec.reads[0] = (ra_at, ra);
+                rec.nreads = 1;
+                rec.bp_read = NO_READ;
+                rec.bp_passed = true;
+                rec.bp_used = near_bp(ra_at);
+                if let Some((at, restored)) = step.bp_read {
+                    rec.bp_used |= near_bp(at);
+                    rec.bp_passed = restored == bp;
+                    if restored != bp || restored == ra {
+                        rec.reads[0] = (at, restored);
+                        rec.reads[1] = (ra_at, ra);
+                        rec.nreads = 2;
+                        if restored != ra {
+                            rec.bp_read = 0;
+                        }
+                    }
+                }
+                k += 1;
+                at_instruction = false;
+                if arch::sp_bp(&regs).0 <= sp {
+                    break;
+                }
+                pc = ra;
+                continue;
+            }
+            // The reads of this step, as two scalar arrays: building a record
+            // in a temporary and copying it, or reading back (address, value)
+            // pairs just written as scalars, stalled on store forwarding
+            // (a fifth of a changed capture's time).
+            let mut nstep = 0usize;
+            let mut step_addr = [0u64; MAX_STEP_READS];
+            let mut step_value = [0u64; MAX_STEP_READS];
+            let mut read = |a: u64| -> Result<u64, ()> {
+                if !readable(a) {
+                    return Err(());
+                }
+                // SAFETY: inside the thread's readable stack range, aligned.
+                let v = unsafe { core::ptr::read_volatile(a as *const u64) };
+                if nstep < MAX_STEP_READS {
+                    step_addr[nstep] = a;
+                    step_value[nstep] = v;
+                }
+                nstep += 1;
+                Ok(v)
+            };
+            let rule = Rule::decode(bits);
             let r = match rule {
                 Rule::Other => unwinders
                     .framehop
@@ -360,11 +411,15 @@ impl StackCapture {
             // an instruction, and its sp was read from the frame too.
             let interrupted_caller = rule == Rule::SignalFrame;
             at_instruction = interrupted_caller;
-            let step_reads = &step_reads[..nstep.min(MAX_STEP_READS)];
-            rec.bp_used = step_reads
+            let n = nstep.min(MAX_STEP_READS);
+            let (sp_after, bp_out) = arch::sp_bp(&regs);
+            let rec = &mut self.scratch[k];
+            rec.pc = pc;
+            rec.sp = sp;
+            rec.bp = bp;
+            rec.bp_used = step_addr[..n]
                 .iter()
-                .any(|&(a, _)| a == bp || a == bp.wrapping_add(8));
-            let bp_out = arch::sp_bp(&regs).1;
+                .any(|&a| a == bp || a == bp.wrapping_add(8));
             rec.bp_passed = bp_out == bp;
             rec.bp_read = NO_READ;
             if nstep > MAX_STEP_READS {
@@ -379,9 +434,9 @@ impl StackCapture {
                     Ok(Some(ra)) => ra,
                     _ => 0,
                 };
-                let sp_out = interrupted_caller.then(|| arch::sp_bp(&regs).0);
+                let sp_out = interrupted_caller.then_some(sp_after);
                 let mut kept = 0;
-                for &(a, v) in step_reads {
+                for (&a, &v) in step_addr[..n].iter().zip(&step_value[..n]) {
                     if v == ra || Some(v) == sp_out || (!rec.bp_passed && v == bp_out) {
                         if kept == MAX_READS {
                             kept = usize::from(UNVERIFIABLE);
@@ -396,7 +451,6 @@ impl StackCapture {
                 }
                 rec.nreads = kept as u8;
             }
-            self.scratch[k] = rec;
             k += 1;
             match r {
                 Ok(Some(ra)) if ra != 0 => {
@@ -446,16 +500,23 @@ impl StackCapture {
                     (o.bp_matters, o.prefix, o.depth)
                 }
             };
-            for f in &mut self.prev[from..self.prev_n] {
+            let (agent_lo, agent_hi) = modules::agent_code();
+            for (f, sp) in self.prev[from..self.prev_n]
+                .iter_mut()
+                .zip(&mut self.prev_sp[from..])
+            {
                 f.bp_matters =
                     f.bp_used || (f.bp_passed && outer_matters) || f.nreads == UNVERIFIABLE;
                 outer_matters = f.bp_matters;
-                if !modules::is_agent_pc(f.pc) {
-                    prefix = stacks::hash_step(prefix, f.pc);
-                    depth += 1;
-                }
+                // Selected, not branched on: which frames are the agent's
+                // varies from capture to capture.
+                let program = !(f.pc >= agent_lo && f.pc < agent_hi);
+                let stepped = stacks::hash_step(prefix, f.pc);
+                prefix = if program { stepped } else { prefix };
+                depth += u32::from(program);
                 f.prefix = prefix;
                 f.depth = depth;
+                *sp = f.sp;
             }
             rebuild_from = Some(from);
         }
@@ -473,10 +534,12 @@ impl StackCapture {
             _ => None,
         };
         let slot = h.map_or(0, |h| (h.1 as usize >> 7) % ID_CACHE);
-        if h.is_some() {
+        if let Some(h) = h {
             // The id cache line is likely cold (the program ran in between):
-            // start loading it while the check list is rebuilt.
+            // start loading it while the check list is rebuilt, and the
+            // intern table's slot, where a fifth of cc1's captures go next.
             arch::prefetch(&self.id_cache[slot]);
+            stacks::prefetch_slot(h);
         }
         if let Some(from) = rebuild_from {
             self.rebuild_checks(from);
@@ -506,6 +569,27 @@ impl StackCapture {
             }
         }
     }
+}
+
+/// How many of `sps` (strictly decreasing: a remembered stack's sp, outermost
+/// first) are at or above `sp`, found without a data-dependent branch.
+#[inline(always)]
+fn frames_at_or_above(sps: &[u64], sp: u64) -> usize {
+    if sps.is_empty() {
+        return 0;
+    }
+    let mut base = 0;
+    let mut size = sps.len();
+    while size > 1 {
+        let half = size / 2;
+        base = if sps[base + half] >= sp {
+            base + half
+        } else {
+            base
+        };
+        size -= half;
+    }
+    base + usize::from(sps[base] >= sp)
 }
 
 /// Program frames of `frames` (outermost first), innermost first into `out`:

@@ -224,6 +224,71 @@ impl Rule {
     }
 }
 
+/// The outcome of `fast_step`: the caller's registers are set, and these are
+/// the step's reads in the order `Rule::exec` makes them.
+pub struct FastStep {
+    /// Where bp was restored from, and its value (None: bp passed on).
+    pub bp_read: Option<(u64, u64)>,
+    /// Where the return address was, and its value (never 0).
+    pub ra_at: u64,
+    pub ra: u64,
+}
+
+/// Runs the three common rules (`Sp`, `SpRestoreBp`, `FramePointer`) straight
+/// from their encoded bits, without matching on the kind: CFA = sp or bp plus
+/// an offset, the return address at CFA - 8, bp restored from below the CFA
+/// or passed on. Only the plain case is handled here, where every read is in
+/// bounds and the frame is not the end of the stack: for anything else
+/// (another kind, a read refused, a zero return address, a frame that does
+/// not move) it returns None with `regs` untouched, and `Rule::exec` decides,
+/// with the same result it would give here when it succeeds.
+#[inline(always)]
+pub fn fast_step(
+    bits: u32,
+    regs: &mut UnwindRegs,
+    readable: impl Fn(u64) -> bool,
+) -> Option<FastStep> {
+    let kind = bits & 7;
+    // 2: Sp, 3: SpRestoreBp, 4: FramePointer (see `Rule::encode`).
+    if !(2..=4).contains(&kind) {
+        return None;
+    }
+    let (pc, sp, bp) = (regs.ip(), regs.sp(), regs.bp());
+    let frame_pointer = kind == 4;
+    let (base, cfa_offset, bp_below_cfa) = if frame_pointer {
+        (bp, 16, 16)
+    } else {
+        let cfa_offset = u64::from(bits >> 3 & ((1 << RULE_CFA_BITS) - 1)) * 8;
+        let bp_below = u64::from(bits >> (3 + RULE_CFA_BITS) & ((1 << RULE_BP_BITS) - 1)) * 8;
+        (sp, cfa_offset, if kind == 3 { bp_below } else { 0 })
+    };
+    if frame_pointer && bp == 0 {
+        return None;
+    }
+    let cfa = base.checked_add(cfa_offset)?;
+    if frame_pointer && cfa <= sp {
+        return None;
+    }
+    let ra_at = cfa.wrapping_sub(8);
+    let bp_at = cfa.wrapping_sub(bp_below_cfa);
+    if !readable(ra_at) || (bp_below_cfa != 0 && !readable(bp_at)) {
+        return None;
+    }
+    // SAFETY: `readable` checked both addresses (aligned, inside the stack).
+    let (ra, bp_read) = unsafe {
+        let bp_read =
+            (bp_below_cfa != 0).then(|| (bp_at, core::ptr::read_volatile(bp_at as *const u64)));
+        (core::ptr::read_volatile(ra_at as *const u64), bp_read)
+    };
+    if ra == 0 || (cfa == sp && ra == pc) {
+        return None;
+    }
+    regs.set_ip(ra);
+    regs.set_sp(cfa);
+    regs.set_bp(bp_read.map_or(bp, |(_, v)| v));
+    Some(FastStep { bp_read, ra_at, ra })
+}
+
 /// Unwinds the kernel's signal frame: the interrupted registers are in the
 /// `ucontext_t` at sp (the handler's return address, `__restore_rt`, was
 /// just above it).
