@@ -13,7 +13,7 @@
 //! `Other`: framehop unwinds those frames, as before.
 //!
 //! A word holds the address bits that did not choose its pair of slots, the
-//! module generation's low bits and the encoded rule, so a word read whole is
+//! mark of the module generation (its count modulo 15, plus 1) and the encoded rule, so a word read whole is
 //! either the right rule or a miss; writers race harmlessly (the last wins).
 //! Two ways instead of one cut cc1's CFI evaluations from 1.35% to 0.5% of
 //! its samples (return sites 64 KiB apart no longer evict each other).
@@ -30,6 +30,8 @@ const SLOTS: usize = 1 << SLOT_BITS;
 /// Addresses above this do not fit the tag (no user-space code lives there).
 const MAX_ADDRESS: u64 = 1 << 47;
 const GEN_BITS: u32 = 32 - RULE_BITS;
+/// The bits of a word that must equal the lookup's: the tag and the generation mark.
+const MATCH_MASK: u64 = 0xFFFF_FFFF | ((1 << GEN_BITS) - 1) << (32 + RULE_BITS);
 
 /// `TRAPLINE_RULE_TABLE=0` turns the table off: framehop unwinds every
 /// frame, as before it existed (to compare the two on a suspect stack).
@@ -63,16 +65,18 @@ pub fn rule_for(
     unwinders: &Unwinders,
     context: &mut Option<Box<CfiContext>>,
 ) -> u32 {
-    if address >= MAX_ADDRESS || !ENABLED.load(Ordering::Relaxed) {
+    if address >= MAX_ADDRESS {
         return Rule::Other.encode();
     }
     // Two ways: the pair is chosen by address bits 1..16, and the tag keeps
     // bit 0 and the bits above 16.
     let pair = (address as usize >> 1 & (SLOTS / 2 - 1)) * 2;
     let tag = ((address >> SLOT_BITS) << 1 | address & 1) as u32;
-    let gen_bits = gen & ((1 << GEN_BITS) - 1);
-    let hit =
-        |word: u64| word as u32 == tag && word != 0 && (word >> 32) as u32 >> RULE_BITS == gen_bits;
+    // The generation's mark is never 0, so an empty word never matches and
+    // a hit is one mask and compare.
+    let gen_mark = gen % ((1 << GEN_BITS) - 1) + 1;
+    let expect = u64::from(tag) | u64::from(gen_mark) << (32 + RULE_BITS);
+    let hit = |word: u64| word & MATCH_MASK == expect;
     let first = TABLE[pair].load(Ordering::Relaxed);
     if hit(first) {
         return (first >> 32) as u32 & ((1 << RULE_BITS) - 1);
@@ -81,15 +85,16 @@ pub fn rule_for(
     if hit(second) {
         return (second >> 32) as u32 & ((1 << RULE_BITS) - 1);
     }
+    // Switched off, the table stays empty and every frame goes to framehop.
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Rule::Other.encode();
+    }
     let rule = from_cfi(address, unwinders, context);
     USED.store(true, Ordering::Relaxed);
     // The newest rule goes first; the one it displaces moves to the second way.
     TABLE[pair + 1].store(first, Ordering::Relaxed);
     let bits = rule.encode();
-    TABLE[pair].store(
-        u64::from(tag) | u64::from(gen_bits << RULE_BITS | bits) << 32,
-        Ordering::Relaxed,
-    );
+    TABLE[pair].store(expect | u64::from(bits) << 32, Ordering::Relaxed);
     bits
 }
 

@@ -261,25 +261,28 @@ impl StackCapture {
         // The commonest case, kept small and inlined: the hook frame itself is
         // the remembered innermost frame and nothing outside it changed, so
         // the whole stack, and its id, are the previous ones.
+        let mut top_refuted = false;
         if gen == self.prev_gen && self.prev_n > 0 && self.prev_id != 0 {
             let (sp, bp) = arch::sp_bp(&arch::regs(start));
             let f = &self.prev[self.prev_n - 1];
-            if f.sp == sp
-                && f.pc == start.pc
-                && (!f.bp_matters || f.bp == bp)
-                && self.verify(self.prev_n, bounds)
-            {
-                return Captured {
-                    id: self.prev_id,
-                    new: false,
-                };
+            if f.sp == sp && f.pc == start.pc && (!f.bp_matters || f.bp == bp) {
+                if self.verify(self.prev_n, bounds) {
+                    return Captured {
+                        id: self.prev_id,
+                        new: false,
+                    };
+                }
+                top_refuted = true;
             }
         }
-        self.capture_changed(unwinders, gen, start, bounds, rules)
+        self.capture_changed(unwinders, gen, start, bounds, rules, top_refuted)
     }
 
     /// A capture whose stack differs from the previous one, at least in its
     /// innermost frame: unwind until a remembered frame is verified.
+    /// `top_refuted`: `capture` already matched the first frame against the
+    /// remembered innermost one and found the outer reads changed (checking
+    /// again would only fail again).
     #[inline(never)]
     fn capture_changed(
         &mut self,
@@ -288,6 +291,7 @@ impl StackCapture {
         start: StartRegs,
         bounds: Bounds,
         rules: &mut RuleCaches,
+        top_refuted: bool,
     ) -> Captured {
         if gen != self.prev_gen {
             self.prev_n = 0;
@@ -316,7 +320,7 @@ impl StackCapture {
             while cursor > 0 && self.prev_sp[cursor - 1] < sp {
                 cursor -= 1;
             }
-            if cursor > 0 {
+            if cursor > 0 && !(k == 0 && top_refuted) {
                 let f = &self.prev[cursor - 1];
                 if f.sp == sp
                     && f.pc == pc
@@ -481,8 +485,13 @@ impl StackCapture {
                 self.prev.copy_within(drop_outer..keep, 0);
             }
             let base = keep - drop_outer;
-            for i in 0..k {
-                self.prev[base + i] = self.scratch[k - 1 - i];
+            // The new frames are copied in the loop below, which visits
+            // them anyway, unless outer frames moved first (rare).
+            let copy_in_loop = drop_outer == 0;
+            if !copy_in_loop {
+                for i in 0..k {
+                    self.prev[base + i] = self.scratch[k - 1 - i];
+                }
             }
             self.prev_n = base + k;
             // Frames kept in place keep their derived data; recompute from
@@ -501,10 +510,11 @@ impl StackCapture {
                 }
             };
             let (agent_lo, agent_hi) = modules::agent_code();
-            for (f, sp) in self.prev[from..self.prev_n]
-                .iter_mut()
-                .zip(&mut self.prev_sp[from..])
-            {
+            for i in from..self.prev_n {
+                if copy_in_loop {
+                    self.prev[i] = self.scratch[k - 1 - (i - base)];
+                }
+                let f = &mut self.prev[i];
                 f.bp_matters =
                     f.bp_used || (f.bp_passed && outer_matters) || f.nreads == UNVERIFIABLE;
                 outer_matters = f.bp_matters;
@@ -516,7 +526,7 @@ impl StackCapture {
                 depth += u32::from(program);
                 f.prefix = prefix;
                 f.depth = depth;
-                *sp = f.sp;
+                self.prev_sp[i] = f.sp;
             }
             rebuild_from = Some(from);
         }
