@@ -96,7 +96,9 @@ def ll(v): return v[IL] + v[DLR] + v[DLW]
 def bm(v): return v[BCM] + v[BIM]
 def cost(v): return v[IR] + 10 * l1(v) + 100 * ll(v) + 15 * bm(v)
 def agent(fn): return any(k in fn for k in ('trapline', 'lz4_flex', 'framehop', 'gimli'))
-def total(rows): return [sum(v[i] for v in rows) for i in range(13)]
+def total(rows):
+    rows = list(rows)
+    return [sum(v[i] for v in rows) for i in range(13)]
 native = None
 print('| run | instructions | L1 misses | LL misses | mispredicted | cost | agent instructions | agent cost | costliest agent functions (share of agent cost) |')
 print('|---|---:|---:|---:|---:|---:|---:|---:|---|')
