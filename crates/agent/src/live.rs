@@ -12,7 +12,6 @@
 
 use crate::sys::SpinLock;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicUsize, Ordering};
 use trapline_trace::AllocFn;
 
 pub const SHARDS: usize = 64;
@@ -103,19 +102,6 @@ pub fn shard_of(addr: u64) -> &'static Shard {
     &TABLE[(hash(addr) >> 58) as usize]
 }
 
-/// Starts loading the table slot where `addr` is (or would be) kept. The
-/// slot is usually cold after the program ran; a hook calls this before
-/// capturing the stack, so the load overlaps the unwinding.
-#[inline(always)]
-pub fn prefetch_slot(addr: u64) {
-    let shard = shard_of(addr);
-    let n = shard.slots_n.load(Ordering::Relaxed);
-    if n > 0 {
-        let at = shard.slots_at.load(Ordering::Relaxed) + home(addr, n) * size_of::<Entry>();
-        crate::arch::prefetch(at as *const u8);
-    }
-}
-
 /// A recently freed block.
 #[derive(Clone, Copy, Default)]
 pub struct Freed {
@@ -139,11 +125,6 @@ struct ShardData {
 /// One lock and one table.
 pub struct Shard {
     lock: SpinLock,
-    /// Where `slots` is and how many it has, readable without the lock:
-    /// only to prefetch an address's slot (a stale pair names a wrong
-    /// address, which a prefetch ignores).
-    slots_at: AtomicUsize,
-    slots_n: AtomicUsize,
     data: UnsafeCell<ShardData>,
 }
 
@@ -153,8 +134,6 @@ unsafe impl Sync for Shard {}
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_SHARD: Shard = Shard {
     lock: SpinLock::new(),
-    slots_at: AtomicUsize::new(0),
-    slots_n: AtomicUsize::new(0),
     data: UnsafeCell::new(ShardData {
         slots: Vec::new(),
         len: 0,
@@ -215,17 +194,11 @@ impl Locked<'_> {
     /// address (whose size it returns).
     pub fn insert(&mut self, addr: u64, block: Block) -> Option<u64> {
         let d = self.data();
-        if d.slots.is_empty() || (d.len + 1) * 5 > d.slots.len() * 4 {
-            if d.slots.is_empty() {
-                d.slots = vec![Entry::default(); 256];
-            } else {
-                grow(d);
-            }
-            let (at, n) = (d.slots.as_ptr() as usize, d.slots.len());
-            self.shard.slots_at.store(at, Ordering::Relaxed);
-            self.shard.slots_n.store(n, Ordering::Relaxed);
+        if d.slots.is_empty() {
+            d.slots = vec![Entry::default(); 256];
+        } else if (d.len + 1) * 5 > d.slots.len() * 4 {
+            grow(d);
         }
-        let d = self.data();
         let n = d.slots.len();
         let mut i = home(addr, n);
         let want = addr >> 4;

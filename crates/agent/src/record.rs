@@ -156,7 +156,6 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
     let addr = addr as u64;
     match enter() {
         Entry::Record(ts) => {
-            live::prefetch_slot(addr);
             let stack = capture_stack(ts, regs, Site::Alloc);
             if !live::storable(addr) {
                 untracked::insert(addr);
@@ -207,7 +206,6 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 }
 
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
-    live::prefetch_slot(addr);
     let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
     let stack = if with_stack {
         capture_stack(ts, regs, Site::Free)

@@ -191,7 +191,7 @@ impl StackCapture {
     /// Whether every read that decided frames 0..upto (outermost first)
     /// still returns what it returned then.
     #[inline(always)]
-    fn verify<const INNER_FIRST: bool>(&self, upto: usize, b: Bounds) -> bool {
+    fn verify(&self, upto: usize, b: Bounds) -> bool {
         let (end, lo, hi) = self.checks_end[upto - 1];
         if end == u16::MAX || lo < b.lo || hi.saturating_add(8) > b.hi {
             return false;
@@ -202,20 +202,7 @@ impl StackCapture {
         // Most checks pass: test a group of them with one branch, so the
         // loads overlap instead of each waiting for its compare.
         let checks = &self.checks[..usize::from(end)];
-        // For the inlined fast path, which mostly fails (84% of cc1's
-        // captures changed), the innermost reads first: a stack that changed
-        // usually changed there, and the list runs from the outermost frame.
-        // A candidate in a changed capture mostly passes: no reordering.
-        let outer = if INNER_FIRST {
-            let (outer, inner) = checks.split_at(checks.len().saturating_sub(4));
-            if inner.iter().fold(0, |d, c| d | differs(c)) != 0 {
-                return false;
-            }
-            outer
-        } else {
-            checks
-        };
-        let mut groups = outer.chunks_exact(4);
+        let mut groups = checks.chunks_exact(4);
         for g in &mut groups {
             if differs(&g[0]) | differs(&g[1]) | differs(&g[2]) | differs(&g[3]) != 0 {
                 return false;
@@ -279,7 +266,7 @@ impl StackCapture {
             let (sp, bp) = arch::sp_bp(&arch::regs(start));
             let f = &self.prev[self.prev_n - 1];
             if f.sp == sp && f.pc == start.pc && (!f.bp_matters || f.bp == bp) {
-                if self.verify::<true>(self.prev_n, bounds) {
+                if self.verify(self.prev_n, bounds) {
                     return Captured {
                         id: self.prev_id,
                         new: false,
@@ -338,7 +325,7 @@ impl StackCapture {
                 if f.sp == sp
                     && f.pc == pc
                     && (!f.bp_matters || f.bp == bp)
-                    && self.verify::<false>(cursor, bounds)
+                    && self.verify(cursor, bounds)
                 {
                     matched = Some(cursor - 1);
                     break;
