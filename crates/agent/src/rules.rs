@@ -12,9 +12,10 @@
 //! exactly as framehop translates it. Rules of other forms are cached as
 //! `Other`: framehop unwinds those frames, as before.
 //!
-//! A word holds the address bits that did not choose its pair of slots, the
-//! mark of the module generation (its count modulo 15, plus 1) and the encoded rule, so a word read whole is
-//! either the right rule or a miss; writers race harmlessly (the last wins).
+//! A word holds the address bits that did not choose its pair of slots, a
+//! mark of the module generation (its count modulo 15, plus 1) and the
+//! encoded rule, so a word read whole is either the right rule or a miss;
+//! writers race harmlessly (the last wins).
 //! Two ways instead of one cut cc1's CFI evaluations from 1.35% to 0.5% of
 //! its samples (return sites 64 KiB apart no longer evict each other).
 //! When modules change the table is emptied, and a rule a thread computes from

@@ -351,11 +351,11 @@ impl StackCapture {
             // reads (the return address always kept; the restored bp kept
             // when bp changed, or when it equals the return address).
             let readable = |a: u64| a.wrapping_sub(read_lo) <= read_span && a.is_multiple_of(8);
+            let rec = &mut self.scratch[k];
+            rec.pc = pc;
+            rec.sp = sp;
+            rec.bp = bp;
             if let Some(step) = arch::fast_step(bits, &mut regs, readable) {
-                let rec = &mut self.scratch[k];
-                rec.pc = pc;
-                rec.sp = sp;
-                rec.bp = bp;
                 let near_bp = |a: u64| a.wrapping_sub(bp) & !8 == 0;
                 let (ra_at, ra) = (step.ra_at, step.ra);
                 rec.reads[0] = (ra_at, ra);
@@ -417,10 +417,6 @@ impl StackCapture {
             at_instruction = interrupted_caller;
             let n = nstep.min(MAX_STEP_READS);
             let (sp_after, bp_out) = arch::sp_bp(&regs);
-            let rec = &mut self.scratch[k];
-            rec.pc = pc;
-            rec.sp = sp;
-            rec.bp = bp;
             rec.bp_used = step_addr[..n]
                 .iter()
                 .any(|&a| a == bp || a == bp.wrapping_add(8));
@@ -485,14 +481,6 @@ impl StackCapture {
                 self.prev.copy_within(drop_outer..keep, 0);
             }
             let base = keep - drop_outer;
-            // The new frames are copied in the loop below, which visits
-            // them anyway, unless outer frames moved first (rare).
-            let copy_in_loop = drop_outer == 0;
-            if !copy_in_loop {
-                for i in 0..k {
-                    self.prev[base + i] = self.scratch[k - 1 - i];
-                }
-            }
             self.prev_n = base + k;
             // Frames kept in place keep their derived data; recompute from
             // the first frame that moved or is new.
@@ -510,16 +498,18 @@ impl StackCapture {
                 }
             };
             let (agent_lo, agent_hi) = modules::agent_code();
+            // The new frames (from `base`) are copied in as this loop visits them.
             for i in from..self.prev_n {
-                if copy_in_loop {
+                if i >= base {
                     self.prev[i] = self.scratch[k - 1 - (i - base)];
                 }
                 let f = &mut self.prev[i];
                 f.bp_matters =
                     f.bp_used || (f.bp_passed && outer_matters) || f.nreads == UNVERIFIABLE;
                 outer_matters = f.bp_matters;
-                // Selected, not branched on: which frames are the agent's
-                // varies from capture to capture.
+                // Written as a select (which frames are the agent's varies
+                // from capture to capture; cachegrind counted the branch
+                // costlier).
                 let program = !(f.pc >= agent_lo && f.pc < agent_hi);
                 let stepped = stacks::hash_step(prefix, f.pc);
                 prefix = if program { stepped } else { prefix };

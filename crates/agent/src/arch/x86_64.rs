@@ -114,8 +114,7 @@ impl Rule {
     }
 
     pub fn decode(bits: u32) -> Rule {
-        let cfa_offset = (bits >> 3 & ((1 << RULE_CFA_BITS) - 1)) * 8;
-        let bp_below_cfa = (bits >> (3 + RULE_CFA_BITS) & ((1 << RULE_BP_BITS) - 1)) * 8;
+        let (cfa_offset, bp_below_cfa) = encoded_offsets(bits);
         match bits & 7 {
             1 => Rule::EndOfStack,
             2 => Rule::Sp { cfa_offset },
@@ -224,6 +223,15 @@ impl Rule {
     }
 }
 
+/// The (CFA offset, bp slot below the CFA) of an encoded rule, in bytes.
+#[inline(always)]
+fn encoded_offsets(bits: u32) -> (u32, u32) {
+    (
+        (bits >> 3 & ((1 << RULE_CFA_BITS) - 1)) * 8,
+        (bits >> (3 + RULE_CFA_BITS) & ((1 << RULE_BP_BITS) - 1)) * 8,
+    )
+}
+
 /// The outcome of `fast_step`: the caller's registers are set, and these are
 /// the step's reads in the order `Rule::exec` makes them.
 pub struct FastStep {
@@ -258,9 +266,9 @@ pub fn fast_step(
     let (base, cfa_offset, bp_below_cfa) = if frame_pointer {
         (bp, 16, 16)
     } else {
-        let cfa_offset = u64::from(bits >> 3 & ((1 << RULE_CFA_BITS) - 1)) * 8;
-        let bp_below = u64::from(bits >> (3 + RULE_CFA_BITS) & ((1 << RULE_BP_BITS) - 1)) * 8;
-        (sp, cfa_offset, if kind == 3 { bp_below } else { 0 })
+        let (cfa_offset, bp_below) = encoded_offsets(bits);
+        let bp_below = if kind == 3 { bp_below } else { 0 };
+        (sp, u64::from(cfa_offset), u64::from(bp_below))
     };
     if frame_pointer && bp == 0 {
         return None;
