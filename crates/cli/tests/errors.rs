@@ -86,19 +86,7 @@ fn errors_c_reported_and_program_survives() {
     let df = error_at(&report, "double_free", "double_free");
     assert_eq!(as_str(df, "function"), "free");
     assert!(as_str(df, "address").starts_with("0x"));
-    assert_stack_top(
-        stack_of(df, "stack"),
-        &[
-            ("double_free", src, m("DF-FREE2")),
-            ("main", src, m("CALL-DOUBLE-FREE")),
-        ],
-        "double_free.stack",
-    );
-    assert_stack_top(
-        stack_of(df, "alloc_stack"),
-        &[("double_free", src, m("DF-ALLOC"))],
-        "double_free.alloc_stack",
-    );
+    assert_double_free_call_and_alloc_stacks(df);
     assert_optional(df, "alloc_size", json!(24));
     assert_optional(df, "alloc_function", json!("malloc"));
     assert_stack_top(
@@ -109,14 +97,7 @@ fn errors_c_reported_and_program_survives() {
 
     let stack_free = error_at(&report, "invalid_free", "free_stack_address");
     assert_eq!(as_str(stack_free, "function"), "free");
-    assert_stack_top(
-        stack_of(stack_free, "stack"),
-        &[
-            ("free_stack_address", src, m("INVALID-STACK")),
-            ("main", src, m("CALL-INVALID-STACK")),
-        ],
-        "invalid_free (stack address).stack",
-    );
+    assert_stack_address_free_stack(stack_free);
     // A stack address was never allocated: no allocation stack.
     let has_alloc_stack = stack_free
         .get("alloc_stack")
@@ -328,6 +309,39 @@ fn failing_operator_new_still_throws_bad_alloc() {
     );
 }
 
+/// errors.c's double free: the stack of the second free, and the allocation stack.
+fn assert_double_free_call_and_alloc_stacks(df: &Value) {
+    let src = "errors.c";
+    let m = |marker: &str| marker_line(src, marker);
+    assert_stack_top(
+        stack_of(df, "stack"),
+        &[
+            ("double_free", src, m("DF-FREE2")),
+            ("main", src, m("CALL-DOUBLE-FREE")),
+        ],
+        "double_free.stack",
+    );
+    assert_stack_top(
+        stack_of(df, "alloc_stack"),
+        &[("double_free", src, m("DF-ALLOC"))],
+        "double_free.alloc_stack",
+    );
+}
+
+/// errors.c's free of a stack address: the stack of the bad call.
+fn assert_stack_address_free_stack(stack_free: &Value) {
+    let src = "errors.c";
+    let m = |marker: &str| marker_line(src, marker);
+    assert_stack_top(
+        stack_of(stack_free, "stack"),
+        &[
+            ("free_stack_address", src, m("INVALID-STACK")),
+            ("main", src, m("CALL-INVALID-STACK")),
+        ],
+        "invalid_free (stack address).stack",
+    );
+}
+
 /// errors.c with `--no-release-stacks`: the same four errors, each with the
 /// stack of the bad call (captured when the error is found) and the
 /// allocation stack; only the double free's first-free stack is unknown, and
@@ -353,32 +367,11 @@ fn no_release_stacks_keeps_error_stacks_and_says_what_is_missing() {
             "invalid_realloc"
         ]
     );
-    let src = "errors.c";
-    let m = |marker: &str| marker_line(src, marker);
     let df = error_at(&report, "double_free", "double_free");
-    assert_stack_top(
-        stack_of(df, "stack"),
-        &[
-            ("double_free", src, m("DF-FREE2")),
-            ("main", src, m("CALL-DOUBLE-FREE")),
-        ],
-        "double_free.stack",
-    );
-    assert_stack_top(
-        stack_of(df, "alloc_stack"),
-        &[("double_free", src, m("DF-ALLOC"))],
-        "double_free.alloc_stack",
-    );
+    assert_double_free_call_and_alloc_stacks(df);
     assert_eq!(df["free_stack"], json!([]), "{}", pretty(df));
     let stack_free = error_at(&report, "invalid_free", "free_stack_address");
-    assert_stack_top(
-        stack_of(stack_free, "stack"),
-        &[
-            ("free_stack_address", src, m("INVALID-STACK")),
-            ("main", src, m("CALL-INVALID-STACK")),
-        ],
-        "invalid_free.stack",
-    );
+    assert_stack_address_free_stack(stack_free);
 
     let mut cmd = std::process::Command::new(trapline());
     cmd.arg("leaks").arg(dir.trace());
