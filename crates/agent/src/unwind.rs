@@ -104,7 +104,19 @@ impl RuleCaches {
         }
         let h = (pc >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let i = (h >> (64 - self.bits)) as usize;
-        self.caches[i].get_or_insert_with(|| Box::new(UnwindCache::new_in()))
+        match self.caches[i] {
+            Some(ref mut c) => c,
+            None => self.create_cache(i),
+        }
+    }
+
+    /// Kept out of line: the cache is built on the stack before it is boxed
+    /// (20 KiB), and inlined that frame was every changed capture's, whose
+    /// six stack-probe stores touched six pages on every call.
+    #[cold]
+    #[inline(never)]
+    fn create_cache(&mut self, i: usize) -> &mut UnwindCache {
+        self.caches[i].insert(Box::new(UnwindCache::new_in()))
     }
 
     /// Misses so far of the caches in use.
