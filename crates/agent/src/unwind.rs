@@ -156,8 +156,10 @@ pub struct Bounds {
 pub struct StackCapture {
     /// Previous stack, outermost frame first.
     prev: [FrameRec; MAX_RAW],
-    /// prev[i].sp, dense: searched on every changed capture.
-    prev_sp: [u64; MAX_RAW],
+    /// prev[i].sp at prev_sp[i + 1], dense: searched on every changed
+    /// capture. prev_sp[0] is u64::MAX, above every frame, so walking out
+    /// to a frame's sp needs no test for the end of the array.
+    prev_sp: [u64; MAX_RAW + 1],
     prev_n: usize,
     prev_gen: u32,
     prev_id: u32,
@@ -184,7 +186,11 @@ impl StackCapture {
     pub fn new() -> Box<Self> {
         Box::new(StackCapture {
             prev: [FrameRec::default(); MAX_RAW],
-            prev_sp: [0; MAX_RAW],
+            prev_sp: {
+                let mut sps = [0; MAX_RAW + 1];
+                sps[0] = u64::MAX;
+                sps
+            },
             prev_n: 0,
             prev_gen: 0,
             prev_id: 0,
@@ -326,23 +332,27 @@ impl StackCapture {
         // below that count). The first frame may be far from the previous
         // stack's innermost (cc1's depth swings by dozens of frames), so it
         // searches; later frames move by one or two.
-        let mut cursor = frames_at_or_above(&self.prev_sp[..self.prev_n], start.sp);
+        let mut cursor = frames_at_or_above(&self.prev_sp[1..=self.prev_n], start.sp);
+        let mut skip_match = top_refuted;
         loop {
             let (sp, bp) = arch::sp_bp(&regs);
-            while cursor > 0 && self.prev_sp[cursor - 1] < sp {
+            // The caller's frame is usually at most two remembered frames
+            // further out: two steps as selects, then a loop that seldom
+            // runs (a loop of varying length mispredicted about four times
+            // per capture).
+            cursor -= usize::from(self.prev_sp[cursor] < sp);
+            cursor -= usize::from(self.prev_sp[cursor] < sp);
+            while self.prev_sp[cursor] < sp {
                 cursor -= 1;
             }
-            if cursor > 0 && !(k == 0 && top_refuted) {
+            if self.prev_sp[cursor] == sp && cursor > 0 && !skip_match {
                 let f = &self.prev[cursor - 1];
-                if f.sp == sp
-                    && f.pc == pc
-                    && (!f.bp_matters || f.bp == bp)
-                    && self.verify(cursor, bounds)
-                {
+                if f.pc == pc && (!f.bp_matters || f.bp == bp) && self.verify(cursor, bounds) {
                     matched = Some(cursor - 1);
                     break;
                 }
             }
+            skip_match = false;
             if k == MAX_RAW {
                 break;
             }
@@ -528,7 +538,7 @@ impl StackCapture {
                 depth += u32::from(program);
                 f.prefix = prefix;
                 f.depth = depth;
-                self.prev_sp[i] = f.sp;
+                self.prev_sp[i + 1] = f.sp;
             }
             rebuild_from = Some(from);
         }
