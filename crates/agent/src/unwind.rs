@@ -317,9 +317,10 @@ impl StackCapture {
         }
         let mut regs = arch::regs(start);
         let mut pc = start.pc;
-        // pc is where the frame's code is (the first frame, or one a signal
-        // interrupted), not a return address after a call.
-        let mut at_instruction = true;
+        // pc is where the frame's code is (the first frame of a hook that
+        // read its own registers, or one a signal interrupted), not a
+        // return address after a call.
+        let mut at_instruction = !start.pc_is_return_address;
         let mut k = 0;
         let mut matched: Option<usize> = None;
         // Readable: 8 aligned bytes inside the bounds, as one compare

@@ -13,6 +13,23 @@ pub struct StartRegs {
     pub pc: u64,
     pub sp: u64,
     pub bp: u64,
+    /// pc is a return address (the frame is calling), not the instruction
+    /// the frame is at: its rule is looked up at pc - 1.
+    pub pc_is_return_address: bool,
+}
+
+impl StartRegs {
+    /// The frame of a hook's caller, from a `with_caller_regs!` trampoline:
+    /// the return address and the caller's sp and bp at the call.
+    #[inline(always)]
+    pub fn caller(return_address: u64, sp: u64, bp: u64) -> StartRegs {
+        StartRegs {
+            pc: return_address,
+            sp,
+            bp,
+            pc_is_return_address: true,
+        }
+    }
 }
 
 /// Reads the caller's pc/sp/bp. Always inlined, so they describe the frame
@@ -34,7 +51,12 @@ pub fn start_regs() -> StartRegs {
             options(nomem, nostack, preserves_flags)
         );
     }
-    StartRegs { pc, sp, bp }
+    StartRegs {
+        pc,
+        sp,
+        bp,
+        pc_is_return_address: false,
+    }
 }
 
 /// The registers of the code a signal interrupted, from the handler's
@@ -49,6 +71,7 @@ pub unsafe fn interrupted_regs(ucontext: *const libc::c_void) -> StartRegs {
         pc: gregs[libc::REG_RIP as usize] as u64,
         sp: gregs[libc::REG_RSP as usize] as u64,
         bp: gregs[libc::REG_RBP as usize] as u64,
+        pc_is_return_address: false,
     }
 }
 
@@ -465,6 +488,42 @@ macro_rules! with_return_address {
     };
 }
 pub(crate) use with_return_address;
+
+/// Defines hook `$name` as a trampoline that jumps to `$target`, passing it
+/// the caller's frame as three more arguments after the hook's own `$args`:
+/// the return address, the caller's sp (after the return) and its bp, which
+/// a hook does not change before its prologue. The stack is then exactly as
+/// if the program had called `$target`, and the unwind starts at the
+/// program's frame: the hook's own frame, which every capture used to
+/// unwind first and then leave out of the stack, is never seen.
+/// `$target` is `extern "C" fn(<$args arguments>, u64, u64, u64)`.
+macro_rules! with_caller_regs {
+    ($name:ident => $target:path, args: 1) => {
+        $crate::arch::with_caller_regs!(@stub $name, $target, "rsi", "rdx", "rcx");
+    };
+    ($name:ident => $target:path, args: 2) => {
+        $crate::arch::with_caller_regs!(@stub $name, $target, "rdx", "rcx", "r8");
+    };
+    ($name:ident => $target:path, args: 3) => {
+        $crate::arch::with_caller_regs!(@stub $name, $target, "rcx", "r8", "r9");
+    };
+    (@stub $name:ident, $target:path, $ret:literal, $sp:literal, $bp:literal) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                concat!("mov ", $ret, ", [rsp]"),
+                concat!("lea ", $sp, ", [rsp + 8]"),
+                concat!("mov ", $bp, ", rbp"),
+                "jmp {target}",
+                target = sym $target,
+            )
+        }
+    };
+}
+pub(crate) use with_caller_regs;
 
 /// glibc's `pthread_mutex_t` on x86_64 (`struct __pthread_mutex_s`): the
 /// owner's tid and the kind word (type in the low two bits).

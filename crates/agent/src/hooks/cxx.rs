@@ -4,7 +4,7 @@
 //! record the block twice) and reproduces the standard's failure behaviour:
 //! call the new-handler and retry, or throw std::bad_alloc.
 
-use crate::arch::start_regs;
+use crate::arch::{with_caller_regs, StartRegs};
 use crate::record;
 use crate::sys::*;
 use core::ffi::c_void;
@@ -76,34 +76,47 @@ fn delete_impl(ptr: *mut c_void, func: AllocFn, regs: crate::arch::StartRegs) {
     }
 }
 
+// Each operator is a trampoline (arch::with_caller_regs) into `hook` in the
+// module of the same name, which gets the caller's frame as its last three
+// arguments. A throwing `hook` unwinds straight into the program: the
+// trampoline jumped, it left no frame.
 macro_rules! new_fn {
-    ($name:ident, $func:expr, nothrow = $nt:expr, aligned = false, extra = ($($arg:ident: $ty:ty),*)) => {
-        #[no_mangle]
-        pub extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
-            $(let _ = $arg;)*
-            let regs = start_regs();
-            new_impl(size, 0, $func, $nt, regs)
+    ($name:ident, $func:expr, nothrow = $nt:expr, aligned = false, extra = ($($arg:ident: $ty:ty),*), args: $n:tt) => {
+        with_caller_regs!($name => $name::hook, args: $n);
+        #[allow(non_snake_case)]
+        mod $name {
+            use super::*;
+            pub(super) extern "C-unwind" fn hook(size: usize $(, $arg: $ty)*, ret: u64, sp: u64, bp: u64) -> *mut c_void {
+                $(let _ = $arg;)*
+                new_impl(size, 0, $func, $nt, StartRegs::caller(ret, sp, bp))
+            }
         }
     };
-    ($name:ident, $func:expr, nothrow = $nt:expr, aligned = true, extra = ($($arg:ident: $ty:ty),*)) => {
-        #[no_mangle]
-        pub extern "C-unwind" fn $name(size: usize, align: usize $(, $arg: $ty)*) -> *mut c_void {
-            $(let _ = $arg;)*
-            let regs = start_regs();
-            new_impl(size, align, $func, $nt, regs)
+    ($name:ident, $func:expr, nothrow = $nt:expr, aligned = true, extra = ($($arg:ident: $ty:ty),*), args: $n:tt) => {
+        with_caller_regs!($name => $name::hook, args: $n);
+        #[allow(non_snake_case)]
+        mod $name {
+            use super::*;
+            pub(super) extern "C-unwind" fn hook(size: usize, align: usize $(, $arg: $ty)*, ret: u64, sp: u64, bp: u64) -> *mut c_void {
+                $(let _ = $arg;)*
+                new_impl(size, align, $func, $nt, StartRegs::caller(ret, sp, bp))
+            }
         }
     };
 }
 
 macro_rules! delete_fn {
-    ($name:ident, $func:expr, ($($arg:ident: $ty:ty),*)) => {
-        /// # Safety
-        /// `ptr` must be NULL or from the matching operator new (checked and reported).
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(ptr: *mut c_void $(, $arg: $ty)*) {
-            $(let _ = $arg;)*
-            let regs = start_regs();
-            delete_impl(ptr, $func, regs)
+    ($name:ident, $func:expr, ($($arg:ident: $ty:ty),*), args: $n:tt) => {
+        with_caller_regs!($name => $name::hook, args: $n);
+        #[allow(non_snake_case)]
+        mod $name {
+            use super::*;
+            /// # Safety
+            /// `ptr` must be NULL or from the matching operator new (checked and reported).
+            pub(super) unsafe extern "C" fn hook(ptr: *mut c_void $(, $arg: $ty)*, ret: u64, sp: u64, bp: u64) {
+                $(let _ = $arg;)*
+                delete_impl(ptr, $func, StartRegs::caller(ret, sp, bp))
+            }
         }
     };
 }
@@ -116,42 +129,42 @@ new_fn!(
     nothrow = false,
     aligned = false,
     extra = ()
-);
-new_fn!(_ZnwmRKSt9nothrow_t, AllocFn::NewNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow));
+, args: 1);
+new_fn!(_ZnwmRKSt9nothrow_t, AllocFn::NewNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow), args: 2);
 new_fn!(
     _ZnwmSt11align_val_t,
     AllocFn::NewAligned,
     nothrow = false,
     aligned = true,
     extra = ()
-);
-new_fn!(_ZnwmSt11align_val_tRKSt9nothrow_t, AllocFn::NewAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow));
+, args: 2);
+new_fn!(_ZnwmSt11align_val_tRKSt9nothrow_t, AllocFn::NewAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow), args: 3);
 new_fn!(
     _Znam,
     AllocFn::NewArray,
     nothrow = false,
     aligned = false,
     extra = ()
-);
-new_fn!(_ZnamRKSt9nothrow_t, AllocFn::NewArrayNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow));
+, args: 1);
+new_fn!(_ZnamRKSt9nothrow_t, AllocFn::NewArrayNothrow, nothrow = true, aligned = false, extra = (_nt: NoThrow), args: 2);
 new_fn!(
     _ZnamSt11align_val_t,
     AllocFn::NewArrayAligned,
     nothrow = false,
     aligned = true,
     extra = ()
-);
-new_fn!(_ZnamSt11align_val_tRKSt9nothrow_t, AllocFn::NewArrayAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow));
+, args: 2);
+new_fn!(_ZnamSt11align_val_tRKSt9nothrow_t, AllocFn::NewArrayAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow), args: 3);
 
-delete_fn!(_ZdlPv, AllocFn::Delete, ());
-delete_fn!(_ZdlPvm, AllocFn::DeleteSized, (_size: usize));
-delete_fn!(_ZdlPvSt11align_val_t, AllocFn::DeleteAligned, (_align: usize));
-delete_fn!(_ZdlPvmSt11align_val_t, AllocFn::DeleteSizedAligned, (_size: usize, _align: usize));
-delete_fn!(_ZdlPvRKSt9nothrow_t, AllocFn::DeleteNothrow, (_nt: NoThrow));
-delete_fn!(_ZdlPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteAlignedNothrow, (_align: usize, _nt: NoThrow));
-delete_fn!(_ZdaPv, AllocFn::DeleteArray, ());
-delete_fn!(_ZdaPvm, AllocFn::DeleteArraySized, (_size: usize));
-delete_fn!(_ZdaPvSt11align_val_t, AllocFn::DeleteArrayAligned, (_align: usize));
-delete_fn!(_ZdaPvmSt11align_val_t, AllocFn::DeleteArraySizedAligned, (_size: usize, _align: usize));
-delete_fn!(_ZdaPvRKSt9nothrow_t, AllocFn::DeleteArrayNothrow, (_nt: NoThrow));
-delete_fn!(_ZdaPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteArrayAlignedNothrow, (_align: usize, _nt: NoThrow));
+delete_fn!(_ZdlPv, AllocFn::Delete, (), args: 1);
+delete_fn!(_ZdlPvm, AllocFn::DeleteSized, (_size: usize), args: 2);
+delete_fn!(_ZdlPvSt11align_val_t, AllocFn::DeleteAligned, (_align: usize), args: 2);
+delete_fn!(_ZdlPvmSt11align_val_t, AllocFn::DeleteSizedAligned, (_size: usize, _align: usize), args: 3);
+delete_fn!(_ZdlPvRKSt9nothrow_t, AllocFn::DeleteNothrow, (_nt: NoThrow), args: 2);
+delete_fn!(_ZdlPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteAlignedNothrow, (_align: usize, _nt: NoThrow), args: 3);
+delete_fn!(_ZdaPv, AllocFn::DeleteArray, (), args: 1);
+delete_fn!(_ZdaPvm, AllocFn::DeleteArraySized, (_size: usize), args: 2);
+delete_fn!(_ZdaPvSt11align_val_t, AllocFn::DeleteArrayAligned, (_align: usize), args: 2);
+delete_fn!(_ZdaPvmSt11align_val_t, AllocFn::DeleteArraySizedAligned, (_size: usize, _align: usize), args: 3);
+delete_fn!(_ZdaPvRKSt9nothrow_t, AllocFn::DeleteArrayNothrow, (_nt: NoThrow), args: 2);
+delete_fn!(_ZdaPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteArrayAlignedNothrow, (_align: usize, _nt: NoThrow), args: 3);
