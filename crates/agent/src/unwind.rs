@@ -161,6 +161,9 @@ pub struct StackCapture {
     /// to a frame's sp needs no test for the end of the array.
     prev_sp: [u64; MAX_RAW + 1],
     prev_n: usize,
+    /// The remembered stack is cut at its outer end (a walk stopped at
+    /// MAX_RAW frames, or outer frames were dropped to make room).
+    prev_truncated: bool,
     prev_gen: u32,
     prev_id: u32,
     scratch: [FrameRec; MAX_RAW],
@@ -192,6 +195,7 @@ impl StackCapture {
                 sps
             },
             prev_n: 0,
+            prev_truncated: false,
             prev_gen: 0,
             prev_id: 0,
             scratch: [FrameRec::default(); MAX_RAW],
@@ -505,6 +509,11 @@ impl StackCapture {
             }
             let base = keep - drop_outer;
             self.prev_n = base + k;
+            self.prev_truncated = drop_outer > 0
+                || match matched {
+                    Some(_) => self.prev_truncated,
+                    None => k == MAX_RAW,
+                };
             // Frames kept in place keep their derived data; recompute from
             // the first frame that moved or is new.
             let from = if drop_outer > 0 { 0 } else { base };
@@ -544,6 +553,22 @@ impl StackCapture {
             rebuild_from = Some(from);
         }
 
+        // A stack deeper than kept whose outer part came from a remembered
+        // stack cut at its outer end, but which is now shallower than the
+        // frames kept (it returned from deeper frames): the frames further
+        // out were never read. Walk the whole stack again (without a
+        // remembered stack nothing matches, so this happens once).
+        if matched.is_some()
+            && self.prev_truncated
+            && self
+                .prev_n
+                .checked_sub(1)
+                .map_or(0, |i| self.prev[i].depth as usize)
+                < MAX_FRAMES
+        {
+            self.prev_n = 0;
+            return self.capture_changed(unwinders, gen, start, bounds, rules, false);
+        }
         let h = match self.prev_n.checked_sub(1).map(|i| &self.prev[i]) {
             Some(top) if top.depth as usize <= MAX_FRAMES && top.depth > 0 => {
                 Some(stacks::hash_finish(top.prefix, top.depth as usize))

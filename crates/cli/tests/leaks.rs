@@ -316,7 +316,9 @@ fn rust_leak_demangled_names() {
 }
 
 /// deep_stacks.c: a stack deeper than 64 frames keeps its innermost 64 (so
-/// two depth-100 calls from different lines of main are one record), and
+/// two depth-100 calls from different lines of main are one record), also
+/// when it is captured by reusing part of a previous stack that was itself
+/// cut at 64 (30 frames out from the bottom of a depth-100 recursion), and
 /// stacks captured one after another that differ only in their inner frames
 /// (depth 10, 11, 10, 11 from one line) are told apart exactly.
 #[test]
@@ -335,12 +337,12 @@ fn deep_stacks_keep_64_frames_and_inner_changes_are_told_apart() {
     let recs = records(&report);
     assert_eq!(
         recs.len(),
-        3,
+        5,
         "records: {:?}\n{}",
         record_summaries(&report),
         pretty(&report)
     );
-    assert_eq!(unfreed_summary(&report), (80 + 48 + 48, 6));
+    assert_eq!(unfreed_summary(&report), (80 + 48 + 48 + 56 + 64, 8));
 
     // leaf, the innermost down, then n more downs, then (if in view) main.
     let expected = |downs: usize, caller: Option<&str>| {
@@ -360,6 +362,23 @@ fn deep_stacks_keep_64_frames_and_inner_changes_are_told_apart() {
     let stack = stack_of(deep, "stack");
     assert_eq!(stack.len(), 64, "{}", show_stack(stack));
     assert_stack_top(stack, &expected(62, None), "deep record");
+
+    // The way back: leaf, the down_back that called it, 62 more down_back.
+    for (bytes, inner_marker) in [(56, "BACK-BOTTOM"), (64, "BACK-LEAF")] {
+        let rec = recs
+            .iter()
+            .find(|r| as_u64(r, "bytes") == bytes)
+            .unwrap_or_else(|| panic!("no {bytes}-byte record: {:?}", record_summaries(&report)));
+        assert_eq!(as_u64(rec, "blocks"), 1);
+        let stack = stack_of(rec, "stack");
+        assert_eq!(stack.len(), 64, "{bytes} bytes: {}", show_stack(stack));
+        let mut want = vec![
+            ("leaf", src, m("LEAF")),
+            ("down_back", src, m(inner_marker)),
+        ];
+        want.extend(std::iter::repeat_n(("down_back", src, m("BACK-DOWN")), 62));
+        assert_stack_top(stack, &want, &format!("{bytes} bytes"));
+    }
 
     for downs in [10, 11] {
         let want = expected(downs, Some("SHALLOW"));
