@@ -13,7 +13,7 @@ use crate::sys::{self, RawLock};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::collections::VecDeque;
-use trapline_trace::format::{encode_chunk, write_file_header};
+use trapline_trace::format::{encode_chunk_reusing, write_file_header};
 use trapline_trace::{ChunkContext, Encoder, Event};
 
 /// Capacity of one event buffer (one chunk before compression).
@@ -262,7 +262,7 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
     if b.gen != GEN.load(Ordering::Relaxed) {
         return; // a parent's buffer seen by a fork child: the parent writes it
     }
-    encode_chunk(
+    let len = encode_chunk_reusing(
         scratch,
         b.tid,
         b.events,
@@ -270,7 +270,7 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
         b.last_time,
         &b.data[..b.len],
     );
-    if fd >= 0 && sys::write_all(fd, scratch) {
+    if fd >= 0 && sys::write_all(fd, &scratch[..len]) {
         EVENTS_WRITTEN.fetch_add(u64::from(b.events), Ordering::Relaxed);
     } else {
         EVENTS_LOST.fetch_add(u64::from(b.events), Ordering::Relaxed);

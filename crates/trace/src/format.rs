@@ -133,18 +133,36 @@ pub fn encode_chunk(
     last_time: u64,
     raw: &[u8],
 ) {
-    let bound = lz4_flex::block::get_maximum_output_size(raw.len());
-    out.clear();
-    out.resize(CHUNK_HEADER_LEN + bound, 0);
+    let n = encode_chunk_reusing(out, tid, events, first_time, last_time, raw);
+    out.truncate(n);
+}
+
+/// As [`encode_chunk`], but the chunk is `out[..n]` for the `n` returned and
+/// `out` keeps its length: the next call writes over the same bytes instead
+/// of zero-filling a worst-case-sized buffer for every chunk (128 KiB a
+/// chunk for the agent's writer, which shares memory bandwidth with the
+/// traced program).
+pub fn encode_chunk_reusing(
+    out: &mut Vec<u8>,
+    tid: u32,
+    events: u32,
+    first_time: u64,
+    last_time: u64,
+    raw: &[u8],
+) -> usize {
+    let needed = max_chunk_len(raw.len());
+    if out.len() < needed {
+        out.resize(needed, 0);
+    }
     let (codec, stored_len) =
-        match lz4_flex::block::compress_into(raw, &mut out[CHUNK_HEADER_LEN..]) {
+        match lz4_flex::block::compress_into(raw, &mut out[CHUNK_HEADER_LEN..needed]) {
             Ok(n) if n < raw.len() => (Codec::Lz4, n),
             _ => {
                 out[CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + raw.len()].copy_from_slice(raw);
                 (Codec::Raw, raw.len())
             }
         };
-    out.truncate(CHUNK_HEADER_LEN + stored_len);
+    let len = CHUNK_HEADER_LEN + stored_len;
     let header = ChunkHeader {
         codec,
         tid,
@@ -156,9 +174,10 @@ pub fn encode_chunk(
     };
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&header.to_bytes(0)[..40]);
-    hasher.update(&out[CHUNK_HEADER_LEN..]);
+    hasher.update(&out[CHUNK_HEADER_LEN..len]);
     let crc = hasher.finalize();
     out[..CHUNK_HEADER_LEN].copy_from_slice(&header.to_bytes(crc));
+    len
 }
 
 /// Why reading a trace stopped before its end, or could not start.
