@@ -693,6 +693,27 @@ impl<'a> Encoder<'a> {
         func: AllocFn,
         stack: u32,
     ) -> Result<(), NoRoom> {
+        // With room for the longest encoding, one bounds check for the event
+        // instead of one per field.
+        const ROOM: usize = 2 + 5 * MAX_VARINT_LEN;
+        if let Some(buf) = self.out.get_mut(self.pos..self.pos + ROOM) {
+            buf[0] = tag::ALLOC;
+            let mut n = 1;
+            n += put_u64(&mut buf[n..], time.saturating_sub(ctx.prev_time));
+            n += put_u64(
+                &mut buf[n..],
+                zigzag(addr.wrapping_sub(ctx.prev_addr) as i64),
+            );
+            n += put_u64(&mut buf[n..], size);
+            n += put_u64(&mut buf[n..], align);
+            buf[n] = func as u8;
+            n += 1;
+            n += put_u64(&mut buf[n..], u64::from(stack));
+            ctx.prev_time = ctx.prev_time.max(time);
+            ctx.prev_addr = addr;
+            self.pos += n;
+            return Ok(());
+        }
         self.byte(tag::ALLOC)?;
         self.time(ctx, time)?;
         self.addr(ctx, addr)?;
@@ -712,6 +733,23 @@ impl<'a> Encoder<'a> {
         func: AllocFn,
         stack: u32,
     ) -> Result<(), NoRoom> {
+        const ROOM: usize = 2 + 3 * MAX_VARINT_LEN;
+        if let Some(buf) = self.out.get_mut(self.pos..self.pos + ROOM) {
+            buf[0] = tag::FREE;
+            let mut n = 1;
+            n += put_u64(&mut buf[n..], time.saturating_sub(ctx.prev_time));
+            n += put_u64(
+                &mut buf[n..],
+                zigzag(addr.wrapping_sub(ctx.prev_addr) as i64),
+            );
+            buf[n] = func as u8;
+            n += 1;
+            n += put_u64(&mut buf[n..], u64::from(stack));
+            ctx.prev_time = ctx.prev_time.max(time);
+            ctx.prev_addr = addr;
+            self.pos += n;
+            return Ok(());
+        }
         self.byte(tag::FREE)?;
         self.time(ctx, time)?;
         self.addr(ctx, addr)?;
