@@ -345,6 +345,8 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         return;
     }
     crate::profile::stop(ending == Ending::Signal);
+    #[cfg(feature = "capture-timing")]
+    crate::unwind::timing::report();
     if ending == Ending::Exit && FREERES.load(Ordering::Relaxed) {
         // Like memcheck: let the C and C++ runtimes free their own buffers so
         // they are not blamed on the program. Their frees are recorded.

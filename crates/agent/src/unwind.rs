@@ -297,7 +297,12 @@ impl StackCapture {
                 top_refuted = true;
             }
         }
-        self.capture_changed(unwinders, gen, start, bounds, rules, top_refuted)
+        #[cfg(feature = "capture-timing")]
+        let started = arch::cycles();
+        let captured = self.capture_changed(unwinders, gen, start, bounds, rules, top_refuted);
+        #[cfg(feature = "capture-timing")]
+        timing::add(arch::cycles().wrapping_sub(started));
+        captured
     }
 
     /// A capture whose stack differs from the previous one, at least in its
@@ -616,6 +621,32 @@ impl StackCapture {
                 Captured { id: 0, new: false }
             }
         }
+    }
+}
+
+/// The `capture-timing` feature: TSC cycles spent in changed captures.
+#[cfg(feature = "capture-timing")]
+pub mod timing {
+    use core::sync::atomic::{AtomicU64, Ordering};
+
+    static CYCLES: AtomicU64 = AtomicU64::new(0);
+    static CAPTURES: AtomicU64 = AtomicU64::new(0);
+
+    pub fn add(cycles: u64) {
+        CYCLES.fetch_add(cycles, Ordering::Relaxed);
+        CAPTURES.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Prints the totals to stderr (at exit).
+    pub fn report() {
+        let (cycles, captures) = (
+            CYCLES.load(Ordering::Relaxed),
+            CAPTURES.load(Ordering::Relaxed),
+        );
+        crate::sys::warn(&format!(
+            "capture-timing: {captures} changed captures, {cycles} TSC cycles, {} per capture",
+            cycles.checked_div(captures).unwrap_or(0)
+        ));
     }
 }
 

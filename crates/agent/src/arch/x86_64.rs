@@ -348,6 +348,14 @@ fn signal_frame(
     Ok(Some(ip))
 }
 
+/// The CPU's time-stamp counter (for the `capture-timing` feature).
+#[cfg(feature = "capture-timing")]
+#[inline(always)]
+pub fn cycles() -> u64 {
+    // SAFETY: rdtsc reads a counter; no memory access.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
 /// Starts loading the cache line of `p` (a hint: never faults).
 #[inline(always)]
 pub fn prefetch<T>(p: *const T) {

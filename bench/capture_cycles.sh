@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Cycles per changed stack capture on gcc's cc1, timed where they are spent
+# (see bench/README.md, "Timed at the capture").
+#
+#   bench/capture_cycles.sh [REV ...]    (default: the working tree)
+#
+# Builds the agent of each git revision (or of the working tree, for the
+# argument `.`) with the `capture-timing` feature, which reads the TSC around
+# every capture whose stack changed and prints the count and the cycles per
+# capture at exit. Then runs cc1 on the same slice of sqlite3.c as
+# bench/cachegrind.sh, ROUNDS times, one run of every agent per round
+# (interleaved, so a drift of the machine's speed hits all of them alike),
+# and prints each agent's median and all its values.
+#
+# Knobs (environment):
+#   ROUNDS=5             rounds
+#   SLICE_FROM=40000     as in bench/cachegrind.sh
+#   SQLITE_C=FILE        as in bench/cachegrind.sh
+#
+# The numbers are TSC cycles (the counter's fixed rate, not the core's clock)
+# and include the two counter reads. One round takes about 5 s per agent.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$BENCH_DIR/.." && pwd)
+WORK=$BENCH_DIR/work/capture_cycles
+ROUNDS=${ROUNDS:-5}
+SLICE_FROM=${SLICE_FROM:-40000}
+
+log() { printf '[bench capture_cycles] %s\n' "$*" >&2; }
+
+mkdir -p "$WORK"
+if [[ -z ${SQLITE_C:-} ]]; then
+    SQLITE_C=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/libsqlite3-sys-0.30.1/sqlite3/sqlite3.c 2>/dev/null | sed -n 1p)
+fi
+[[ -f ${SQLITE_C:-} ]] || { log "no sqlite3.c (set SQLITE_C, or run bench/run.sh cc1 once)"; exit 1; }
+SLICE=$WORK/sqlite3-slice.c
+end=$(awk -v from="$SLICE_FROM" '/^[ \t]*#[ \t]*if/ { d++ } /^[ \t]*#[ \t]*endif/ { d-- }
+    /^}$/ && d == 0 && NR > from { print NR; exit }' "$SQLITE_C")
+head -n "$end" "$SQLITE_C" >"$SLICE"
+CC1=$(gcc -print-prog-name=cc1)
+MULTIARCH=$(gcc -print-multiarch)
+
+revs=("$@")
+[[ ${#revs[@]} -gt 0 ]] || revs=(.)
+agents=()
+for rev in "${revs[@]}"; do
+    label=$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' _)
+    [[ $rev == . ]] && label=worktree
+    src=$ROOT
+    if [[ $rev != . ]]; then
+        src=$WORK/src-$label
+        rm -rf "$src"
+        git -C "$ROOT" worktree add -q -f --detach "$src" "$rev"
+    fi
+    log "building $rev"
+    (cd "$src" && CARGO_TARGET_DIR=$WORK/target-$label \
+        cargo build --release -q -p trapline-agent --features capture-timing >&2)
+    [[ $rev != . ]] && git -C "$ROOT" worktree remove --force "$src"
+    cp "$WORK/target-$label/release/libtrapline_agent.so" "$WORK/$label.so"
+    agents+=("$label")
+done
+
+log "cc1 on the first $end lines of $SQLITE_C, $ROUNDS rounds"
+for round in $(seq "$ROUNDS"); do
+    for label in "${agents[@]}"; do
+        LD_PRELOAD=$WORK/$label.so TRAPLINE_OUTPUT=$WORK/$label.trace \
+            "$CC1" -quiet -imultiarch "$MULTIARCH" -O2 "$SLICE" -o "$WORK/$label.s" 2>&1 >/dev/null |
+            sed -n "s/.*capture-timing: \([0-9]*\) changed captures, [0-9]* TSC cycles, \([0-9]*\) per capture/$label \1 \2/p"
+    done
+done | python3 -c '
+import statistics, sys
+runs = {}
+for line in sys.stdin:
+    label, count, cycles = line.split()
+    runs.setdefault(label, []).append((int(count), int(cycles)))
+for label, v in runs.items():
+    cycles = [c for _, c in v]
+    print("%-12s %9d changed captures  %5d cycles each (median of %d; all: %s)"
+          % (label, v[0][0], statistics.median(cycles), len(v), " ".join(map(str, cycles))))
+'
