@@ -521,6 +521,10 @@ macro_rules! with_caller_regs {
         #[unsafe(naked)]
         #[no_mangle]
         pub unsafe extern "C" fn $name() {
+            // SAFETY: at entry [rsp] holds the return address the call just
+            // pushed; only the three argument registers after the
+            // function's own are written, which the target declares, and
+            // the jump leaves the stack exactly as the caller made it.
             core::arch::naked_asm!(
                 concat!("mov ", $ret, ", [rsp]"),
                 concat!("lea ", $sp, ", [rsp + 8]"),
