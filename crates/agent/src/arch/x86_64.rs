@@ -486,10 +486,14 @@ macro_rules! with_return_address {
         #[unsafe(naked)]
         #[no_mangle]
         pub unsafe extern "C" fn $name() {
+            // SAFETY: as in `with_caller_regs` below (two registers here);
+            // the unwind entry is likewise the one every function starts with.
             core::arch::naked_asm!(
+                ".cfi_startproc",
                 concat!("mov ", $ret, ", [rsp]"),
                 concat!("lea ", $sp, ", [rsp + 8]"),
                 "jmp {target}",
+                ".cfi_endproc",
                 target = sym $target,
             )
         }
@@ -525,11 +529,17 @@ macro_rules! with_caller_regs {
             // pushed; only the three argument registers after the
             // function's own are written, which the target declares, and
             // the jump leaves the stack exactly as the caller made it.
+            // The stub's own unwind entry is the one every x86_64 function
+            // starts with (CFA = rsp + 8, return address at CFA - 8), true
+            // for all four instructions: a signal that interrupts the stub
+            // (the CPU profiler's, a debugger's) can still unwind past it.
             core::arch::naked_asm!(
+                ".cfi_startproc",
                 concat!("mov ", $ret, ", [rsp]"),
                 concat!("lea ", $sp, ", [rsp + 8]"),
                 concat!("mov ", $bp, ", rbp"),
                 "jmp {target}",
+                ".cfi_endproc",
                 target = sym $target,
             )
         }

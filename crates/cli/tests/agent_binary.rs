@@ -1,0 +1,85 @@
+//! The agent library itself, read from disk: what its exported hooks look
+//! like to an unwinder.
+
+mod common;
+
+use common::agent;
+use gimli::{
+    BaseAddresses, CfaRule, EhFrame, LittleEndian, RegisterRule, UnwindContext, UnwindSection,
+    X86_64,
+};
+use object::{Object, ObjectSection, ObjectSymbol};
+
+/// The allocation and lock hooks are trampolines (arch::with_caller_regs,
+/// arch::with_return_address) that jump to their bodies without a frame.
+/// A signal can still land on one of their instructions (the CPU profiler's
+/// sampling signal, a debugger's), so each carries the unwind entry every
+/// x86_64 function starts with, valid on every byte: CFA = rsp + 8, the
+/// return address at CFA - 8. Without it an unwinder finds no entry there
+/// and the sample's stack ends at the hook.
+#[test]
+fn every_trampoline_unwinds_like_a_function_entry() {
+    let data = std::fs::read(agent()).expect("read the agent");
+    let file = object::File::parse(&*data).expect("parse the agent");
+    let section = file.section_by_name(".eh_frame").expect(".eh_frame");
+    let eh_frame = EhFrame::new(section.data().expect(".eh_frame data"), LittleEndian);
+    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut context = UnwindContext::new();
+    let hooks = [
+        "malloc",
+        "calloc",
+        "realloc",
+        "reallocarray",
+        "free",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "pvalloc",
+        "_Znwm",
+        "_ZnwmSt11align_val_tRKSt9nothrow_t",
+        "_ZdlPv",
+        "_ZdaPvmSt11align_val_t",
+        "pthread_mutex_lock",
+        "pthread_mutex_unlock",
+    ];
+    for name in hooks {
+        let symbol = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("the agent exports no {name}"));
+        let start = symbol.address();
+        let fde = eh_frame
+            .fde_for_address(&bases, start, EhFrame::cie_from_offset)
+            .unwrap_or_else(|e| panic!("no unwind entry for {name} at {start:#x}: {e}"));
+        assert_eq!(
+            fde.initial_address(),
+            start,
+            "{name}'s entry starts elsewhere"
+        );
+        assert!(fde.len() >= 10, "{name}'s entry covers {} bytes", fde.len());
+        for address in start..start + fde.len() {
+            let row = fde
+                .unwind_info_for_address(&eh_frame, &bases, &mut context, address)
+                .unwrap_or_else(|e| panic!("{name}+{}: {e}", address - start));
+            assert_eq!(
+                row.cfa(),
+                &CfaRule::RegisterAndOffset {
+                    register: X86_64::RSP,
+                    offset: 8
+                },
+                "{name}+{}",
+                address - start
+            );
+            assert_eq!(
+                row.register(X86_64::RA),
+                Some(RegisterRule::Offset(-8)),
+                "{name}+{}",
+                address - start
+            );
+        }
+    }
+}
