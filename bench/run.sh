@@ -19,7 +19,8 @@
 #                          of a heaptrack run, so it cannot take the machine down
 #   TRAPLINE_ARGS=         extra `trapline run` options, e.g. -q (no end summary)
 #   TRAPLINE=PATH          the trapline CLI (default target/release/trapline; the
-#                          agent is looked for beside it)
+#                          agent is looked for beside it). Both are copied to
+#                          bench/work/measured first, and the copies measured
 #   NO_BUILD=1             skip `cargo build --release`
 #   NO_INSTALL=1           never apt-get install missing tools
 #
@@ -132,6 +133,18 @@ build() {
         if ! (cd "$ROOT" && cargo build --release >&2); then
             log "cargo build --release FAILED: trapline columns will be n/a"
         fi
+    fi
+    # Measure copies: a build in another shell during a long run must not
+    # swap the agent under the measurement (the CLI finds the agent beside
+    # itself, so both are copied).
+    if [[ -x $TRAPLINE && -f $AGENT ]]; then
+        local measured=$WORK/measured
+        mkdir -p "$measured"
+        cp -p "$TRAPLINE" "$measured/trapline"
+        cp -p "$AGENT" "$measured/libtrapline_agent.so"
+        TRAPLINE=$measured/trapline
+        AGENT=$measured/libtrapline_agent.so
+        export TRAPLINE_AGENT=$AGENT
     fi
     # Like Debian binaries: -O2, no frame pointers; -g only adds debug info.
     local cflags=(-O2 -fomit-frame-pointer -g)
