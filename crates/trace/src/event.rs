@@ -605,6 +605,27 @@ pub struct ChunkContext {
     pub prev_addr: u64,
 }
 
+impl ChunkContext {
+    /// The encoded time field of an event at `t`. Clocks are monotonic per
+    /// thread, but a chunk written by the agent's own thread can mix
+    /// sources; a backwards step is stored as 0 (clamped).
+    #[inline(always)]
+    fn time_field(&self, t: u64) -> u64 {
+        t.saturating_sub(self.prev_time)
+    }
+
+    #[inline(always)]
+    fn note_time(&mut self, t: u64) {
+        self.prev_time = self.prev_time.max(t);
+    }
+
+    /// The encoded address field of `a`: the zig-zagged delta.
+    #[inline(always)]
+    fn addr_field(&self, a: u64) -> u64 {
+        zigzag(a.wrapping_sub(self.prev_addr) as i64)
+    }
+}
+
 /// Writes events into a fixed byte slice without allocating. Used by the agent
 /// on the allocation path and by tests and tools through [`encode_to_vec`].
 pub struct Encoder<'a> {
@@ -665,19 +686,36 @@ impl<'a> Encoder<'a> {
 
     #[inline(always)]
     fn time(&mut self, ctx: &mut ChunkContext, t: u64) -> Result<(), NoRoom> {
-        // Clocks are monotonic per thread, but a chunk written by the agent's own
-        // thread can mix sources; a backwards step is stored as 0 (clamped).
-        let delta = t.saturating_sub(ctx.prev_time);
-        self.u64(delta)?;
-        ctx.prev_time = ctx.prev_time.max(t);
+        self.u64(ctx.time_field(t))?;
+        ctx.note_time(t);
         Ok(())
     }
 
     #[inline(always)]
     fn addr(&mut self, ctx: &mut ChunkContext, a: u64) -> Result<(), NoRoom> {
-        self.u64(zigzag(a.wrapping_sub(ctx.prev_addr) as i64))?;
+        self.u64(ctx.addr_field(a))?;
         ctx.prev_addr = a;
         Ok(())
+    }
+
+    /// The room `alloc` and `free` reserve for their one-check path: the tag,
+    /// the allocation function and up to `varints` varints.
+    const fn hot_room(varints: usize) -> usize {
+        2 + varints * MAX_VARINT_LEN
+    }
+
+    /// Writes a hot event's tag, time and address at the start of `buf`
+    /// (which has room for them) and moves `ctx` past them; returns the
+    /// bytes written.
+    #[inline(always)]
+    fn put_head(buf: &mut [u8], ctx: &mut ChunkContext, tag: u8, time: u64, addr: u64) -> usize {
+        buf[0] = tag;
+        let mut n = 1;
+        n += put_u64(&mut buf[n..], ctx.time_field(time));
+        n += put_u64(&mut buf[n..], ctx.addr_field(addr));
+        ctx.note_time(time);
+        ctx.prev_addr = addr;
+        n
     }
 
     /// Encodes an allocation without building an [`Event`].
@@ -695,22 +733,13 @@ impl<'a> Encoder<'a> {
     ) -> Result<(), NoRoom> {
         // With room for the longest encoding, one bounds check for the event
         // instead of one per field.
-        const ROOM: usize = 2 + 5 * MAX_VARINT_LEN;
-        if let Some(buf) = self.out.get_mut(self.pos..self.pos + ROOM) {
-            buf[0] = tag::ALLOC;
-            let mut n = 1;
-            n += put_u64(&mut buf[n..], time.saturating_sub(ctx.prev_time));
-            n += put_u64(
-                &mut buf[n..],
-                zigzag(addr.wrapping_sub(ctx.prev_addr) as i64),
-            );
+        if let Some(buf) = self.out.get_mut(self.pos..self.pos + Self::hot_room(5)) {
+            let mut n = Self::put_head(buf, ctx, tag::ALLOC, time, addr);
             n += put_u64(&mut buf[n..], size);
             n += put_u64(&mut buf[n..], align);
             buf[n] = func as u8;
             n += 1;
             n += put_u64(&mut buf[n..], u64::from(stack));
-            ctx.prev_time = ctx.prev_time.max(time);
-            ctx.prev_addr = addr;
             self.pos += n;
             return Ok(());
         }
@@ -733,20 +762,11 @@ impl<'a> Encoder<'a> {
         func: AllocFn,
         stack: u32,
     ) -> Result<(), NoRoom> {
-        const ROOM: usize = 2 + 3 * MAX_VARINT_LEN;
-        if let Some(buf) = self.out.get_mut(self.pos..self.pos + ROOM) {
-            buf[0] = tag::FREE;
-            let mut n = 1;
-            n += put_u64(&mut buf[n..], time.saturating_sub(ctx.prev_time));
-            n += put_u64(
-                &mut buf[n..],
-                zigzag(addr.wrapping_sub(ctx.prev_addr) as i64),
-            );
+        if let Some(buf) = self.out.get_mut(self.pos..self.pos + Self::hot_room(3)) {
+            let mut n = Self::put_head(buf, ctx, tag::FREE, time, addr);
             buf[n] = func as u8;
             n += 1;
             n += put_u64(&mut buf[n..], u64::from(stack));
-            ctx.prev_time = ctx.prev_time.max(time);
-            ctx.prev_addr = addr;
             self.pos += n;
             return Ok(());
         }
