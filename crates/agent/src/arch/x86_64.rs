@@ -473,25 +473,31 @@ pub fn callee_saved_now() -> [u64; CALLEE_SAVED] {
     [rbx, rbp, r12, r13, r14, r15]
 }
 
-/// Defines hook `$name` as a trampoline that passes the caller's return
-/// address and stack pointer (at the call) to `$target` in the two argument
-/// registers after the hook's own (`$ret`, `$sp`) and jumps there. The stack
-/// is then exactly as if the program had called `$target`, whose frame the
-/// unwinder follows, and the lock hooks learn their call site in registers,
-/// with no unwind and no memory round trip.
-macro_rules! with_return_address {
-    ($name:ident, $target:path, $ret:literal, $sp:literal) => {
+/// An exported hook `$name` that loads the return address (into `$ret`),
+/// the caller's sp after the return (into `$sp`) and, if asked, the
+/// caller's bp (into `$bp`), then jumps to `$target`: the stack is exactly
+/// as if the program had called `$target`. Shared by the two kinds below.
+macro_rules! trampoline {
+    ($name:ident => $target:path, ret: $ret:literal, sp: $sp:literal $(, bp: $bp:literal)?) => {
         /// # Safety
         /// The C function's contract.
         #[unsafe(naked)]
         #[no_mangle]
         pub unsafe extern "C" fn $name() {
-            // SAFETY: as in `with_caller_regs` below (two registers here);
-            // the unwind entry is likewise the one every function starts with.
+            // SAFETY: at entry [rsp] holds the return address the call just
+            // pushed; only argument registers after the function's own are
+            // written, which the target declares, and the jump leaves the
+            // stack exactly as the caller made it (bp is read before any
+            // prologue could change it). The stub's own unwind entry is the
+            // one every x86_64 function starts with (CFA = rsp + 8, return
+            // address at CFA - 8), true for all its instructions: a signal
+            // that interrupts the stub (the CPU profiler's, a debugger's)
+            // can still unwind past it.
             core::arch::naked_asm!(
                 ".cfi_startproc",
                 concat!("mov ", $ret, ", [rsp]"),
                 concat!("lea ", $sp, ", [rsp + 8]"),
+                $(concat!("mov ", $bp, ", rbp"),)?
                 "jmp {target}",
                 ".cfi_endproc",
                 target = sym $target,
@@ -499,50 +505,35 @@ macro_rules! with_return_address {
         }
     };
 }
+pub(crate) use trampoline;
+
+/// Defines hook `$name` as a trampoline that passes the caller's return
+/// address and stack pointer (at the call) to `$target` in the two argument
+/// registers after the hook's own (`$ret`, `$sp`) and jumps there. The lock
+/// hooks learn their call site in registers, with no unwind and no memory
+/// round trip, and the unwinder follows `$target`'s frame.
+macro_rules! with_return_address {
+    ($name:ident, $target:path, $ret:literal, $sp:literal) => {
+        $crate::arch::trampoline!($name => $target, ret: $ret, sp: $sp);
+    };
+}
 pub(crate) use with_return_address;
 
 /// Defines hook `$name` as a trampoline that jumps to `$target`, passing it
 /// the caller's frame as three more arguments after the hook's own `$args`:
-/// the return address, the caller's sp (after the return) and its bp, which
-/// a hook does not change before its prologue. The stack is then exactly as
-/// if the program had called `$target`, and the unwind starts at the
-/// program's frame: the hook's own frame, which every capture used to
-/// unwind first and then leave out of the stack, is never seen.
-/// `$target` is `extern "C" fn(<$args arguments>, u64, u64, u64)`.
+/// the return address, the caller's sp (after the return) and its bp. The
+/// unwind starts at the program's frame: the hook's own frame, which every
+/// capture used to unwind first and then leave out of the stack, is never
+/// seen. `$target` is `extern "C" fn(<$args arguments>, u64, u64, u64)`.
 macro_rules! with_caller_regs {
     ($name:ident => $target:path, args: 1) => {
-        $crate::arch::with_caller_regs!(@stub $name, $target, "rsi", "rdx", "rcx");
+        $crate::arch::trampoline!($name => $target, ret: "rsi", sp: "rdx", bp: "rcx");
     };
     ($name:ident => $target:path, args: 2) => {
-        $crate::arch::with_caller_regs!(@stub $name, $target, "rdx", "rcx", "r8");
+        $crate::arch::trampoline!($name => $target, ret: "rdx", sp: "rcx", bp: "r8");
     };
     ($name:ident => $target:path, args: 3) => {
-        $crate::arch::with_caller_regs!(@stub $name, $target, "rcx", "r8", "r9");
-    };
-    (@stub $name:ident, $target:path, $ret:literal, $sp:literal, $bp:literal) => {
-        /// # Safety
-        /// The C function's contract.
-        #[unsafe(naked)]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name() {
-            // SAFETY: at entry [rsp] holds the return address the call just
-            // pushed; only the three argument registers after the
-            // function's own are written, which the target declares, and
-            // the jump leaves the stack exactly as the caller made it.
-            // The stub's own unwind entry is the one every x86_64 function
-            // starts with (CFA = rsp + 8, return address at CFA - 8), true
-            // for all four instructions: a signal that interrupts the stub
-            // (the CPU profiler's, a debugger's) can still unwind past it.
-            core::arch::naked_asm!(
-                ".cfi_startproc",
-                concat!("mov ", $ret, ", [rsp]"),
-                concat!("lea ", $sp, ", [rsp + 8]"),
-                concat!("mov ", $bp, ", rbp"),
-                "jmp {target}",
-                ".cfi_endproc",
-                target = sym $target,
-            )
-        }
+        $crate::arch::trampoline!($name => $target, ret: "rcx", sp: "r8", bp: "r9");
     };
 }
 pub(crate) use with_caller_regs;
