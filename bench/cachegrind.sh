@@ -29,6 +29,8 @@ set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$BENCH_DIR/.." && pwd)
+# shellcheck source=bench/sqlite.sh
+. "$BENCH_DIR/sqlite.sh"
 WORK=$BENCH_DIR/work/cachegrind
 TRAPLINE=${TRAPLINE:-$ROOT/target/release/trapline}
 SLICE_FROM=${SLICE_FROM:-40000}
@@ -41,16 +43,13 @@ if [[ -z ${NO_BUILD:-} ]]; then
     (cd "$ROOT" && cargo build --release -q >&2)
 fi
 if [[ -z ${SQLITE_C:-} ]]; then
-    SQLITE_C=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/libsqlite3-sys-0.30.1/sqlite3/sqlite3.c 2>/dev/null | sed -n 1p)
+    SQLITE_C=$(registry_sqlite_c)
 fi
 [[ -f ${SQLITE_C:-} ]] || { log "no sqlite3.c (set SQLITE_C, or run bench/run.sh cc1 once)"; exit 1; }
 
-# A slice that compiles on its own: up to a `}` in column 0 outside any
-# preprocessor conditional, after line SLICE_FROM.
+# A slice that compiles on its own, ending after line SLICE_FROM.
 SLICE=$WORK/sqlite3-slice.c
-end=$(awk -v from="$SLICE_FROM" '/^[ \t]*#[ \t]*if/ { d++ } /^[ \t]*#[ \t]*endif/ { d-- }
-    /^}$/ && d == 0 && NR > from { print NR; exit }' "$SQLITE_C")
-head -n "$end" "$SQLITE_C" >"$SLICE"
+end=$(cut_sqlite_slice "$SQLITE_C" "$SLICE" "$SLICE_FROM")
 CC1=$(gcc -print-prog-name=cc1)
 MULTIARCH=$(gcc -print-multiarch)
 log "cc1 on the first $end lines of $SQLITE_C"

@@ -23,6 +23,8 @@ set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$BENCH_DIR/.." && pwd)
+# shellcheck source=bench/sqlite.sh
+. "$BENCH_DIR/sqlite.sh"
 WORK=$BENCH_DIR/work/capture_cycles
 ROUNDS=${ROUNDS:-5}
 SLICE_FROM=${SLICE_FROM:-40000}
@@ -31,13 +33,11 @@ log() { printf '[bench capture_cycles] %s\n' "$*" >&2; }
 
 mkdir -p "$WORK"
 if [[ -z ${SQLITE_C:-} ]]; then
-    SQLITE_C=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/libsqlite3-sys-0.30.1/sqlite3/sqlite3.c 2>/dev/null | sed -n 1p)
+    SQLITE_C=$(registry_sqlite_c)
 fi
 [[ -f ${SQLITE_C:-} ]] || { log "no sqlite3.c (set SQLITE_C, or run bench/run.sh cc1 once)"; exit 1; }
 SLICE=$WORK/sqlite3-slice.c
-end=$(awk -v from="$SLICE_FROM" '/^[ \t]*#[ \t]*if/ { d++ } /^[ \t]*#[ \t]*endif/ { d-- }
-    /^}$/ && d == 0 && NR > from { print NR; exit }' "$SQLITE_C")
-head -n "$end" "$SQLITE_C" >"$SLICE"
+end=$(cut_sqlite_slice "$SQLITE_C" "$SLICE" "$SLICE_FROM")
 CC1=$(gcc -print-prog-name=cc1)
 MULTIARCH=$(gcc -print-multiarch)
 

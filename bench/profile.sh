@@ -26,6 +26,8 @@ set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$BENCH_DIR/.." && pwd)
+# shellcheck source=bench/sqlite.sh
+. "$BENCH_DIR/sqlite.sh"
 WORK=$BENCH_DIR/work/profile
 PROFILE_REPS=${PROFILE_REPS:-7}
 COMPARE_REPS=${COMPARE_REPS:-3}
@@ -52,7 +54,7 @@ setup() {
         (cd "$ROOT" && cargo build --release -q >&2)
     fi
     if [[ -z ${SQLITE_C:-} ]]; then
-        SQLITE_C=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/libsqlite3-sys-0.30.1/sqlite3/sqlite3.c 2>/dev/null | sed -n 1p)
+        SQLITE_C=$(registry_sqlite_c)
     fi
     [[ -f ${SQLITE_C:-} ]] || { log "no sqlite3.c (set SQLITE_C, or run bench/run.sh profile)"; exit 1; }
     gcc -O2 -g -o "$WORK/cpu_bound" "$BENCH_DIR/src/cpu_bound.c"

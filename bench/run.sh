@@ -29,6 +29,8 @@ set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$BENCH_DIR/.." && pwd)
+# shellcheck source=bench/sqlite.sh
+. "$BENCH_DIR/sqlite.sh"
 WORK=$BENCH_DIR/work
 BIN=$WORK/bin
 OUT=$WORK/out
@@ -428,10 +430,10 @@ libsqlite3-sys = { version = "=0.30.1", features = ["bundled"] }
 EOF
     echo 'fn main() {}' >"$proj/src/main.rs"
     (cd "$proj" && cargo fetch -q >&2)
-    local home=${CARGO_HOME:-$HOME/.cargo} f
-    f=$(ls -d "$home"/registry/src/*/libsqlite3-sys-0.30.1/sqlite3/sqlite3.c 2>/dev/null | sed -n 1p)
+    local f
+    f=$(registry_sqlite_c)
     if [[ -z $f ]]; then
-        log "sqlite3.c not found under $home/registry/src after cargo fetch"
+        log "sqlite3.c not found under ${CARGO_HOME:-$HOME/.cargo}/registry/src after cargo fetch"
         return 1
     fi
     SQLITE_C=$f
