@@ -6,8 +6,9 @@
 #
 # Builds the agent of each git revision (or of the working tree, for the
 # argument `.`) with the `capture-timing` feature, which reads the TSC around
-# every capture whose stack changed and prints the count and the cycles per
-# capture at exit. Then runs cc1 on the same slice of sqlite3.c as
+# every capture whose stack changed, and around every recorded allocation
+# and release call, and prints the counts and the cycles per capture and per
+# call at exit. Then runs cc1 on the same slice of sqlite3.c as
 # bench/cachegrind.sh, ROUNDS times, one run of every agent per round
 # (interleaved, so a drift of the machine's speed hits all of them alike),
 # and prints each agent's median and all its values.
@@ -66,16 +67,16 @@ for round in $(seq "$ROUNDS"); do
     for label in "${agents[@]}"; do
         LD_PRELOAD=$WORK/$label.so TRAPLINE_OUTPUT=$WORK/$label.trace \
             "$CC1" -quiet -imultiarch "$MULTIARCH" -O2 "$SLICE" -o "$WORK/$label.s" 2>&1 >/dev/null |
-            sed -n "s/.*capture-timing: \([0-9]*\) changed captures, [0-9]* TSC cycles, \([0-9]*\) per capture/$label \1 \2/p"
+            sed -n "s/.*capture-timing: \([0-9]*\) changed captures, [0-9]* TSC cycles, \([0-9]*\) per capture; \([0-9]*\) allocation calls, \([0-9]*\) per call; \([0-9]*\) release calls, \([0-9]*\) per call/$label \1 \2 \3 \4 \5 \6/p"
     done
 done | python3 -c '
 import statistics, sys
 runs = {}
 for line in sys.stdin:
-    label, count, cycles = line.split()
-    runs.setdefault(label, []).append((int(count), int(cycles)))
+    label, *v = line.split()
+    runs.setdefault(label, []).append(list(map(int, v)))
 for label, v in runs.items():
-    cycles = [c for _, c in v]
-    print("%-12s %9d changed captures  %5d cycles each (median of %d; all: %s)"
-          % (label, v[0][0], statistics.median(cycles), len(v), " ".join(map(str, cycles))))
+    med = lambda i: statistics.median(r[i] for r in v)
+    print("%-12s %9d changed captures %5d cycles each (all: %s) | %d alloc calls %5d | %d release calls %5d (medians of %d)"
+          % (label, v[0][0], med(1), " ".join(str(r[1]) for r in v), v[0][2], med(3), v[0][4], med(5), len(v)))
 '

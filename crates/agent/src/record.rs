@@ -32,7 +32,7 @@ pub fn enter() -> Entry {
         return Entry::Off;
     }
     let ts = thread::current();
-    if ts.agent_thread {
+    if ts.agent_thread || cfg!(feature = "layer-forward") {
         return Entry::Off;
     }
     if ts.guard > 0 {
@@ -124,6 +124,9 @@ fn ensure_stack_shared(ts: &mut ThreadState, id: u32, gen: u32, new: bool) {
 /// sure the trace being written defines it. Returns the stack id (0: none).
 #[inline(always)]
 pub fn capture_stack(ts: &mut ThreadState, regs: StartRegs, site: Site) -> u32 {
+    if cfg!(feature = "layer-no-stacks") {
+        return 0;
+    }
     let cap = ts.capture(regs, site);
     ensure_stack(ts, cap.id, cap.new);
     cap.id
@@ -156,6 +159,8 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
     let addr = addr as u64;
     match enter() {
         Entry::Record(ts) => {
+            #[cfg(feature = "capture-timing")]
+            let started = crate::arch::cycles();
             let stack = capture_stack(ts, regs, Site::Alloc);
             if !live::storable(addr) {
                 untracked::insert(addr);
@@ -178,6 +183,11 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                 });
             }
             leave(ts);
+            #[cfg(feature = "capture-timing")]
+            crate::unwind::timing::add(
+                crate::unwind::timing::ALLOC,
+                crate::arch::cycles().wrapping_sub(started),
+            );
         }
         Entry::Nested(_) => untracked::insert(addr),
         Entry::Off => {}
@@ -193,8 +203,15 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
     let addr = addr as u64;
     match enter() {
         Entry::Record(ts) => {
+            #[cfg(feature = "capture-timing")]
+            let started = crate::arch::cycles();
             let pass = free_recorded(ts, func, addr, regs);
             leave(ts);
+            #[cfg(feature = "capture-timing")]
+            crate::unwind::timing::add(
+                crate::unwind::timing::FREE,
+                crate::arch::cycles().wrapping_sub(started),
+            );
             pass
         }
         // Inside the agent already: the table may be locked by this very

@@ -301,7 +301,7 @@ impl StackCapture {
         let started = arch::cycles();
         let captured = self.capture_changed(unwinders, gen, start, bounds, rules, top_refuted);
         #[cfg(feature = "capture-timing")]
-        timing::add(arch::cycles().wrapping_sub(started));
+        timing::add(timing::CAPTURE, arch::cycles().wrapping_sub(started));
         captured
     }
 
@@ -624,28 +624,43 @@ impl StackCapture {
     }
 }
 
-/// The `capture-timing` feature: TSC cycles spent in changed captures.
+/// The `capture-timing` feature: TSC cycles spent in changed captures, and
+/// in whole recorded allocation and release calls (from the guard taken to
+/// the event written, the C library's own work left out). The totals are
+/// kept with plain loads and stores, not read-modify-write instructions,
+/// which would add a locked instruction to what is timed around them (in a
+/// multi-threaded program some counts are lost: a measuring aid only).
 #[cfg(feature = "capture-timing")]
 pub mod timing {
     use core::sync::atomic::{AtomicU64, Ordering};
 
-    static CYCLES: AtomicU64 = AtomicU64::new(0);
-    static CAPTURES: AtomicU64 = AtomicU64::new(0);
+    /// (count, cycles) per kind: changed captures, allocation calls, release calls.
+    static TOTALS: [(AtomicU64, AtomicU64); 3] =
+        [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 3];
+    pub const CAPTURE: usize = 0;
+    pub const ALLOC: usize = 1;
+    pub const FREE: usize = 2;
 
-    pub fn add(cycles: u64) {
-        CYCLES.fetch_add(cycles, Ordering::Relaxed);
-        CAPTURES.fetch_add(1, Ordering::Relaxed);
+    #[inline(always)]
+    pub fn add(kind: usize, cycles: u64) {
+        let (count, total) = &TOTALS[kind];
+        count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        total.store(total.load(Ordering::Relaxed) + cycles, Ordering::Relaxed);
     }
 
     /// Prints the totals to stderr (at exit).
     pub fn report() {
-        let (cycles, captures) = (
-            CYCLES.load(Ordering::Relaxed),
-            CAPTURES.load(Ordering::Relaxed),
-        );
+        let get = |kind: usize| {
+            let (count, total) = &TOTALS[kind];
+            let (n, c) = (count.load(Ordering::Relaxed), total.load(Ordering::Relaxed));
+            (n, c, c.checked_div(n).unwrap_or(0))
+        };
+        let (captures, cycles, each) = get(CAPTURE);
+        let (allocs, _, alloc_each) = get(ALLOC);
+        let (frees, _, free_each) = get(FREE);
         crate::sys::warn(&format!(
-            "capture-timing: {captures} changed captures, {cycles} TSC cycles, {} per capture",
-            cycles.checked_div(captures).unwrap_or(0)
+            "capture-timing: {captures} changed captures, {cycles} TSC cycles, {each} per capture; \
+             {allocs} allocation calls, {alloc_each} per call; {frees} release calls, {free_each} per call"
         ));
     }
 }

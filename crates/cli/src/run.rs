@@ -179,12 +179,12 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
             ),
         ));
     }
-    let Ok(data) = std::fs::read(path) else {
+    let Ok(file) = std::fs::File::open(path) else {
         return Ok(());
     };
-    if data.starts_with(b"#!") {
-        return Ok(()); // a script: its interpreter is checked when it runs
-    }
+    // Read lazily: only the headers are needed (reading cc1 whole took
+    // 33 MB before every run).
+    let data = object::read::ReadCache::new(file);
     if is_static_elf(&data) {
         return Err(fail(
             EXIT_CANNOT_RUN,
@@ -199,9 +199,10 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
 
 /// An ELF executable without a PT_INTERP program header starts without the
 /// dynamic loader (static, or static-PIE), so LD_PRELOAD never applies.
-fn is_static_elf(data: &[u8]) -> bool {
+/// (A script, `#!`, is none: its interpreter is checked when it runs.)
+fn is_static_elf<'data, R: object::ReadRef<'data>>(data: R) -> bool {
     use object::read::elf::{FileHeader, ProgramHeader};
-    fn no_interp<H: FileHeader>(data: &[u8]) -> Option<bool> {
+    fn no_interp<'data, H: FileHeader, R: object::ReadRef<'data>>(data: R) -> Option<bool> {
         let header = H::parse(data).ok()?;
         let endian = header.endian().ok()?;
         let phdrs = header.program_headers(endian, data).ok()?;
@@ -214,10 +215,10 @@ fn is_static_elf(data: &[u8]) -> bool {
     }
     match object::FileKind::parse(data) {
         Ok(object::FileKind::Elf64) => {
-            no_interp::<object::elf::FileHeader64<object::Endianness>>(data).unwrap_or(false)
+            no_interp::<object::elf::FileHeader64<object::Endianness>, _>(data).unwrap_or(false)
         }
         Ok(object::FileKind::Elf32) => {
-            no_interp::<object::elf::FileHeader32<object::Endianness>>(data).unwrap_or(false)
+            no_interp::<object::elf::FileHeader32<object::Endianness>, _>(data).unwrap_or(false)
         }
         _ => false,
     }
