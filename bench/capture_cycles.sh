@@ -65,6 +65,8 @@ done
 log "cc1 on the first $end lines of $SQLITE_C, $ROUNDS rounds"
 for round in $(seq "$ROUNDS"); do
     for label in "${agents[@]}"; do
+        # Each run writes TRACE.<pid> (no `trapline run` to name it): keep only the last.
+        rm -f "$WORK/$label.trace".*
         LD_PRELOAD=$WORK/$label.so TRAPLINE_OUTPUT=$WORK/$label.trace \
             "$CC1" -quiet -imultiarch "$MULTIARCH" -O2 "$SLICE" -o "$WORK/$label.s" 2>&1 >/dev/null |
             sed -n "s/.*capture-timing: \([0-9]*\) changed captures, [0-9]* TSC cycles, \([0-9]*\) per capture; \([0-9]*\) allocation calls, \([0-9]*\) per call; \([0-9]*\) release calls, \([0-9]*\) per call/$label \1 \2 \3 \4 \5 \6/p"

@@ -128,8 +128,18 @@ pub fn capture_stack(ts: &mut ThreadState, regs: StartRegs, site: Site) -> u32 {
         return 0;
     }
     let cap = ts.capture(regs, site);
-    ensure_stack(ts, cap.id, cap.new);
-    cap.id
+    let (id, gen) = (cap.id, writer::GEN.load(Ordering::Relaxed));
+    // Known to be in this trace: through the id cache, or as one of the
+    // stacks this thread used last (its latest alloc and free stacks).
+    if id == 0
+        || (!cap.new
+            && (cap.defined_in == gen || ts.ensured[0] == (id, gen) || ts.ensured[1] == (id, gen)))
+    {
+        return id;
+    }
+    ensure_stack_shared(ts, id, gen, cap.new);
+    ts.captures[site as usize].note_defined(id, gen);
+    id
 }
 
 /// Writes the definition of a stack id from any thread (snapshot, errors).

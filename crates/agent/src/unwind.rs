@@ -173,8 +173,13 @@ pub struct StackCapture {
     /// checks_end[i]: end of frame i's entries in `checks`; (lowest, highest)
     /// address among frames 0..=i.
     checks_end: [(u16, u64, u64); MAX_RAW],
-    /// Direct-mapped StackHash -> id cache in front of the shared table.
-    id_cache: Box<[(stacks::StackHash, u32); ID_CACHE]>,
+    /// Direct-mapped StackHash -> (id, the trace generation this thread
+    /// last saw it defined in, 0 if none) cache in front of the shared table.
+    /// Keeping the generation in the line the lookup reads anyway spares
+    /// the stack's shared record, a cold line, on most changed captures.
+    id_cache: Box<[(stacks::StackHash, u32, u32); ID_CACHE]>,
+    /// Where `prev_id` is in `id_cache`, when it came from there.
+    prev_slot: Option<usize>,
 }
 
 /// Result of a capture.
@@ -183,6 +188,9 @@ pub struct Captured {
     pub id: u32,
     /// True when the id was just created: its definition must be written.
     pub new: bool,
+    /// The trace generation this thread last saw the stack defined in, as
+    /// noted by `note_defined` (0: not known).
+    pub defined_in: u32,
 }
 
 impl StackCapture {
@@ -201,13 +209,25 @@ impl StackCapture {
             scratch: [FrameRec::default(); MAX_RAW],
             checks: [(0, 0); CHECKS],
             checks_end: [(0, 0, 0); MAX_RAW],
-            id_cache: Box::new([(stacks::StackHash::default(), 0); ID_CACHE]),
+            id_cache: Box::new([(stacks::StackHash::default(), 0, 0); ID_CACHE]),
+            prev_slot: None,
         })
     }
 
     /// Forgets the previous stack (after fork, or when the stack memory may be gone).
     pub fn invalidate(&mut self) {
         self.prev_n = 0;
+    }
+
+    /// Notes that the trace of generation `gen` defines stack `id`, the one
+    /// this capture returned last, so that its next id-cache hit says so.
+    pub fn note_defined(&mut self, id: u32, gen: u32) {
+        if let Some(slot) = self.prev_slot {
+            let entry = &mut self.id_cache[slot];
+            if entry.1 == id {
+                entry.2 = gen;
+            }
+        }
     }
 
     /// Whether every read that decided frames 0..upto (outermost first)
@@ -278,7 +298,11 @@ impl StackCapture {
         rules: &mut RuleCaches,
     ) -> Captured {
         let Some((unwinders, gen)) = modules::unwinder() else {
-            return Captured { id: 0, new: false };
+            return Captured {
+                id: 0,
+                new: false,
+                defined_in: 0,
+            };
         };
         // The commonest case, kept small and inlined: the hook frame itself is
         // the remembered innermost frame and nothing outside it changed, so
@@ -292,6 +316,7 @@ impl StackCapture {
                     return Captured {
                         id: self.prev_id,
                         new: false,
+                        defined_in: 0,
                     };
                 }
                 top_refuted = true;
@@ -503,6 +528,7 @@ impl StackCapture {
             return Captured {
                 id: self.prev_id,
                 new: false,
+                defined_in: 0,
             };
         }
         let mut rebuild_from = None;
@@ -599,26 +625,41 @@ impl StackCapture {
         }
         let Some(h) = h else {
             self.prev_id = 0;
-            return Captured { id: 0, new: false };
+            return Captured {
+                id: 0,
+                new: false,
+                defined_in: 0,
+            };
         };
-        let (ch, cid) = self.id_cache[slot];
+        let (ch, cid, defined_in) = self.id_cache[slot];
         if ch == h && cid != 0 {
             self.prev_id = cid;
+            self.prev_slot = Some(slot);
             return Captured {
                 id: cid,
                 new: false,
+                defined_in,
             };
         }
         let prev = &self.prev[..self.prev_n];
         match stacks::intern(h, |buf| program_frames_of(prev, buf)) {
             Some((id, new)) => {
-                self.id_cache[slot] = (h, id);
+                self.id_cache[slot] = (h, id, 0);
                 self.prev_id = id;
-                Captured { id, new }
+                self.prev_slot = Some(slot);
+                Captured {
+                    id,
+                    new,
+                    defined_in: 0,
+                }
             }
             None => {
                 self.prev_id = 0;
-                Captured { id: 0, new: false }
+                Captured {
+                    id: 0,
+                    new: false,
+                    defined_in: 0,
+                }
             }
         }
     }
