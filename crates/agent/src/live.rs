@@ -12,6 +12,7 @@
 
 use crate::sys::SpinLock;
 use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicUsize, Ordering};
 use trapline_trace::AllocFn;
 
 pub const SHARDS: usize = 64;
@@ -102,6 +103,21 @@ pub fn shard_of(addr: u64) -> &'static Shard {
     &TABLE[(hash(addr) >> 58) as usize]
 }
 
+/// Starts loading the table slot where `addr` is or would go, without the
+/// lock, for a hook that has other work (the stack capture) to do before it
+/// takes the lock: the slot is a cache miss on most calls of a large
+/// program. The published location may be stale (the table just grew):
+/// a prefetch of it is harmless.
+#[inline(always)]
+pub fn prefetch(addr: u64) {
+    let shard = shard_of(addr);
+    let n = shard.slots_len.load(Ordering::Relaxed);
+    if n != 0 {
+        let at = shard.slots_at.load(Ordering::Relaxed);
+        crate::arch::prefetch((at + home(addr, n) * size_of::<Entry>()) as *const u8);
+    }
+}
+
 /// A recently freed block.
 #[derive(Clone, Copy, Default)]
 pub struct Freed {
@@ -125,6 +141,10 @@ struct ShardData {
 /// One lock and one table.
 pub struct Shard {
     lock: SpinLock,
+    /// Where the slots are and how many, published under the lock whenever
+    /// they move, so that `prefetch` can find an address's slot without it.
+    slots_at: AtomicUsize,
+    slots_len: AtomicUsize,
     data: UnsafeCell<ShardData>,
 }
 
@@ -134,6 +154,8 @@ unsafe impl Sync for Shard {}
 #[allow(clippy::declare_interior_mutable_const)]
 const EMPTY_SHARD: Shard = Shard {
     lock: SpinLock::new(),
+    slots_at: AtomicUsize::new(0),
+    slots_len: AtomicUsize::new(0),
     data: UnsafeCell::new(ShardData {
         slots: Vec::new(),
         len: 0,
@@ -194,11 +216,21 @@ impl Locked<'_> {
     /// address (whose size it returns).
     pub fn insert(&mut self, addr: u64, block: Block) -> Option<u64> {
         let d = self.data();
-        if d.slots.is_empty() {
+        let moved = if d.slots.is_empty() {
             d.slots = vec![Entry::default(); 256];
+            true
         } else if (d.len + 1) * 5 > d.slots.len() * 4 {
             grow(d);
+            true
+        } else {
+            false
+        };
+        if moved {
+            let (at, len) = (d.slots.as_ptr() as usize, d.slots.len());
+            self.shard.slots_at.store(at, Ordering::Relaxed);
+            self.shard.slots_len.store(len, Ordering::Relaxed);
         }
+        let d = self.data();
         let n = d.slots.len();
         let mut i = home(addr, n);
         let want = addr >> 4;

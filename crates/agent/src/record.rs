@@ -171,6 +171,8 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
         Entry::Record(ts) => {
             #[cfg(feature = "capture-timing")]
             let started = crate::arch::cycles();
+            // The capture takes a few hundred cycles: load the table slot meanwhile.
+            live::prefetch(addr);
             let stack = capture_stack(ts, regs, Site::Alloc);
             if !live::storable(addr) {
                 untracked::insert(addr);
@@ -234,6 +236,9 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
     let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
+    if with_stack {
+        live::prefetch(addr);
+    }
     let stack = if with_stack {
         capture_stack(ts, regs, Site::Free)
     } else {
