@@ -118,6 +118,16 @@ pub fn prefetch(addr: u64) {
     }
 }
 
+/// `prefetch`, and the freed-ring entry a release of `addr` will write.
+#[inline(always)]
+pub fn prefetch_release(addr: u64) {
+    prefetch(addr);
+    let at = shard_of(addr).freed_at.load(Ordering::Relaxed);
+    if at != 0 {
+        crate::arch::prefetch(at as *const u8);
+    }
+}
+
 /// A recently freed block.
 #[derive(Clone, Copy, Default)]
 pub struct Freed {
@@ -138,13 +148,17 @@ struct ShardData {
     bytes: u64,
 }
 
-/// One lock and one table.
+/// One lock and one table, in lines of their own: the lock and the
+/// published locations share the first.
+#[repr(align(64))]
 pub struct Shard {
     lock: SpinLock,
     /// Where the slots are and how many, published under the lock whenever
     /// they move, so that `prefetch` can find an address's slot without it.
     slots_at: AtomicUsize,
     slots_len: AtomicUsize,
+    /// The freed-ring entry the next release of this shard will write (0: none yet).
+    freed_at: AtomicUsize,
     data: UnsafeCell<ShardData>,
 }
 
@@ -156,6 +170,7 @@ const EMPTY_SHARD: Shard = Shard {
     lock: SpinLock::new(),
     slots_at: AtomicUsize::new(0),
     slots_len: AtomicUsize::new(0),
+    freed_at: AtomicUsize::new(0),
     data: UnsafeCell::new(ShardData {
         slots: Vec::new(),
         len: 0,
@@ -302,6 +317,8 @@ impl Locked<'_> {
             slot.free_stack = f.free_stack;
         }
         d.freed_next = n + 1;
+        let next_at = d.freed.as_ptr() as usize + (n + 1) % FREED_RING * size_of::<Freed>();
+        self.shard.freed_at.store(next_at, Ordering::Relaxed);
     }
 
     /// The most recent free of `addr` still remembered.

@@ -237,7 +237,7 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
     let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
     if with_stack {
-        live::prefetch(addr);
+        live::prefetch_release(addr);
     }
     let stack = if with_stack {
         capture_stack(ts, regs, Site::Free)
