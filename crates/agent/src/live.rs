@@ -111,9 +111,6 @@ pub fn shard_of(addr: u64) -> &'static Shard {
 #[inline(always)]
 pub fn prefetch(addr: u64) {
     let shard = shard_of(addr);
-    // The shard's second line (its table's length, time and counters); the
-    // first comes with the loads below.
-    crate::arch::prefetch((shard as *const Shard).cast::<u8>().wrapping_add(64));
     let n = shard.slots_len.load(Ordering::Relaxed);
     if n != 0 {
         let at = shard.slots_at.load(Ordering::Relaxed);
