@@ -79,6 +79,8 @@ for line in sys.stdin:
     runs.setdefault(label, []).append(list(map(int, v)))
 for label, v in runs.items():
     med = lambda i: statistics.median(r[i] for r in v)
-    print("%-12s %9d changed captures %5d cycles each (all: %s) | %d alloc calls %5d | %d release calls %5d (medians of %d)"
-          % (label, v[0][0], med(1), " ".join(str(r[1]) for r in v), v[0][2], med(3), v[0][4], med(5), len(v)))
+    each = lambda i: " ".join(str(r[i]) for r in v)
+    print("%-12s medians of %d rounds: %d changed captures, %d cycles each; %d allocation calls, %d cycles each; %d release calls, %d cycles each"
+          % (label, len(v), v[0][0], med(1), v[0][2], med(3), v[0][4], med(5)))
+    print("%-12s   by round: captures %s | allocations %s | releases %s" % ("", each(1), each(3), each(5)))
 '

@@ -426,7 +426,7 @@ fn sample(regs: arch::StartRegs, periods: u32) {
         ts.guard = 0;
         return;
     };
-    let cap = p.capture.capture(regs, bounds, &mut ts.rules);
+    let cap = p.capture.capture(regs, bounds, &mut ts.rules, || {});
     if cap.id == 0 {
         SKIPPED[slot].fetch_add(u64::from(periods), Ordering::Relaxed);
     } else {

@@ -124,10 +124,22 @@ fn ensure_stack_shared(ts: &mut ThreadState, id: u32, gen: u32, new: bool) {
 /// sure the trace being written defines it. Returns the stack id (0: none).
 #[inline(always)]
 pub fn capture_stack(ts: &mut ThreadState, regs: StartRegs, site: Site) -> u32 {
+    capture_stack_then(ts, regs, site, || {})
+}
+
+/// `capture_stack`, running `before_unwinding` first when the stack changed
+/// (see `StackCapture::capture`).
+#[inline(always)]
+pub fn capture_stack_then(
+    ts: &mut ThreadState,
+    regs: StartRegs,
+    site: Site,
+    before_unwinding: impl FnOnce(),
+) -> u32 {
     if cfg!(feature = "layer-no-stacks") {
         return 0;
     }
-    let cap = ts.capture(regs, site);
+    let cap = ts.capture(regs, site, before_unwinding);
     let (id, gen) = (cap.id, writer::GEN.load(Ordering::Relaxed));
     // Known to be in this trace: through the id cache, or as one of the
     // stacks this thread used last (its latest alloc and free stacks).
@@ -171,9 +183,8 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
         Entry::Record(ts) => {
             #[cfg(feature = "capture-timing")]
             let started = crate::arch::cycles();
-            // The capture takes a few hundred cycles: load the table slot meanwhile.
-            live::prefetch(addr);
-            let stack = capture_stack(ts, regs, Site::Alloc);
+            // Unwinding takes a few hundred cycles: load the table slot meanwhile.
+            let stack = capture_stack_then(ts, regs, Site::Alloc, || live::prefetch(addr));
             if !live::storable(addr) {
                 untracked::insert(addr);
             } else {
@@ -236,11 +247,8 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 
 fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
     let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
-    if with_stack {
-        live::prefetch_release(addr);
-    }
     let stack = if with_stack {
-        capture_stack(ts, regs, Site::Free)
+        capture_stack_then(ts, regs, Site::Free, || live::prefetch_release(addr))
     } else {
         0
     };

@@ -242,11 +242,17 @@ impl ThreadState {
         }
     }
 
-    /// Captures the call stack from a hook's registers.
+    /// Captures the call stack from a hook's registers (`before_unwinding`:
+    /// see `StackCapture::capture`).
     #[inline]
-    pub fn capture(&mut self, start: StartRegs, site: Site) -> Captured {
+    pub fn capture(
+        &mut self,
+        start: StartRegs,
+        site: Site,
+        before_unwinding: impl FnOnce(),
+    ) -> Captured {
         let b = self.bounds_for(start.sp);
-        self.captures[site as usize].capture(start, b, &mut self.rules)
+        self.captures[site as usize].capture(start, b, &mut self.rules, before_unwinding)
     }
 
     /// The owner's half of an asymmetric Dekker handshake: announce with a

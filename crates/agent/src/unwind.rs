@@ -290,12 +290,16 @@ impl StackCapture {
 
     /// Captures the stack that starts at `start` (registers of a hook frame).
     /// `cache` is framehop's rule cache, shared by a thread's captures.
+    /// `before_unwinding` runs only when the stack changed, before the few
+    /// hundred cycles of unwinding it: the place to start loads the caller
+    /// will need afterwards (an unchanged stack returns too soon for them).
     #[inline]
     pub fn capture(
         &mut self,
         start: StartRegs,
         bounds: Bounds,
         rules: &mut RuleCaches,
+        before_unwinding: impl FnOnce(),
     ) -> Captured {
         let Some((unwinders, gen)) = modules::unwinder() else {
             return Captured {
@@ -322,6 +326,7 @@ impl StackCapture {
                 top_refuted = true;
             }
         }
+        before_unwinding();
         #[cfg(feature = "capture-timing")]
         let started = arch::cycles();
         let captured = self.capture_changed(unwinders, gen, start, bounds, rules, top_refuted);
