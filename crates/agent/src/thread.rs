@@ -82,6 +82,9 @@ pub static FINISHED: AtomicBool = AtomicBool::new(false);
 
 unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     let ts = p as *mut ThreadState;
+    // glibc cleared the key's value before calling this; a hook that runs
+    // from here on (a later destructor) makes a new state.
+    crate::arch::set_thread_slot(core::ptr::null_mut());
     // Keep the state reachable while we flush, in case a later destructor allocates.
     {
         let _g = REGISTRY.lock.guard();
@@ -164,6 +167,7 @@ fn create() -> *mut ThreadState {
     }));
     // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
     unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };
+    crate::arch::set_thread_slot(ts as *mut u8);
     {
         let _g = REGISTRY.lock.guard();
         // SAFETY: guarded by the registry lock.
@@ -181,8 +185,7 @@ fn create() -> *mut ThreadState {
 /// This thread's state, created on first use.
 #[inline]
 pub fn current() -> &'static mut ThreadState {
-    // SAFETY: the key's value is either null or a ThreadState owned by this thread.
-    let p = unsafe { libc::pthread_getspecific(key()) } as *mut ThreadState;
+    let p = crate::arch::thread_slot() as *mut ThreadState;
     let p = if p.is_null() { create() } else { p };
     // SAFETY: only this thread uses its state mutably (stealers only touch `buf` while holding `steal` with the owner outside `emit`).
     unsafe { &mut *p }
@@ -190,12 +193,7 @@ pub fn current() -> &'static mut ThreadState {
 
 /// This thread's state if it has one (never allocates: for signal handlers).
 pub fn current_if_any() -> Option<&'static mut ThreadState> {
-    let k = KEY.load(Ordering::Acquire);
-    if k == u32::MAX {
-        return None;
-    }
-    // SAFETY: the key's value is either null or a ThreadState owned by this thread.
-    let p = unsafe { libc::pthread_getspecific(k) } as *mut ThreadState;
+    let p = crate::arch::thread_slot() as *mut ThreadState;
     // SAFETY: as in `current`.
     (!p.is_null()).then(|| unsafe { &mut *p })
 }
@@ -433,10 +431,7 @@ pub fn unlock_all() {
 
 /// Fork child: only the calling thread survives; its buffer held the parent's events.
 pub fn reset_in_child() {
-    let me = {
-        // SAFETY: the key's value is null or our state.
-        unsafe { libc::pthread_getspecific(key()) as *mut ThreadState }
-    };
+    let me = crate::arch::thread_slot() as *mut ThreadState;
     REGISTRY.lock.reset();
     KEY_LOCK.reset();
     // SAFETY: single-threaded child.

@@ -363,6 +363,56 @@ pub fn prefetch<T>(p: *const T) {
     unsafe { core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0) };
 }
 
+// One pointer of initial-exec TLS: the calling thread's `ThreadState`
+// (thread.rs). Stable Rust has no `#[thread_local]`, and `thread_local!` in a
+// shared library goes through `__tls_get_addr`, which may call `malloc`; an
+// initial-exec slot sits in the static TLS block that glibc sets up with the
+// thread, before any of its code runs, and is read with two loads. The
+// linker marks the library `DF_STATIC_TLS`: a preloaded library's static TLS
+// is always allocated, and a later dlopen of the agent fits glibc's surplus.
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".hidden trapline_thread_slot",
+    ".type trapline_thread_slot, @object",
+    ".size trapline_thread_slot, 8",
+    "trapline_thread_slot:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// The value of this thread's slot (null until `set_thread_slot`).
+#[inline(always)]
+pub fn thread_slot() -> *mut u8 {
+    let p: *mut u8;
+    // SAFETY: reads this thread's own TLS word; the GOT entry holds its
+    // offset from the thread pointer (`fs`), filled in by the loader.
+    unsafe {
+        core::arch::asm!(
+            "mov {p}, qword ptr [rip + trapline_thread_slot@GOTTPOFF]",
+            "mov {p}, qword ptr fs:[{p}]",
+            p = out(reg) p,
+            options(nostack, preserves_flags, readonly),
+        );
+    }
+    p
+}
+
+/// Sets this thread's slot.
+#[inline(always)]
+pub fn set_thread_slot(value: *mut u8) {
+    // SAFETY: writes this thread's own TLS word (see `thread_slot`).
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + trapline_thread_slot@GOTTPOFF]",
+            "mov qword ptr fs:[{t}], {v}",
+            t = out(reg) _,
+            v = in(reg) value,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 /// Bytes below the stack pointer that leaf code may use (the System V red zone).
 pub const RED_ZONE: u64 = 128;
 
