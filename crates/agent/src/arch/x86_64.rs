@@ -373,6 +373,9 @@ pub fn prefetch<T>(p: *const T) {
 core::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
     ".p2align 3",
+    // Global for the other codegen units of the crate, hidden from the
+    // program.
+    ".globl trapline_thread_slot",
     ".hidden trapline_thread_slot",
     ".type trapline_thread_slot, @object",
     ".size trapline_thread_slot, 8",
