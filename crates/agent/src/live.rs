@@ -141,6 +141,9 @@ pub struct Freed {
 struct ShardData {
     slots: Vec<Entry>,
     len: usize,
+    /// The `len` at which the next insert grows the table (80% of the
+    /// slots; 0 before the first, which makes the table).
+    grow_at: usize,
     /// Strictly increasing event time of this shard (see `clock`).
     last_time: u64,
     freed: Vec<Freed>,
@@ -174,6 +177,7 @@ const EMPTY_SHARD: Shard = Shard {
     data: UnsafeCell::new(ShardData {
         slots: Vec::new(),
         len: 0,
+        grow_at: 0,
         last_time: 0,
         freed: Vec::new(),
         freed_next: 0,
@@ -227,23 +231,30 @@ impl Locked<'_> {
         t
     }
 
-    /// Records a new live block, replacing a stale entry for the same
-    /// address (whose size it returns).
-    pub fn insert(&mut self, addr: u64, block: Block) -> Option<u64> {
+    /// Makes the table, or grows it, and publishes where it now is.
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self) {
         let d = self.data();
-        let moved = if d.slots.is_empty() {
+        if d.slots.is_empty() {
             d.slots = vec![Entry::default(); 256];
-            true
-        } else if (d.len + 1) * 5 > d.slots.len() * 4 {
-            grow(d);
-            true
         } else {
-            false
-        };
-        if moved {
-            let (at, len) = (d.slots.as_ptr() as usize, d.slots.len());
-            self.shard.slots_at.store(at, Ordering::Relaxed);
-            self.shard.slots_len.store(len, Ordering::Relaxed);
+            grow(d);
+        }
+        d.grow_at = d.slots.len() * 4 / 5;
+        let (at, len) = (d.slots.as_ptr() as usize, d.slots.len());
+        self.shard.slots_at.store(at, Ordering::Relaxed);
+        self.shard.slots_len.store(len, Ordering::Relaxed);
+    }
+
+    /// Records a new live block, replacing a stale entry for the same
+    /// address (whose size it returns). Inlined into the hooks, with the
+    /// rare growth out of line: a call's prologue and epilogue were a fifth
+    /// of its instructions.
+    #[inline(always)]
+    pub fn insert(&mut self, addr: u64, block: Block) -> Option<u64> {
+        if self.data().len >= self.data().grow_at {
+            self.make_room();
         }
         let d = self.data();
         let n = d.slots.len();
@@ -270,6 +281,7 @@ impl Locked<'_> {
     }
 
     /// Removes a block and returns what was known about it.
+    #[inline(always)]
     pub fn remove(&mut self, addr: u64) -> Option<Block> {
         let d = self.data();
         let i = find(d, addr)?;
@@ -385,6 +397,7 @@ impl Packed {
     }
 }
 
+#[inline(always)]
 fn find(d: &ShardData, addr: u64) -> Option<usize> {
     // Entries hold addr >> 4: an interior pointer must not match its block.
     if d.slots.is_empty() || !storable(addr) {
