@@ -116,12 +116,6 @@ fn key() -> libc::pthread_key_t {
     let mut k: libc::pthread_key_t = 0;
     // SAFETY: creating a key with a valid destructor.
     unsafe { libc::pthread_key_create(&mut k, Some(on_thread_exit)) };
-    if k >= 32 {
-        // glibc keeps keys 0..31 inside the thread descriptor; a higher key's
-        // first pthread_setspecific in a thread calls calloc, which would
-        // re-enter the hooks before this thread has a state.
-        sys::warn("more than 32 pthread keys exist before the agent's; recording may recurse");
-    }
     KEY.store(k, Ordering::Release);
     k
 }
@@ -165,9 +159,12 @@ fn create() -> *mut ThreadState {
         lock_sites: None,
         heap_role: crate::totals::ROLE_UNKNOWN,
     }));
+    // The slot first: for a key at 32 or above (other libraries created
+    // keys first), glibc's first `pthread_setspecific` in a thread calls
+    // `calloc`, and that hook must find this state (guard 1: nested).
+    crate::arch::set_thread_slot(ts as *mut u8);
     // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
     unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };
-    crate::arch::set_thread_slot(ts as *mut u8);
     {
         let _g = REGISTRY.lock.guard();
         // SAFETY: guarded by the registry lock.

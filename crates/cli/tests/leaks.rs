@@ -169,9 +169,34 @@ fn threads64_exact_totals() {
     let dir = TestDir::new("threads64");
     let prog = compile_c(&dir, "threads64.c");
     let run = run(&dir, &[], &prog, &[]);
+    assert_threads64_report(&dir, &run);
+}
+
+/// threads64.c again, with a library preloaded beside the agent that takes
+/// pthread keys 0..39 first (many_keys_lib.c): the agent's key is then above
+/// 31, and glibc's first `pthread_setspecific` in every thread calls
+/// `calloc` while the agent sets the thread up. The agent used to recurse
+/// until the stack overflowed (SIGSEGV before the first event).
+#[test]
+fn threads64_with_the_low_pthread_keys_taken() {
+    let dir = TestDir::new("threads64_keys");
+    let prog = compile_c(&dir, "threads64.c");
+    let lib = compile_c_with(
+        &dir,
+        "many_keys_lib.c",
+        "libmany_keys.so",
+        &["-fPIC", "-shared"],
+    );
+    let mut cmd = run_command(&dir, &[], &prog, &[]);
+    cmd.env("LD_PRELOAD", &lib);
+    let run = output_of(cmd, "trapline run threads64 with many_keys_lib");
+    assert_threads64_report(&dir, &run);
+}
+
+fn assert_threads64_report(dir: &TestDir, run: &Finished) {
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.stdout, "threads done\n");
-    assert_no_events_lost_in_summary(&run);
+    assert_no_events_lost_in_summary(run);
 
     let report = leaks(&dir.trace());
     assert_complete(&report);
