@@ -359,6 +359,9 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         // SAFETY: glibc's exported freeres; called after every atexit handler.
         unsafe { __libc_freeres() };
     }
+    // After the runtimes' last frees: every capture of the run is counted.
+    #[cfg(feature = "cache-audit")]
+    crate::unwind::audit::report();
     let signal = ending == Ending::Signal;
     let spins = if signal { 200_000 } else { u32::MAX };
     let mut ts = if signal {

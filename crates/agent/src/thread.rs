@@ -40,6 +40,9 @@ pub struct ThreadState {
     /// Separate caches for allocating and releasing hooks: a program that
     /// alternates malloc and free from one place then hits both every time.
     pub captures: [Box<StackCapture>; 2],
+    /// `cache-audit`: repeats every capture with nothing remembered.
+    #[cfg(feature = "cache-audit")]
+    audit: Box<StackCapture>,
     /// framehop's unwind-rule caches, shared by both: their outer frames are the same.
     pub rules: crate::unwind::RuleCaches,
     stack: Bounds,
@@ -149,6 +152,8 @@ fn create() -> *mut ThreadState {
         buf: UnsafeCell::new(None),
         last_time: 0,
         captures: [StackCapture::new(), StackCapture::new()],
+        #[cfg(feature = "cache-audit")]
+        audit: StackCapture::new(),
         rules: crate::unwind::RuleCaches::new(),
         stack: Bounds { lo: 0, hi: 0 },
         deferred: [0; DEFERRED],
@@ -247,7 +252,15 @@ impl ThreadState {
         before_unwinding: impl FnOnce(),
     ) -> Captured {
         let b = self.bounds_for(start.sp);
-        self.captures[site as usize].capture(start, b, &mut self.rules, before_unwinding)
+        let captured =
+            self.captures[site as usize].capture(start, b, &mut self.rules, before_unwinding);
+        #[cfg(feature = "cache-audit")]
+        {
+            self.audit.invalidate();
+            let full = self.audit.capture(start, b, &mut self.rules, || {});
+            crate::unwind::audit::note(captured.id, full.id);
+        }
+        captured
     }
 
     /// The owner's half of an asymmetric Dekker handshake: announce with a

@@ -411,7 +411,8 @@ impl StackCapture {
             // Nearly every frame: a common rule, all reads in bounds. What it
             // records is what the general path below records for the same
             // reads (the return address always kept; the restored bp kept
-            // when bp changed, or when it equals the return address).
+            // too, checked where the caller's bp matters or always when it
+            // equals the return address).
             let readable = |a: u64| a.wrapping_sub(read_lo) <= read_span && a.is_multiple_of(8);
             let rec = &mut self.scratch[k];
             rec.pc = pc;
@@ -426,15 +427,17 @@ impl StackCapture {
                 rec.bp_passed = true;
                 rec.bp_used = near_bp(ra_at);
                 if let Some((at, restored)) = step.bp_read {
+                    // A restored bp equal to the input one counts as passed
+                    // on (the input bp must match where it matters) and its
+                    // slot is checked as well: a later capture with the same
+                    // input bp but another value in the slot is not a match.
                     rec.bp_used |= near_bp(at);
                     rec.bp_passed = restored == bp;
-                    if restored != bp || restored == ra {
-                        rec.reads[0] = (at, restored);
-                        rec.reads[1] = (ra_at, ra);
-                        rec.nreads = 2;
-                        if restored != ra {
-                            rec.bp_read = 0;
-                        }
+                    rec.reads[0] = (at, restored);
+                    rec.reads[1] = (ra_at, ra);
+                    rec.nreads = 2;
+                    if restored != ra {
+                        rec.bp_read = 0;
                     }
                 }
                 k += 1;
@@ -491,7 +494,9 @@ impl StackCapture {
                 // rule and the input registers, except in a signal frame,
                 // where it is read too. Reads whose values became none of
                 // these (other saved registers) cannot change it, so they
-                // are not verified.
+                // are not verified. A read equal to the output bp is kept
+                // even when bp came out unchanged: it may be where bp was
+                // restored from (checked where the caller's bp matters).
                 let ra = match r {
                     Ok(Some(ra)) => ra,
                     _ => 0,
@@ -499,7 +504,7 @@ impl StackCapture {
                 let sp_out = interrupted_caller.then_some(sp_after);
                 let mut kept = 0;
                 for (&a, &v) in step_addr[..n].iter().zip(&step_value[..n]) {
-                    if v == ra || Some(v) == sp_out || (!rec.bp_passed && v == bp_out) {
+                    if v == ra || Some(v) == sp_out || v == bp_out {
                         if kept == MAX_READS {
                             kept = usize::from(UNVERIFIABLE);
                             break;
@@ -707,6 +712,43 @@ pub mod timing {
         crate::sys::warn(&format!(
             "capture-timing: {captures} changed captures, {cycles} TSC cycles, {each} per capture; \
              {allocs} allocation calls, {alloc_each} per call; {frees} release calls, {free_each} per call"
+        ));
+    }
+}
+
+/// The `cache-audit` feature: each capture is compared with a full unwind of
+/// the same stack that starts with nothing remembered. Any difference means
+/// the validated cache (design.md 6.3) returned a stack that was not the
+/// program's; the first few are printed as they happen, the counts at exit.
+#[cfg(feature = "cache-audit")]
+pub mod audit {
+    use core::sync::atomic::{AtomicU64, Ordering};
+
+    static CAPTURES: AtomicU64 = AtomicU64::new(0);
+    static DIFFERENT: AtomicU64 = AtomicU64::new(0);
+
+    /// Counts one compared capture: `cached` from the thread's capture,
+    /// `full` from a capture with nothing remembered.
+    pub fn note(cached: u32, full: u32) {
+        CAPTURES.fetch_add(1, Ordering::Relaxed);
+        if cached == full || crate::stacks::frames(cached) == crate::stacks::frames(full) {
+            return;
+        }
+        if DIFFERENT.fetch_add(1, Ordering::Relaxed) < 4 {
+            crate::sys::warn(&format!(
+                "cache-audit: the cached capture gave {:x?}, a full unwind {:x?}",
+                crate::stacks::frames(cached),
+                crate::stacks::frames(full)
+            ));
+        }
+    }
+
+    /// Prints the counts to stderr (at exit).
+    pub fn report() {
+        crate::sys::warn(&format!(
+            "cache-audit: {} captures compared, {} differed from a full unwind",
+            CAPTURES.load(Ordering::Relaxed),
+            DIFFERENT.load(Ordering::Relaxed)
         ));
     }
 }

@@ -53,10 +53,18 @@ const HANG_GUARD: Duration = Duration::from_secs(600);
 /// tests were built with, and returns its path.
 pub fn agent() -> &'static Path {
     static AGENT: OnceLock<PathBuf> = OnceLock::new();
-    AGENT.get_or_init(build_agent)
+    AGENT.get_or_init(|| build_agent(None))
 }
 
-fn build_agent() -> PathBuf {
+/// Builds the agent with a checking feature (e.g. `cache-audit`), into a
+/// target directory of its own (`<target>/feature-<name>`) so that the
+/// agent the other tests load is never replaced under them.
+#[allow(dead_code)] // not every test binary uses it
+pub fn agent_with_feature(feature: &str) -> PathBuf {
+    build_agent(Some(feature))
+}
+
+fn build_agent(feature: Option<&str>) -> PathBuf {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .map(|dir| {
@@ -67,6 +75,10 @@ fn build_agent() -> PathBuf {
             }
         })
         .unwrap_or_else(|| workspace_root().join("target"));
+    let target_dir = match feature {
+        Some(name) => target_dir.join(format!("feature-{name}")),
+        None => target_dir,
+    };
     // The trapline binary lives in <target>/<profile dir>/; build the agent
     // into the same place with the same profile.
     let exe = trapline();
@@ -92,17 +104,23 @@ fn build_agent() -> PathBuf {
             "--target-dir",
         ])
         .arg(&target_dir)
+        .args(
+            feature
+                .map(|name| ["--features", name])
+                .into_iter()
+                .flatten(),
+        )
         .stdin(Stdio::null())
         .output()
         .expect("run cargo build -p trapline-agent");
     assert!(
         output.status.success(),
-        "cargo build -p trapline-agent --profile {profile} failed ({}):\n{}",
+        "cargo build -p trapline-agent --profile {profile} (feature {feature:?}) failed ({}):\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
     let mut candidates = vec![target_dir.join(&profile_dir).join("libtrapline_agent.so")];
-    if let Some(dir) = exe.parent() {
+    if let Some(dir) = exe.parent().filter(|_| feature.is_none()) {
         candidates.push(dir.join("libtrapline_agent.so"));
     }
     candidates
