@@ -304,21 +304,37 @@ impl StackSymbolizer {
             .into_iter()
             .map(FrameReport::from)
             .collect();
-        for &a in callers {
-            out.extend(self.frames_of(a).iter().cloned());
-        }
+        self.extend_with_callers(&mut out, callers);
         out
     }
 
-    fn frames_of(&mut self, a: u64) -> &[FrameReport] {
+    /// The frames of return address `a`; of instruction address `a` when
+    /// `interrupted` (the frame outside a signal frame).
+    fn frames_of(&mut self, a: u64, interrupted: bool) -> &[FrameReport] {
         let symbolizer = &mut self.symbolizer;
-        self.cache.entry(a).or_insert_with(|| {
-            symbolizer
-                .symbolize(a)
-                .into_iter()
-                .map(FrameReport::from)
-                .collect()
+        // Addresses are below 2^63: the top bit keeps the two lookups apart.
+        let key = if interrupted { a | 1 << 63 } else { a };
+        self.cache.entry(key).or_insert_with(|| {
+            let frames = if interrupted {
+                symbolizer.symbolize_pc(a)
+            } else {
+                symbolizer.symbolize(a)
+            };
+            frames.into_iter().map(FrameReport::from).collect()
         })
+    }
+
+    /// Appends the frames of `addresses` (return addresses, innermost
+    /// first), each one past a signal frame looked up as the interrupted
+    /// instruction it is.
+    fn extend_with_callers(&mut self, out: &mut Vec<FrameReport>, addresses: &[u64]) {
+        for &a in addresses {
+            let interrupted = out
+                .last()
+                .and_then(|f| f.function.as_deref())
+                .is_some_and(trapline_symbols::is_signal_trampoline);
+            out.extend(self.frames_of(a, interrupted).iter().cloned());
+        }
     }
 
     /// The frames of stack `id` (empty for 0 or an id the trace never defined).
@@ -327,9 +343,7 @@ impl StackSymbolizer {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for &a in addrs {
-            out.extend(self.frames_of(a).iter().cloned());
-        }
+        self.extend_with_callers(&mut out, addrs);
         out
     }
 }

@@ -438,6 +438,40 @@ fn deep_stacks_keep_64_frames_and_inner_changes_are_told_apart() {
     }
 }
 
+/// signal_fault.c at -O2: a block allocated in a SIGSEGV handler. Past the
+/// signal frame, the faulting function is named at the faulting line (its
+/// address is looked up as the interrupted instruction, not as a return
+/// address, which would give the line before).
+#[test]
+fn the_frame_a_signal_interrupted_is_named_at_its_own_instruction() {
+    let dir = TestDir::new("signal_fault");
+    let prog = compile_c_with(&dir, "signal_fault.c", "signal_fault", &["-O2"]);
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "fault handled\n");
+    let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
+    let rec = record_with_function(&report, "on_segv");
+    assert_eq!((as_u64(rec, "bytes"), as_u64(rec, "blocks")), (77, 1));
+    let stack = stack_of(rec, "stack");
+    let src = "signal_fault.c";
+    let m = |marker: &str| marker_line(src, marker);
+    assert_stack_top(stack, &[("on_segv", src, m("HANDLER"))], "handler");
+    assert_eq!(
+        frame_function(&stack[1]),
+        "__restore_rt",
+        "{}",
+        show_stack(stack)
+    );
+    assert_stack_top(
+        &stack[2..],
+        &[
+            ("fault_here", src, m("FAULT")),
+            ("main", src, m("CALL-FAULT")),
+        ],
+        "past the signal frame",
+    );
+}
+
 /// unwind_shapes.c at -O2: stacks through stack-pointer rules, a frame
 /// pointer (alloca), a frame over 64 KiB (not held by the shared rule
 /// table), glibc's qsort and a signal frame come out with exact functions

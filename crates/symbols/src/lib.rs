@@ -54,6 +54,15 @@ pub struct CacheStats {
 /// Where separate debug files are looked for unless told otherwise.
 pub const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
 
+/// Whether `function` is where the kernel's signal frame returns to (glibc's
+/// `__restore_rt` on x86_64, the vDSO's `__kernel_rt_sigreturn` on
+/// aarch64). The frame outside it was interrupted, not calling: its address
+/// is the next instruction to run, to be looked up with
+/// [`Symbolizer::symbolize_pc`] rather than as a return address.
+pub fn is_signal_trampoline(function: &str) -> bool {
+    matches!(function, "__restore_rt" | "__kernel_rt_sigreturn")
+}
+
 /// A registered module.
 struct Module {
     info: ModuleInfo,
@@ -188,11 +197,21 @@ impl Symbolizer {
     }
 
     /// Symbolizes every return address of a stack (innermost first), the
-    /// frames of each address in order: a flattened, source-level stack.
+    /// frames of each address in order: a flattened, source-level stack. An
+    /// address just outside a signal frame is the interrupted instruction
+    /// itself ([`is_signal_trampoline`]).
     pub fn symbolize_stack(&mut self, addresses: &[u64]) -> Vec<Frame> {
-        let mut frames = Vec::with_capacity(addresses.len());
+        let mut frames: Vec<Frame> = Vec::with_capacity(addresses.len());
         for &address in addresses {
-            frames.extend_from_slice(self.symbolize_ref(address));
+            let interrupted = frames
+                .last()
+                .and_then(|f| f.function.as_deref())
+                .is_some_and(is_signal_trampoline);
+            if interrupted {
+                frames.extend(self.symbolize_pc(address));
+            } else {
+                frames.extend_from_slice(self.symbolize_ref(address));
+            }
         }
         frames
     }
