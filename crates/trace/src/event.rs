@@ -719,7 +719,7 @@ impl<'a> Encoder<'a> {
     }
 
     /// Encodes an allocation without building an [`Event`].
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub fn alloc(
         &mut self,
@@ -743,6 +743,24 @@ impl<'a> Encoder<'a> {
             self.pos += n;
             return Ok(());
         }
+        self.alloc_near_end(ctx, time, addr, size, align, func, stack)
+    }
+
+    /// `alloc` when the output may not hold the longest encoding: field by
+    /// field (out of line, so that the hot path stays small enough to inline).
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn alloc_near_end(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        addr: u64,
+        size: u64,
+        align: u64,
+        func: AllocFn,
+        stack: u32,
+    ) -> Result<(), NoRoom> {
         self.byte(tag::ALLOC)?;
         self.time(ctx, time)?;
         self.addr(ctx, addr)?;
@@ -753,7 +771,7 @@ impl<'a> Encoder<'a> {
     }
 
     /// Encodes a release without building an [`Event`].
-    #[inline]
+    #[inline(always)]
     pub fn free(
         &mut self,
         ctx: &mut ChunkContext,
@@ -770,6 +788,20 @@ impl<'a> Encoder<'a> {
             self.pos += n;
             return Ok(());
         }
+        self.free_near_end(ctx, time, addr, func, stack)
+    }
+
+    /// `free` when the output may not hold the longest encoding.
+    #[cold]
+    #[inline(never)]
+    fn free_near_end(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        addr: u64,
+        func: AllocFn,
+        stack: u32,
+    ) -> Result<(), NoRoom> {
         self.byte(tag::FREE)?;
         self.time(ctx, time)?;
         self.addr(ctx, addr)?;

@@ -8,7 +8,7 @@ pub const MAX_VARINT_LEN: usize = 10;
 /// `out` must have room for [`MAX_VARINT_LEN`] bytes; the agent checks capacity
 /// once per event rather than once per field.
 #[inline(always)]
-pub fn put_u64(out: &mut [u8], mut value: u64) -> usize {
+pub fn put_u64(out: &mut [u8], value: u64) -> usize {
     // Most fields (time deltas, sizes, stack ids) fit in one or two bytes.
     if value < 0x80 {
         out[0] = value as u8;
@@ -19,6 +19,14 @@ pub fn put_u64(out: &mut [u8], mut value: u64) -> usize {
         out[1] = (value >> 7) as u8;
         return 2;
     }
+    put_u64_long(out, value)
+}
+
+/// `put_u64` for values of three bytes and more, out of line: inlined, the
+/// compiler unrolls it into ten steps, and the hot events' encoders grew too
+/// large to be inlined into the agent's hooks.
+#[inline(never)]
+fn put_u64_long(out: &mut [u8], mut value: u64) -> usize {
     let mut i = 0;
     while value >= 0x80 {
         out[i] = (value as u8) | 0x80;

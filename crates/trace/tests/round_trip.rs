@@ -156,3 +156,59 @@ fn reader_reports_version_and_offsets() {
     assert_eq!(r.offset(), bytes.len() as u64);
     assert!(r.next_chunk().unwrap().is_none());
 }
+
+/// The hot events' encoders have two paths: one bounds check when the output
+/// holds the longest encoding, field by field near its end. At every output
+/// length, an event either does not fit (NoRoom) or is encoded to the same
+/// bytes as with room to spare, and decodes back to itself; field values
+/// cover one- to ten-byte varints.
+#[test]
+fn hot_events_encode_alike_near_the_end_of_the_output() {
+    let values = [
+        0u64,
+        1,
+        127,
+        128,
+        16_383,
+        16_384,
+        1 << 21,
+        1 << 35,
+        u64::MAX,
+    ];
+    let mut events = Vec::new();
+    for (i, &v) in values.iter().enumerate() {
+        let w = values[(i + 3) % values.len()];
+        events.push(Event::Alloc {
+            time: v,
+            addr: w,
+            size: v,
+            align: w,
+            func: AllocFn::AlignedAlloc,
+            stack: v as u32,
+        });
+        events.push(Event::Free {
+            time: w,
+            addr: v,
+            func: AllocFn::DeleteArray,
+            stack: w as u32,
+        });
+    }
+    for ev in &events {
+        let mut whole = Vec::new();
+        encode_to_vec(&mut whole, &mut ChunkContext::default(), ev);
+        for len in 0..whole.len() + 40 {
+            let mut out = vec![0u8; len];
+            let mut ctx = ChunkContext::default();
+            let mut enc = trapline_trace::event::Encoder::new(&mut out);
+            match enc.event(&mut ctx, ev) {
+                Ok(()) => {
+                    let n = enc.len();
+                    assert_eq!(&out[..n], &whole[..], "{ev:?} into {len} bytes");
+                    let decoded: Vec<_> = Decoder::new(&out[..n]).collect();
+                    assert_eq!(decoded, vec![Ok(ev.clone())], "{ev:?}");
+                }
+                Err(_) => assert!(len < whole.len(), "{ev:?} did not fit {len} bytes"),
+            }
+        }
+    }
+}
