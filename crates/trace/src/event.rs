@@ -743,31 +743,27 @@ impl<'a> Encoder<'a> {
             self.pos += n;
             return Ok(());
         }
-        self.alloc_near_end(ctx, time, addr, size, align, func, stack)
+        self.near_end(|e| {
+            e.byte(tag::ALLOC)?;
+            e.time(ctx, time)?;
+            e.addr(ctx, addr)?;
+            e.u64(size)?;
+            e.u64(align)?;
+            e.byte(func as u8)?;
+            e.u64(u64::from(stack))
+        })
     }
 
-    /// `alloc` when the output may not hold the longest encoding: field by
-    /// field (out of line, so that the hot path stays small enough to inline).
+    /// A hot event's encoding when the output may not hold its longest
+    /// form: field by field, out of line, so that the fast path stays small
+    /// enough to inline into the agent's hooks.
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn alloc_near_end(
+    fn near_end(
         &mut self,
-        ctx: &mut ChunkContext,
-        time: u64,
-        addr: u64,
-        size: u64,
-        align: u64,
-        func: AllocFn,
-        stack: u32,
+        fields: impl FnOnce(&mut Self) -> Result<(), NoRoom>,
     ) -> Result<(), NoRoom> {
-        self.byte(tag::ALLOC)?;
-        self.time(ctx, time)?;
-        self.addr(ctx, addr)?;
-        self.u64(size)?;
-        self.u64(align)?;
-        self.byte(func as u8)?;
-        self.u64(u64::from(stack))
+        fields(self)
     }
 
     /// Encodes a release without building an [`Event`].
@@ -788,25 +784,13 @@ impl<'a> Encoder<'a> {
             self.pos += n;
             return Ok(());
         }
-        self.free_near_end(ctx, time, addr, func, stack)
-    }
-
-    /// `free` when the output may not hold the longest encoding.
-    #[cold]
-    #[inline(never)]
-    fn free_near_end(
-        &mut self,
-        ctx: &mut ChunkContext,
-        time: u64,
-        addr: u64,
-        func: AllocFn,
-        stack: u32,
-    ) -> Result<(), NoRoom> {
-        self.byte(tag::FREE)?;
-        self.time(ctx, time)?;
-        self.addr(ctx, addr)?;
-        self.byte(func as u8)?;
-        self.u64(u64::from(stack))
+        self.near_end(|e| {
+            e.byte(tag::FREE)?;
+            e.time(ctx, time)?;
+            e.addr(ctx, addr)?;
+            e.byte(func as u8)?;
+            e.u64(u64::from(stack))
+        })
     }
 
     /// Encodes a CPU sample without building an [`Event`].
