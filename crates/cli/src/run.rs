@@ -389,7 +389,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         _ => 1,
     };
     if !args.quiet {
-        summarize(&output, &program);
+        summarize(&output, &program, status.signal());
         if timed_out {
             eprintln!(
                 "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
@@ -440,7 +440,8 @@ fn wait_with_timeout(
 }
 
 /// The short report printed when the command ends.
-fn summarize(output: &Path, program: &Path) {
+/// `killed_by`: the signal that ended the program, if one did.
+fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
     let mut files = vec![output.to_path_buf()];
     files.extend(family_files(output));
     let empty = std::fs::metadata(output)
@@ -457,10 +458,20 @@ fn summarize(output: &Path, program: &Path) {
         eprintln!("==trapline==   {}", f.display());
     }
     if empty {
-        eprintln!(
-            "==trapline== warning: {} wrote no trace: the agent was not loaded into it (a static or setuid program started by a script? a program that clears LD_PRELOAD?)",
-            program.display()
-        );
+        let not_loaded = "the agent was not loaded into it (a static or setuid program started by a script? a program that clears LD_PRELOAD?)";
+        match killed_by {
+            // SIGKILL, or a crash the agent's handler could not run for
+            // (a stack overflow without an alternate stack), before the
+            // first chunk was written.
+            Some(signal) => eprintln!(
+                "==trapline== warning: {} wrote no trace: it was killed by signal {signal} before the agent wrote anything, or {not_loaded}",
+                program.display()
+            ),
+            None => eprintln!(
+                "==trapline== warning: {} wrote no trace: {not_loaded}",
+                program.display()
+            ),
+        }
         return;
     }
     let Ok(mut file) = std::fs::File::open(output) else {
