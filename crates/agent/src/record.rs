@@ -52,6 +52,7 @@ pub fn leave(ts: &mut ThreadState) {
     }
     core::sync::atomic::compiler_fence(Ordering::SeqCst);
     ts.guard = 0;
+    crate::arch::clear_scratch_registers();
 }
 
 #[cold]
