@@ -46,6 +46,8 @@ pub struct ThreadState {
     /// framehop's unwind-rule caches, shared by both: their outer frames are the same.
     pub rules: crate::unwind::RuleCaches,
     stack: Bounds,
+    /// The thread's alternate signal stack (empty if none is enabled).
+    altstack: Bounds,
     /// Frees of tracked blocks made while the guard was held (a signal handler
     /// interrupting the agent); applied when the outer hook leaves.
     pub deferred: [u64; DEFERRED],
@@ -133,13 +135,36 @@ fn stack_bounds() -> Bounds {
             libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
             libc::pthread_attr_destroy(&mut attr);
             let lo = addr as u64;
-            return Bounds {
-                lo,
-                hi: lo + size as u64,
-            };
+            return Bounds::range(lo, lo + size as u64);
         }
     }
-    Bounds { lo: 0, hi: 0 }
+    Bounds::range(0, 0)
+}
+
+/// The calling thread's alternate signal stack, if it has one enabled
+/// (the system call itself: glibc's `sigaltstack` is the agent's hook).
+fn current_altstack() -> Bounds {
+    // SAFETY: sigaltstack(NULL, &old) only writes `old`, which we own.
+    unsafe {
+        let mut old: libc::stack_t = core::mem::zeroed();
+        let r = libc::syscall(
+            libc::SYS_sigaltstack,
+            core::ptr::null::<libc::stack_t>(),
+            &mut old as *mut libc::stack_t,
+        );
+        altstack_of(if r == 0 { Some(&old) } else { None })
+    }
+}
+
+/// The range of an alternate signal stack setting (empty when disabled).
+pub fn altstack_of(ss: Option<&libc::stack_t>) -> Bounds {
+    match ss {
+        Some(ss) if ss.ss_flags & libc::SS_DISABLE == 0 && ss.ss_size > 0 => {
+            let lo = ss.ss_sp as u64;
+            Bounds::range(lo, lo.saturating_add(ss.ss_size as u64))
+        }
+        _ => Bounds::range(0, 0),
+    }
 }
 
 fn create() -> *mut ThreadState {
@@ -155,7 +180,8 @@ fn create() -> *mut ThreadState {
         #[cfg(feature = "cache-audit")]
         audit: StackCapture::new(),
         rules: crate::unwind::RuleCaches::new(),
-        stack: Bounds { lo: 0, hi: 0 },
+        stack: Bounds::range(0, 0),
+        altstack: Bounds::range(0, 0),
         deferred: [0; DEFERRED],
         deferred_n: 0,
         ensured: [(0, 0); 2],
@@ -176,9 +202,11 @@ fn create() -> *mut ThreadState {
         unsafe { &mut *REGISTRY.reg.get() }.threads.push(ts);
     }
     let bounds = stack_bounds();
+    let altstack = current_altstack();
     // SAFETY: `ts` is ours and not yet shared beyond the registry (which only touches buf).
     unsafe {
         (*ts).stack = bounds;
+        (*ts).altstack = altstack;
         (*ts).guard = 0;
     }
     ts
@@ -226,20 +254,31 @@ impl ThreadState {
         t
     }
 
-    /// Stack bounds for a capture starting at stack pointer `sp`.
+    /// Stack bounds for a capture starting at stack pointer `sp`: from just
+    /// below `sp` to the top of the stack it is on. On the alternate signal
+    /// stack the walk may continue on the thread's own stack past a signal
+    /// frame; on any other stack (a coroutine's) only the current page is
+    /// known to be mapped.
     pub fn bounds_for(&self, sp: u64) -> Bounds {
-        if sp >= self.stack.lo && sp < self.stack.hi {
-            let lo = sp.saturating_sub(crate::arch::RED_ZONE).max(self.stack.lo);
-            return Bounds {
-                lo,
-                hi: self.stack.hi,
-            };
-        }
-        // Another stack (sigaltstack, a coroutine): only the current page is known to be mapped.
+        let on = |s: &Bounds| sp >= s.lo && sp < s.hi;
+        let (lo, hi) = if on(&self.stack) {
+            (self.stack.lo, self.stack.hi)
+        } else if on(&self.altstack) {
+            (self.altstack.lo, self.altstack.hi)
+        } else {
+            (sp, (sp | 4095) + 1)
+        };
         Bounds {
-            lo: sp,
-            hi: (sp | 4095) + 1,
+            lo: sp.saturating_sub(crate::arch::RED_ZONE).max(lo),
+            hi,
+            thread_lo: self.stack.lo,
+            thread_hi: self.stack.hi,
         }
+    }
+
+    /// Notes the thread's new alternate signal stack (the `sigaltstack` hook).
+    pub fn set_altstack(&mut self, altstack: Bounds) {
+        self.altstack = altstack;
     }
 
     /// Captures the call stack from a hook's registers (`before_unwinding`:

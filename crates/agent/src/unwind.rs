@@ -150,6 +150,22 @@ impl RuleCaches {
 pub struct Bounds {
     pub lo: u64,
     pub hi: u64,
+    /// The thread's own stack, where a capture that started on an alternate
+    /// signal stack continues past the signal frame (empty if unknown).
+    pub thread_lo: u64,
+    pub thread_hi: u64,
+}
+
+impl Bounds {
+    /// A plain range, with no thread stack to continue on.
+    pub const fn range(lo: u64, hi: u64) -> Bounds {
+        Bounds {
+            lo,
+            hi,
+            thread_lo: 0,
+            thread_hi: 0,
+        }
+    }
 }
 
 /// One thread's unwinding state.
@@ -364,10 +380,14 @@ impl StackCapture {
         let mut matched: Option<usize> = None;
         // Readable: 8 aligned bytes inside the bounds, as one compare
         // (nothing is when the range is under 8 bytes).
-        let (read_lo, read_span) = match (bounds.hi.wrapping_sub(bounds.lo)).checked_sub(8) {
+        let (mut read_lo, mut read_span) = match (bounds.hi.wrapping_sub(bounds.lo)).checked_sub(8)
+        {
             Some(span) if bounds.hi >= bounds.lo => (bounds.lo, span),
             _ => (u64::MAX, 0),
         };
+        // Whether the walk already moved from an alternate signal stack to
+        // the thread's own (once at most).
+        let mut switched = false;
         // Remembered frames at or above the current sp (the candidates are
         // below that count). The first frame may be far from the previous
         // stack's innermost (cc1's depth swings by dozens of frames), so it
@@ -519,10 +539,26 @@ impl StackCapture {
                 rec.nreads = kept as u8;
             }
             k += 1;
+            // A signal frame on an alternate signal stack: the interrupted
+            // code ran on the thread's own stack, readable from its stack
+            // pointer up (below it may be unmapped), wherever that stack
+            // lies relative to the alternate one.
+            let crossed = interrupted_caller
+                && !switched
+                && sp_after.wrapping_sub(read_lo) > read_span
+                && sp_after >= bounds.thread_lo
+                && sp_after < bounds.thread_hi;
+            if crossed {
+                read_lo = sp_after
+                    .saturating_sub(arch::RED_ZONE)
+                    .max(bounds.thread_lo);
+                read_span = bounds.thread_hi.wrapping_sub(read_lo).saturating_sub(8);
+                switched = true;
+            }
             match r {
                 Ok(Some(ra)) if ra != 0 => {
                     let (nsp, _) = arch::sp_bp(&regs);
-                    if nsp <= sp {
+                    if nsp <= sp && !crossed {
                         break;
                     }
                     pc = ra;

@@ -97,8 +97,9 @@ fn random_walks_with_and_without_frame_pointers_match_full_unwinds() {
     }
 }
 
-/// deep_stacks.c (stacks past the 64 frames kept, inner changes) and
-/// unwind_shapes.c at -O2 (every rule shape, a signal frame).
+/// deep_stacks.c (stacks past the 64 frames kept, inner changes),
+/// unwind_shapes.c at -O2 (every rule shape, a signal frame) and
+/// altstack_handler.c (from an alternate signal stack onto the thread's).
 #[test]
 fn deep_stacks_and_every_rule_shape_match_full_unwinds() {
     let dir = TestDir::new("cache_audit_shapes");
@@ -106,6 +107,8 @@ fn deep_stacks_and_every_rule_shape_match_full_unwinds() {
     audit(&dir, &deep, "deep done\n");
     let shapes = compile_c_with(&dir, "unwind_shapes.c", "unwind_shapes", &["-O2"]);
     audit(&dir, &shapes, "shapes done\n");
+    let altstack = compile_c(&dir, "altstack_handler.c");
+    audit(&dir, &altstack, "altstack done\n");
 }
 
 /// bad_alloc.cpp: exceptions thrown through the allocation hooks rewrite

@@ -472,6 +472,44 @@ fn the_frame_a_signal_interrupted_is_named_at_its_own_instruction() {
     );
 }
 
+/// altstack_handler.c: a block allocated in a handler on an alternate signal
+/// stack, six frames deep (more than a page of it): the stack holds every
+/// handler frame, the signal frame, and past it the interrupted code on the
+/// thread's own stack, down to main. (It used to end within the page the
+/// capture started on.)
+#[test]
+fn a_handler_on_an_alternate_signal_stack_is_unwound_into_the_interrupted_code() {
+    let dir = TestDir::new("altstack_handler");
+    let prog = compile_c(&dir, "altstack_handler.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "altstack done\n");
+    let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
+    let rec = record_with_function(&report, "deep");
+    assert_eq!((as_u64(rec, "bytes"), as_u64(rec, "blocks")), (321, 1));
+    let stack = stack_of(rec, "stack");
+    let src = "altstack_handler.c";
+    let m = |marker: &str| marker_line(src, marker);
+    let mut handler = vec![("deep", src, m("ALT-LEAK"))];
+    handler.extend([("deep", src, m("ALT-DEEP")); 5]);
+    handler.push(("on_usr1", src, m("ALT-HANDLER")));
+    assert_stack_top(stack, &handler, "on the alternate stack");
+    let shown = show_stack(stack);
+    assert_eq!(frame_function(&stack[7]), "__restore_rt", "{shown}");
+    let interrupted = stack
+        .iter()
+        .position(|f| frame_function(f) == "interrupted_here")
+        .unwrap_or_else(|| panic!("no interrupted_here past the signal frame: {shown}"));
+    assert_stack_top(
+        &stack[interrupted..],
+        &[
+            ("interrupted_here", src, m("ALT-RAISE")),
+            ("main", src, m("ALT-CALL")),
+        ],
+        "on the thread's own stack",
+    );
+}
+
 /// unwind_shapes.c at -O2: stacks through stack-pointer rules, a frame
 /// pointer (alloca), a frame over 64 KiB (not held by the shared rule
 /// table), glibc's qsort and a signal frame come out with exact functions

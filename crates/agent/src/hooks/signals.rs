@@ -208,6 +208,27 @@ pub unsafe extern "C" fn sigaction(
     }
 }
 
+/// Sets or reads the thread's alternate signal stack, and keeps the
+/// unwinder's copy of it (`ThreadState::bounds_for`): a stack captured in a
+/// handler running there is read from that stack, then from the thread's
+/// own past the signal frame.
+///
+/// # Safety
+/// sigaltstack's contract.
+#[no_mangle]
+pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> c_int {
+    // SAFETY: the caller's arguments, passed to the system call glibc's
+    // sigaltstack makes (it returns -1 and sets errno the same way).
+    let r = unsafe { libc::syscall(libc::SYS_sigaltstack, ss, old) } as c_int;
+    if r == 0 && !ss.is_null() {
+        if let Some(ts) = crate::thread::current_if_any() {
+            // SAFETY: the kernel accepted `ss`, so it was readable.
+            ts.set_altstack(crate::thread::altstack_of(Some(unsafe { &*ss })));
+        }
+    }
+    r
+}
+
 /// # Safety
 /// signal's contract (BSD semantics, as glibc: SA_RESTART, the signal blocked in its handler).
 #[no_mangle]
