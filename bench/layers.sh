@@ -111,33 +111,36 @@ measure_rounds() {
     done
 }
 
+# Medians and minima of "variant value" lines, against native's: what each
+# variant adds in ns per pair (micro), or its ratio of wall time (cc1).
+summarize() {
+    python3 -c '
+import statistics, sys
+micro = sys.argv[1] == "micro"
+runs = {}
+for line in sys.stdin:
+    variant, value = line.split()
+    runs.setdefault(variant, []).append(float(value))
+med0, min0 = statistics.median(runs["native"]), min(runs["native"])
+if micro:
+    print("%-11s %10s %10s %8s %8s  %s" % ("variant", "median ns", "added", "min ns", "added", "all (ns per pair)"))
+else:
+    print("%-11s %9s %7s %9s %7s  %s" % ("variant", "median s", "ratio", "min s", "ratio", "all"))
+for variant, v in runs.items():
+    med, low = statistics.median(v), min(v)
+    if micro:
+        print("%-11s %10.2f %10.2f %8.2f %8.2f  %s" % (variant, med, med - med0, low, low - min0,
+              " ".join("%.1f" % x for x in v)))
+    else:
+        print("%-11s %9.2f %6.2fx %9.2f %6.2fx  %s" % (variant, med, med / med0, low, low / min0,
+              " ".join("%.2f" % x for x in v)))
+' "$WORKLOAD"
+}
+
 if [[ $WORKLOAD == micro ]]; then
     log "micro: depth 20, $MICRO_N pairs, $ROUNDS rounds ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
-    measure_rounds | tee "$WORK/micro-ns.txt" | python3 -c '
-import statistics, sys
-runs = {}
-for line in sys.stdin:
-    variant, ns = line.split()
-    runs.setdefault(variant, []).append(float(ns))
-med0, min0 = statistics.median(runs["native"]), min(runs["native"])
-print("%-11s %10s %10s %8s %8s  %s" % ("variant", "median ns", "added", "min ns", "added", "all (ns per pair)"))
-for variant, v in runs.items():
-    print("%-11s %10.2f %10.2f %8.2f %8.2f  %s" % (variant, statistics.median(v), statistics.median(v) - med0,
-          min(v), min(v) - min0, " ".join("%.1f" % x for x in v)))
-'
-    exit 0
+    measure_rounds | tee "$WORK/micro-ns.txt" | summarize
+else
+    log "cc1 on $SQLITE_C, $ROUNDS rounds ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
+    measure_rounds | tee "$WORK/times.txt" | summarize
 fi
-
-log "cc1 on $SQLITE_C, $ROUNDS rounds ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
-measure_rounds | tee "$WORK/times.txt" | python3 -c '
-import statistics, sys
-runs = {}
-for line in sys.stdin:
-    variant, seconds = line.split()
-    runs.setdefault(variant, []).append(float(seconds))
-med0, min0 = statistics.median(runs["native"]), min(runs["native"])
-print("%-11s %9s %7s %9s %7s  %s" % ("variant", "median s", "ratio", "min s", "ratio", "all"))
-for variant, v in runs.items():
-    print("%-11s %9.2f %6.2fx %9.2f %6.2fx  %s" % (variant, statistics.median(v), statistics.median(v) / med0,
-          min(v), min(v) / min0, " ".join("%.2f" % s for s in v)))
-'
