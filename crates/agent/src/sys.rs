@@ -191,6 +191,16 @@ pub fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
+/// sigaltstack(2) itself, as glibc's wrapper makes it (-1 and errno on
+/// failure): glibc's `sigaltstack` symbol is the agent's own hook.
+///
+/// # Safety
+/// `ss` is null or points to a readable `stack_t`; `old` is null or writable.
+pub unsafe fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> libc::c_int {
+    // SAFETY: the system call reads `ss` and writes `old`, as the caller allows.
+    unsafe { libc::syscall(libc::SYS_sigaltstack, ss, old) as libc::c_int }
+}
+
 /// The process id, from the kernel (not cached: correct in fork and vfork children).
 pub fn getpid_raw() -> u32 {
     // SAFETY: getpid has no preconditions.

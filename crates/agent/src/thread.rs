@@ -141,19 +141,13 @@ fn stack_bounds() -> Bounds {
     Bounds::range(0, 0)
 }
 
-/// The calling thread's alternate signal stack, if it has one enabled
-/// (the system call itself: glibc's `sigaltstack` is the agent's hook).
+/// The calling thread's alternate signal stack, if it has one enabled.
 fn current_altstack() -> Bounds {
-    // SAFETY: sigaltstack(NULL, &old) only writes `old`, which we own.
-    unsafe {
-        let mut old: libc::stack_t = core::mem::zeroed();
-        let r = libc::syscall(
-            libc::SYS_sigaltstack,
-            core::ptr::null::<libc::stack_t>(),
-            &mut old as *mut libc::stack_t,
-        );
-        altstack_of(if r == 0 { Some(&old) } else { None })
-    }
+    // SAFETY: a zeroed stack_t is valid; sigaltstack(NULL, &old) only writes `old`.
+    let mut old: libc::stack_t = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    let r = unsafe { sys::sigaltstack(core::ptr::null(), &mut old) };
+    altstack_of((r == 0).then_some(&old))
 }
 
 /// The range of an alternate signal stack setting (empty when disabled).

@@ -378,13 +378,7 @@ impl StackCapture {
         let mut at_instruction = !start.pc_is_return_address;
         let mut k = 0;
         let mut matched: Option<usize> = None;
-        // Readable: 8 aligned bytes inside the bounds, as one compare
-        // (nothing is when the range is under 8 bytes).
-        let (mut read_lo, mut read_span) = match (bounds.hi.wrapping_sub(bounds.lo)).checked_sub(8)
-        {
-            Some(span) if bounds.hi >= bounds.lo => (bounds.lo, span),
-            _ => (u64::MAX, 0),
-        };
+        let (mut read_lo, mut read_span) = readable_range(bounds.lo, bounds.hi);
         // Whether the walk already moved from an alternate signal stack to
         // the thread's own (once at most).
         let mut switched = false;
@@ -549,10 +543,10 @@ impl StackCapture {
                 && sp_after >= bounds.thread_lo
                 && sp_after < bounds.thread_hi;
             if crossed {
-                read_lo = sp_after
+                let lo = sp_after
                     .saturating_sub(arch::RED_ZONE)
                     .max(bounds.thread_lo);
-                read_span = bounds.thread_hi.wrapping_sub(read_lo).saturating_sub(8);
+                (read_lo, read_span) = readable_range(lo, bounds.thread_hi);
                 switched = true;
             }
             match r {
@@ -786,6 +780,17 @@ pub mod audit {
             CAPTURES.load(Ordering::Relaxed),
             DIFFERENT.load(Ordering::Relaxed)
         ));
+    }
+}
+
+/// `[lo, hi)` as (start, span) for the unwinder's readability test: an
+/// address `a` is readable when `a - start <= span` (8 aligned bytes inside
+/// the range, one compare). A range under 8 bytes has nothing readable.
+#[inline(always)]
+fn readable_range(lo: u64, hi: u64) -> (u64, u64) {
+    match hi.wrapping_sub(lo).checked_sub(8) {
+        Some(span) if hi >= lo => (lo, span),
+        _ => (u64::MAX, 0),
     }
 }
 

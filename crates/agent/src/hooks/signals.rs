@@ -217,9 +217,8 @@ pub unsafe extern "C" fn sigaction(
 /// sigaltstack's contract.
 #[no_mangle]
 pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> c_int {
-    // SAFETY: the caller's arguments, passed to the system call glibc's
-    // sigaltstack makes (it returns -1 and sets errno the same way).
-    let r = unsafe { libc::syscall(libc::SYS_sigaltstack, ss, old) } as c_int;
+    // SAFETY: the caller's arguments, under sigaltstack's own contract.
+    let r = unsafe { crate::sys::sigaltstack(ss, old) };
     if r == 0 && !ss.is_null() {
         if let Some(ts) = crate::thread::current_if_any() {
             // SAFETY: the kernel accepted `ss`, so it was readable.
