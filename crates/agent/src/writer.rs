@@ -135,6 +135,14 @@ pub static EVENTS_SUBMITTED: AtomicU64 = AtomicU64::new(0);
 pub static EVENTS_WRITTEN: AtomicU64 = AtomicU64::new(0);
 /// Events that could not be written (I/O errors); reported in the end record.
 pub static EVENTS_LOST: AtomicU64 = AtomicU64::new(0);
+/// Buffers taken off the queue and not yet written. A fatal signal's flush
+/// waits for them: the process dies right after it, and a buffer the writer
+/// thread was compressing would vanish (the start's module map did, when
+/// the program aborted within a millisecond of starting).
+static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+/// How long a fatal signal's flush waits for buffers in flight: the writer
+/// thread may be stuck behind a lock the signalled thread holds.
+const IN_FLIGHT_WAIT_NS: u64 = 200_000_000;
 
 /// Output that needs no allocation and no unbounded lock, for a fatal signal
 /// that may have struck while this thread held glibc's heap lock or one of
@@ -200,9 +208,15 @@ pub fn drain_no_alloc(spins: u32) {
         // SAFETY: guarded by SHARED.lock.
         let b = unsafe { (*SHARED.q.get()).full.pop_front() };
         SHARED.lock.unlock();
-        let Some(b) = b else { return };
+        let Some(b) = b else { break };
         write_direct(&b);
         core::mem::forget(b);
+    }
+    // Buffers the writer thread is writing: the process ends after this.
+    let deadline = crate::clock::precise_now() + IN_FLIGHT_WAIT_NS;
+    while IN_FLIGHT.load(Ordering::Acquire) != 0 && crate::clock::precise_now() < deadline {
+        // SAFETY: sched_yield has no preconditions (async-signal-safe).
+        unsafe { libc::sched_yield() };
     }
 }
 
@@ -283,10 +297,12 @@ pub fn drain(scratch: &mut Vec<u8>) {
         let b = q.full.pop_front();
         if let Some(b) = &b {
             q.queued_bytes -= b.data.len();
+            IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
         }
         b
     }) {
         write_one(&b, scratch);
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         with_queue(|q| q.free.push(b));
         SPACE.notify_all();
     }
@@ -429,6 +445,7 @@ pub fn reset_in_child() {
         q.free.push(b);
     }
     q.queued_bytes = 0;
+    IN_FLIGHT.store(0, Ordering::Relaxed);
     let fd = FD.swap(-1, Ordering::AcqRel);
     if fd >= 0 {
         // SAFETY: the parent's descriptor copy; the child must not write to it.

@@ -249,9 +249,13 @@ impl Facts {
         }
     }
 
-    /// Lost events per the end record; None without one.
+    /// Lost events; None without an end record. Those the end record
+    /// counts, plus those it counts as written that this pass did not read
+    /// (chunks that never reached the file, or that could not be read).
     pub fn events_lost(&self) -> Option<u64> {
-        self.end.as_ref().map(|(_, _, c)| c.events_lost)
+        self.end
+            .as_ref()
+            .map(|(_, _, c)| events_lost(c, self.events))
     }
 
     /// A symbolizer knowing every module the trace ever loaded, unloaded
@@ -277,6 +281,12 @@ impl Facts {
             cache: HashMap::new(),
         }
     }
+}
+
+/// The events an end record's counters say were lost, plus those they count
+/// as written beyond the `read` events found in the trace.
+pub fn events_lost(counters: &EndCounters, read: u64) -> u64 {
+    counters.events_lost + counters.events.saturating_sub(read)
 }
 
 /// Symbolizes stacks by id, caching addresses.

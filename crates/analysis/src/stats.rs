@@ -175,7 +175,14 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
                 what: format!("an event of the chunk does not decode: {e}"),
             })? {
                 Event::RunTotals(t) => totals = Some(t),
-                Event::End { counters, .. } => end_lost = Some(counters.events_lost),
+                Event::End { counters, .. } => {
+                    let in_file = index
+                        .chunks
+                        .iter()
+                        .map(|c| u64::from(c.header.events))
+                        .sum();
+                    end_lost = Some(crate::report::events_lost(&counters, in_file));
+                }
                 Event::SnapshotEnd { blocks, bytes } => {
                     unfreed = Some(BytesBlocks { bytes, blocks })
                 }

@@ -525,6 +525,14 @@ fn lost_events_are_reported_everywhere() {
     let r = analyze(&mut cursor(&build(&chunks))).unwrap();
     assert_eq!(r.events_lost, Some(1234));
     assert_eq!(r.untracked_calls, Some(2));
+    // Events the end record counts as written but the file does not hold
+    // (a chunk that never reached it) are lost too: 6 read of 9.
+    let mut short = chunks.clone();
+    if let Some(Event::End { counters, .. }) = short[2].1.last_mut() {
+        counters.events = 9;
+    }
+    let missing = analyze(&mut cursor(&build(&short))).unwrap();
+    assert_eq!(missing.events_lost, Some(1234 + 3));
     let v = serde_json::to_value(&r).unwrap();
     assert_eq!(v["events_lost"], 1234);
     assert_eq!(v["process"]["exit"], serde_json::json!({"signal": 6}));

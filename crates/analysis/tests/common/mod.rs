@@ -114,12 +114,16 @@ pub fn snapshot_begin(time: u64) -> Event {
     }
 }
 
+/// `EndCounters::events` of `end`: `build` puts the trace's event count there.
+const EVENTS_OF_THE_TRACE: u64 = u64::MAX;
+
+/// An end record counting every event of the trace `build` makes.
 pub fn end(time: u64, code: i32, events_lost: u64) -> Event {
     Event::End {
         time,
         exit: ExitKind::Code(code),
         counters: EndCounters {
-            events: 100,
+            events: EVENTS_OF_THE_TRACE,
             events_lost,
             untracked_calls: 0,
         },
@@ -127,9 +131,28 @@ pub fn end(time: u64, code: i32, events_lost: u64) -> Event {
 }
 
 pub fn build(chunks: &[(u32, Vec<Event>)]) -> Vec<u8> {
+    let total: usize = chunks.iter().map(|(_, events)| events.len()).sum();
     let mut b = TraceBuilder::new();
     for (tid, events) in chunks {
-        b.chunk(*tid, events);
+        let events: Vec<Event> = events
+            .iter()
+            .map(|ev| match ev {
+                Event::End {
+                    time,
+                    exit,
+                    counters,
+                } if counters.events == EVENTS_OF_THE_TRACE => Event::End {
+                    time: *time,
+                    exit: *exit,
+                    counters: EndCounters {
+                        events: total as u64,
+                        ..*counters
+                    },
+                },
+                other => other.clone(),
+            })
+            .collect();
+        b.chunk(*tid, &events);
     }
     b.into_bytes()
 }
