@@ -1,10 +1,13 @@
-//! sigprocmask and pthread_sigmask: the sampling signal stays deliverable.
+//! sigprocmask and pthread_sigmask: the agent's signals stay deliverable.
 //!
 //! Many threaded programs block every signal in their workers (and wait for
 //! signals in one thread). Blocking the profiler's signal too would leave
-//! those threads unsampled, so a mask the program sets never includes it, as
-//! glibc itself keeps its internal signals out of programs' masks. Once the
-//! program has taken the signal over (profile.rs), masks pass unchanged.
+//! those threads unsampled, and blocking the reachability scan's park signal
+//! would leave them running during a scan (2 s lost waiting for them at
+//! every exit of node, and false leaks possible), so a mask the program sets
+//! never includes them, as glibc itself keeps its internal signals out of
+//! programs' masks. Once the program has taken the sampling signal over
+//! (profile.rs), it passes unchanged.
 
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -24,30 +27,32 @@ fn real(slot: &AtomicUsize, name: &core::ffi::CStr) -> MaskFn {
     unsafe { core::mem::transmute::<usize, MaskFn>(f) }
 }
 
-/// Calls `real` with `set` minus the sampling signal when it would block it.
+/// Calls `real` with `set` minus the agent's signals when it would block them.
 ///
 /// # Safety
 /// The contract of sigprocmask.
-unsafe fn without_sampling_signal(
+unsafe fn without_agent_signals(
     real: MaskFn,
     how: c_int,
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> c_int {
-    let sig = crate::profile::protected_signal();
+    let sampling = crate::profile::protected_signal();
+    let park = crate::scan::park_signal_in_use();
     // SAFETY: `set` is null or a valid sigset_t (the caller's contract).
-    if sig == 0
-        || set.is_null()
-        || how == libc::SIG_UNBLOCK
-        || unsafe { libc::sigismember(set, sig) } != 1
-    {
+    let blocks = |sig: c_int| sig != 0 && unsafe { libc::sigismember(set, sig) } == 1;
+    if set.is_null() || how == libc::SIG_UNBLOCK || !(blocks(sampling) || blocks(park)) {
         // SAFETY: pass-through.
         return unsafe { real(how, set, old) };
     }
     // SAFETY: copying the caller's set into one we own, then passing it on.
     unsafe {
         let mut copy = *set;
-        libc::sigdelset(&mut copy, sig);
+        for sig in [sampling, park] {
+            if sig != 0 {
+                libc::sigdelset(&mut copy, sig);
+            }
+        }
         real(how, &copy, old)
     }
 }
@@ -61,7 +66,7 @@ pub unsafe extern "C" fn sigprocmask(
     old: *mut libc::sigset_t,
 ) -> c_int {
     // SAFETY: forwarding the caller's arguments.
-    unsafe { without_sampling_signal(real(&REAL_SIGPROCMASK, c"sigprocmask"), how, set, old) }
+    unsafe { without_agent_signals(real(&REAL_SIGPROCMASK, c"sigprocmask"), how, set, old) }
 }
 
 /// # Safety
@@ -74,7 +79,7 @@ pub unsafe extern "C" fn pthread_sigmask(
 ) -> c_int {
     // SAFETY: forwarding the caller's arguments.
     unsafe {
-        without_sampling_signal(
+        without_agent_signals(
             real(&REAL_PTHREAD_SIGMASK, c"pthread_sigmask"),
             how,
             set,

@@ -77,6 +77,16 @@ pub fn init() {
     );
 }
 
+/// The signal that stops threads for a scan, if scans will run (0 if not):
+/// the program's masks must let it through (hooks/sigmask.rs).
+pub fn park_signal_in_use() -> core::ffi::c_int {
+    if AT_EXIT.load(Ordering::Relaxed) || EVERY_MS.load(Ordering::Relaxed) != 0 {
+        world::park_signal()
+    } else {
+        0
+    }
+}
+
 /// Whether the exit snapshot is a scan.
 pub fn at_exit_enabled() -> bool {
     AT_EXIT.load(Ordering::Relaxed)
