@@ -170,6 +170,13 @@ pub fn map(len: usize) -> *mut u8 {
     }
 }
 
+/// Unmaps a mapping made by `map`.
+pub fn unmap(p: *mut u8, len: usize) {
+    unregister(p as usize);
+    // SAFETY: a mapping from `map` with this length, no longer used.
+    unsafe { libc::munmap(p.cast(), len) };
+}
+
 fn large_len(layout: Layout) -> usize {
     (layout.size() + PAGE - 1) & !(PAGE - 1)
 }

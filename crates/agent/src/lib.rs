@@ -17,6 +17,7 @@ mod profile;
 mod record;
 mod rules;
 mod scan;
+mod side_stack;
 mod stacks;
 mod sync;
 mod sys;

@@ -344,6 +344,23 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     if FINISHING.swap(true, Ordering::AcqRel) {
         return;
     }
+    // The reachability scan and the last flush need about 60 KiB of stack,
+    // more than a small thread stack has: they run on the side stack.
+    let signal = ending == Ending::Signal;
+    let ts = if signal {
+        thread::current_if_any()
+    } else {
+        Some(thread::current())
+    };
+    match ts.map(|t| t.rules.side_ptr()) {
+        // SAFETY: a thread's side stack lives as long as its state, which
+        // is freed only when the thread exits, after this call.
+        Some(side) => unsafe { &*side }.run(|| finish_here(exit, ending)),
+        None => finish_here(exit, ending),
+    }
+}
+
+fn finish_here(exit: ExitKind, ending: Ending) {
     crate::profile::stop(ending == Ending::Signal);
     #[cfg(feature = "capture-timing")]
     crate::unwind::timing::report();

@@ -65,6 +65,7 @@ pub fn rule_for(
     gen: u32,
     unwinders: &Unwinders,
     context: &mut Option<Box<CfiContext>>,
+    side: &crate::side_stack::SideStack,
 ) -> u32 {
     if address >= MAX_ADDRESS {
         return Rule::Other.encode();
@@ -90,7 +91,8 @@ pub fn rule_for(
     if !ENABLED.load(Ordering::Relaxed) {
         return Rule::Other.encode();
     }
-    let rule = from_cfi(address, unwinders, context);
+    // gimli keeps rows of register rules on the stack: tens of KiB.
+    let rule = side.run(|| from_cfi(address, unwinders, context));
     USED.store(true, Ordering::Relaxed);
     // The newest rule goes first; the one it displaces moves to the second way.
     TABLE[pair + 1].store(first, Ordering::Relaxed);

@@ -222,6 +222,13 @@ pub fn current_if_any() -> Option<&'static mut ThreadState> {
     (!p.is_null()).then(|| unsafe { &mut *p })
 }
 
+/// Where the calling thread's own stack is live from, given a stack pointer
+/// `sp` read on this thread: the stack pointer where the agent switched to
+/// its side stack, when `sp` is on that (signal handlers may call this).
+pub fn own_stack_sp(sp: u64) -> u64 {
+    current_if_any().map_or(sp, |ts| ts.rules.side().thread_sp(sp))
+}
+
 /// Marks the calling thread as the agent's own: it never records.
 pub fn mark_agent_thread() {
     let ts = current();

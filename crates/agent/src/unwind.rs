@@ -14,6 +14,7 @@
 
 use crate::arch::{self, Rule, StartRegs, UnwindCache};
 use crate::modules;
+use crate::side_stack::SideStack;
 use crate::stacks;
 use framehop::{FrameAddress, Unwinder as _};
 
@@ -68,9 +69,14 @@ const NO_READ: u8 = u8::MAX;
 /// grows to 16, then 64, while more than 1% of its lookups miss (before the
 /// shared table, cc1 needed 64); each cache is about 20 KiB, created on
 /// first use, so a thread whose frames all fit the table has none.
+/// Evaluating CFI and building a framehop cache run on the thread's side
+/// stack (side_stack.rs): they need tens of KiB of stack.
 pub struct RuleCaches {
     /// Working memory for evaluating CFI when the shared table misses (rules.rs).
     cfi: Option<Box<crate::rules::CfiContext>>,
+    /// Owned (freed on drop); a raw pointer so that work on it may borrow
+    /// the thread's state mutably (`side`, `side_ptr`).
+    side: *mut SideStack,
     caches: [Option<Box<UnwindCache>>; MAX_RULE_CACHES],
     /// log2 of the number of caches in use.
     bits: u32,
@@ -89,6 +95,7 @@ impl RuleCaches {
     pub fn new() -> Self {
         RuleCaches {
             cfi: None,
+            side: Box::into_raw(Box::new(SideStack::new())),
             caches: [const { None }; MAX_RULE_CACHES],
             bits: RULE_CACHE_START_BITS,
             lookups: 0,
@@ -96,27 +103,54 @@ impl RuleCaches {
         }
     }
 
+    /// The thread's side stack.
+    pub fn side(&self) -> &SideStack {
+        // SAFETY: created in `new`, freed only in `drop`.
+        unsafe { &*self.side }
+    }
+
+    /// The side stack as a pointer, valid as long as these caches: for work
+    /// that also borrows the thread's state mutably.
+    pub fn side_ptr(&self) -> *const SideStack {
+        self.side
+    }
+
+    /// Evaluates CFI for `address` on the side stack (the shared table missed).
+    fn rule_for(&mut self, address: u64, gen: u32, unwinders: &modules::Unwinders) -> u32 {
+        // SAFETY: as in `side`; the context is another field.
+        let side = unsafe { &*self.side };
+        crate::rules::rule_for(address, gen, unwinders, &mut self.cfi, side)
+    }
+
+    /// framehop's cache for `pc`, and the side stack to unwind on.
     #[inline]
-    fn for_pc(&mut self, pc: u64) -> &mut UnwindCache {
+    fn for_pc(&mut self, pc: u64) -> (&mut UnwindCache, &SideStack) {
         self.lookups += 1;
         if self.lookups == RULE_WINDOW {
             self.check_miss_rate();
         }
         let h = (pc >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let i = (h >> (64 - self.bits)) as usize;
-        match self.caches[i] {
+        // SAFETY: as in `side`.
+        let side = unsafe { &*self.side };
+        let cache = match self.caches[i] {
             Some(ref mut c) => c,
-            None => self.create_cache(i),
-        }
+            None => Self::create_cache(&mut self.caches[i], side),
+        };
+        (cache, side)
     }
 
     /// Kept out of line: the cache is built on the stack before it is boxed
     /// (20 KiB), and inlined that frame was every changed capture's, whose
-    /// six stack-probe stores touched six pages on every call.
+    /// six stack-probe stores touched six pages on every call. Built on the
+    /// side stack, for threads with small stacks.
     #[cold]
     #[inline(never)]
-    fn create_cache(&mut self, i: usize) -> &mut UnwindCache {
-        self.caches[i].insert(Box::new(UnwindCache::new_in()))
+    fn create_cache<'a>(
+        slot: &'a mut Option<Box<UnwindCache>>,
+        side: &SideStack,
+    ) -> &'a mut UnwindCache {
+        slot.insert(side.run(|| Box::new(UnwindCache::new_in())))
     }
 
     /// Misses so far of the caches in use.
@@ -142,6 +176,13 @@ impl RuleCaches {
         if recent * 100 > u64::from(RULE_WINDOW) && (1 << self.bits) < MAX_RULE_CACHES {
             self.bits += 2;
         }
+    }
+}
+
+impl Drop for RuleCaches {
+    fn drop(&mut self) {
+        // SAFETY: from Box::into_raw in `new`; nothing uses it after this.
+        drop(unsafe { Box::from_raw(self.side) });
     }
 }
 
@@ -210,24 +251,23 @@ pub struct Captured {
 }
 
 impl StackCapture {
+    /// Built in place on the agent's heap: the struct is about 45 KiB and its
+    /// id cache 96 KiB, and a value built first and then moved into a box
+    /// took 140 KiB of the calling thread's stack (the first hooked call of
+    /// a thread creates two), which overflowed threads with small stacks.
     pub fn new() -> Box<Self> {
-        Box::new(StackCapture {
-            prev: [FrameRec::default(); MAX_RAW],
-            prev_sp: {
-                let mut sps = [0; MAX_RAW + 1];
-                sps[0] = u64::MAX;
-                sps
-            },
-            prev_n: 0,
-            prev_truncated: false,
-            prev_gen: 0,
-            prev_id: 0,
-            scratch: [FrameRec::default(); MAX_RAW],
-            checks: [(0, 0); CHECKS],
-            checks_end: [(0, 0, 0); MAX_RAW],
-            id_cache: Box::new([(stacks::StackHash::default(), 0, 0); ID_CACHE]),
-            prev_slot: None,
-        })
+        let mut capture = Box::<Self>::new_zeroed();
+        let p = capture.as_mut_ptr();
+        // SAFETY: zero is a valid value of every field but two: all are
+        // integers, bools, or arrays and tuples of them, except `id_cache`
+        // (a box) and `prev_slot` (an Option), which are written here before
+        // the value is used. The id cache's entries are integers too.
+        unsafe {
+            core::ptr::addr_of_mut!((*p).id_cache).write(Box::new_zeroed().assume_init());
+            core::ptr::addr_of_mut!((*p).prev_slot).write(None);
+            (*core::ptr::addr_of_mut!((*p).prev_sp))[0] = u64::MAX;
+            capture.assume_init()
+        }
     }
 
     /// Forgets the previous stack (after fork, or when the stack memory may be gone).
@@ -421,7 +461,7 @@ impl StackCapture {
             // The innermost frame is looked up at pc; a caller inside the
             // call instruction, before its return address.
             let lookup = address.address_for_lookup();
-            let bits = crate::rules::rule_for(lookup, gen, unwinders, &mut rules.cfi);
+            let bits = rules.rule_for(lookup, gen, unwinders);
             // Nearly every frame: a common rule, all reads in bounds. What it
             // records is what the general path below records for the same
             // reads (the return address always kept; the restored bp kept
@@ -484,10 +524,16 @@ impl StackCapture {
             };
             let rule = Rule::decode(bits);
             let r = match rule {
-                Rule::Other => unwinders
-                    .framehop
-                    .unwind_frame(address, &mut regs, rules.for_pc(pc), &mut read)
-                    .map_err(|_| ()),
+                Rule::Other => {
+                    // framehop may evaluate CFI (rows of 192 rules on the stack).
+                    let (cache, side) = rules.for_pc(pc);
+                    side.run(|| {
+                        unwinders
+                            .framehop
+                            .unwind_frame(address, &mut regs, cache, &mut read)
+                            .map_err(|_| ())
+                    })
+                }
                 rule => rule.exec(at_instruction, &mut regs, &mut read),
             };
             // A signal frame's caller was interrupted, not calling: its pc is

@@ -682,3 +682,77 @@ fn unwind_rules_follow_dlclose_and_dlopen_at_the_same_address() {
         "second build",
     );
 }
+
+/// small_stacks.c: threads with 16 KiB stacks (PTHREAD_STACK_MIN) allocate,
+/// lock, take a signal on a 16 KiB alternate stack, and one ends the process
+/// with exit() from its small stack. The agent's deep work (thread set-up,
+/// CFI evaluation, framehop's caches, the exit scan and flush) needs more
+/// stack than that; it used to overflow it (SIGSEGV in the first hooked call
+/// of the thread: node's worker threads died the same way). With and
+/// without the shared rule table (framehop then unwinds every frame).
+#[test]
+fn threads_with_the_smallest_stacks_are_traced_to_the_end() {
+    let dir = TestDir::new("small_stacks");
+    let prog = compile_c(&dir, "small_stacks.c");
+    let src = "small_stacks.c";
+    let m = |marker: &str| marker_line(src, marker);
+    for table in ["1", "0"] {
+        let mut cmd = run_command(&dir, &[], &prog, &[]);
+        cmd.env("TRAPLINE_RULE_TABLE", table);
+        let run = output_of(cmd, "trapline run small_stacks");
+        assert_eq!(run.code(), 3, "rule table {table}: {}", run.describe());
+        assert_eq!(run.stdout, "small stacks done\n");
+        assert_no_events_lost_in_summary(&run);
+        let report = leaks(&dir.trace());
+        assert_complete(&report);
+        assert_eq!(process_exit(&report), &json!({"code": 3}));
+        assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+        let got = records(&report);
+        assert_eq!(got.len(), 3, "{:?}", record_summaries(&report));
+        // glibc's TLS vector of the thread that is still running at exit.
+        let dtv = &got[0];
+        let dtv_stack = show_stack(stack_of(dtv, "stack"));
+        assert_eq!(
+            (as_u64(dtv, "blocks"), as_str(dtv, "allocated_by")),
+            (1, "calloc"),
+            "{dtv_stack}"
+        );
+        assert!(dtv_stack.contains("allocate_dtv"), "{dtv_stack}");
+        assert_eq!(
+            (as_u64(&got[1], "bytes"), as_u64(&got[1], "blocks")),
+            (5 * 48, 5)
+        );
+        assert_stack_top(
+            stack_of(&got[1], "stack"),
+            &[
+                ("leak_here", src, m("SMALL-LEAK")),
+                ("worker", src, m("CALL-SMALL-LEAK")),
+            ],
+            "leak_here",
+        );
+        assert_eq!(
+            (as_u64(&got[2], "bytes"), as_u64(&got[2], "blocks")),
+            (5 * 24, 5)
+        );
+        let handler = stack_of(&got[2], "stack");
+        assert_stack_top(handler, &[("on_signal", src, m("HANDLER-LEAK"))], "handler");
+        // framehop alone stops at the signal frame (unwind_shapes above).
+        if table == "1" {
+            let raised = handler
+                .iter()
+                .position(|f| frame_function(f) == "worker")
+                .unwrap_or_else(|| {
+                    panic!("no worker past the signal frame: {}", show_stack(handler))
+                });
+            assert_stack_top(
+                &handler[raised..],
+                &[("worker", src, m("CALL-RAISE"))],
+                "past the signal frame",
+            );
+        }
+        assert_eq!(
+            unfreed_summary(&report),
+            (as_u64(dtv, "bytes") + 5 * 48 + 5 * 24, 11)
+        );
+    }
+}

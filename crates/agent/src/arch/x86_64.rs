@@ -628,3 +628,50 @@ pub(crate) use with_caller_regs;
 /// owner's tid and the kind word (type in the low two bits).
 pub const MUTEX_OWNER_OFFSET: usize = 8;
 pub const MUTEX_KIND_OFFSET: usize = 16;
+
+// `call_on_stack(data, f, top)`: calls `f(data)` with the stack pointer at
+// `top` and returns on the caller's stack (side_stack.rs). rbp keeps the
+// caller's stack pointer, and the CFI says so (CFA = rbp + 16), so that a
+// debugger's backtrace from the other stack continues into the caller.
+core::arch::global_asm!(
+    ".pushsection .text.trapline_call_on_stack,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl trapline_call_on_stack",
+    ".hidden trapline_call_on_stack",
+    ".type trapline_call_on_stack, @function",
+    "trapline_call_on_stack:",
+    ".cfi_startproc",
+    "push rbp",
+    ".cfi_adjust_cfa_offset 8",
+    ".cfi_rel_offset rbp, 0",
+    "mov rbp, rsp",
+    ".cfi_def_cfa_register rbp",
+    "mov rsp, rdx",
+    "call rsi",
+    "mov rsp, rbp",
+    ".cfi_def_cfa_register rsp",
+    "pop rbp",
+    ".cfi_adjust_cfa_offset -8",
+    ".cfi_restore rbp",
+    "ret",
+    ".cfi_endproc",
+    ".size trapline_call_on_stack, . - trapline_call_on_stack",
+    ".popsection",
+);
+
+extern "C" {
+    #[link_name = "trapline_call_on_stack"]
+    fn call_on_stack_asm(data: *mut u8, f: unsafe extern "C" fn(*mut u8), top: *mut u8);
+}
+
+/// Calls `f(data)` with the stack pointer at `top`, then returns here.
+///
+/// # Safety
+/// `top` is the 16-byte aligned end of writable memory that nothing else
+/// uses, large enough for `f`; `f` is safe to call with `data`.
+#[inline(always)]
+pub unsafe fn call_on_stack(data: *mut u8, f: unsafe extern "C" fn(*mut u8), top: *mut u8) {
+    // SAFETY: the caller's contract; the routine preserves every
+    // callee-saved register and returns normally.
+    unsafe { call_on_stack_asm(data, f, top) }
+}

@@ -336,7 +336,7 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
             // SAFETY: ld.so's variable, set before any code of the program ran.
             unsafe { __libc_stack_end as u64 }
         } else {
-            crate::arch::stack_pointer()
+            crate::thread::own_stack_sp(crate::arch::stack_pointer())
         };
         stack_starts.push(own_sp);
         if exit_tid == me {

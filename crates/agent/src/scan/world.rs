@@ -118,7 +118,9 @@ fn insert(slots: &[Slot], tid: u32) -> Option<&Slot> {
 extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: errno is thread-local; saved and restored around the handler.
     let saved_errno = unsafe { *libc::__errno_location() };
-    let sp = crate::arch::stack_pointer();
+    // Interrupted on the agent's side stack: the thread's own stack is live
+    // from where the agent left it.
+    let sp = crate::thread::own_stack_sp(crate::arch::stack_pointer());
     let p = TABLE.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: the table is never unmapped.

@@ -1,0 +1,118 @@
+//! A second stack for each thread, for the agent's rare deep work.
+//!
+//! The agent runs on the program's stacks: a thread created with a 16 KiB
+//! stack, a signal handler on a small alternate stack. Its common path
+//! (a hook, a capture, an event) needs about 3 KiB of it. Some rare work
+//! needs far more, mostly for values that live on the stack so that nothing
+//! allocates: evaluating CFI on a rule-table miss (gimli's rows of register
+//! rules), framehop's unwinding of a frame outside the table (its CFI
+//! evaluation keeps rows of 192 rules) and the creation of its rule cache
+//! (25 KiB built before it is boxed), and the end of the process (the
+//! reachability scan, the last flush: about 60 KiB). That work runs here:
+//! 256 KiB mapped for each thread when its state is created (pages never
+//! touched cost nothing), with a guard page below. The mapping is the agent
+//! heap's, so the reachability scan never reads its stale frames as roots.
+//!
+//! `run` switches only from the program's stack: when it is called again
+//! while the side stack is in use (a fatal signal's handler interrupting that
+//! work ends the trace from there), it runs on the stack it is on.
+
+use crate::arch;
+use core::cell::Cell;
+use core::sync::atomic::{compiler_fence, Ordering};
+
+const SIZE: usize = 256 << 10;
+const GUARD: usize = 4096;
+
+pub struct SideStack {
+    /// Lowest address of the mapping (its guard page); null if none.
+    base: *mut u8,
+    in_use: Cell<bool>,
+    /// The caller's stack pointer while `run` is on the side stack (read by
+    /// this thread's signal handlers: where its own stack's live part starts).
+    outer_sp: Cell<u64>,
+}
+
+impl SideStack {
+    /// Maps a side stack (without one, `run` runs in place).
+    pub fn new() -> SideStack {
+        let base = crate::heap::map(SIZE + GUARD);
+        if !base.is_null() {
+            // SAFETY: the first page of our own fresh mapping.
+            unsafe { libc::mprotect(base.cast(), GUARD, libc::PROT_NONE) };
+        }
+        SideStack {
+            base,
+            in_use: Cell::new(false),
+            outer_sp: Cell::new(0),
+        }
+    }
+
+    /// Runs `f` on the side stack (in place if there is none, or if it is in use).
+    #[inline]
+    pub fn run<F: FnOnce() -> R, R>(&self, f: F) -> R {
+        if self.base.is_null() || self.in_use.get() {
+            return f();
+        }
+        self.outer_sp.set(arch::stack_pointer());
+        self.in_use.set(true);
+        // A signal handler on this thread sees `in_use` before the switch.
+        compiler_fence(Ordering::SeqCst);
+        let mut state = Running::<F, R> {
+            f: Some(f),
+            result: None,
+        };
+        // SAFETY: the side stack is ours and not in use (in_use was false and
+        // only this thread and its handlers use it); its top is 16-aligned
+        // (the mapping is page-aligned); `enter` gets the state it expects.
+        unsafe {
+            arch::call_on_stack(
+                (&mut state as *mut Running<F, R>).cast(),
+                enter::<F, R>,
+                self.base.add(SIZE + GUARD),
+            )
+        };
+        compiler_fence(Ordering::SeqCst);
+        self.in_use.set(false);
+        self.outer_sp.set(0);
+        match state.result {
+            Some(r) => r,
+            None => unreachable!("side stack call returned without a result"),
+        }
+    }
+
+    /// Where this thread's own stack is live from, given the stack pointer
+    /// `sp` a signal handler found: the caller's stack pointer when `sp` is
+    /// on the side stack.
+    pub fn thread_sp(&self, sp: u64) -> u64 {
+        let base = self.base as u64;
+        let outer = self.outer_sp.get();
+        if outer != 0 && sp >= base && sp < base + (SIZE + GUARD) as u64 {
+            outer
+        } else {
+            sp
+        }
+    }
+}
+
+impl Drop for SideStack {
+    fn drop(&mut self) {
+        if !self.base.is_null() {
+            crate::heap::unmap(self.base, SIZE + GUARD);
+        }
+    }
+}
+
+struct Running<F, R> {
+    f: Option<F>,
+    result: Option<R>,
+}
+
+/// The first function on the side stack: runs the closure of `run`.
+unsafe extern "C" fn enter<F: FnOnce() -> R, R>(state: *mut u8) {
+    // SAFETY: `run` passes its `Running`, alive until `call_on_stack` returns.
+    let state = unsafe { &mut *state.cast::<Running<F, R>>() };
+    if let Some(f) = state.f.take() {
+        state.result = Some(f());
+    }
+}
