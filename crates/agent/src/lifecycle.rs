@@ -79,14 +79,17 @@ fn header_buffer() -> Box<Buffer> {
         pid: PID.load(Ordering::Relaxed),
         ppid,
         start_unix_ns: START_UNIX_NS.load(Ordering::Relaxed),
-        exe,
+        exe: exe.clone(),
         argv: read_cmdline(),
     });
     b.push_event(&ev, None);
-    if !record::RELEASE_STACKS.load(Ordering::Relaxed) {
+    let no_release_stacks = !record::RELEASE_STACKS.load(Ordering::Relaxed);
+    let allocator_shadowed_by = shadowing_allocator(&exe);
+    if no_release_stacks || allocator_shadowed_by.is_some() {
         b.push_event(
             &Event::Recording {
-                no_release_stacks: true,
+                no_release_stacks,
+                allocator_shadowed_by,
             },
             None,
         );
@@ -95,6 +98,42 @@ fn header_buffer() -> Box<Buffer> {
         b = push_or_flush(b, &Event::ModuleLoad(m), None);
     }
     b
+}
+
+/// The module whose `malloc` (or `free`) the program's calls reach when it
+/// is not the agent's: the executable's own allocator (jemalloc or mimalloc
+/// linked into a Rust program) comes first in symbol lookup, before any
+/// preloaded library, so the agent's hooks never see its allocations.
+fn shadowing_allocator(exe: &str) -> Option<String> {
+    for name in [c"malloc", c"free"] {
+        // SAFETY: a lookup by a NUL-terminated name in the global scope.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        if f.is_null() || modules::is_agent_pc(f as u64) {
+            continue;
+        }
+        // SAFETY: dladdr fills the Dl_info we own; its name points into the
+        // loader's data, alive while the module is loaded.
+        let path = unsafe {
+            let mut info: libc::Dl_info = core::mem::zeroed();
+            if libc::dladdr(f, &mut info) != 0 && !info.dli_fname.is_null() {
+                core::ffi::CStr::from_ptr(info.dli_fname)
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                String::new()
+            }
+        };
+        // The main program's name is empty, or what it was started as.
+        let same_file = std::fs::canonicalize(&path)
+            .map(|p| p.to_string_lossy() == exe)
+            .unwrap_or(false);
+        return Some(if path.is_empty() || same_file {
+            exe.to_string()
+        } else {
+            path
+        });
+    }
+    None
 }
 
 fn push_or_flush(mut b: Box<Buffer>, ev: &Event, time: Option<u64>) -> Box<Buffer> {

@@ -31,7 +31,21 @@ pub fn enter() -> Entry {
     if FINISHED.load(Ordering::Relaxed) {
         return Entry::Off;
     }
-    let ts = thread::current();
+    enter_with(thread::current())
+}
+
+/// `enter` for hooks that the program's own allocator may call from inside
+/// itself (locks): never calls a C library function that allocates.
+#[inline]
+pub fn enter_without_allocating() -> Entry {
+    if FINISHED.load(Ordering::Relaxed) {
+        return Entry::Off;
+    }
+    enter_with(thread::current_without_allocating())
+}
+
+#[inline(always)]
+fn enter_with(ts: &'static mut ThreadState) -> Entry {
     if ts.agent_thread || cfg!(feature = "layer-forward") {
         return Entry::Off;
     }

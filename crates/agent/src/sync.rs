@@ -188,7 +188,7 @@ fn site_stack_miss(
 /// Runs `f` with this thread's state if it records; hooks pass through otherwise.
 #[inline(always)]
 fn recording(f: impl FnOnce(&mut ThreadState)) {
-    if let Entry::Record(ts) = record::enter() {
+    if let Entry::Record(ts) = record::enter_without_allocating() {
         f(ts);
         record::leave(ts);
     }
@@ -224,7 +224,7 @@ fn owned_by(ts: &ThreadState, owner: u32) -> bool {
 
 /// This thread's kernel tid, as the agent cached it (no system call).
 pub fn current_tid() -> u32 {
-    crate::thread::current().tid
+    crate::thread::current_without_allocating().tid
 }
 
 /// The lock is now held by this thread.

@@ -61,6 +61,9 @@ pub struct ThreadState {
     pub lock_sites: Option<Box<crate::sync::SiteCache>>,
     /// Whether this thread keeps the run totals (`totals.rs`).
     pub heap_role: u8,
+    /// The set-up that calls C library functions which allocate (the stack
+    /// bounds, the exit destructor's key) is done, or under way.
+    set_up: bool,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -161,9 +164,12 @@ pub fn altstack_of(ss: Option<&libc::stack_t>) -> Bounds {
     }
 }
 
-fn create() -> *mut ThreadState {
+/// A new state for the calling thread. With `set_up`, also does the set-up
+/// that calls C library functions which allocate (`finish_set_up`): only
+/// where the program cannot be inside its own allocator (see `current`).
+fn create(set_up: bool) -> *mut ThreadState {
     let ts = Box::into_raw(Box::new(ThreadState {
-        guard: 1, // stack_bounds() below may allocate through the hooks
+        guard: 1, // the set-up below may allocate through the hooks
         tid: sys::gettid(),
         agent_thread: false,
         busy: AtomicU32::new(0),
@@ -183,35 +189,77 @@ fn create() -> *mut ThreadState {
         profile: None,
         lock_sites: None,
         heap_role: crate::totals::ROLE_UNKNOWN,
+        set_up: false,
     }));
-    // The slot first: for a key at 32 or above (other libraries created
-    // keys first), glibc's first `pthread_setspecific` in a thread calls
-    // `calloc`, and that hook must find this state (guard 1: nested).
+    // The slot first: every hook the set-up below causes must find this
+    // state (guard 1: nested).
     crate::arch::set_thread_slot(ts as *mut u8);
-    // SAFETY: the key exists; `ts` is a valid pointer owned by this thread.
-    unsafe { libc::pthread_setspecific(key(), ts as *const libc::c_void) };
     {
         let _g = REGISTRY.lock.guard();
         // SAFETY: guarded by the registry lock.
         unsafe { &mut *REGISTRY.reg.get() }.threads.push(ts);
     }
-    let bounds = stack_bounds();
     let altstack = current_altstack();
     // SAFETY: `ts` is ours and not yet shared beyond the registry (which only touches buf).
     unsafe {
-        (*ts).stack = bounds;
         (*ts).altstack = altstack;
+        if set_up {
+            finish_set_up(&mut *ts);
+        }
         (*ts).guard = 0;
     }
     ts
 }
 
-/// This thread's state, created on first use.
+/// The set-up that calls C library functions which allocate: the stack
+/// bounds (`pthread_getattr_np` opens /proc/self/maps for the main thread,
+/// reallocates an affinity mask for others) and the key whose destructor
+/// ends the thread's trace (glibc's first `pthread_setspecific` of a key at
+/// 32 or above calls `calloc`).
+#[cold]
+#[inline(never)]
+fn finish_set_up(ts: &mut ThreadState) {
+    // First: the hooks these calls reach find the set-up under way.
+    ts.set_up = true;
+    ts.guard += 1;
+    let p = ts as *mut ThreadState;
+    // SAFETY: the key exists; `p` is this thread's state, freed only by the
+    // key's destructor.
+    unsafe { libc::pthread_setspecific(key(), p as *const libc::c_void) };
+    ts.stack = stack_bounds();
+    ts.guard -= 1;
+}
+
+/// This thread's state, created on first use, for a hook where the program
+/// cannot be inside its own allocator: the allocation hooks (a program whose
+/// executable defines `malloc` never reaches them: that `malloc` shadows the
+/// agent's), thread start, the constructor. The set-up that calls
+/// allocating C library functions happens here.
 #[inline]
 pub fn current() -> &'static mut ThreadState {
     let p = crate::arch::thread_slot() as *mut ThreadState;
-    let p = if p.is_null() { create() } else { p };
+    let p = if p.is_null() { create(true) } else { p };
     // SAFETY: only this thread uses its state mutably (stealers only touch `buf` while holding `steal` with the owner outside `emit`).
+    let ts = unsafe { &mut *p };
+    if !ts.set_up {
+        finish_set_up(ts);
+    }
+    ts
+}
+
+/// This thread's state, created on first use without calling C library
+/// functions that allocate: for the lock hooks, which a program's own
+/// allocator calls from inside itself (jemalloc's first `malloc` takes its
+/// init lock, then locks another mutex: a `malloc` from the agent there
+/// re-entered jemalloc's initialisation and waited for its own lock
+/// forever). Until `current` finishes the set-up, the thread's stack bounds
+/// are unknown (its captures read the current page) and its state is not
+/// freed when it exits.
+#[inline]
+pub fn current_without_allocating() -> &'static mut ThreadState {
+    let p = crate::arch::thread_slot() as *mut ThreadState;
+    let p = if p.is_null() { create(false) } else { p };
+    // SAFETY: as in `current`.
     unsafe { &mut *p }
 }
 

@@ -507,6 +507,7 @@ pub fn analyze_with<R: Read + Seek>(
         file_bytes: index.file_len,
         chunks: index.chunks.len() as u64,
         events: facts.events,
+        allocator_shadowed_by: facts.allocator_shadowed_by.clone(),
     };
     let with_scan = |k: Verdict| scan.as_ref().map(|_| kinds_total[k as usize - 1]);
     Ok(LeaksReport {

@@ -376,6 +376,7 @@ pub fn analyze<R: Read + Seek>(
             file_bytes: index.file_len,
             chunks: index.chunks.len() as u64,
             events: facts.events,
+            allocator_shadowed_by: facts.allocator_shadowed_by.clone(),
         },
         folded,
     })

@@ -101,6 +101,10 @@ pub struct TraceStatus {
     pub chunks: u64,
     /// Events read.
     pub events: u64,
+    /// The module whose `malloc` the program reached instead of the agent's
+    /// (an allocator of its own in the executable, such as jemalloc or
+    /// mimalloc in a Rust program): its allocations are not in the trace.
+    pub allocator_shadowed_by: Option<String>,
 }
 
 /// One source-level frame of a symbolized stack.
@@ -168,6 +172,8 @@ pub(crate) struct Facts {
     snapshot_end: Option<BytesBlocks>,
     /// The recording kept no stacks for releases (`--no-release-stacks`).
     pub no_release_stacks: bool,
+    /// See `TraceStatus::allocator_shadowed_by`.
+    pub allocator_shadowed_by: Option<String>,
 }
 
 impl Facts {
@@ -187,7 +193,15 @@ impl Facts {
             Event::StackDef { id, frames } => {
                 self.stacks.entry(*id).or_insert_with(|| frames.clone());
             }
-            Event::Recording { no_release_stacks } => self.no_release_stacks |= *no_release_stacks,
+            Event::Recording {
+                no_release_stacks,
+                allocator_shadowed_by,
+            } => {
+                self.no_release_stacks |= *no_release_stacks;
+                if allocator_shadowed_by.is_some() {
+                    self.allocator_shadowed_by = allocator_shadowed_by.clone();
+                }
+            }
             Event::End {
                 time,
                 exit,
@@ -246,6 +260,7 @@ impl Facts {
             file_bytes: index.file_len,
             chunks: index.chunks.len() as u64,
             events: self.events,
+            allocator_shadowed_by: self.allocator_shadowed_by.clone(),
         }
     }
 
@@ -441,9 +456,21 @@ pub fn warnings_text(out: &mut String, p: &str, warnings: &[String]) {
     }
 }
 
+/// The warning for a program whose own allocator the agent's hooks never saw.
+pub fn shadowed_allocator_warning(module: &str) -> String {
+    format!(
+        "WARNING: the program has an allocator of its own: its calls of malloc reach the one \
+         in {module}, not trapline's, so its allocations are not in the trace (a Rust program \
+         built with jemalloc or mimalloc: build it with the system allocator to trace it)."
+    )
+}
+
 /// Warning lines about an incomplete trace, for text reports.
 pub fn status_warnings(status: &TraceStatus) -> Vec<String> {
     let mut lines = Vec::new();
+    if let Some(module) = &status.allocator_shadowed_by {
+        lines.push(shadowed_allocator_warning(module));
+    }
     if !status.has_end {
         lines.push(
             "WARNING: the process did not finish: the trace has no end record (killed by SIGKILL, \

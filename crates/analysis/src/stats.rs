@@ -196,6 +196,10 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     let (Some(t), Some(0), Some(unfreed)) = (totals, end_lost, unfreed) else {
         return Ok(None);
     };
+    let warnings = shadowing_allocator_in(input, &index)?
+        .map(|module| crate::report::shadowed_allocator_warning(&module))
+        .into_iter()
+        .collect();
     Ok(Some(RunSummary {
         allocation_calls: t.allocation_calls,
         release_calls: t.release_calls,
@@ -205,7 +209,33 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         unfreed_replayed: false,
         errors: t.errors,
         events_lost: Some(0),
-        warnings: Vec::new(),
+        warnings,
+    }))
+}
+
+/// The module whose allocator the traced program used instead of the
+/// agent's (`TraceStatus::allocator_shadowed_by`), read from the agent's
+/// first chunk only.
+pub fn shadowing_allocator<R: Read + Seek>(input: &mut R) -> Result<Option<String>, TraceError> {
+    let index = TraceIndex::build(input)?;
+    shadowing_allocator_in(input, &index)
+}
+
+fn shadowing_allocator_in<R: Read + Seek>(
+    input: &mut R,
+    index: &TraceIndex,
+) -> Result<Option<String>, TraceError> {
+    // The recording's settings follow the process record in the agent's first chunk.
+    let Some(entry) = index.chunks.iter().find(|c| c.header.tid == 0) else {
+        return Ok(None);
+    };
+    let chunk = index.read_chunk(input, entry)?;
+    Ok(chunk.events().flatten().find_map(|ev| match ev {
+        Event::Recording {
+            allocator_shadowed_by,
+            ..
+        } => allocator_shadowed_by,
+        _ => None,
     }))
 }
 
@@ -346,6 +376,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             file_bytes: index.file_len,
             chunks: index.chunks.len() as u64,
             events,
+            allocator_shadowed_by: facts.allocator_shadowed_by.clone(),
         },
     })
 }

@@ -455,7 +455,19 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         if f == output && empty {
             continue;
         }
-        eprintln!("==trapline==   {}", f.display());
+        // The top process's summary below says so; other processes here.
+        let shadowed = (f != output)
+            .then(|| std::fs::File::open(f).ok())
+            .flatten()
+            .and_then(|mut t| trapline_analysis::stats::shadowing_allocator(&mut t).ok())
+            .flatten();
+        match shadowed {
+            Some(module) => eprintln!(
+                "==trapline==   {} (WARNING: its allocator of its own, in {module}, is not traced)",
+                f.display()
+            ),
+            None => eprintln!("==trapline==   {}", f.display()),
+        }
     }
     if empty {
         let not_loaded = "the agent was not loaded into it (a static or setuid program started by a script? a program that clears LD_PRELOAD?)";

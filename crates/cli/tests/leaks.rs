@@ -756,3 +756,54 @@ fn threads_with_the_smallest_stacks_are_traced_to_the_end() {
         );
     }
 }
+
+/// own_malloc.c: an executable with an allocator of its own (as a Rust
+/// program with jemalloc or mimalloc has), which a library's constructor
+/// calls before the agent's constructor has run. The allocator takes a
+/// mutex: the agent's lock hook runs inside it on a thread with no agent
+/// state yet, and used to create that state with pthread_getattr_np, whose
+/// fopen called this malloc again and waited for its own lock forever
+/// (rustc hung so). The program's allocations never reach the agent (its
+/// malloc comes first in symbol lookup): every report must say so.
+#[test]
+fn a_program_with_its_own_allocator_runs_and_is_reported_as_not_traced() {
+    let dir = TestDir::new("own_malloc");
+    let lib = compile_c_with(
+        &dir,
+        "own_malloc_lib.c",
+        "libown_malloc_lib.so",
+        &["-fPIC", "-shared"],
+    );
+    let lib_dir = lib.parent().expect("bin directory").display().to_string();
+    let prog = compile_c_with(
+        &dir,
+        "own_malloc.c",
+        "own_malloc",
+        &[
+            "-pthread",
+            "-Wl,--no-as-needed",
+            &lib.display().to_string(),
+            &format!("-Wl,-rpath,{lib_dir}"),
+        ],
+    );
+    // Bounded: the old agent never returned.
+    let run = run(&dir, &["--timeout", "60"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "own malloc done: 3 blocks\n");
+    let exe = std::fs::canonicalize(&prog).expect("canonical path");
+    let exe = exe.display().to_string();
+    let warning = format!("its calls of malloc reach the one in {exe}, not trapline's");
+    assert!(run.stderr.contains(&warning), "{}", run.describe());
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(
+        field(&report, "trace")["allocator_shadowed_by"],
+        json!(exe),
+        "{}",
+        pretty(&report)
+    );
+    assert_eq!(records(&report).len(), 0);
+    let text = leaks_text(&dir.trace(), &[]);
+    assert!(text.contains(&warning), "{text}");
+}

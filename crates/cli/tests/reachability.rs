@@ -363,11 +363,7 @@ fn suppressions_hide_exactly_the_matching_record() {
 }
 
 fn analysis_text(dir: &TestDir, extra: &[&str]) -> String {
-    let mut cmd = std::process::Command::new(trapline());
-    cmd.arg("leaks").arg(dir.trace()).args(extra);
-    let f = output_of(cmd, "trapline leaks");
-    assert_eq!(f.code(), 0, "{}", f.describe());
-    f.stdout
+    leaks_text(&dir.trace(), extra)
 }
 
 #[test]

@@ -524,6 +524,12 @@ pub enum Event {
         /// Releases carry no call stack (`--no-release-stacks`): their stack
         /// ids are 0, and a double free's first-free stack is unknown.
         no_release_stacks: bool,
+        /// The module whose `malloc` the program's calls reach instead of
+        /// the agent's (an allocator defined in the executable, as jemalloc
+        /// or mimalloc in a Rust program, or in a library preloaded before
+        /// the agent): those allocations bypass trapline and are not in the
+        /// trace (format version 4).
+        allocator_shadowed_by: Option<String>,
     },
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
@@ -554,6 +560,10 @@ impl Event {
         }
     }
 }
+
+/// Bit of `Recording`'s flag word saying a module name follows: the
+/// program's allocator shadows the agent's (format version 4).
+const RECORDING_SHADOWED_BIT: u32 = 1;
 
 /// Event tags (format values).
 pub(crate) mod tag {
@@ -960,10 +970,19 @@ impl<'a> Encoder<'a> {
                 self.u64(*blocks)?;
                 self.u64(*bytes)
             }
-            Event::Recording { no_release_stacks } => {
+            Event::Recording {
+                no_release_stacks,
+                allocator_shadowed_by,
+            } => {
                 self.byte(tag::RECORDING)?;
                 // A flag word, so later options need no new tag.
-                self.u64(u64::from(*no_release_stacks))
+                let flags = u64::from(*no_release_stacks)
+                    | u64::from(allocator_shadowed_by.is_some()) << RECORDING_SHADOWED_BIT;
+                self.u64(flags)?;
+                match allocator_shadowed_by {
+                    Some(module) => self.bytes(module.as_bytes()),
+                    None => Ok(()),
+                }
             }
             Event::RunTotals(t) => {
                 self.byte(tag::RUN_TOTALS)?;
@@ -1398,11 +1417,16 @@ impl<'a> Decoder<'a> {
             },
             tag::RECORDING => {
                 let flags = self.u64()?;
-                if flags > 1 {
+                if flags >> (RECORDING_SHADOWED_BIT + 1) != 0 {
                     return Err(DecodeError::Invalid("recording flags"));
                 }
                 Event::Recording {
                     no_release_stacks: flags & 1 != 0,
+                    allocator_shadowed_by: if flags >> RECORDING_SHADOWED_BIT & 1 != 0 {
+                        Some(self.string("shadowing module")?)
+                    } else {
+                        None
+                    },
                 }
             }
             tag::RUN_TOTALS => Event::RunTotals(RunTotals {

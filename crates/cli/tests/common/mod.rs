@@ -501,6 +501,15 @@ pub fn leaks(trace: &Path) -> Value {
     leaks_with(trace, &["--kinds", "all"])
 }
 
+/// The text of `trapline leaks TRACE EXTRA...` (which must succeed).
+pub fn leaks_text(trace: &Path, extra: &[&str]) -> String {
+    let mut cmd = Command::new(trapline());
+    cmd.arg("leaks").arg(trace).args(extra);
+    let finished = output_of(cmd, "trapline leaks");
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    finished.stdout
+}
+
 /// The parsed `trapline leaks TRACE --format json EXTRA...` (which must succeed).
 pub fn leaks_with(trace: &Path, extra: &[&str]) -> Value {
     let mut cmd = Command::new(trapline());

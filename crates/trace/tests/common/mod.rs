@@ -406,9 +406,19 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
         Event::RunTotals(RunTotals::default()),
         Event::Recording {
             no_release_stacks: true,
+            allocator_shadowed_by: None,
         },
         Event::Recording {
             no_release_stacks: false,
+            allocator_shadowed_by: None,
+        },
+        Event::Recording {
+            no_release_stacks: true,
+            allocator_shadowed_by: Some("/usr/bin/program with its own malloc".into()),
+        },
+        Event::Recording {
+            no_release_stacks: false,
+            allocator_shadowed_by: Some(String::new()),
         },
         Event::RunTotals(RunTotals {
             allocation_calls: u64::MAX,
