@@ -247,6 +247,7 @@ pub fn init() {
     crate::hooks::sync::init();
     crate::hooks::threads::resolve();
     crate::hooks::sigmask::resolve();
+    crate::hooks::fds::resolve();
     crate::profile::init();
     crate::hooks::signals::install();
     modules::refresh();

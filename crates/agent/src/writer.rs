@@ -140,6 +140,11 @@ pub static EVENTS_LOST: AtomicU64 = AtomicU64::new(0);
 /// thread was compressing would vanish (the start's module map did, when
 /// the program aborted within a millisecond of starting).
 static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+/// Held while the trace file's descriptor is written to or moved.
+static FD_LOCK: sys::RawLock = sys::RawLock::new();
+/// Rounds `write_one` tries the descriptor lock for before counting a
+/// buffer as lost (it is only ever held for one write).
+const FD_LOCK_SPINS: u32 = 50_000_000;
 /// How long a fatal signal's flush waits for buffers in flight: the writer
 /// thread may be stuck behind a lock the signalled thread holds.
 const IN_FLIGHT_WAIT_NS: u64 = 200_000_000;
@@ -272,7 +277,6 @@ pub fn submit_first(b: Box<Buffer>) {
 }
 
 fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
-    let fd = FD.load(Ordering::Acquire);
     if b.gen != GEN.load(Ordering::Relaxed) {
         return; // a parent's buffer seen by a fork child: the parent writes it
     }
@@ -284,11 +288,58 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
         b.last_time,
         &b.data[..b.len],
     );
-    if fd >= 0 && sys::write_all(fd, &scratch[..len]) {
+    // The descriptor cannot move while it is written to (`move_trace_fd`).
+    // Bounded: a fatal signal's flush may find this thread holding the lock.
+    let written = FD_LOCK.try_lock_for(FD_LOCK_SPINS) && {
+        let fd = FD.load(Ordering::Acquire);
+        let ok = fd >= 0 && sys::write_all(fd, &scratch[..len]);
+        FD_LOCK.unlock();
+        ok
+    };
+    if written {
         EVENTS_WRITTEN.fetch_add(u64::from(b.events), Ordering::Relaxed);
     } else {
         EVENTS_LOST.fetch_add(u64::from(b.events), Ordering::Relaxed);
     }
+}
+
+/// The trace file's descriptor (-1 when there is none).
+pub fn trace_fd() -> i32 {
+    FD.load(Ordering::Acquire)
+}
+
+/// Moves the trace file to another descriptor: the program is about to
+/// `dup2` onto its number (hooks/fds.rs). Without a free descriptor the
+/// trace stops (its later events counted as lost) rather than go into the
+/// program's file.
+pub fn move_trace_fd() {
+    FD_LOCK.lock();
+    let fd = FD.load(Ordering::Acquire);
+    if fd >= 0 {
+        // SAFETY: duplicating and closing our own descriptor.
+        let moved = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, fd + 1) };
+        FD.store(moved.max(-1), Ordering::Release);
+        // SAFETY: our descriptor; the system call, not the close hook.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+    FD_LOCK.unlock();
+}
+
+/// The lowest descriptor for the trace file: high, where programs rarely
+/// look (they get the same numbers as without trapline) and rarely `dup2`
+/// onto; below the soft limit on open files.
+fn high_fd_floor() -> i32 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct we own.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur
+    } else {
+        1024
+    };
+    soft.saturating_sub(24).min(1000) as i32
 }
 
 /// Writes every queued buffer now, from the calling thread.
@@ -319,9 +370,19 @@ pub fn open(path: &std::ffi::CStr, exclusive: bool) -> Result<(), i32> {
             libc::O_TRUNC
         };
     // SAFETY: `path` is NUL-terminated.
-    let fd = unsafe { libc::open(path.as_ptr(), flags, 0o644) };
+    let mut fd = unsafe { libc::open(path.as_ptr(), flags, 0o644) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    let floor = high_fd_floor();
+    if fd < floor {
+        // SAFETY: duplicating and closing our own descriptor.
+        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) };
+        if high >= 0 {
+            // SAFETY: as above; the system call, not the close hook.
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+            fd = high;
+        }
     }
     let mut header = Vec::new();
     let _ = write_file_header(&mut header);
@@ -439,6 +500,8 @@ pub fn reset_for_new_file() {
 pub fn reset_in_child() {
     crate::totals::make_inexact();
     SHARED.lock.reset();
+    // The writer thread may have been writing when the parent forked.
+    FD_LOCK.reset();
     // SAFETY: the child is single-threaded here.
     let q = unsafe { &mut *SHARED.q.get() };
     while let Some(b) = q.full.pop_front() {

@@ -407,3 +407,33 @@ fn sigkill_leaves_a_readable_trace() {
     assert_eq!(records[0]["bytes"], json!(55));
     assert_eq!(records[0]["stack"][0]["function"], json!("term_leak"));
 }
+
+/// close_fds.c: a program that closes every descriptor it did not open
+/// (closefrom, close_range, a loop of close) and takes over with dup2 every
+/// number still open that is not its own. The trace file survives (its
+/// descriptor is hidden from those calls and moved out of dup2's way), and
+/// nothing of it lands in the program's file. Before, OpenSSH's
+/// `close_range(3, ~0U, 0)` left `ssh -V` with an empty trace.
+#[test]
+fn a_program_that_closes_every_descriptor_keeps_its_trace() {
+    let dir = TestDir::new("close_fds");
+    let prog = compile_c(&dir, "close_fds.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "closed\n");
+    assert_no_events_lost_in_summary(&run);
+    let written = std::fs::read(dir.path().join("program.out")).expect("program.out");
+    assert_eq!(written, b"program data\n");
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let src = "close_fds.c";
+    assert_records(
+        &report,
+        &[ExpectedRecord {
+            bytes: 77,
+            blocks: 1,
+            allocated_by: "malloc",
+            stack: vec![("main", src, marker_line(src, "CLOSE-LEAK"))],
+        }],
+    );
+}

@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod cxx;
 pub mod exit;
+pub mod fds;
 pub mod process;
 pub mod sigmask;
 pub mod signals;
