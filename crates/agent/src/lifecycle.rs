@@ -100,6 +100,21 @@ fn header_buffer() -> Box<Buffer> {
     b
 }
 
+/// glibc's `dladdr1` request for the symbol table entry (dlfcn.h).
+const RTLD_DL_SYMENT: core::ffi::c_int = 1;
+const SHN_UNDEF: u16 = 0;
+
+/// An ELF64 symbol table entry, as `dladdr1` points at it.
+#[repr(C)]
+struct ElfSymbol {
+    st_name: u32,
+    st_info: u8,
+    st_other: u8,
+    st_shndx: u16,
+    st_value: u64,
+    st_size: u64,
+}
+
 /// The module whose `malloc` (or `free`) the program's calls reach when it
 /// is not the agent's: the executable's own allocator (jemalloc or mimalloc
 /// linked into a Rust program) comes first in symbol lookup, before any
@@ -111,18 +126,37 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
         if f.is_null() || modules::is_agent_pc(f as u64) {
             continue;
         }
-        // SAFETY: dladdr fills the Dl_info we own; its name points into the
-        // loader's data, alive while the module is loaded.
-        let path = unsafe {
+        // A non-PIE executable that takes the address of malloc (node,
+        // gcc's cc1plus) exports it as an undefined symbol whose value is a
+        // stub in its PLT, which jumps to the agent: dlsym returns the stub.
+        // Only a symbol defined in a section is an allocator of its own.
+        let mut sym: *const ElfSymbol = core::ptr::null();
+        // SAFETY: dladdr1 fills the Dl_info we own and points `sym` at the
+        // symbol table entry; both point into the loader's data, alive while
+        // the module is loaded.
+        let (defined_here, path) = unsafe {
             let mut info: libc::Dl_info = core::mem::zeroed();
-            if libc::dladdr(f, &mut info) != 0 && !info.dli_fname.is_null() {
+            let found = libc::dladdr1(
+                f,
+                &mut info,
+                (&mut sym as *mut *const ElfSymbol).cast(),
+                RTLD_DL_SYMENT,
+            );
+            let path = if found != 0 && !info.dli_fname.is_null() {
                 core::ffi::CStr::from_ptr(info.dli_fname)
                     .to_string_lossy()
                     .into_owned()
             } else {
                 String::new()
-            }
+            };
+            (
+                found != 0 && !sym.is_null() && (*sym).st_shndx != SHN_UNDEF,
+                path,
+            )
         };
+        if !defined_here {
+            continue;
+        }
         // The main program's name is empty, or what it was started as.
         let same_file = std::fs::canonicalize(&path)
             .map(|p| p.to_string_lossy() == exe)

@@ -807,3 +807,43 @@ fn a_program_with_its_own_allocator_runs_and_is_reported_as_not_traced() {
     let text = leaks_text(&dir.trace(), &[]);
     assert!(text.contains(&warning), "{text}");
 }
+
+/// malloc_address.c, built without PIE: taking the address of malloc makes
+/// the executable export it (an undefined symbol with a PLT stub as its
+/// value), as node and gcc's cc1plus do. dlsym then names the executable,
+/// but its calls reach the agent: no allocator-of-its-own warning (both
+/// used to get one), and the blocks are recorded.
+#[test]
+fn taking_the_address_of_malloc_is_no_allocator_of_its_own() {
+    let dir = TestDir::new("malloc_address");
+    let prog = compile_c_with(
+        &dir,
+        "malloc_address.c",
+        "malloc_address",
+        &["-no-pie", "-fno-pie"],
+    );
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "through pointers\n");
+    assert!(
+        !run.stderr.contains("allocator of its own"),
+        "{}",
+        run.describe()
+    );
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(
+        field(&report, "trace")["allocator_shadowed_by"],
+        json!(null)
+    );
+    let src = "malloc_address.c";
+    assert_records(
+        &report,
+        &[ExpectedRecord {
+            bytes: 40,
+            blocks: 1,
+            allocated_by: "malloc",
+            stack: vec![("main", src, marker_line(src, "ADDRESS-LEAK"))],
+        }],
+    );
+}
