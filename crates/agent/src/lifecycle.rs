@@ -260,10 +260,7 @@ pub fn init() {
         env(ENV_PASS_INVALID).as_deref() == Some("1"),
         Ordering::Relaxed,
     );
-    // SAFETY: constructors run before main, with no other thread reading the environment.
-    unsafe {
-        libc::unsetenv(c"TRAPLINE_ROLE".as_ptr());
-    }
+    remove_from_environment(b"TRAPLINE_ROLE");
     if !follow {
         remove_self_from_preload();
     }
@@ -309,12 +306,67 @@ fn remove_self_from_preload() {
         .split([' ', ':'])
         .filter(|s| !s.is_empty() && !s.contains("libtrapline_agent"))
         .collect();
-    // SAFETY: before main; single-threaded.
+    if rest.is_empty() {
+        remove_from_environment(b"LD_PRELOAD");
+    } else if let Ok(c) = CString::new(format!("LD_PRELOAD={}", rest.join(":"))) {
+        // SAFETY: before main; the entry points at the new string, leaked
+        // (an environment string lives as long as the process).
+        unsafe { edit_environment(b"LD_PRELOAD", Some(c.into_raw())) };
+    }
+}
+
+extern "C" {
+    static mut environ: *mut *mut core::ffi::c_char;
+}
+
+/// Removes `NAME=...` from the process environment.
+fn remove_from_environment(name: &[u8]) {
+    // SAFETY: before main, with no other thread reading the environment.
+    unsafe { edit_environment(name, None) }
+}
+
+/// Replaces the `NAME=...` entries of the process environment with
+/// `replacement`, or removes them, in the array itself. Not with unsetenv
+/// or setenv: the first definition of those may be the program's own, and
+/// bash's, before its main, changed nothing. Then bash, which builds its
+/// children's environments from main's `envp`, passed `TRAPLINE_ROLE=top`
+/// to every command it ran, and each of them wrote over the top process's
+/// trace.
+///
+/// # Safety
+/// No other thread reads or changes the environment meanwhile.
+unsafe fn edit_environment(name: &[u8], replacement: Option<*mut core::ffi::c_char>) {
+    // SAFETY: `environ` is null or a NULL-terminated array of C strings,
+    // which we own alone here (the caller's contract); removing shifts the
+    // later entries down, NULL included.
     unsafe {
-        if rest.is_empty() {
-            libc::unsetenv(c"LD_PRELOAD".as_ptr());
-        } else if let Ok(c) = CString::new(rest.join(":")) {
-            libc::setenv(c"LD_PRELOAD".as_ptr(), c.as_ptr(), 1);
+        let env = environ;
+        if env.is_null() {
+            return;
+        }
+        let mut read = 0;
+        let mut write = 0;
+        loop {
+            let e = *env.add(read);
+            if e.is_null() {
+                *env.add(write) = e;
+                return;
+            }
+            let bytes = core::ffi::CStr::from_ptr(e).to_bytes();
+            let matches =
+                bytes.len() > name.len() && bytes.starts_with(name) && bytes[name.len()] == b'=';
+            match (matches, replacement) {
+                (false, _) => {
+                    *env.add(write) = e;
+                    write += 1;
+                }
+                (true, Some(r)) => {
+                    *env.add(write) = r;
+                    write += 1;
+                }
+                (true, None) => {}
+            }
+            read += 1;
         }
     }
 }

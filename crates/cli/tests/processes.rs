@@ -437,3 +437,44 @@ fn a_program_that_closes_every_descriptor_keeps_its_trace() {
         }],
     );
 }
+
+/// own_env.c: a program with its own setenv and unsetenv (no-ops before its
+/// main, as bash's are) runs itself twice with main's envp. The agent used
+/// to remove `TRAPLINE_ROLE` through those functions: it stayed in envp,
+/// every child ran as the top process and wrote over its trace (a bash
+/// pipeline left the top trace corrupt). Now the parent's trace is its own
+/// and each exec'd child has one of its own, without the role.
+#[test]
+fn a_program_with_its_own_environment_functions_keeps_one_trace_per_process() {
+    let dir = TestDir::new("own_env");
+    let prog = compile_c(&dir, "own_env.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(
+        run.stdout,
+        "child: role none\nchild: role none\nparent done\n"
+    );
+    assert_no_events_lost_in_summary(&run);
+    let src = "own_env.c";
+    let leak = |bytes: u64, marker: &str| ExpectedRecord {
+        bytes,
+        blocks: 1,
+        allocated_by: "malloc",
+        stack: vec![("main", src, marker_line(src, marker))],
+    };
+    let parent = leaks(&dir.trace());
+    assert_complete(&parent);
+    assert_eq!(process_command(&parent), [prog.to_str().unwrap()]);
+    assert_records(&parent, &[leak(11, "PARENT-LEAK")]);
+    let children: Vec<Value> = dir
+        .other_traces()
+        .iter()
+        .map(|p| leaks(p))
+        .filter(|r| process_command(r).get(1).map(String::as_str) == Some("child"))
+        .collect();
+    assert_eq!(children.len(), 2);
+    for child in &children {
+        assert_complete(child);
+        assert_records(child, &[leak(22, "CHILD-LEAK")]);
+    }
+}

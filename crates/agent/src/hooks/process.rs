@@ -109,13 +109,17 @@ fn env_with_agent(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*c
         }
     }
     let add = lifecycle::exec_env_additions(&view);
-    // LD_PRELOAD replaces an existing entry; others are appended.
+    // LD_PRELOAD replaces an existing entry; others are appended. The top
+    // role is never passed on: only `trapline run` gives it (a program may
+    // still hold it in a copy of its environment taken before the agent's
+    // constructor removed it).
     let mut out: Vec<*const c_char> = entries
         .into_iter()
         .zip(view.iter())
         .filter(|(_, v)| {
             !(add.iter().any(|a| a.as_bytes().starts_with(b"LD_PRELOAD="))
                 && v.starts_with(b"LD_PRELOAD="))
+                && !v.starts_with(b"TRAPLINE_ROLE=")
         })
         .map(|(e, _)| e)
         .collect();
