@@ -117,9 +117,9 @@ fn env_with_agent(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*c
         .into_iter()
         .zip(view.iter())
         .filter(|(_, v)| {
-            !(add.iter().any(|a| a.as_bytes().starts_with(b"LD_PRELOAD="))
-                && v.starts_with(b"LD_PRELOAD="))
-                && !v.starts_with(b"TRAPLINE_ROLE=")
+            let replaced = v.starts_with(b"LD_PRELOAD=")
+                && add.iter().any(|a| a.as_bytes().starts_with(b"LD_PRELOAD="));
+            !replaced && !v.starts_with(b"TRAPLINE_ROLE=")
         })
         .map(|(e, _)| e)
         .collect();
