@@ -83,3 +83,59 @@ fn every_trampoline_unwinds_like_a_function_entry() {
         }
     }
 }
+
+/// The exit and variadic exec hooks (naked stubs that spill registers into
+/// 56 bytes of stack and call a collector) carry CFI on every byte: CFA =
+/// rsp + 8 before the spill area is made (and after it is released), rsp +
+/// 64 while it exists, the return address at CFA - 8. Without it gdb's
+/// backtrace from an atexit handler went astray past exit.
+#[test]
+fn the_exit_and_exec_stubs_unwind_into_their_caller() {
+    let data = std::fs::read(agent()).expect("read the agent");
+    let file = object::File::parse(&*data).expect("parse the agent");
+    let section = file.section_by_name(".eh_frame").expect(".eh_frame");
+    let eh_frame = EhFrame::new(section.data().expect(".eh_frame data"), LittleEndian);
+    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut context = UnwindContext::new();
+    for name in ["exit", "execl", "execle", "execlp"] {
+        let symbol = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("the agent exports no {name}"));
+        let start = symbol.address();
+        let fde = eh_frame
+            .fde_for_address(&bases, start, EhFrame::cie_from_offset)
+            .unwrap_or_else(|e| panic!("no unwind entry for {name} at {start:#x}: {e}"));
+        assert_eq!(
+            fde.initial_address(),
+            start,
+            "{name}'s entry starts elsewhere"
+        );
+        let mut offsets = Vec::new();
+        for address in start..start + fde.len() {
+            let row = fde
+                .unwind_info_for_address(&eh_frame, &bases, &mut context, address)
+                .unwrap_or_else(|e| panic!("{name}+{}: {e}", address - start));
+            let CfaRule::RegisterAndOffset { register, offset } = *row.cfa() else {
+                panic!("{name}+{}: CFA is an expression", address - start);
+            };
+            assert_eq!(register, X86_64::RSP, "{name}+{}", address - start);
+            assert_eq!(
+                row.register(X86_64::RA),
+                Some(RegisterRule::Offset(-8)),
+                "{name}+{}",
+                address - start
+            );
+            offsets.push(offset);
+        }
+        assert_eq!(offsets[0], 8, "{name} at entry");
+        assert!(offsets.contains(&64), "{name}: no row with its spill area");
+        assert!(
+            offsets.iter().all(|&o| o == 8 || o == 64),
+            "{name}: CFA offsets {offsets:?}"
+        );
+    }
+}

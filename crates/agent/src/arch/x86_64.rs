@@ -467,8 +467,12 @@ macro_rules! variadic_exec_trampoline {
         #[no_mangle]
         pub unsafe extern "C" fn $name() {
             core::arch::naked_asm!(
+                // CFI on every byte: a debugger's backtrace or a signal's
+                // unwinding from inside continues into the caller.
+                ".cfi_startproc",
                 // On entry rsp = 8 mod 16; 56 bytes keep calls 16-aligned.
                 "sub rsp, 56",
+                ".cfi_adjust_cfa_offset 56",
                 "mov [rsp], rsi",
                 "mov [rsp + 8], rdx",
                 "mov [rsp + 16], rcx",
@@ -479,7 +483,9 @@ macro_rules! variadic_exec_trampoline {
                 "lea rdx, [rsp + 64]",
                 "call {collector}",
                 "add rsp, 56",
+                ".cfi_adjust_cfa_offset -56",
                 "ret",
+                ".cfi_endproc",
                 collector = sym $collector,
             )
         }
@@ -516,8 +522,12 @@ pub const CALLEE_SAVED: usize = 6;
 #[no_mangle]
 pub unsafe extern "C" fn exit() {
     core::arch::naked_asm!(
+        // CFI on every byte, as in the exec trampolines: a backtrace from an
+        // atexit handler or a destructor continues into exit's caller.
+        ".cfi_startproc",
         // On entry rsp = 8 mod 16; 56 bytes keep the call 16-aligned.
         "sub rsp, 56",
+        ".cfi_adjust_cfa_offset 56",
         "mov [rsp], rbx",
         "mov [rsp + 8], rbp",
         "mov [rsp + 16], r12",
@@ -528,6 +538,7 @@ pub unsafe extern "C" fn exit() {
         "lea rdx, [rsp + 64]",
         "call {collector}",
         "ud2",
+        ".cfi_endproc",
         collector = sym crate::hooks::exit::exit_collected,
     )
 }
