@@ -509,10 +509,32 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
     match summary {
         Ok(s) => {
             print_summary(&s);
+            if let (None, Some(signal)) = (s.events_lost, killed_by) {
+                eprintln!("==trapline== {}", unflushed_death(signal));
+            }
             eprintln!("==trapline== see: trapline leaks {}", output.display());
         }
         Err(e) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
     }
+}
+
+/// Why a trace has no end record although the program died of `signal`,
+/// which the agent's handler normally records before it lets the program die.
+fn unflushed_death(signal: i32) -> String {
+    let name = Signal::try_from(signal).map_or("a signal", |s| s.as_str());
+    let why = match Signal::try_from(signal) {
+        Ok(Signal::SIGKILL) => "SIGKILL cannot be caught".to_string(),
+        Ok(Signal::SIGSEGV | Signal::SIGBUS) => {
+            "most likely a stack overflow, which leaves no stack for the agent's handler \
+             (a program without an alternate signal stack)"
+                .to_string()
+        }
+        _ => format!("the program handled {name} itself, or the agent's handler could not run"),
+    };
+    format!(
+        "the program died of signal {signal} ({name}) before the agent could finish the trace: \
+         {why}; what it did since the agent's last flush (at most about 200 ms) is missing"
+    )
 }
 
 /// Trace size from which a summary replay takes long enough (about a second)

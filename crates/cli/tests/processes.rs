@@ -392,6 +392,12 @@ fn sigkill_leaves_a_readable_trace() {
     kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the traced program");
     let run = finish(child, "trapline run");
     assert_eq!(run.code(), 137, "{}", run.describe());
+    assert!(
+        run.stderr
+            .contains("died of signal 9 (SIGKILL) before the agent could finish the trace: SIGKILL cannot be caught"),
+        "{}",
+        run.describe()
+    );
 
     let report = leaks(&dir.trace());
     assert_eq!(
@@ -477,4 +483,26 @@ fn a_program_with_its_own_environment_functions_keeps_one_trace_per_process() {
         assert_complete(child);
         assert_records(child, &[leak(22, "CHILD-LEAK")]);
     }
+}
+
+/// stack_overflow.c: unbounded recursion that allocates in every frame.
+/// The kernel cannot push the agent's signal frame on the exhausted stack,
+/// so the trace ends at the last periodic flush; `trapline run` says why
+/// instead of listing possibilities, and the trace still reads.
+#[test]
+fn a_stack_overflow_is_named_in_the_summary() {
+    let dir = TestDir::new("stack_overflow");
+    let prog = compile_c(&dir, "stack_overflow.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 139, "{}", run.describe());
+    assert!(
+        run.stderr.contains(
+            "died of signal 11 (SIGSEGV) before the agent could finish the trace: most likely a stack overflow"
+        ),
+        "{}",
+        run.describe()
+    );
+    let report = leaks(&dir.trace());
+    assert_eq!(field(&report["trace"], "has_end"), &json!(false));
+    assert!(process_pid(&report) > 0, "{}", pretty(&report));
 }
