@@ -16,6 +16,10 @@
 //! `run` switches only from the program's stack: when it is called again
 //! while the side stack is in use (a fatal signal's handler interrupting that
 //! work ends the trace from there), it runs on the stack it is on.
+//!
+//! A thread without an alternate signal stack of its own gets the side stack
+//! as one (`install_as_altstack`), so that the agent's fatal-signal handler
+//! can finish the trace after a stack overflow.
 
 use crate::arch;
 use core::cell::Cell;
@@ -48,13 +52,41 @@ impl SideStack {
         }
     }
 
-    /// Runs `f` on the side stack (in place if there is none, or if it is in use).
+    /// Whether `sp` lies in the side stack's mapping.
+    fn contains(&self, sp: u64) -> bool {
+        let base = self.base as u64;
+        !self.base.is_null() && sp >= base && sp < base + (SIZE + GUARD) as u64
+    }
+
+    /// Makes the side stack the thread's alternate signal stack, for a
+    /// thread that has none: the agent's fatal-signal handler then runs even
+    /// when the thread's own stack overflowed (the kernel cannot push a
+    /// signal frame on a full stack). `run` called from a handler there runs
+    /// in place. The program's `sigaltstack` calls still see none
+    /// (hooks/signals.rs). Returns whether it was installed.
+    pub fn install_as_altstack(&self) -> bool {
+        if self.base.is_null() {
+            return false;
+        }
+        let ss = libc::stack_t {
+            // SAFETY: inside our mapping, above its guard page.
+            ss_sp: unsafe { self.base.add(GUARD) }.cast(),
+            ss_flags: 0,
+            ss_size: SIZE,
+        };
+        // SAFETY: a valid stack_t describing memory we own for the thread's life.
+        unsafe { crate::sys::sigaltstack(&ss, core::ptr::null_mut()) == 0 }
+    }
+
+    /// Runs `f` on the side stack (in place if there is none, or if this
+    /// thread is on it already: in use, or a signal handler's stack).
     #[inline]
     pub fn run<F: FnOnce() -> R, R>(&self, f: F) -> R {
-        if self.base.is_null() || self.in_use.get() {
+        let sp = arch::stack_pointer();
+        if self.base.is_null() || self.in_use.get() || self.contains(sp) {
             return f();
         }
-        self.outer_sp.set(arch::stack_pointer());
+        self.outer_sp.set(sp);
         self.in_use.set(true);
         // A signal handler on this thread sees `in_use` before the switch.
         compiler_fence(Ordering::SeqCst);
@@ -85,9 +117,8 @@ impl SideStack {
     /// `sp` a signal handler found: the caller's stack pointer when `sp` is
     /// on the side stack.
     pub fn thread_sp(&self, sp: u64) -> u64 {
-        let base = self.base as u64;
         let outer = self.outer_sp.get();
-        if outer != 0 && sp >= base && sp < base + (SIZE + GUARD) as u64 {
+        if outer != 0 && self.contains(sp) {
             outer
         } else {
             sp

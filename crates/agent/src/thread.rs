@@ -64,6 +64,9 @@ pub struct ThreadState {
     /// The set-up that calls C library functions which allocate (the stack
     /// bounds, the exit destructor's key) is done, or under way.
     set_up: bool,
+    /// The thread's alternate signal stack is the agent's side stack (the
+    /// program set none): the program's `sigaltstack` queries see none.
+    pub agent_altstack: bool,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -108,6 +111,17 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     }
     if let Some(b) = state.take_buffer() {
         writer::submit(b, true);
+    }
+    if state.agent_altstack {
+        // The side stack is unmapped with the state: a signal arriving later
+        // in the thread's exit must not be delivered there.
+        let off = libc::stack_t {
+            ss_sp: core::ptr::null_mut(),
+            ss_flags: libc::SS_DISABLE,
+            ss_size: 0,
+        };
+        // SAFETY: disabling this thread's alternate stack, which it is not on.
+        unsafe { sys::sigaltstack(&off, core::ptr::null_mut()) };
     }
 }
 
@@ -190,6 +204,7 @@ fn create(set_up: bool) -> *mut ThreadState {
         lock_sites: None,
         heap_role: crate::totals::ROLE_UNKNOWN,
         set_up: false,
+        agent_altstack: false,
     }));
     // The slot first: every hook the set-up below causes must find this
     // state (guard 1: nested).
@@ -227,6 +242,10 @@ fn finish_set_up(ts: &mut ThreadState) {
     // key's destructor.
     unsafe { libc::pthread_setspecific(key(), p as *const libc::c_void) };
     ts.stack = stack_bounds();
+    // A stack overflow then still ends the trace properly (side_stack.rs).
+    if ts.altstack.hi == 0 {
+        ts.agent_altstack = ts.rules.side().install_as_altstack();
+    }
     ts.guard -= 1;
 }
 

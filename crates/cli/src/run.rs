@@ -525,8 +525,8 @@ fn unflushed_death(signal: i32) -> String {
     let why = match Signal::try_from(signal) {
         Ok(Signal::SIGKILL) => "SIGKILL cannot be caught".to_string(),
         Ok(Signal::SIGSEGV | Signal::SIGBUS) => {
-            "most likely a stack overflow, which leaves no stack for the agent's handler \
-             (a program without an alternate signal stack)"
+            "perhaps a stack overflow on an alternate signal stack of the program's own too \
+             small for the agent's handler, or a handler of the program's that ended it"
                 .to_string()
         }
         _ => format!("the program handled {name} itself, or the agent's handler could not run"),

@@ -219,11 +219,28 @@ pub unsafe extern "C" fn sigaction(
 pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> c_int {
     // SAFETY: the caller's arguments, under sigaltstack's own contract.
     let r = unsafe { crate::sys::sigaltstack(ss, old) };
-    if r == 0 && !ss.is_null() {
-        if let Some(ts) = crate::thread::current_if_any() {
-            // SAFETY: the kernel accepted `ss`, so it was readable.
-            ts.set_altstack(crate::thread::altstack_of(Some(unsafe { &*ss })));
-        }
+    if r != 0 {
+        return r;
+    }
+    let Some(ts) = crate::thread::current_if_any() else {
+        return r;
+    };
+    if ts.agent_altstack && !old.is_null() {
+        // The agent's side stack (side_stack.rs): the program set none.
+        // SAFETY: the kernel just wrote `old`, so it is writable.
+        unsafe {
+            *old = libc::stack_t {
+                ss_sp: core::ptr::null_mut(),
+                ss_flags: libc::SS_DISABLE,
+                ss_size: 0,
+            }
+        };
+    }
+    if !ss.is_null() {
+        // The program's own setting replaces the agent's.
+        ts.agent_altstack = false;
+        // SAFETY: the kernel accepted `ss`, so it was readable.
+        ts.set_altstack(crate::thread::altstack_of(Some(unsafe { &*ss })));
     }
     r
 }
