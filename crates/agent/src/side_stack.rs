@@ -78,6 +78,12 @@ impl SideStack {
         unsafe { crate::sys::sigaltstack(&ss, core::ptr::null_mut()) == 0 }
     }
 
+    /// The range the alternate signal stack covers once installed.
+    pub fn altstack_range(&self) -> (u64, u64) {
+        let lo = self.base as u64 + GUARD as u64;
+        (lo, lo + SIZE as u64)
+    }
+
     /// Runs `f` on the side stack (in place if there is none, or if this
     /// thread is on it already: in use, or a signal handler's stack).
     #[inline]

@@ -243,8 +243,12 @@ fn finish_set_up(ts: &mut ThreadState) {
     unsafe { libc::pthread_setspecific(key(), p as *const libc::c_void) };
     ts.stack = stack_bounds();
     // A stack overflow then still ends the trace properly (side_stack.rs).
-    if ts.altstack.hi == 0 {
-        ts.agent_altstack = ts.rules.side().install_as_altstack();
+    // Handlers of the program's with SA_ONSTACK run there too, and their
+    // captures continue past the signal frame onto this stack (6.4).
+    if ts.altstack.hi == 0 && ts.rules.side().install_as_altstack() {
+        ts.agent_altstack = true;
+        let (lo, hi) = ts.rules.side().altstack_range();
+        ts.altstack = Bounds::range(lo, hi);
     }
     ts.guard -= 1;
 }

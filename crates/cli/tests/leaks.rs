@@ -477,11 +477,23 @@ fn the_frame_a_signal_interrupted_is_named_at_its_own_instruction() {
 /// handler frame, the signal frame, and past it the interrupted code on the
 /// thread's own stack, down to main. (It used to end within the page the
 /// capture started on.)
+/// Built with -DNO_ALTSTACK, the program sets no alternate stack but its
+/// handler asks for SA_ONSTACK: it runs on the side stack the agent gives
+/// such threads (3.6), and the stack is the same.
 #[test]
 fn a_handler_on_an_alternate_signal_stack_is_unwound_into_the_interrupted_code() {
-    let dir = TestDir::new("altstack_handler");
-    let prog = compile_c(&dir, "altstack_handler.c");
-    let run = run(&dir, &[], &prog, &[]);
+    for (name, flags) in [
+        ("altstack_handler", &[][..]),
+        ("altstack_handler_agent_stack", &["-DNO_ALTSTACK"][..]),
+    ] {
+        let dir = TestDir::new(name);
+        let prog = compile_c_with(&dir, "altstack_handler.c", name, flags);
+        check_altstack_handler(&dir, &prog);
+    }
+}
+
+fn check_altstack_handler(dir: &TestDir, prog: &std::path::Path) {
+    let run = run(dir, &[], prog, &[]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.stdout, "altstack done\n");
     let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
