@@ -70,7 +70,11 @@ fn class(layout: Layout) -> Option<usize> {
 
 /// Most agent mappings the registry keeps (slabs plus large blocks: buffers,
 /// tables, stack arenas); past it a mapping is only counted.
-const MAX_MAPPINGS: usize = 16384;
+/// Each thread holds five (two stack captures and their id caches, and the
+/// side stack), so this covers about 13,000 threads; the kernel's default
+/// limit of 65,530 mappings per process stops a program near 8,000 threads
+/// under the agent first (1 MiB of `.bss`, resident only where used).
+const MAX_MAPPINGS: usize = 65536;
 
 /// Every mapping the agent heap holds, so that the reachability scan leaves
 /// the agent's own memory (its tables hold block addresses) out of its roots.

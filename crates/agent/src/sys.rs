@@ -73,6 +73,12 @@ impl Event {
         self.word.fetch_add(1, Ordering::Release);
         futex_wake(&self.word, i32::MAX);
     }
+    /// Wakes one waiter (each waiter rechecks its condition; one that
+    /// arrives later sees the new generation and does not sleep).
+    pub fn notify_one(&self) {
+        self.word.fetch_add(1, Ordering::Release);
+        futex_wake(&self.word, 1);
+    }
 }
 
 /// Takes a 0/1 lock word within about `spins` rounds, yielding the CPU now and then.

@@ -261,7 +261,9 @@ pub fn submit(b: Box<Buffer>, wait: bool) {
             break;
         }
         WORK.notify_all();
-        SPACE.wait(seen, Some(10_000_000));
+        // Woken when a buffer was written, or when the writer stops; the
+        // timeout is only a backstop.
+        SPACE.wait(seen, Some(100_000_000));
     }
     WORK.notify_all();
 }
@@ -355,7 +357,10 @@ pub fn drain(scratch: &mut Vec<u8>) {
         write_one(&b, scratch);
         IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         with_queue(|q| q.free.push(b));
-        SPACE.notify_all();
+        // Room for one buffer: one waiting producer. Waking them all made
+        // every written buffer wake every waiting thread (3,000 threads
+        // ending at once took 16 s instead of 0.2).
+        SPACE.notify_one();
     }
 }
 
@@ -422,6 +427,8 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     RUNNING.store(false, Ordering::Release);
     STOPPED.store(true, Ordering::Release);
     DONE.notify_all();
+    // Producers waiting for room queue their buffers without waiting now.
+    SPACE.notify_all();
     core::ptr::null_mut()
 }
 
