@@ -43,6 +43,7 @@ fn env(name: &str) -> Option<String> {
 
 /// Path of the agent library itself (for re-adding LD_PRELOAD on exec).
 fn own_path() -> String {
+    // SAFETY: Dl_info is plain pointers and integers; all zero is valid.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
     // SAFETY: dladdr fills `info` for an address inside this library.
     if unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) } != 0
