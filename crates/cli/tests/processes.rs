@@ -517,3 +517,60 @@ fn a_stack_overflow_still_ends_the_trace() {
     assert_eq!(bytes, 16 * blocks);
     assert_eq!(unfreed_summary(&report), (bytes, blocks));
 }
+
+/// daemon.c: glibc's daemon() ends the parent with its internal _exit, past
+/// the agent's hook, so the top trace of every traced daemon had no end
+/// record. The agent now provides daemon() itself, through its own fork and
+/// _exit: the parent's trace is whole, and the child writes its own.
+#[test]
+fn a_daemon_and_its_parent_each_leave_a_whole_trace() {
+    let dir = TestDir::new("daemon");
+    let prog = compile_c(&dir, "daemon.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let parent = leaks(&dir.trace());
+    assert_complete(&parent);
+    assert_eq!(process_exit(&parent), &json!({"code": 0}));
+    assert_eq!(records(&parent).len(), 0, "{}", pretty(&parent));
+    // The daemon runs on after trapline returns: wait (bounded) for its trace.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // (Read without asserting: the file may be empty for a moment after
+    // the daemon created it.)
+    let read = |t: &Path| -> Option<Value> {
+        let out = std::process::Command::new(trapline())
+            .args(["leaks", "--kinds", "all", "--format", "json"])
+            .arg(t)
+            .output()
+            .ok()?;
+        serde_json::from_slice::<Value>(&out.stdout).ok()
+    };
+    let child = loop {
+        let whole = dir
+            .other_traces()
+            .iter()
+            .filter_map(|t| read(t))
+            .find(|r| r["trace"]["complete"] == json!(true));
+        if let Some(r) = whole {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon's trace never completed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(process_exit(&child), &json!({"code": 0}));
+    let src = "daemon.c";
+    assert_records(
+        &child,
+        &[ExpectedRecord {
+            bytes: 99,
+            blocks: 1,
+            allocated_by: "malloc",
+            stack: vec![("main", src, marker_line(src, "DAEMON-LEAK"))],
+        }],
+    );
+    let written = std::fs::read_to_string(dir.path().join("daemon.out")).expect("daemon.out");
+    assert_eq!(written, "daemon ran\n");
+}

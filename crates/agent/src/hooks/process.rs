@@ -279,6 +279,49 @@ pub extern "C" fn _Exit(status: c_int) -> ! {
     exit_now(status)
 }
 
+/// daemon(3), as glibc does it, but through the agent's `fork` and `_exit`:
+/// glibc's own calls its internal `_exit` in the parent, past the hook, so
+/// the parent's trace had no end record (the top trace of every traced
+/// daemon).
+#[no_mangle]
+pub extern "C" fn daemon(nochdir: c_int, noclose: c_int) -> c_int {
+    match fork() {
+        -1 => return -1,
+        0 => {}
+        _ => exit_now(0),
+    }
+    // SAFETY: plain system calls on the caller's behalf, as glibc's daemon
+    // makes them; the path is NUL-terminated.
+    unsafe {
+        if libc::setsid() == -1 {
+            return -1;
+        }
+        if nochdir == 0 {
+            // glibc ignores a failed chdir too.
+            let _ = libc::chdir(c"/".as_ptr());
+        }
+        if noclose == 0 {
+            let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if fd == -1 {
+                return -1;
+            }
+            let mut st: libc::stat = core::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 || st.st_mode & libc::S_IFMT != libc::S_IFCHR {
+                libc::close(fd);
+                *libc::__errno_location() = libc::ENODEV;
+                return -1;
+            }
+            libc::dup2(fd, 0);
+            libc::dup2(fd, 1);
+            libc::dup2(fd, 2);
+            if fd > 2 {
+                libc::close(fd);
+            }
+        }
+    }
+    0
+}
+
 /// # Safety
 /// dlopen's contract.
 #[no_mangle]
