@@ -194,7 +194,40 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
             ),
         ));
     }
+    if let Some((sanitizer, runtime)) = sanitizer_runtime(&data) {
+        return Err(fail(
+            EXIT_CANNOT_RUN,
+            format!(
+                "{} is built with {sanitizer} (it loads {runtime}): the sanitizer's runtime has an allocator of its own and must be the first library loaded, so the program cannot run with trapline's agent preloaded (rebuild it without -fsanitize, or use the sanitizer's own reports)",
+                path.display()
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// The sanitizer whose shared runtime the executable loads, if any. Each of
+/// them intercepts malloc and refuses to start unless it comes first in
+/// the library list ("ASan runtime does not come first in initial library
+/// list"): preloaded before it, the agent only got an exit status of 1 and
+/// no trace. Found by the runtime's name among the executable's dynamic
+/// strings, where its DT_NEEDED entry names it.
+fn sanitizer_runtime<'data, R: object::ReadRef<'data>>(data: R) -> Option<(&'static str, String)> {
+    use object::{Object, ObjectSection};
+    const RUNTIMES: [(&str, &str); 4] = [
+        ("AddressSanitizer", "libasan.so"),
+        ("ThreadSanitizer", "libtsan.so"),
+        ("LeakSanitizer", "liblsan.so"),
+        ("HWAddressSanitizer", "libhwasan.so"),
+    ];
+    let file = object::File::parse(data).ok()?;
+    let dynstr = file.section_by_name(".dynstr")?.data().ok()?;
+    RUNTIMES.into_iter().find_map(|(sanitizer, runtime)| {
+        dynstr
+            .split(|&b| b == 0)
+            .find(|name| name.starts_with(runtime.as_bytes()))
+            .map(|name| (sanitizer, String::from_utf8_lossy(name).into_owned()))
+    })
 }
 
 /// An ELF executable without a PT_INTERP program header starts without the

@@ -61,22 +61,42 @@ fn run_output_in_missing_directory() {
 
 #[test]
 fn run_static_binary_is_refused() {
-    let dir = TestDir::new("run_static");
-    let prog = compile_c_with(&dir, "static_hello.c", "static_hello", &["-static"]);
+    assert_refused("static_hello", &["-static"], "is statically linked");
+}
+
+/// A program built with AddressSanitizer (gcc links its runtime as a
+/// shared library) refuses to start unless that runtime comes first: with
+/// the agent preloaded it printed ASan's complaint, exited 1, and trapline
+/// said the agent was not loaded. Now trapline refuses it up front and says
+/// why.
+#[test]
+fn run_sanitizer_built_binary_is_refused() {
+    assert_refused(
+        "asan_hello",
+        &["-fsanitize=address"],
+        "is built with AddressSanitizer (it loads libasan.so.",
+    );
+}
+
+/// static_hello.c built with `flags` as `name`: `trapline run` refuses it
+/// before it runs (exit status 125), with `message` on stderr.
+fn assert_refused(name: &str, flags: &[&str], message: &str) {
+    let dir = TestDir::new(name);
+    let prog = compile_c_with(&dir, "static_hello.c", name, flags);
     let finished = output_of(
         run_command(&dir, &[], &prog, &[]),
-        "trapline run static_hello",
+        &format!("trapline run {name}"),
     );
     no_panic(&finished);
-    assert_ne!(finished.code(), 0, "{}", finished.describe());
+    assert_eq!(finished.code(), 125, "{}", finished.describe());
     assert!(
-        finished.stderr.to_lowercase().contains("statically linked"),
-        "stderr must say the program is statically linked\n{}",
+        finished.stderr.contains(message),
+        "stderr must say \"{message}\"\n{}",
         finished.describe()
     );
     assert!(
         !finished.stdout.contains("static ran"),
-        "the static program must not be run untraced\n{}",
+        "the program must not be run untraced\n{}",
         finished.describe()
     );
 }
