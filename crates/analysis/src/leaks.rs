@@ -498,17 +498,7 @@ pub fn analyze_with<R: Read + Seek>(
         .filter_map(|e| error_record(e, facts, &pass.release_fn, &mut symbolizer))
         .collect();
 
-    let has_end = facts.end.is_some();
-    let trace = TraceStatus {
-        complete: has_end && stopped.is_none(),
-        has_end,
-        has_exit_snapshot,
-        stopped,
-        file_bytes: index.file_len,
-        chunks: index.chunks.len() as u64,
-        events: facts.events,
-        allocator_shadowed_by: facts.allocator_shadowed_by.clone(),
-    };
+    let trace = facts.trace_status(&index, stopped);
     let with_scan = |k: Verdict| scan.as_ref().map(|_| kinds_total[k as usize - 1]);
     Ok(LeaksReport {
         process: facts.process_report(),

@@ -353,7 +353,6 @@ pub fn analyze<R: Read + Seek>(
         .collect();
     folded.sort();
 
-    let has_end = facts.end.is_some();
     Ok(ProfileReport {
         process: facts.process_report(),
         rate_hz,
@@ -368,16 +367,7 @@ pub fn analyze<R: Read + Seek>(
         threads,
         warnings: symbolizer.warnings(),
         events_lost: facts.events_lost(),
-        trace: TraceStatus {
-            complete: has_end && stopped.is_none(),
-            has_end,
-            has_exit_snapshot: facts.has_exit_snapshot(),
-            stopped,
-            file_bytes: index.file_len,
-            chunks: index.chunks.len() as u64,
-            events: facts.events,
-            allocator_shadowed_by: facts.allocator_shadowed_by.clone(),
-        },
+        trace: facts.trace_status(&index, stopped),
         folded,
     })
 }

@@ -332,7 +332,6 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             bytes: calls[f as usize].1,
         })
         .collect();
-    let has_end = facts.end.is_some();
     let events = facts.events;
     Ok(StatsReport {
         process: facts.process_report(),
@@ -368,16 +367,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
                 peak_time: peak.time_ns,
             }
         }),
-        trace: TraceStatus {
-            complete: has_end && stopped.is_none(),
-            has_end,
-            has_exit_snapshot: facts.has_exit_snapshot(),
-            stopped,
-            file_bytes: index.file_len,
-            chunks: index.chunks.len() as u64,
-            events,
-            allocator_shadowed_by: facts.allocator_shadowed_by.clone(),
-        },
+        trace: facts.trace_status(&index, stopped),
     })
 }
 
