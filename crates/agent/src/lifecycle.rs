@@ -479,16 +479,19 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     } else {
         Some(thread::current())
     };
-    match ts.map(|t| t.rules.side_ptr()) {
+    match ts.as_ref().map(|t| t.rules.side_ptr()) {
         // SAFETY: a thread's side stack lives as long as its state, which
         // is freed only when the thread exits, after this call.
-        Some(side) => unsafe { &*side }.run(|| finish_here(exit, ending)),
-        None => finish_here(exit, ending),
+        Some(side) => unsafe { &*side }.run(|| finish_here(exit, ending, ts)),
+        None => finish_here(exit, ending, ts),
     }
 }
 
-fn finish_here(exit: ExitKind, ending: Ending) {
-    crate::profile::stop(ending == Ending::Signal);
+/// `finish` on the side stack; `ts` is the calling thread's state (none in
+/// a fatal signal's handler on a thread that never had one).
+fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut thread::ThreadState>) {
+    let signal = ending == Ending::Signal;
+    crate::profile::stop(signal);
     #[cfg(feature = "capture-timing")]
     crate::unwind::timing::report();
     if ending == Ending::Exit && FREERES.load(Ordering::Relaxed) {
@@ -506,13 +509,7 @@ fn finish_here(exit: ExitKind, ending: Ending) {
     // After the runtimes' last frees: every capture of the run is counted.
     #[cfg(feature = "cache-audit")]
     crate::unwind::audit::report();
-    let signal = ending == Ending::Signal;
     let spins = if signal { 200_000 } else { u32::MAX };
-    let mut ts = if signal {
-        thread::current_if_any()
-    } else {
-        Some(thread::current())
-    };
     if let Some(t) = ts.as_mut() {
         t.guard += 1;
     }

@@ -2,7 +2,7 @@
 //! hooked symbols (what the hooks forward to), locks that can be held across
 //! fork, membarrier, and raw output.
 
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 extern "C" {
     pub fn __libc_malloc(size: usize) -> *mut u8;
@@ -207,6 +207,14 @@ pub unsafe fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> 
     unsafe { libc::syscall(libc::SYS_sigaltstack, ss, old) as libc::c_int }
 }
 
+/// An alternate signal stack setting that disables it (what a query
+/// returns when the thread has none).
+pub const ALTSTACK_DISABLED: libc::stack_t = libc::stack_t {
+    ss_sp: core::ptr::null_mut(),
+    ss_flags: libc::SS_DISABLE,
+    ss_size: 0,
+};
+
 /// The process id, from the kernel (not cached: correct in fork and vfork children).
 pub fn getpid_raw() -> u32 {
     // SAFETY: getpid has no preconditions.
@@ -225,6 +233,18 @@ pub fn next_symbol(name: &core::ffi::CStr) -> usize {
     // SAFETY: dlsym with a NUL-terminated name; may allocate, which the
     // re-entrancy guard of the calling hook (if any) handles.
     unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+}
+
+/// `next_symbol(name)`, looked up once and kept in `slot` (0: not yet).
+/// The hooks resolve their real functions this way, in the constructor while
+/// dlsym is safe, or on first use.
+pub fn cached_next_symbol(slot: &AtomicUsize, name: &core::ffi::CStr) -> usize {
+    let mut f = slot.load(Ordering::Acquire);
+    if f == 0 {
+        f = next_symbol(name);
+        slot.store(f, Ordering::Release);
+    }
+    f
 }
 
 /// Any definition of `name` in the process (RTLD_DEFAULT), or 0.

@@ -115,13 +115,8 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     if state.agent_altstack {
         // The side stack is unmapped with the state: a signal arriving later
         // in the thread's exit must not be delivered there.
-        let off = libc::stack_t {
-            ss_sp: core::ptr::null_mut(),
-            ss_flags: libc::SS_DISABLE,
-            ss_size: 0,
-        };
         // SAFETY: disabling this thread's alternate stack, which it is not on.
-        unsafe { sys::sigaltstack(&off, core::ptr::null_mut()) };
+        unsafe { sys::sigaltstack(&sys::ALTSTACK_DISABLED, core::ptr::null_mut()) };
     }
 }
 

@@ -6,13 +6,13 @@
 
 use crate::arch::CALLEE_SAVED;
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::AtomicUsize;
 
 static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
 
 /// Looks up the real `exit` (from the constructor: dlsym may allocate).
 pub fn resolve() {
-    REAL_EXIT.store(crate::sys::next_symbol(c"exit"), Ordering::Release);
+    crate::sys::cached_next_symbol(&REAL_EXIT, c"exit");
 }
 
 /// Called by the `exit` trampoline with the caller's callee-saved registers
@@ -26,11 +26,7 @@ pub extern "C" fn exit_collected(
         // SAFETY: `regs` points at the trampoline's spill area on this stack.
         crate::scan::note_exit_call(unsafe { &*regs }, caller_sp);
     }
-    let mut f = REAL_EXIT.load(Ordering::Acquire);
-    if f == 0 {
-        f = crate::sys::next_symbol(c"exit");
-        REAL_EXIT.store(f, Ordering::Release);
-    }
+    let f = crate::sys::cached_next_symbol(&REAL_EXIT, c"exit");
     // SAFETY: glibc's exit never returns.
     let real: extern "C" fn(c_int) -> ! = unsafe { core::mem::transmute(f) };
     real(status)

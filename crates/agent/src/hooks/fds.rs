@@ -13,7 +13,7 @@
 //! seen.
 
 use core::ffi::{c_int, c_uint};
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::AtomicUsize;
 
 static REAL_CLOSE: AtomicUsize = AtomicUsize::new(0);
 static REAL_CLOSE_RANGE: AtomicUsize = AtomicUsize::new(0);
@@ -21,14 +21,7 @@ static REAL_CLOSEFROM: AtomicUsize = AtomicUsize::new(0);
 static REAL_DUP2: AtomicUsize = AtomicUsize::new(0);
 static REAL_DUP3: AtomicUsize = AtomicUsize::new(0);
 
-fn real(slot: &AtomicUsize, name: &core::ffi::CStr) -> usize {
-    let mut f = slot.load(Ordering::Acquire);
-    if f == 0 {
-        f = crate::sys::next_symbol(name);
-        slot.store(f, Ordering::Release);
-    }
-    f
-}
+use crate::sys::cached_next_symbol as real;
 
 /// Resolves the real functions (from the constructor, while dlsym is safe).
 pub fn resolve() {
@@ -71,11 +64,24 @@ fn trace_fd() -> Option<c_uint> {
     c_uint::try_from(crate::writer::trace_fd()).ok()
 }
 
+/// Whether `fd` is the trace file's descriptor.
+fn is_trace_fd(fd: c_int) -> bool {
+    fd >= 0 && fd == crate::writer::trace_fd()
+}
+
+/// Before the program's `dup2`/`dup3` onto `new`: the trace file leaves
+/// that number first.
+fn make_room_at(new: c_int) {
+    if is_trace_fd(new) {
+        crate::writer::move_trace_fd();
+    }
+}
+
 /// # Safety
 /// close's contract.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if trace_fd().is_some_and(|t| c_int::try_from(t) == Ok(fd)) {
+    if is_trace_fd(fd) {
         set_errno(libc::EBADF);
         return -1;
     }
@@ -124,9 +130,7 @@ pub unsafe extern "C" fn closefrom(low: c_int) {
 /// dup2's contract.
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if trace_fd().is_some_and(|t| c_int::try_from(t) == Ok(new)) {
-        crate::writer::move_trace_fd();
-    }
+    make_room_at(new);
     match real(&REAL_DUP2, c"dup2") {
         // SAFETY: the system call, as dup2 makes it.
         0 => unsafe { libc::syscall(libc::SYS_dup2, old, new) as c_int },
@@ -141,9 +145,7 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 /// dup3's contract.
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if trace_fd().is_some_and(|t| c_int::try_from(t) == Ok(new)) {
-        crate::writer::move_trace_fd();
-    }
+    make_room_at(new);
     match real(&REAL_DUP3, c"dup3") {
         // SAFETY: the system call, as dup3 makes it.
         0 => unsafe { libc::syscall(libc::SYS_dup3, old, new, flags) as c_int },

@@ -19,14 +19,7 @@ static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
 
-fn real(slot: &AtomicUsize, name: &CStr) -> usize {
-    let mut f = slot.load(Ordering::Acquire);
-    if f == 0 {
-        f = crate::sys::next_symbol(name);
-        slot.store(f, Ordering::Release);
-    }
-    f
-}
+use crate::sys::cached_next_symbol as real;
 
 /// Resolves the real functions (from the constructor, while it is safe to call dlsym).
 pub fn resolve() {

@@ -10,7 +10,7 @@
 //! (profile.rs), it passes unchanged.
 
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::AtomicUsize;
 
 type MaskFn = unsafe extern "C" fn(c_int, *const libc::sigset_t, *mut libc::sigset_t) -> c_int;
 
@@ -18,11 +18,7 @@ static REAL_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
 static REAL_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
 
 fn real(slot: &AtomicUsize, name: &core::ffi::CStr) -> MaskFn {
-    let mut f = slot.load(Ordering::Acquire);
-    if f == 0 {
-        f = crate::sys::next_symbol(name);
-        slot.store(f, Ordering::Release);
-    }
+    let f = crate::sys::cached_next_symbol(slot, name);
     // SAFETY: the C library's function of that name, which has this signature.
     unsafe { core::mem::transmute::<usize, MaskFn>(f) }
 }

@@ -58,11 +58,7 @@ type SigactionFn =
     unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
 
 pub(crate) fn real_sigaction() -> SigactionFn {
-    let mut f = REAL_SIGACTION.load(Ordering::Acquire);
-    if f == 0 {
-        f = crate::sys::next_symbol(c"sigaction");
-        REAL_SIGACTION.store(f, Ordering::Release);
-    }
+    let f = crate::sys::cached_next_symbol(&REAL_SIGACTION, c"sigaction");
     // SAFETY: glibc's sigaction.
     unsafe { core::mem::transmute::<usize, SigactionFn>(f) }
 }
@@ -228,13 +224,7 @@ pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::s
     if ts.agent_altstack && !old.is_null() {
         // The agent's side stack (side_stack.rs): the program set none.
         // SAFETY: the kernel just wrote `old`, so it is writable.
-        unsafe {
-            *old = libc::stack_t {
-                ss_sp: core::ptr::null_mut(),
-                ss_flags: libc::SS_DISABLE,
-                ss_size: 0,
-            }
-        };
+        unsafe { *old = crate::sys::ALTSTACK_DISABLED };
     }
     if !ss.is_null() {
         // The program's own setting replaces the agent's.

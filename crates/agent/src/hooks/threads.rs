@@ -17,11 +17,7 @@ type PthreadCreate = unsafe extern "C" fn(
 static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
 
 fn real_pthread_create() -> PthreadCreate {
-    let mut f = REAL_PTHREAD_CREATE.load(Ordering::Acquire);
-    if f == 0 {
-        f = crate::sys::next_symbol(c"pthread_create");
-        REAL_PTHREAD_CREATE.store(f, Ordering::Release);
-    }
+    let f = crate::sys::cached_next_symbol(&REAL_PTHREAD_CREATE, c"pthread_create");
     // SAFETY: the C library's pthread_create, which has this signature (it
     // always exists: glibc 2.34+ has it in libc itself).
     unsafe { core::mem::transmute::<usize, PthreadCreate>(f) }
