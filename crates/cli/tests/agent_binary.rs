@@ -19,15 +19,6 @@ use object::{Object, ObjectSection, ObjectSymbol};
 /// and the sample's stack ends at the hook.
 #[test]
 fn every_trampoline_unwinds_like_a_function_entry() {
-    let data = std::fs::read(agent()).expect("read the agent");
-    let file = object::File::parse(&*data).expect("parse the agent");
-    let section = file.section_by_name(".eh_frame").expect(".eh_frame");
-    let eh_frame = EhFrame::new(section.data().expect(".eh_frame data"), LittleEndian);
-    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-    if let Some(text) = file.section_by_name(".text") {
-        bases = bases.set_text(text.address());
-    }
-    let mut context = UnwindContext::new();
     let hooks = [
         "malloc",
         "calloc",
@@ -46,40 +37,22 @@ fn every_trampoline_unwinds_like_a_function_entry() {
         "pthread_mutex_lock",
         "pthread_mutex_unlock",
     ];
-    for name in hooks {
-        let symbol = file
-            .dynamic_symbols()
-            .find(|s| s.name() == Ok(name))
-            .unwrap_or_else(|| panic!("the agent exports no {name}"));
-        let start = symbol.address();
-        let fde = eh_frame
-            .fde_for_address(&bases, start, EhFrame::cie_from_offset)
-            .unwrap_or_else(|e| panic!("no unwind entry for {name} at {start:#x}: {e}"));
-        assert_eq!(
-            fde.initial_address(),
-            start,
-            "{name}'s entry starts elsewhere"
+    for (name, rows) in unwind_rows(&hooks) {
+        assert!(
+            rows.len() >= 10,
+            "{name}'s entry covers {} bytes",
+            rows.len()
         );
-        assert!(fde.len() >= 10, "{name}'s entry covers {} bytes", fde.len());
-        for address in start..start + fde.len() {
-            let row = fde
-                .unwind_info_for_address(&eh_frame, &bases, &mut context, address)
-                .unwrap_or_else(|e| panic!("{name}+{}: {e}", address - start));
+        for (at, (cfa, ra)) in rows.iter().enumerate() {
             assert_eq!(
-                row.cfa(),
+                cfa,
                 &CfaRule::RegisterAndOffset {
                     register: X86_64::RSP,
                     offset: 8
                 },
-                "{name}+{}",
-                address - start
+                "{name}+{at}"
             );
-            assert_eq!(
-                row.register(X86_64::RA),
-                Some(RegisterRule::Offset(-8)),
-                "{name}+{}",
-                address - start
-            );
+            assert_eq!(ra, &Some(RegisterRule::Offset(-8)), "{name}+{at}");
         }
     }
 }
@@ -91,44 +64,14 @@ fn every_trampoline_unwinds_like_a_function_entry() {
 /// backtrace from an atexit handler went astray past exit.
 #[test]
 fn the_exit_and_exec_stubs_unwind_into_their_caller() {
-    let data = std::fs::read(agent()).expect("read the agent");
-    let file = object::File::parse(&*data).expect("parse the agent");
-    let section = file.section_by_name(".eh_frame").expect(".eh_frame");
-    let eh_frame = EhFrame::new(section.data().expect(".eh_frame data"), LittleEndian);
-    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-    if let Some(text) = file.section_by_name(".text") {
-        bases = bases.set_text(text.address());
-    }
-    let mut context = UnwindContext::new();
-    for name in ["exit", "execl", "execle", "execlp"] {
-        let symbol = file
-            .dynamic_symbols()
-            .find(|s| s.name() == Ok(name))
-            .unwrap_or_else(|| panic!("the agent exports no {name}"));
-        let start = symbol.address();
-        let fde = eh_frame
-            .fde_for_address(&bases, start, EhFrame::cie_from_offset)
-            .unwrap_or_else(|e| panic!("no unwind entry for {name} at {start:#x}: {e}"));
-        assert_eq!(
-            fde.initial_address(),
-            start,
-            "{name}'s entry starts elsewhere"
-        );
+    for (name, rows) in unwind_rows(&["exit", "execl", "execle", "execlp"]) {
         let mut offsets = Vec::new();
-        for address in start..start + fde.len() {
-            let row = fde
-                .unwind_info_for_address(&eh_frame, &bases, &mut context, address)
-                .unwrap_or_else(|e| panic!("{name}+{}: {e}", address - start));
-            let CfaRule::RegisterAndOffset { register, offset } = *row.cfa() else {
-                panic!("{name}+{}: CFA is an expression", address - start);
+        for (at, (cfa, ra)) in rows.iter().enumerate() {
+            let CfaRule::RegisterAndOffset { register, offset } = *cfa else {
+                panic!("{name}+{at}: CFA is an expression");
             };
-            assert_eq!(register, X86_64::RSP, "{name}+{}", address - start);
-            assert_eq!(
-                row.register(X86_64::RA),
-                Some(RegisterRule::Offset(-8)),
-                "{name}+{}",
-                address - start
-            );
+            assert_eq!(register, X86_64::RSP, "{name}+{at}");
+            assert_eq!(ra, &Some(RegisterRule::Offset(-8)), "{name}+{at}");
             offsets.push(offset);
         }
         assert_eq!(offsets[0], 8, "{name} at entry");
@@ -138,4 +81,48 @@ fn the_exit_and_exec_stubs_unwind_into_their_caller() {
             "{name}: CFA offsets {offsets:?}"
         );
     }
+}
+
+type Row = (CfaRule<usize>, Option<RegisterRule<usize>>);
+
+/// For each exported function of the agent named in `names`: the CFA rule
+/// and the return address's rule at each byte its unwind entry covers,
+/// which must start at the symbol.
+fn unwind_rows<'a>(names: &[&'a str]) -> Vec<(&'a str, Vec<Row>)> {
+    let data = std::fs::read(agent()).expect("read the agent");
+    let file = object::File::parse(&*data).expect("parse the agent");
+    let section = file.section_by_name(".eh_frame").expect(".eh_frame");
+    let eh_frame = EhFrame::new(section.data().expect(".eh_frame data"), LittleEndian);
+    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut context = UnwindContext::new();
+    names
+        .iter()
+        .map(|&name| {
+            let symbol = file
+                .dynamic_symbols()
+                .find(|s| s.name() == Ok(name))
+                .unwrap_or_else(|| panic!("the agent exports no {name}"));
+            let start = symbol.address();
+            let fde = eh_frame
+                .fde_for_address(&bases, start, EhFrame::cie_from_offset)
+                .unwrap_or_else(|e| panic!("no unwind entry for {name} at {start:#x}: {e}"));
+            assert_eq!(
+                fde.initial_address(),
+                start,
+                "{name}'s entry starts elsewhere"
+            );
+            let rows = (start..start + fde.len())
+                .map(|address| {
+                    let row = fde
+                        .unwind_info_for_address(&eh_frame, &bases, &mut context, address)
+                        .unwrap_or_else(|e| panic!("{name}+{}: {e}", address - start));
+                    (row.cfa().clone(), row.register(X86_64::RA))
+                })
+                .collect();
+            (name, rows)
+        })
+        .collect()
 }

@@ -188,20 +188,14 @@ fn three_thousand_threads_ending_together() {
     // in a root makes a few of them possibly lost); every record has the
     // same stack, and together they hold every block.
     let src = "threads3000.c";
-    let (mut bytes, mut blocks) = (0, 0);
-    for record in records(&report) {
-        assert_stack_top(
-            stack_of(record, "stack"),
-            &[
-                ("leak_one", src, marker_line(src, "MANY-LEAK")),
-                ("worker", src, marker_line(src, "CALL-MANY-LEAK")),
-            ],
-            "threads3000",
-        );
-        bytes += as_u64(record, "bytes");
-        blocks += as_u64(record, "blocks");
-    }
-    assert_eq!((bytes, blocks), (3000 * 24, 3000));
+    let totals = records_all_from(
+        &report,
+        &[
+            ("leak_one", src, marker_line(src, "MANY-LEAK")),
+            ("worker", src, marker_line(src, "CALL-MANY-LEAK")),
+        ],
+    );
+    assert_eq!(totals, (3000 * 24, 3000));
     assert_eq!(unfreed_summary(&report), (3000 * 24, 3000));
 }
 

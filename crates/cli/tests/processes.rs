@@ -505,14 +505,10 @@ fn a_stack_overflow_still_ends_the_trace() {
     // One block per frame; stacks deeper than the 64 frames kept are one
     // stack when their innermost 64 agree (a few near the bottom differ).
     let src = "stack_overflow.c";
-    let line = marker_line(src, "OVERFLOW-LEAK");
-    let (mut bytes, mut blocks) = (0, 0);
-    for record in records(&report) {
-        assert_eq!(frame_function(&stack_of(record, "stack")[0]), "deeper");
-        assert_eq!(stack_of(record, "stack")[0]["line"], json!(line));
-        bytes += as_u64(record, "bytes");
-        blocks += as_u64(record, "blocks");
-    }
+    let (bytes, blocks) = records_all_from(
+        &report,
+        &[("deeper", src, marker_line(src, "OVERFLOW-LEAK"))],
+    );
     assert!(blocks > 1000, "{blocks} blocks");
     assert_eq!(bytes, 16 * blocks);
     assert_eq!(unfreed_summary(&report), (bytes, blocks));

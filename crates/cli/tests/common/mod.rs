@@ -648,6 +648,23 @@ pub fn assert_frame(frame: &Value, function: &str, file: &str, line: u64, contex
 
 /// Asserts that `stack[i]` is (function, file, line) for each expected entry,
 /// in order from stack[0], and that none of these frames is inlined.
+/// Every record's stack starts with `expected` (the scan's verdicts, or
+/// stacks that differ only beyond the frames kept, may split one site into
+/// several records); returns their (bytes, blocks) together.
+pub fn records_all_from(report: &Value, expected: &[(&str, &str, u64)]) -> (u64, u64) {
+    let (mut bytes, mut blocks) = (0, 0);
+    for (i, record) in records(report).iter().enumerate() {
+        assert_stack_top(
+            stack_of(record, "stack"),
+            expected,
+            &format!("records[{i}]"),
+        );
+        bytes += as_u64(record, "bytes");
+        blocks += as_u64(record, "blocks");
+    }
+    (bytes, blocks)
+}
+
 pub fn assert_stack_top(stack: &[Value], expected: &[(&str, &str, u64)], context: &str) {
     assert!(
         stack.len() >= expected.len(),
