@@ -13,6 +13,7 @@ mod hooks;
 mod lifecycle;
 mod live;
 mod modules;
+mod next_alloc;
 mod profile;
 mod record;
 mod rules;

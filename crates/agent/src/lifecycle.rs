@@ -269,7 +269,7 @@ pub fn init() {
         output,
         agent_path: own_path(),
     });
-    crate::hooks::alloc::resolve();
+    crate::next_alloc::resolve();
     CXX_FREERES.store(
         sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv"),
         Ordering::Relaxed,

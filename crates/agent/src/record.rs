@@ -6,7 +6,7 @@ use crate::live::{self, Block, Freed};
 use crate::thread::{self, Site, ThreadState, FINISHED};
 use crate::totals;
 use crate::untracked;
-use crate::{clock, stacks, sys, writer};
+use crate::{clock, stacks, writer};
 use core::sync::atomic::{AtomicBool, Ordering};
 use trapline_trace::{AllocFn, ErrorKind, Event};
 
@@ -86,7 +86,7 @@ fn apply_deferred(ts: &mut ThreadState) {
         // Released only now that the table no longer holds it, so another
         // thread cannot be handed this address while it is still listed.
         // SAFETY: a block the program freed from a nested context (it was live).
-        unsafe { sys::__libc_free(addr as *mut u8) };
+        unsafe { crate::next_alloc::free(addr as *mut u8) };
     }
 }
 
@@ -392,11 +392,11 @@ fn realloc_nested(
     // SAFETY: glibc's allocator; `old` is a live block (tracked), so reading
     // its usable size and copying from it is valid.
     unsafe {
-        let p = sys::__libc_malloc(size);
+        let p = crate::next_alloc::malloc(size);
         if p.is_null() {
             return p;
         }
-        let usable = crate::hooks::alloc::malloc_usable_size(old.cast());
+        let usable = crate::next_alloc::usable_size(old);
         core::ptr::copy_nonoverlapping(old, p, usable.min(size));
         untracked::insert(p as u64);
         defer_free(ts, old_addr);

@@ -1,18 +1,7 @@
-//! Thin wrappers over the C library: glibc's allocator entry points below the
-//! hooked symbols (what the hooks forward to), locks that can be held across
+//! Thin wrappers over the C library: symbol lookup, locks that can be held across
 //! fork, membarrier, and raw output.
 
 use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-
-extern "C" {
-    pub fn __libc_malloc(size: usize) -> *mut u8;
-    pub fn __libc_calloc(n: usize, size: usize) -> *mut u8;
-    pub fn __libc_realloc(ptr: *mut u8, size: usize) -> *mut u8;
-    pub fn __libc_free(ptr: *mut u8);
-    pub fn __libc_memalign(align: usize, size: usize) -> *mut u8;
-    pub fn __libc_valloc(size: usize) -> *mut u8;
-    pub fn __libc_pvalloc(size: usize) -> *mut u8;
-}
 
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
     let ts;

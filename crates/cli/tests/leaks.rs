@@ -886,3 +886,56 @@ fn taking_the_address_of_malloc_is_no_allocator_of_its_own() {
         }],
     );
 }
+
+/// next_allocator.c on jemalloc, linked and preloaded after the agent: the
+/// agent passes every call on to jemalloc (jemalloc's own counters see each
+/// allocation function and free), malloc_usable_size is jemalloc's, and a
+/// block from malloc can be released with jemalloc's sdallocx. The old agent
+/// forwarded to glibc: the program ran on another allocator under trapline,
+/// and sdallocx of a glibc block crashed it. sdallocx itself is jemalloc's
+/// own API, not trapped: that block is reported as unfreed (design.md 2.4).
+#[test]
+fn calls_reach_the_programs_own_allocator_library_linked_or_preloaded() {
+    let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    assert!(
+        std::path::Path::new(jemalloc).is_file(),
+        "{jemalloc} is missing: apt-get install libjemalloc-dev (.ci/run does)"
+    );
+    let dir = TestDir::new("next_allocator");
+    let linked = compile_c_with(
+        &dir,
+        "next_allocator.c",
+        "next_allocator_linked",
+        &["-Wl,--no-as-needed", "-ljemalloc"],
+    );
+    let plain = compile_c_with(&dir, "next_allocator.c", "next_allocator", &[]);
+    let src = "next_allocator.c";
+    for (program, preload) in [(&linked, None), (&plain, Some(jemalloc))] {
+        let mut cmd = run_command(&dir, &[], program, &[]);
+        if let Some(lib) = preload {
+            cmd.env("LD_PRELOAD", lib);
+        }
+        let run = output_of(cmd, "trapline run");
+        assert_eq!(run.code(), 0, "{}", run.describe());
+        assert_eq!(run.stdout, "all through jemalloc\n", "{}", run.describe());
+        let report = leaks(&dir.trace());
+        assert_complete(&report);
+        assert_records(
+            &report,
+            &[
+                ExpectedRecord {
+                    bytes: 123,
+                    blocks: 1,
+                    allocated_by: "malloc",
+                    stack: vec![("main", src, marker_line(src, "NEXT-ALLOCATOR-LEAK"))],
+                },
+                ExpectedRecord {
+                    bytes: 48,
+                    blocks: 1,
+                    allocated_by: "malloc",
+                    stack: vec![("main", src, marker_line(src, "SDALLOCX"))],
+                },
+            ],
+        );
+    }
+}

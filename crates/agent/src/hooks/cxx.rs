@@ -5,6 +5,7 @@
 //! call the new-handler and retry, or throw std::bad_alloc.
 
 use crate::arch::{with_caller_regs, StartRegs};
+use crate::next_alloc;
 use crate::record;
 use crate::sys::*;
 use core::ffi::c_void;
@@ -50,13 +51,10 @@ fn new_impl(
     regs: crate::arch::StartRegs,
 ) -> *mut c_void {
     loop {
-        // SAFETY: glibc's allocator, any size and alignment.
-        let p = unsafe {
-            if align == 0 {
-                __libc_malloc(size)
-            } else {
-                __libc_memalign(align, size)
-            }
+        let p = if align == 0 {
+            next_alloc::malloc(size)
+        } else {
+            next_alloc::memalign(align, size)
         };
         if !p.is_null() {
             record::alloc(func, p, size, align, regs);
@@ -72,7 +70,7 @@ fn new_impl(
 fn delete_impl(ptr: *mut c_void, func: AllocFn, regs: crate::arch::StartRegs) {
     if record::free(func, ptr.cast(), regs) {
         // SAFETY: live block (or bad frees passed on by request).
-        unsafe { __libc_free(ptr.cast()) };
+        unsafe { next_alloc::free(ptr.cast()) };
     }
 }
 

@@ -1,0 +1,238 @@
+//! The allocator below the agent: the functions the program's calls would
+//! have reached without it.
+//!
+//! Usually that is glibc's malloc. But a program may bring its own in a
+//! shared library: linked (`-ljemalloc`, `-ltcmalloc`) or preloaded after the
+//! agent (`LD_PRELOAD=libjemalloc.so.2`). The agent comes first in symbol
+//! lookup, so it must pass each call on to that library, not to glibc:
+//! otherwise the program silently runs on another allocator under trapline,
+//! and crashes as soon as it hands one of glibc's blocks to its allocator's
+//! own API (jemalloc's `sdallocx`, tcmalloc's `tc_free`).
+//!
+//! Each function is the next definition after the agent (`dlsym(RTLD_NEXT)`),
+//! looked up independently, exactly as the dynamic loader would have bound the
+//! program's own call. They are resolved together on the first call of any
+//! allocation hook (which may come before the agent's constructor: other
+//! libraries' initializers allocate), and the pointers never change after
+//! that. A name with no definition at all falls back to an equivalent call
+//! on the same allocator (`valloc` as `memalign` of a page, ...).
+//!
+//! dlsym does not allocate when it succeeds, but it frees an earlier failure's
+//! error message if the program never read it; a hook entered while the
+//! lookup runs uses glibc's own entry points (`__libc_*`), as does everything
+//! before the lookup can run.
+
+use core::ffi::CStr;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+extern "C" {
+    fn __libc_malloc(size: usize) -> *mut u8;
+    fn __libc_calloc(n: usize, size: usize) -> *mut u8;
+    fn __libc_realloc(ptr: *mut u8, size: usize) -> *mut u8;
+    fn __libc_free(ptr: *mut u8);
+    fn __libc_memalign(align: usize, size: usize) -> *mut u8;
+}
+
+const MALLOC: usize = 0;
+const CALLOC: usize = 1;
+const REALLOC: usize = 2;
+const FREE: usize = 3;
+const MEMALIGN: usize = 4;
+const ALIGNED_ALLOC: usize = 5;
+const POSIX_MEMALIGN: usize = 6;
+const VALLOC: usize = 7;
+const PVALLOC: usize = 8;
+const USABLE_SIZE: usize = 9;
+
+const NAMES: [&CStr; 10] = [
+    c"malloc",
+    c"calloc",
+    c"realloc",
+    c"free",
+    c"memalign",
+    c"aligned_alloc",
+    c"posix_memalign",
+    c"valloc",
+    c"pvalloc",
+    c"malloc_usable_size",
+];
+
+/// The resolved functions; 0 before the lookup, or where no definition exists.
+static NEXT: [AtomicUsize; 10] = [const { AtomicUsize::new(0) }; 10];
+
+const PAGE: usize = 4096;
+
+/// Looks the functions up. Called by the first allocation hook, and by the
+/// constructor. Threads that find nothing resolved yet all look up (the
+/// answers are the same); a call re-entered on the thread that is looking up
+/// (a free inside dlsym) gets 0 and uses glibc's entry point.
+#[cold]
+#[inline(never)]
+pub fn resolve() {
+    let me = crate::sys::gettid() as usize;
+    let claimed = RESOLVER
+        .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        .is_ok();
+    if !claimed && RESOLVER.load(Ordering::Relaxed) == me {
+        return;
+    }
+    for (next, name) in NEXT.iter().zip(NAMES) {
+        let f = crate::sys::next_symbol(name);
+        next.store(f, Ordering::Relaxed);
+    }
+    RESOLVED.store(true, Ordering::Release);
+    if claimed {
+        RESOLVER.store(0, Ordering::Release);
+    }
+}
+
+/// The thread inside `resolve` that claimed it, or 0.
+static RESOLVER: AtomicUsize = AtomicUsize::new(0);
+static RESOLVED: AtomicBool = AtomicBool::new(false);
+
+/// The next definition of function `i`, or 0 when there is none (or while
+/// this thread is looking it up).
+#[inline(always)]
+fn next(i: usize) -> usize {
+    let f = NEXT[i].load(Ordering::Relaxed);
+    if f != 0 {
+        return f;
+    }
+    next_slow(i)
+}
+
+#[cold]
+#[inline(never)]
+fn next_slow(i: usize) -> usize {
+    if !RESOLVED.load(Ordering::Acquire) {
+        resolve();
+    }
+    NEXT[i].load(Ordering::Relaxed)
+}
+
+/// Calls function pointer `f` (nonzero) with the C signature given.
+macro_rules! call {
+    ($f:expr, fn($($t:ty),*) -> $r:ty, $($a:expr),*) => {{
+        // SAFETY: `f` is the definition the dynamic loader would have bound
+        // the program's call to, with the C signature of the function it is
+        // named for.
+        let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { core::mem::transmute($f) };
+        // SAFETY: the caller's arguments passed through unchanged.
+        unsafe { f($($a),*) }
+    }};
+}
+
+#[inline(always)]
+pub fn malloc(size: usize) -> *mut u8 {
+    let f = next(MALLOC);
+    if f == 0 {
+        // SAFETY: glibc's malloc, any size.
+        return unsafe { __libc_malloc(size) };
+    }
+    call!(f, fn(usize) -> *mut u8, size)
+}
+
+#[inline(always)]
+pub fn calloc(n: usize, size: usize) -> *mut u8 {
+    let f = next(CALLOC);
+    if f == 0 {
+        // SAFETY: glibc's calloc checks n*size for overflow.
+        return unsafe { __libc_calloc(n, size) };
+    }
+    call!(f, fn(usize, usize) -> *mut u8, n, size)
+}
+
+/// # Safety
+/// `ptr` is NULL or a live block of this allocator.
+#[inline(always)]
+pub unsafe fn realloc(ptr: *mut u8, size: usize) -> *mut u8 {
+    let f = next(REALLOC);
+    if f == 0 {
+        // SAFETY: as the caller promises.
+        return unsafe { __libc_realloc(ptr, size) };
+    }
+    call!(f, fn(*mut u8, usize) -> *mut u8, ptr, size)
+}
+
+/// # Safety
+/// `ptr` is NULL or a live block of this allocator.
+#[inline(always)]
+pub unsafe fn free(ptr: *mut u8) {
+    let f = next(FREE);
+    if f == 0 {
+        // SAFETY: as the caller promises.
+        return unsafe { __libc_free(ptr) };
+    }
+    call!(f, fn(*mut u8) -> (), ptr)
+}
+
+#[inline(always)]
+pub fn memalign(align: usize, size: usize) -> *mut u8 {
+    let f = next(MEMALIGN);
+    if f == 0 {
+        // SAFETY: glibc's memalign takes any alignment and size.
+        return unsafe { __libc_memalign(align, size) };
+    }
+    call!(f, fn(usize, usize) -> *mut u8, align, size)
+}
+
+pub fn aligned_alloc(align: usize, size: usize) -> *mut u8 {
+    let f = next(ALIGNED_ALLOC);
+    if f == 0 {
+        return memalign(align, size);
+    }
+    call!(f, fn(usize, usize) -> *mut u8, align, size)
+}
+
+/// posix_memalign's return code, and the block (NULL on failure).
+pub fn posix_memalign(align: usize, size: usize) -> (i32, *mut u8) {
+    let f = next(POSIX_MEMALIGN);
+    if f == 0 {
+        if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<usize>()) {
+            return (libc::EINVAL, core::ptr::null_mut());
+        }
+        let p = memalign(align, size);
+        return (if p.is_null() { libc::ENOMEM } else { 0 }, p);
+    }
+    let mut out: *mut u8 = core::ptr::null_mut();
+    let out_ptr: *mut *mut u8 = &mut out;
+    let rc = call!(
+        f,
+        fn(*mut *mut u8, usize, usize) -> i32,
+        out_ptr,
+        align,
+        size
+    );
+    (rc, if rc == 0 { out } else { core::ptr::null_mut() })
+}
+
+pub fn valloc(size: usize) -> *mut u8 {
+    let f = next(VALLOC);
+    if f == 0 {
+        return memalign(PAGE, size);
+    }
+    call!(f, fn(usize) -> *mut u8, size)
+}
+
+pub fn pvalloc(size: usize) -> *mut u8 {
+    let f = next(PVALLOC);
+    if f == 0 {
+        return memalign(PAGE, pvalloc_size(size));
+    }
+    call!(f, fn(usize) -> *mut u8, size)
+}
+
+/// The size pvalloc hands out: whole pages, at least one.
+pub fn pvalloc_size(size: usize) -> usize {
+    (size.saturating_add(PAGE - 1) & !(PAGE - 1)).max(PAGE)
+}
+
+/// # Safety
+/// `ptr` is NULL or a live block of this allocator.
+pub unsafe fn usable_size(ptr: *mut u8) -> usize {
+    let f = next(USABLE_SIZE);
+    if f == 0 {
+        return 0;
+    }
+    call!(f, fn(*mut u8) -> usize, ptr)
+}
