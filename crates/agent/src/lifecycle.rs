@@ -628,6 +628,14 @@ pub fn resume_after_failed_exec() {
 }
 
 extern "C" fn fork_prepare() {
+    // The forking thread's guard stays raised until the parent or child
+    // handler: prepare handlers registered before the agent's (by a library
+    // initialized before its constructor, as jemalloc is when the first
+    // malloc comes from another library's initializer) run after this one,
+    // while it holds every lock below. Their mutexes and allocations must
+    // pass through the hooks as nested calls, or they wait for these locks
+    // forever. Taken first: creating the thread's state takes the registry.
+    thread::current_without_allocating().guard += 1;
     crate::profile::fork_prepare();
     crate::threads::lock();
     thread::lock_all();
@@ -646,9 +654,27 @@ extern "C" fn fork_parent() {
     thread::unlock_all();
     crate::threads::unlock();
     crate::profile::fork_parent();
+    end_fork_window();
 }
 
 extern "C" fn fork_child() {
+    fork_child_restart();
+    end_fork_window();
+}
+
+/// Lowers the guard `fork_prepare` raised; releases the blocks that other
+/// handlers freed meanwhile (`record::leave`).
+fn end_fork_window() {
+    if let Some(ts) = thread::current_if_any() {
+        if ts.guard == 1 {
+            crate::record::leave(ts);
+        } else {
+            ts.guard -= 1;
+        }
+    }
+}
+
+fn fork_child_restart() {
     crate::AGENT_HEAP.reset_lock();
     crate::scan::reset_in_child();
     writer::reset_in_child();

@@ -570,3 +570,58 @@ fn a_daemon_and_its_parent_each_leave_a_whole_trace() {
     let written = std::fs::read_to_string(dir.path().join("daemon.out")).expect("daemon.out");
     assert_eq!(written, "daemon ran\n");
 }
+
+/// atfork_early.c: a library linked to the program registers fork handlers
+/// from its constructor, before the agent's constructor registers its own
+/// (jemalloc does so from its first malloc). Its prepare handler then runs
+/// after the agent's, while the agent holds every lock, and locks a mutex,
+/// frees a tracked block and allocates. The old agent recorded those calls
+/// and waited for its own locks forever (a bash script under
+/// LD_PRELOAD=libjemalloc.so.2 hung at its first command substitution).
+/// Both forks finish, and every trace is whole with its exact leak.
+#[test]
+fn fork_handlers_registered_before_the_agents_run_while_it_forks() {
+    let dir = TestDir::new("atfork_early");
+    let lib = compile_c_with(
+        &dir,
+        "atfork_early_lib.c",
+        "libatfork_early_lib.so",
+        &["-fPIC", "-shared", "-pthread"],
+    );
+    let lib_dir = lib.parent().expect("bin directory").display().to_string();
+    let prog = compile_c_with(
+        &dir,
+        "atfork_early.c",
+        "atfork_early",
+        &[
+            "-pthread",
+            "-Wl,--no-as-needed",
+            &lib.display().to_string(),
+            &format!("-Wl,-rpath,{lib_dir}"),
+        ],
+    );
+    // Bounded: the old agent never returned.
+    let run = run(&dir, &["--timeout", "60"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "cc\nprepared 2 times\n");
+    assert_no_events_lost_in_summary(&run);
+    let parent = leaks(&dir.trace());
+    assert_complete(&parent);
+    assert_eq!(records(&parent).len(), 0, "{}", pretty(&parent));
+    let src = "atfork_early.c";
+    let mut child_bytes: Vec<u64> = dir
+        .other_traces()
+        .iter()
+        .map(|t| {
+            let child = leaks(t);
+            assert_complete(&child);
+            let (bytes, blocks) =
+                records_all_from(&child, &[("main", src, marker_line(src, "CHILD-LEAK"))]);
+            assert_eq!(blocks, 1, "{}", pretty(&child));
+            assert_eq!(unfreed_summary(&child), (bytes, 1));
+            bytes
+        })
+        .collect();
+    child_bytes.sort();
+    assert_eq!(child_bytes, [200, 201]);
+}
