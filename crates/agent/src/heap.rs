@@ -14,6 +14,7 @@
 use crate::sys::SpinLock;
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 const MIN_SHIFT: u32 = 4; // 16 bytes
                           // Above a page, blocks are mapped and unmapped on their own, so memory of
@@ -70,10 +71,11 @@ fn class(layout: Layout) -> Option<usize> {
 
 /// Most agent mappings the registry keeps (slabs plus large blocks: buffers,
 /// tables, stack arenas); past it a mapping is only counted.
-/// Each thread holds five (two stack captures and their id caches, and the
-/// side stack), so this covers about 13,000 threads; the kernel's default
-/// limit of 65,530 mappings per process stops a program near 8,000 threads
-/// under the agent first (1 MiB of `.bss`, resident only where used).
+/// A thread holds about 2.7 mappings of the agent's (neighbouring mappings
+/// merge in the kernel, not here: five registry entries), so this covers
+/// about 13,000 threads; the kernel's default limit of 65,530 mappings per
+/// process stops a program near 14,600 threads under the agent (design.md
+/// 13.1). 1 MiB of `.bss`, resident only where used.
 const MAX_MAPPINGS: usize = 65536;
 
 /// Every mapping the agent heap holds, so that the reachability scan leaves
@@ -153,15 +155,37 @@ pub fn mapping_count() -> usize {
 }
 
 /// Maps `len` bytes of zeroed memory for the agent (recorded in the
-/// registry, so the reachability scan never reads it as a root).
+/// registry, so the reachability scan never reads it as a root). When the
+/// process has no mapping left (the kernel's `vm.max_map_count`, reached by
+/// a program with very many threads), the memory comes from the reserve.
 pub fn map(len: usize) -> *mut u8 {
+    let p = map_own(len);
+    if p.is_null() {
+        reserve_take(len)
+    } else {
+        p
+    }
+}
+
+/// A mapping of its own, or null: for memory whose protection changes (a
+/// guard page would split the reserve's mapping).
+pub fn map_own(len: usize) -> *mut u8 {
+    let p = mmap_anonymous(len, 0);
+    if !p.is_null() {
+        register(p as usize, len);
+    }
+    p
+}
+
+/// A private anonymous read-write mapping of `len` bytes, or null.
+fn mmap_anonymous(len: usize, extra_flags: i32) -> *mut u8 {
     // SAFETY: an anonymous private mapping has no preconditions.
     let p = unsafe {
         libc::mmap(
             core::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
             -1,
             0,
         )
@@ -169,16 +193,66 @@ pub fn map(len: usize) -> *mut u8 {
     if p == libc::MAP_FAILED {
         core::ptr::null_mut()
     } else {
-        register(p as usize, len);
         p.cast()
     }
 }
 
-/// Unmaps a mapping made by `map`.
+/// Unmaps a mapping made by `map` (or gives back its pages, if it came from
+/// the reserve).
 pub fn unmap(p: *mut u8, len: usize) {
+    if in_reserve(p) {
+        // SAFETY: our own reserve pages, no longer used: dropped, not unmapped
+        // (unmapping part of the reserve would need a mapping more).
+        unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
+        return;
+    }
     unregister(p as usize);
     // SAFETY: a mapping from `map` with this length, no longer used.
     unsafe { libc::munmap(p.cast(), len) };
+}
+
+/// Address space set aside when the agent starts, one mapping that costs
+/// nothing until used (MAP_NORESERVE): the agent's memory once the process
+/// can make no more mappings. Without it the agent's next allocation failed
+/// there and Rust's allocation-failure handler aborted the program, which
+/// natively would only have seen `pthread_create` fail. Pages are handed out
+/// once (freed ones are dropped, not reused): it is an emergency supply.
+const RESERVE_LEN: usize = 64 << 20;
+static RESERVE_START: AtomicUsize = AtomicUsize::new(0);
+static RESERVE_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the reserve aside (the constructor; once per process: fork children
+/// inherit it).
+pub fn set_aside_reserve() {
+    if RESERVE_START.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let p = mmap_anonymous(RESERVE_LEN, libc::MAP_NORESERVE);
+    if !p.is_null() {
+        register(p as usize, RESERVE_LEN);
+        RESERVE_NEXT.store(p as usize, Ordering::Relaxed);
+        RESERVE_START.store(p as usize, Ordering::Release);
+    }
+}
+
+fn in_reserve(p: *mut u8) -> bool {
+    let start = RESERVE_START.load(Ordering::Acquire);
+    start != 0 && (p as usize).wrapping_sub(start) < RESERVE_LEN
+}
+
+fn reserve_take(len: usize) -> *mut u8 {
+    let start = RESERVE_START.load(Ordering::Acquire);
+    if start == 0 {
+        return core::ptr::null_mut();
+    }
+    let len = (len + PAGE - 1) & !(PAGE - 1);
+    let taken = RESERVE_NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+        (next + len <= start + RESERVE_LEN).then_some(next + len)
+    });
+    match taken {
+        Ok(p) => p as *mut u8,
+        Err(_) => core::ptr::null_mut(),
+    }
 }
 
 fn large_len(layout: Layout) -> usize {
@@ -230,9 +304,7 @@ unsafe impl GlobalAlloc for AgentHeap {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let Some(c) = class(layout) else {
-            unregister(ptr as usize);
-            // SAFETY: a block from `map` with this length.
-            unsafe { libc::munmap(ptr.cast(), large_len(layout)) };
+            unmap(ptr, large_len(layout));
             return;
         };
         self.lock.lock();

@@ -237,6 +237,7 @@ pub fn init() {
     if INITIALIZED.swap(true, Ordering::AcqRel) {
         return;
     }
+    crate::heap::set_aside_reserve();
     let ts = thread::current();
     ts.guard += 1;
     sys::membarrier_register();

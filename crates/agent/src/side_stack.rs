@@ -40,10 +40,13 @@ pub struct SideStack {
 impl SideStack {
     /// Maps a side stack (without one, `run` runs in place).
     pub fn new() -> SideStack {
-        let base = crate::heap::map(SIZE + GUARD);
-        if !base.is_null() {
-            // SAFETY: the first page of our own fresh mapping.
-            unsafe { libc::mprotect(base.cast(), GUARD, libc::PROT_NONE) };
+        let mut base = crate::heap::map_own(SIZE + GUARD);
+        // SAFETY: the first page of our own fresh mapping.
+        if !base.is_null() && unsafe { libc::mprotect(base.cast(), GUARD, libc::PROT_NONE) } != 0 {
+            // No guard page (the split needs a mapping more, and the process
+            // has none left): no side stack rather than one without a guard.
+            crate::heap::unmap(base, SIZE + GUARD);
+            base = core::ptr::null_mut();
         }
         SideStack {
             base,

@@ -199,6 +199,33 @@ fn three_thousand_threads_ending_together() {
     assert_eq!(unfreed_summary(&report), (3000 * 24, 3000));
 }
 
+/// mapping_limit.c: the program uses up the process's memory mappings, then
+/// starts a thread with room for its stack only. The agent's allocations for
+/// that thread then come from the reserve it set aside at start (heap.rs),
+/// and the thread runs without a side stack; the old agent's allocation
+/// failed and Rust's handler aborted the program (exit 134).
+#[test]
+fn a_program_out_of_memory_mappings_runs_as_natively() {
+    let dir = TestDir::new("mapping_limit");
+    let prog = compile_c(&dir, "mapping_limit.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "thread ran: 1 block\n");
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let src = "mapping_limit.c";
+    assert_records(
+        &report,
+        &[ExpectedRecord {
+            bytes: 40,
+            blocks: 1,
+            allocated_by: "malloc",
+            stack: vec![("worker", src, marker_line(src, "MAPPED-OUT-LEAK"))],
+        }],
+    );
+}
+
 /// threads64.c again, with a library preloaded beside the agent that takes
 /// pthread keys 0..39 first (many_keys_lib.c): the agent's key is then above
 /// 31, and glibc's first `pthread_setspecific` in every thread calls
