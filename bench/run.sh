@@ -2,12 +2,15 @@
 # Side-by-side benchmarks: native vs trapline vs heaptrack (and valgrind for
 # the record). See bench/README.md for what each one measures.
 #
-#   bench/run.sh [micro|cc1|memory|locks|scan|profile|all]     (default: all; scan: bench/scan.sh, profile: bench/profile.sh)
+#   bench/run.sh [micro|threads|cc1|memory|locks|scan|profile|all]     (default: all; scan: bench/scan.sh, profile: bench/profile.sh)
 #
 # Knobs (environment):
 #   MICRO_N=5000000        malloc+free pairs per micro run
 #   MICRO_REPS=5           repetitions per tool for micro
 #   VALGRIND_N=1000000     pairs for the single valgrind memcheck run (0: skip)
+#   THREADS_N=10000000     malloc+free pairs per threads run, split over the threads
+#   THREADS_COUNTS="1 2 4 8"  thread counts for the threads benchmark
+#   THREADS_REPS=3         repetitions per tool and thread count
 #   CC1_REPS=3             repetitions per tool for cc1 (sqlite3.c is ~40 s native)
 #   CC1_HEAPTRACK_REPS=1   heaptrack repetitions for cc1 (it is slow; 0: skip)
 #   CC1_NO_RELEASE_STACKS=1  also run cc1 under `trapline run --no-release-stacks` (0: skip)
@@ -37,6 +40,9 @@ OUT=$WORK/out
 
 MICRO_N=${MICRO_N:-5000000}
 MICRO_REPS=${MICRO_REPS:-5}
+THREADS_N=${THREADS_N:-10000000}
+THREADS_COUNTS=${THREADS_COUNTS:-"1 2 4 8"}
+THREADS_REPS=${THREADS_REPS:-3}
 VALGRIND_N=${VALGRIND_N:-1000000}
 CC1_REPS=${CC1_REPS:-3}
 CC1_HEAPTRACK_REPS=${CC1_HEAPTRACK_REPS:-1}
@@ -51,13 +57,13 @@ AGENT=${TRAPLINE_AGENT:-$(dirname "$TRAPLINE")/libtrapline_agent.so}
 WHAT=${1:-all}
 [[ $WHAT == locks ]] && exec "$BENCH_DIR/locks.sh" # lock benchmarks (bench/locks.sh)
 case $WHAT in
-    micro | cc1 | memory | scan | profile | all) ;;
+    micro | threads | cc1 | memory | scan | profile | all) ;;
     -h | --help)
         sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
-        echo "usage: $0 [micro|cc1|memory|scan|profile|all]" >&2
+        echo "usage: $0 [micro|threads|cc1|memory|scan|profile|all]" >&2
         exit 2
         ;;
 esac
@@ -152,6 +158,7 @@ build() {
     local cflags=(-O2 -fomit-frame-pointer -g)
     gcc "${cflags[@]}" -o "$BIN/depth" "$BENCH_DIR/src/depth.c"
     gcc "${cflags[@]}" -o "$BIN/live" "$BENCH_DIR/src/live.c"
+    gcc "${cflags[@]}" -pthread -o "$BIN/threads_pairs" "$BENCH_DIR/src/threads_pairs.c"
 }
 
 # Is trapline able to record? Sets TRAPLINE_OK=1 or explains why not.
@@ -409,6 +416,51 @@ bench_micro() {
     echo
     echo "Target: trapline adds at most 60 ns per pair."
     ((TRAPLINE_OK)) || echo "trapline column pending: $TRAPLINE_WHY"
+}
+
+# ---------------------------------------------------------------- threads
+
+# Seconds the threads' work took, as printed by threads_pairs ("loop_s=X").
+loop_s() { sed -n 's/.*loop_s=\([0-9.]*\).*/\1/p' "$1"; }
+
+bench_threads() {
+    log "threads: $THREADS_REPS reps x N=$THREADS_N pairs in $THREADS_COUNTS threads"
+    local -a tools=(native heaptrack)
+    ((TRAPLINE_OK)) && tools=(native trapline heaptrack)
+    declare -A loops
+    local r tool t
+    for ((r = 1; r <= THREADS_REPS; r++)); do
+        for t in $THREADS_COUNTS; do
+            for tool in "${tools[@]}"; do
+                run_tool "$tool" "threads-$tool-$t-$r" "$BIN/threads_pairs" "$THREADS_N" "$t"
+                ((RUN_RC == 0)) && loops[$tool-$t]+="$(loop_s "$RUN_STDOUT") "
+                log "threads rep $r T=$t $tool: loop $(loop_s "$RUN_STDOUT") s"
+            done
+        done
+    done
+    echo
+    echo "### Threads: malloc+free pairs in T threads at once"
+    echo
+    echo "N = $THREADS_N pairs split over the threads (each keeps 64 blocks live,"
+    echo "sizes 16..271 B), $THREADS_REPS repetitions, medians of the time the"
+    echo "threads' work took (timed inside the program). On a machine with fewer"
+    echo "cores than threads the threads share them."
+    echo
+    echo "| threads | native s | trapline s | trapline ratio | ns added/pair | heaptrack s | heaptrack ratio |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|"
+    for t in $THREADS_COUNTS; do
+        local nat tl ht
+        # shellcheck disable=SC2086
+        nat=$(median ${loops[native-$t]:-})
+        # shellcheck disable=SC2086
+        tl=$(median ${loops[trapline-$t]:-})
+        # shellcheck disable=SC2086
+        ht=$(median ${loops[heaptrack-$t]:-})
+        printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$t" "$(fmt %.3f "$nat")" \
+            "$(fmt %.3f "$tl")" "$(fmt %.2fx "$(calc "$tl / $nat")")" \
+            "$(fmt %.1f "$(calc "($tl - $nat) * 1e9 / $THREADS_N")")" \
+            "$(fmt %.3f "$ht")" "$(fmt %.2fx "$(calc "$ht / $nat")")"
+    done
 }
 
 # ---------------------------------------------------------------- cc1
@@ -680,12 +732,14 @@ echo
 echo "Tools: $(heaptrack_version); $(valgrind --version 2>/dev/null || echo 'valgrind ?'); $(gcc --version | sed -n 1p)"
 case $WHAT in
     micro) bench_micro ;;
+    threads) bench_threads ;;
     cc1) bench_cc1 ;;
     memory) bench_memory ;;
     scan) NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/scan.sh" ;;
     profile) fetch_sqlite && SQLITE_C=$SQLITE_C NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/profile.sh" ;;
     all)
         bench_micro
+        bench_threads
         bench_memory
         bench_cc1
         NO_BUILD=1 "$BENCH_DIR/locks.sh"
