@@ -86,11 +86,13 @@ fn header_buffer() -> Box<Buffer> {
     b.push_event(&ev, None);
     let no_release_stacks = !record::RELEASE_STACKS.load(Ordering::Relaxed);
     let allocator_shadowed_by = shadowing_allocator(&exe);
-    if no_release_stacks || allocator_shadowed_by.is_some() {
+    let allocator_library = crate::next_alloc::library();
+    if no_release_stacks || allocator_shadowed_by.is_some() || allocator_library.is_some() {
         b.push_event(
             &Event::Recording {
                 no_release_stacks,
                 allocator_shadowed_by,
+                allocator_library,
             },
             None,
         );

@@ -236,3 +236,35 @@ pub unsafe fn usable_size(ptr: *mut u8) -> usize {
     }
     call!(f, fn(*mut u8) -> usize, ptr)
 }
+
+/// The path of the shared library whose `malloc` the calls go to, when it is
+/// not the C library's (told apart by the module that holds
+/// `gnu_get_libc_version`, which only glibc defines). For the trace: blocks
+/// that library releases through its own functions are not seen.
+pub fn library() -> Option<String> {
+    let malloc = next(MALLOC);
+    let glibc = crate::sys::any_symbol(c"gnu_get_libc_version");
+    let module_of = |addr: usize| -> Option<(usize, String)> {
+        // SAFETY: Dl_info is plain data (pointers and integers): all zeroes is valid.
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        // SAFETY: dladdr fills the Dl_info we own; names it points at belong
+        // to loaded modules and are copied before anything can unload them.
+        if addr == 0 || unsafe { libc::dladdr(addr as *const libc::c_void, &mut info) } == 0 {
+            return None;
+        }
+        let name = if info.dli_fname.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a NUL-terminated path owned by the loader.
+            unsafe { CStr::from_ptr(info.dli_fname) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        Some((info.dli_fbase as usize, name))
+    };
+    let (base, path) = module_of(malloc)?;
+    match module_of(glibc) {
+        Some((glibc_base, _)) if glibc_base == base => None,
+        _ => Some(path),
+    }
+}

@@ -105,6 +105,11 @@ pub struct TraceStatus {
     /// (an allocator of its own in the executable, such as jemalloc or
     /// mimalloc in a Rust program): its allocations are not in the trace.
     pub allocator_shadowed_by: Option<String>,
+    /// The shared library whose allocator the program's calls were passed on
+    /// to, when it is not the C library's (jemalloc or tcmalloc, linked or
+    /// preloaded): blocks it released through its own functions (jemalloc's
+    /// `sdallocx`, tcmalloc's `tc_free`) were not seen. Null normally.
+    pub allocator_library: Option<String>,
 }
 
 /// One source-level frame of a symbolized stack.
@@ -174,6 +179,8 @@ pub(crate) struct Facts {
     pub no_release_stacks: bool,
     /// See `TraceStatus::allocator_shadowed_by`.
     pub allocator_shadowed_by: Option<String>,
+    /// See `TraceStatus::allocator_library`.
+    pub allocator_library: Option<String>,
 }
 
 impl Facts {
@@ -196,10 +203,14 @@ impl Facts {
             Event::Recording {
                 no_release_stacks,
                 allocator_shadowed_by,
+                allocator_library,
             } => {
                 self.no_release_stacks |= *no_release_stacks;
                 if allocator_shadowed_by.is_some() {
                     self.allocator_shadowed_by = allocator_shadowed_by.clone();
+                }
+                if allocator_library.is_some() {
+                    self.allocator_library = allocator_library.clone();
                 }
             }
             Event::End {
@@ -261,6 +272,7 @@ impl Facts {
             chunks: index.chunks.len() as u64,
             events: self.events,
             allocator_shadowed_by: self.allocator_shadowed_by.clone(),
+            allocator_library: self.allocator_library.clone(),
         }
     }
 
@@ -465,11 +477,23 @@ pub fn shadowed_allocator_warning(module: &str) -> String {
     )
 }
 
+/// The note about an allocator library the calls were passed on to.
+pub fn allocator_library_note(library: &str) -> String {
+    format!(
+        "NOTE: the program's allocator is {library}: trapline passed its calls on to it. Blocks \
+         released through that library's own functions (jemalloc's sdallocx or dallocx, \
+         tcmalloc's tc_free, ...) are not seen and stay listed as unfreed."
+    )
+}
+
 /// Warning lines about an incomplete trace, for text reports.
 pub fn status_warnings(status: &TraceStatus) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(module) = &status.allocator_shadowed_by {
         lines.push(shadowed_allocator_warning(module));
+    }
+    if let Some(library) = &status.allocator_library {
+        lines.push(allocator_library_note(library));
     }
     if !status.has_end {
         lines.push(

@@ -196,10 +196,8 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     let (Some(t), Some(0), Some(unfreed)) = (totals, end_lost, unfreed) else {
         return Ok(None);
     };
-    let warnings = shadowing_allocator_in(input, &index)?
-        .map(|module| crate::report::shadowed_allocator_warning(&module))
-        .into_iter()
-        .collect();
+    let allocators = allocators_in(input, &index)?;
+    let warnings = allocators.warnings();
     Ok(Some(RunSummary {
         allocation_calls: t.allocation_calls,
         release_calls: t.release_calls,
@@ -213,30 +211,58 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     }))
 }
 
-/// The module whose allocator the traced program used instead of the
-/// agent's (`TraceStatus::allocator_shadowed_by`), read from the agent's
-/// first chunk only.
-pub fn shadowing_allocator<R: Read + Seek>(input: &mut R) -> Result<Option<String>, TraceError> {
-    let index = TraceIndex::build(input)?;
-    shadowing_allocator_in(input, &index)
+/// What the trace says about the program's allocator, read from the agent's
+/// first chunk only: see `TraceStatus::allocator_shadowed_by` and
+/// `TraceStatus::allocator_library`.
+#[derive(Debug, Default)]
+pub struct Allocators {
+    pub shadowed_by: Option<String>,
+    pub library: Option<String>,
 }
 
-fn shadowing_allocator_in<R: Read + Seek>(
+impl Allocators {
+    /// The lines text reports print about them.
+    pub fn warnings(&self) -> Vec<String> {
+        let shadowed = self.shadowed_by.as_deref();
+        let library = self.library.as_deref();
+        shadowed
+            .map(crate::report::shadowed_allocator_warning)
+            .into_iter()
+            .chain(library.map(crate::report::allocator_library_note))
+            .collect()
+    }
+}
+
+/// Reads `Allocators` from a trace.
+pub fn allocators<R: Read + Seek>(input: &mut R) -> Result<Allocators, TraceError> {
+    let index = TraceIndex::build(input)?;
+    allocators_in(input, &index)
+}
+
+fn allocators_in<R: Read + Seek>(
     input: &mut R,
     index: &TraceIndex,
-) -> Result<Option<String>, TraceError> {
+) -> Result<Allocators, TraceError> {
     // The recording's settings follow the process record in the agent's first chunk.
     let Some(entry) = index.chunks.iter().find(|c| c.header.tid == 0) else {
-        return Ok(None);
+        return Ok(Allocators::default());
     };
     let chunk = index.read_chunk(input, entry)?;
-    Ok(chunk.events().flatten().find_map(|ev| match ev {
-        Event::Recording {
-            allocator_shadowed_by,
-            ..
-        } => allocator_shadowed_by,
-        _ => None,
-    }))
+    Ok(chunk
+        .events()
+        .flatten()
+        .find_map(|ev| match ev {
+            Event::Recording {
+                allocator_shadowed_by,
+                allocator_library,
+                ..
+            } => Some(Allocators {
+                shadowed_by: allocator_shadowed_by,
+                library: allocator_library,
+            }),
+            _ => None,
+        })
+        .unwrap_or_default())
 }
 
 /// Analyses a trace. Fails only when the input is not a readable trace at all.

@@ -489,17 +489,21 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
             continue;
         }
         // The top process's summary below says so; other processes here.
-        let shadowed = (f != output)
+        let allocators = (f != output)
             .then(|| std::fs::File::open(f).ok())
             .flatten()
-            .and_then(|mut t| trapline_analysis::stats::shadowing_allocator(&mut t).ok())
-            .flatten();
-        match shadowed {
-            Some(module) => eprintln!(
+            .and_then(|mut t| trapline_analysis::stats::allocators(&mut t).ok())
+            .unwrap_or_default();
+        match (allocators.shadowed_by, allocators.library) {
+            (Some(module), _) => eprintln!(
                 "==trapline==   {} (WARNING: its allocator of its own, in {module}, is not traced)",
                 f.display()
             ),
-            None => eprintln!("==trapline==   {}", f.display()),
+            (None, Some(library)) => eprintln!(
+                "==trapline==   {} (allocator: {library}; its own release functions are not seen)",
+                f.display()
+            ),
+            (None, None) => eprintln!("==trapline==   {}", f.display()),
         }
     }
     if empty {

@@ -902,6 +902,7 @@ fn taking_the_address_of_malloc_is_no_allocator_of_its_own() {
         field(&report, "trace")["allocator_shadowed_by"],
         json!(null)
     );
+    assert_eq!(field(&report, "trace")["allocator_library"], json!(null));
     let src = "malloc_address.c";
     assert_records(
         &report,
@@ -920,7 +921,8 @@ fn taking_the_address_of_malloc_is_no_allocator_of_its_own() {
 /// block from malloc can be released with jemalloc's sdallocx. The old agent
 /// forwarded to glibc: the program ran on another allocator under trapline,
 /// and sdallocx of a glibc block crashed it. sdallocx itself is jemalloc's
-/// own API, not trapped: that block is reported as unfreed (design.md 2.4).
+/// own API, not trapped: that block is reported as unfreed, and every report
+/// names the library (design.md 2.4).
 #[test]
 fn calls_reach_the_programs_own_allocator_library_linked_or_preloaded() {
     let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
@@ -945,8 +947,13 @@ fn calls_reach_the_programs_own_allocator_library_linked_or_preloaded() {
         let run = output_of(cmd, "trapline run");
         assert_eq!(run.code(), 0, "{}", run.describe());
         assert_eq!(run.stdout, "all through jemalloc\n", "{}", run.describe());
+        let note = "NOTE: the program's allocator is ";
+        assert!(run.stderr.contains(note), "{}", run.describe());
         let report = leaks(&dir.trace());
         assert_complete(&report);
+        let library = as_str(field(&report, "trace"), "allocator_library");
+        assert!(library.ends_with("/libjemalloc.so.2"), "{library}");
+        assert!(leaks_text(&dir.trace(), &[]).contains(&format!("{note}{library}")));
         assert_records(
             &report,
             &[

@@ -530,6 +530,12 @@ pub enum Event {
         /// the agent): those allocations bypass trapline and are not in the
         /// trace (format version 4).
         allocator_shadowed_by: Option<String>,
+        /// The shared library whose allocator the agent passes the
+        /// program's calls on to, when it is not the C library's (jemalloc
+        /// or tcmalloc, linked or preloaded): blocks released through that
+        /// library's own functions (`sdallocx`, `tc_free`) are not seen
+        /// (format version 5).
+        allocator_library: Option<String>,
     },
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
@@ -564,6 +570,9 @@ impl Event {
 /// Bit of `Recording`'s flag word saying a module name follows: the
 /// program's allocator shadows the agent's (format version 4).
 const RECORDING_SHADOWED_BIT: u32 = 1;
+/// Bit saying the allocator library's path follows (after the shadowing
+/// module's, if both; format version 5).
+const RECORDING_LIBRARY_BIT: u32 = 2;
 
 /// Event tags (format values).
 pub(crate) mod tag {
@@ -973,16 +982,21 @@ impl<'a> Encoder<'a> {
             Event::Recording {
                 no_release_stacks,
                 allocator_shadowed_by,
+                allocator_library,
             } => {
                 self.byte(tag::RECORDING)?;
                 // A flag word, so later options need no new tag.
                 let flags = u64::from(*no_release_stacks)
-                    | u64::from(allocator_shadowed_by.is_some()) << RECORDING_SHADOWED_BIT;
+                    | u64::from(allocator_shadowed_by.is_some()) << RECORDING_SHADOWED_BIT
+                    | u64::from(allocator_library.is_some()) << RECORDING_LIBRARY_BIT;
                 self.u64(flags)?;
-                match allocator_shadowed_by {
-                    Some(module) => self.bytes(module.as_bytes()),
-                    None => Ok(()),
+                for module in [allocator_shadowed_by, allocator_library]
+                    .into_iter()
+                    .flatten()
+                {
+                    self.bytes(module.as_bytes())?;
                 }
+                Ok(())
             }
             Event::RunTotals(t) => {
                 self.byte(tag::RUN_TOTALS)?;
@@ -1417,16 +1431,23 @@ impl<'a> Decoder<'a> {
             },
             tag::RECORDING => {
                 let flags = self.u64()?;
-                if flags >> (RECORDING_SHADOWED_BIT + 1) != 0 {
+                if flags >> (RECORDING_LIBRARY_BIT + 1) != 0 {
                     return Err(DecodeError::Invalid("recording flags"));
                 }
+                let allocator_shadowed_by = if flags >> RECORDING_SHADOWED_BIT & 1 != 0 {
+                    Some(self.string("shadowing module")?)
+                } else {
+                    None
+                };
+                let allocator_library = if flags >> RECORDING_LIBRARY_BIT & 1 != 0 {
+                    Some(self.string("allocator library")?)
+                } else {
+                    None
+                };
                 Event::Recording {
                     no_release_stacks: flags & 1 != 0,
-                    allocator_shadowed_by: if flags >> RECORDING_SHADOWED_BIT & 1 != 0 {
-                        Some(self.string("shadowing module")?)
-                    } else {
-                        None
-                    },
+                    allocator_shadowed_by,
+                    allocator_library,
                 }
             }
             tag::RUN_TOTALS => Event::RunTotals(RunTotals {

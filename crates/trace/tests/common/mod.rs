@@ -407,18 +407,32 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
         Event::Recording {
             no_release_stacks: true,
             allocator_shadowed_by: None,
+            allocator_library: None,
         },
         Event::Recording {
             no_release_stacks: false,
             allocator_shadowed_by: None,
+            allocator_library: None,
         },
         Event::Recording {
             no_release_stacks: true,
             allocator_shadowed_by: Some("/usr/bin/program with its own malloc".into()),
+            allocator_library: None,
+        },
+        Event::Recording {
+            no_release_stacks: false,
+            allocator_shadowed_by: None,
+            allocator_library: Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".into()),
+        },
+        Event::Recording {
+            no_release_stacks: true,
+            allocator_shadowed_by: Some("/a/b".into()),
+            allocator_library: Some("/c/d".into()),
         },
         Event::Recording {
             no_release_stacks: false,
             allocator_shadowed_by: Some(String::new()),
+            allocator_library: None,
         },
         Event::RunTotals(RunTotals {
             allocation_calls: u64::MAX,
