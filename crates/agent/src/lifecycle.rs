@@ -6,7 +6,7 @@ use crate::sys::{self, RawLock};
 use crate::thread::{self, FINISHED};
 use crate::writer::{self, Buffer};
 use crate::{clock, live, modules, stacks, untracked};
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::ffi::{CStr, CString};
 use trapline_trace::{EndCounters, Event, ExitKind, ProcessInfo, SnapshotKind};
 
@@ -29,7 +29,7 @@ pub static FOLLOW: AtomicBool = AtomicBool::new(true);
 static FREERES: AtomicBool = AtomicBool::new(true);
 /// libstdc++'s `__gnu_cxx::__freeres`, looked up at start: a failed dlsym at
 /// exit would itself allocate (the dlerror message) and show up in the report.
-static CXX_FREERES: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+static CXX_FREERES: AtomicUsize = AtomicUsize::new(0);
 
 struct Config {
     output: String,
@@ -240,6 +240,7 @@ pub fn init() {
         return;
     }
     crate::heap::set_aside_reserve();
+    set_fork_token();
     let ts = thread::current();
     ts.guard += 1;
     sys::membarrier_register();
@@ -471,6 +472,10 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     if !INITIALIZED.load(Ordering::Acquire) || FINISHED.load(Ordering::Acquire) {
         return;
     }
+    if in_unreset_child() {
+        abandon_unreset_child();
+        return;
+    }
     if FINISHING.swap(true, Ordering::AcqRel) {
         return;
     }
@@ -687,6 +692,7 @@ fn fork_child_restart() {
     thread::reset_in_child();
     crate::threads::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
+    set_fork_token();
     sys::membarrier_register();
     crate::profile::fork_child(!FINISHED.load(Ordering::Acquire) && FOLLOW.load(Ordering::Relaxed));
     if FINISHED.load(Ordering::Acquire) {
@@ -750,6 +756,51 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
 /// child, which shares our memory and must not touch the trace).
 pub fn owns_process() -> bool {
     PID.load(Ordering::Relaxed) == sys::getpid_raw()
+}
+
+/// A page whose first word is nonzero in the process that set it, and zero
+/// in any child made without `CLONE_VM` (MADV_WIPEONFORK): it tells a child
+/// of a raw `fork`/`clone` system call, which has a copy of the agent's state
+/// but no writer thread and the parent's trace descriptor, from a vfork
+/// child, which shares our memory (and the page's word).
+static FORK_TOKEN: AtomicUsize = AtomicUsize::new(0);
+
+fn set_fork_token() {
+    let mut page = FORK_TOKEN.load(Ordering::Relaxed);
+    if page == 0 {
+        page = crate::heap::map_own(4096) as usize;
+        // SAFETY: our own fresh page.
+        if page == 0
+            || unsafe { libc::madvise(page as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) } != 0
+        {
+            return; // (kernels before 4.14: such children are not told apart)
+        }
+        FORK_TOKEN.store(page, Ordering::Relaxed);
+    }
+    // SAFETY: the first word of our page.
+    unsafe { core::ptr::write_volatile(page as *mut usize, 1) };
+}
+
+/// Whether this is a process made without glibc's `fork` (so no atfork
+/// handler reset the agent) and with memory of its own: a raw `fork` or
+/// `clone` system call, or `_Fork`. Such a child must never write: its trace
+/// descriptor is the parent's file, and no writer thread runs in it.
+pub fn in_unreset_child() -> bool {
+    if owns_process() {
+        return false;
+    }
+    let page = FORK_TOKEN.load(Ordering::Relaxed);
+    // SAFETY: the token page is never unmapped.
+    page != 0 && unsafe { core::ptr::read_volatile(page as *const usize) } == 0
+}
+
+/// Stops the agent in a process `in_unreset_child` found: it records no
+/// more, writes nothing, and its exit does not wait for a writer. Its
+/// events are not traced (an exec'd image is traced again).
+pub fn abandon_unreset_child() {
+    FINISHED.store(true, Ordering::Release);
+    // Single-threaded: a fork system call copies only the calling thread.
+    writer::reset_in_child();
 }
 
 pub fn is_initialized() -> bool {

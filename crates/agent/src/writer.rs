@@ -241,6 +241,12 @@ pub fn take_buffer(tid: u32) -> Box<Buffer> {
 /// Queues a filled buffer for writing. With `wait`, blocks while the queue is
 /// over its memory cap (the writer is behind); never blocks before the writer runs.
 pub fn submit(b: Box<Buffer>, wait: bool) {
+    // Once per buffer, a system call's worth: a child of a raw fork system
+    // call has no writer, and its descriptor is the parent's file.
+    if !crate::lifecycle::owns_process() && crate::lifecycle::in_unreset_child() {
+        crate::lifecycle::abandon_unreset_child();
+        return;
+    }
     if b.events == 0 {
         with_queue(|q| q.free.push(b));
         return;

@@ -625,3 +625,33 @@ fn fork_handlers_registered_before_the_agents_run_while_it_forks() {
     child_bytes.sort();
     assert_eq!(child_bytes, [200, 201]);
 }
+
+/// raw_fork.c: children made with `_Fork` and with the fork system call,
+/// which no atfork handler resets. They stop recording and write nothing
+/// (the agent tells them by a MADV_WIPEONFORK page and the pid): they exit
+/// at once, and the parent's trace holds exactly the parent's leak. The
+/// old agent's children each waited 120 s at exit, then wrote their chunks
+/// into the parent's file.
+#[test]
+fn children_made_without_glibcs_fork_exit_at_once_and_leave_the_parents_trace_alone() {
+    let dir = TestDir::new("raw_fork");
+    let prog = compile_c(&dir, "raw_fork.c");
+    // Bounded: the old agent took 240 s.
+    let run = run(&dir, &["--timeout", "60"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "_Fork\nfork system call\nparent done\n");
+    assert_no_events_lost_in_summary(&run);
+    assert_eq!(dir.other_traces(), Vec::<std::path::PathBuf>::new());
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let src = "raw_fork.c";
+    assert_records(
+        &report,
+        &[ExpectedRecord {
+            bytes: 48,
+            blocks: 1,
+            allocated_by: "malloc",
+            stack: vec![("main", src, marker_line(src, "PARENT-LEAK"))],
+        }],
+    );
+}

@@ -11,6 +11,7 @@ use std::ffi::CStr;
 use trapline_trace::{Event, ExitKind};
 
 static REAL_FORK: AtomicUsize = AtomicUsize::new(0);
+static REAL_UNDERSCORE_FORK: AtomicUsize = AtomicUsize::new(0);
 static REAL_EXECVE: AtomicUsize = AtomicUsize::new(0);
 static REAL_EXECVP: AtomicUsize = AtomicUsize::new(0);
 static REAL_EXECVPE: AtomicUsize = AtomicUsize::new(0);
@@ -67,6 +68,37 @@ pub extern "C" fn fork() -> libc::pid_t {
     // SAFETY: glibc's fork; it runs the agent's atfork handlers.
     let real_fork: extern "C" fn() -> libc::pid_t = unsafe { core::mem::transmute(f) };
     let pid = real_fork();
+    record_fork(pid);
+    pid
+}
+
+/// glibc's fork without the atfork handlers (glibc 2.34), for
+/// async-signal-safe forking: nothing resets the agent in the child, which
+/// therefore stops recording at once (it usually execs, and the new image is
+/// traced again).
+#[no_mangle]
+pub extern "C" fn _Fork() -> libc::pid_t {
+    let f = real(&REAL_UNDERSCORE_FORK, c"_Fork");
+    if f == 0 {
+        // SAFETY: setting errno through its thread-local location.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: glibc's _Fork, no arguments.
+    let real_fork: extern "C" fn() -> libc::pid_t = unsafe { core::mem::transmute(f) };
+    let pid = real_fork();
+    if pid == 0 {
+        if lifecycle::in_unreset_child() {
+            lifecycle::abandon_unreset_child();
+        }
+    } else {
+        record_fork(pid);
+    }
+    pid
+}
+
+/// The parent's `Fork` event, with the child's pid.
+fn record_fork(pid: libc::pid_t) {
     if pid > 0 && !thread::FINISHED.load(Ordering::Acquire) {
         if let crate::record::Entry::Record(ts) = crate::record::enter() {
             let t = ts.next_time();
@@ -82,7 +114,6 @@ pub extern "C" fn fork() -> libc::pid_t {
             crate::record::leave(ts);
         }
     }
-    pid
 }
 
 /// Builds the environment for an exec'd image: the program's, plus what keeps it traced.
