@@ -655,3 +655,50 @@ fn children_made_without_glibcs_fork_exit_at_once_and_leave_the_parents_trace_al
         }],
     );
 }
+
+/// reload_loop.c: a plugin loaded, called and unloaded 300 and 3,000 times.
+/// Every dlopen and dlclose used to leave a new unwinder behind (never
+/// freed: a thread may still walk an old one), 28 MB more for 2,000 cycles;
+/// the agent now takes back the unwinder of a set of modules it has seen.
+/// The peak resident memory of the 3,000-cycle run stays within a few MiB
+/// of the 300-cycle run's, and every block is still attributed to the
+/// plugin's function through each of its reloads.
+#[test]
+fn reloading_a_plugin_again_and_again_keeps_the_agents_memory_bounded() {
+    let dir = TestDir::new("reload_loop");
+    let plugin = compile_c_with(
+        &dir,
+        "reload_plugin.c",
+        "libreload_plugin.so",
+        &["-fPIC", "-shared"],
+    );
+    let prog = compile_c(&dir, "reload_loop.c");
+    let plugin = plugin.display().to_string();
+    let mut peaks = Vec::new();
+    for n in [300u64, 3000] {
+        let run = run(&dir, &[], &prog, &[&plugin, &n.to_string()]);
+        assert_eq!(run.code(), 0, "{}", run.describe());
+        let peak_kb: u64 = run
+            .stdout
+            .strip_prefix(&format!("{n} reloads, peak "))
+            .and_then(|rest| rest.strip_suffix(" kB\n"))
+            .and_then(|kb| kb.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected output: {}", run.stdout));
+        peaks.push(peak_kb);
+        let report = leaks(&dir.trace());
+        assert_complete(&report);
+        let src = "reload_plugin.c";
+        let (bytes, blocks) = records_all_from(
+            &report,
+            &[("plugin_alloc", src, marker_line(src, "PLUGIN-LEAK"))],
+        );
+        assert_eq!((bytes, blocks), (24 * n, n), "{}", pretty(&report));
+    }
+    // The old agent: about 14 KiB more per cycle (38 MB here).
+    assert!(
+        peaks[1] < peaks[0] + 8 * 1024,
+        "peak resident memory grew from {} kB to {} kB",
+        peaks[0],
+        peaks[1]
+    );
+}
