@@ -235,12 +235,7 @@ fn a_program_out_of_memory_mappings_runs_as_natively() {
 fn threads64_with_the_low_pthread_keys_taken() {
     let dir = TestDir::new("threads64_keys");
     let prog = compile_c(&dir, "threads64.c");
-    let lib = compile_c_with(
-        &dir,
-        "many_keys_lib.c",
-        "libmany_keys.so",
-        &["-fPIC", "-shared"],
-    );
+    let lib = compile_c_library(&dir, "many_keys_lib.c", "libmany_keys.so");
     let mut cmd = run_command(&dir, &[], &prog, &[]);
     cmd.env("LD_PRELOAD", &lib);
     let run = output_of(cmd, "trapline run threads64 with many_keys_lib");
@@ -834,24 +829,8 @@ fn threads_with_the_smallest_stacks_are_traced_to_the_end() {
 #[test]
 fn a_program_with_its_own_allocator_runs_and_is_reported_as_not_traced() {
     let dir = TestDir::new("own_malloc");
-    let lib = compile_c_with(
-        &dir,
-        "own_malloc_lib.c",
-        "libown_malloc_lib.so",
-        &["-fPIC", "-shared"],
-    );
-    let lib_dir = lib.parent().expect("bin directory").display().to_string();
-    let prog = compile_c_with(
-        &dir,
-        "own_malloc.c",
-        "own_malloc",
-        &[
-            "-pthread",
-            "-Wl,--no-as-needed",
-            &lib.display().to_string(),
-            &format!("-Wl,-rpath,{lib_dir}"),
-        ],
-    );
+    let lib = compile_c_library(&dir, "own_malloc_lib.c", "libown_malloc_lib.so");
+    let prog = compile_c_linked_to(&dir, "own_malloc.c", &lib);
     // Bounded: the old agent never returned.
     let run = run(&dir, &["--timeout", "60"], &prog, &[]);
     assert_eq!(run.code(), 0, "{}", run.describe());

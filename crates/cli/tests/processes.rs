@@ -582,24 +582,8 @@ fn a_daemon_and_its_parent_each_leave_a_whole_trace() {
 #[test]
 fn fork_handlers_registered_before_the_agents_run_while_it_forks() {
     let dir = TestDir::new("atfork_early");
-    let lib = compile_c_with(
-        &dir,
-        "atfork_early_lib.c",
-        "libatfork_early_lib.so",
-        &["-fPIC", "-shared", "-pthread"],
-    );
-    let lib_dir = lib.parent().expect("bin directory").display().to_string();
-    let prog = compile_c_with(
-        &dir,
-        "atfork_early.c",
-        "atfork_early",
-        &[
-            "-pthread",
-            "-Wl,--no-as-needed",
-            &lib.display().to_string(),
-            &format!("-Wl,-rpath,{lib_dir}"),
-        ],
-    );
+    let lib = compile_c_library(&dir, "atfork_early_lib.c", "libatfork_early_lib.so");
+    let prog = compile_c_linked_to(&dir, "atfork_early.c", &lib);
     // Bounded: the old agent never returned.
     let run = run(&dir, &["--timeout", "60"], &prog, &[]);
     assert_eq!(run.code(), 0, "{}", run.describe());
@@ -666,12 +650,7 @@ fn children_made_without_glibcs_fork_exit_at_once_and_leave_the_parents_trace_al
 #[test]
 fn reloading_a_plugin_again_and_again_keeps_the_agents_memory_bounded() {
     let dir = TestDir::new("reload_loop");
-    let plugin = compile_c_with(
-        &dir,
-        "reload_plugin.c",
-        "libreload_plugin.so",
-        &["-fPIC", "-shared"],
-    );
+    let plugin = compile_c_library(&dir, "reload_plugin.c", "libreload_plugin.so");
     let prog = compile_c(&dir, "reload_loop.c");
     let plugin = plugin.display().to_string();
     let mut peaks = Vec::new();

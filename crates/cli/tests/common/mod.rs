@@ -239,6 +239,33 @@ pub fn compile_c_with(dir: &TestDir, source: &str, out_name: &str, extra: &[&str
     compile(dir, "gcc", source, out_name, &flags)
 }
 
+/// Compiles a C fixture into the shared library `out_name` (`-fPIC -shared -pthread`).
+pub fn compile_c_library(dir: &TestDir, source: &str, out_name: &str) -> PathBuf {
+    compile_c_with(dir, source, out_name, &["-fPIC", "-shared", "-pthread"])
+}
+
+/// Compiles a C program fixture linked to the shared library `lib` (kept
+/// even if the program calls none of its functions, found through an
+/// rpath), with `-pthread`; named after the source.
+pub fn compile_c_linked_to(dir: &TestDir, source: &str, lib: &Path) -> PathBuf {
+    let lib_dir = lib
+        .parent()
+        .expect("library directory")
+        .display()
+        .to_string();
+    compile_c_with(
+        dir,
+        source,
+        stem(source),
+        &[
+            "-pthread",
+            "-Wl,--no-as-needed",
+            &lib.display().to_string(),
+            &format!("-Wl,-rpath,{lib_dir}"),
+        ],
+    )
+}
+
 /// Compiles a C++ fixture with `g++ -g -O0`.
 pub fn compile_cpp(dir: &TestDir, source: &str) -> PathBuf {
     compile(dir, "g++", source, stem(source), &["-g", "-O0", "-Wall"])
