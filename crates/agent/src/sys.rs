@@ -212,9 +212,44 @@ pub fn getpid_raw() -> u32 {
 
 /// Prints a diagnostic from the agent to stderr without allocating.
 pub fn warn(msg: &str) {
+    warn_parts(&[msg]);
+}
+
+/// `warn` of the concatenated parts, without allocating (async-signal-safe).
+pub fn warn_parts(parts: &[&str]) {
     write_all(2, b"trapline agent: ");
-    write_all(2, msg.as_bytes());
+    for part in parts {
+        write_all(2, part.as_bytes());
+    }
     write_all(2, b"\n");
+}
+
+/// `n` in decimal, written into `buf` (no allocation).
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    core::str::from_utf8(&buf[i..]).unwrap_or("?")
+}
+
+/// The name of the errors a trace write can meet (strerror may allocate).
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::ENOSPC => "no space left on device",
+        libc::EDQUOT => "disk quota exceeded",
+        libc::EFBIG => "file too large",
+        libc::EIO => "input/output error",
+        libc::EBADF => "bad file descriptor",
+        libc::EPIPE => "broken pipe",
+        libc::EROFS => "read-only file system",
+        _ => "write error",
+    }
 }
 
 /// The next definition of `name` after the agent (RTLD_NEXT), or 0.

@@ -300,7 +300,7 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
     // Bounded: a fatal signal's flush may find this thread holding the lock.
     let written = FD_LOCK.try_lock_for(FD_LOCK_SPINS) && {
         let fd = FD.load(Ordering::Acquire);
-        let ok = fd >= 0 && sys::write_all(fd, &scratch[..len]);
+        let ok = fd >= 0 && write_whole_chunk(fd, &scratch[..len]);
         FD_LOCK.unlock();
         ok
     };
@@ -310,6 +310,44 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
         EVENTS_LOST.fetch_add(u64::from(b.events), Ordering::Relaxed);
     }
 }
+
+/// Writes one chunk at the end of the file, or nothing: a write that fails
+/// part way (the disk or the quota is full) is cut back off, so the file
+/// stays a sequence of whole chunks, readable to its end, that later writes
+/// can still extend. Without this, a full disk left a torn chunk, and every
+/// reader stopped there. The first failure is reported on stderr once, with
+/// its reason. Async-signal-safe (the fatal-signal flush writes through
+/// here); called with `FD_LOCK` held.
+fn write_whole_chunk(fd: i32, chunk: &[u8]) -> bool {
+    // SAFETY: lseek on our own descriptor.
+    let start = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
+    if sys::write_all(fd, chunk) {
+        return true;
+    }
+    // SAFETY: reading errno through its thread-local location.
+    let errno = unsafe { *libc::__errno_location() };
+    if start >= 0 {
+        // SAFETY: cutting our own file back to where this chunk began.
+        unsafe {
+            libc::ftruncate(fd, start);
+            libc::lseek(fd, start, libc::SEEK_SET);
+        }
+    }
+    if !WRITE_FAILED.swap(true, Ordering::AcqRel) {
+        let mut digits = [0u8; 20];
+        sys::warn_parts(&[
+            "cannot write the trace (",
+            sys::errno_name(errno),
+            ", errno ",
+            sys::decimal(errno.unsigned_abs() as u64, &mut digits),
+            "): events from here on are lost and counted; the trace stays readable up to here",
+        ]);
+    }
+    false
+}
+
+/// A write of the trace failed (reported once).
+static WRITE_FAILED: AtomicBool = AtomicBool::new(false);
 
 /// The trace file's descriptor (-1 when there is none).
 pub fn trace_fd() -> i32 {
@@ -410,6 +448,21 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     crate::thread::mark_agent_thread();
     // SAFETY: naming our own thread; the name fits in 16 bytes.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-writer".as_ptr()) };
+    // A trace that outgrows the file size limit (RLIMIT_FSIZE) must not
+    // kill the program with SIGXFSZ: blocked here, the write fails with
+    // EFBIG instead, and the lost events are counted.
+    let xfsz: u64 = 1 << (libc::SIGXFSZ - 1);
+    // SAFETY: rt_sigprocmask on this thread with an 8-byte mask we own (the
+    // system call: the `pthread_sigmask` symbol is the agent's own hook).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            &xfsz as *const u64,
+            core::ptr::null_mut::<u64>(),
+            8usize,
+        )
+    };
     // SAFETY: PERIODIC holds a `fn()` stored by `start`.
     let periodic: fn() =
         unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 
@@ -245,5 +245,45 @@ fn truncated_traces_are_reported_incomplete() {
                 }
             }
         }
+    }
+}
+
+/// many_pairs.c under a file size limit (prlimit --fsize) of 96 KiB, less
+/// than its trace needs (about 220 KiB): as on a full disk, the agent's writes fail part way.
+/// The program runs as natively (the writer thread blocks SIGXFSZ, which
+/// would have killed it), the agent says once on stderr why the trace stops
+/// growing, and a failed write is cut back off: the file is whole chunks,
+/// readable to its end (the old agent left a torn chunk there, and readers
+/// stopped at it), and the events that did not fit are counted as lost.
+#[test]
+fn a_trace_that_cannot_grow_stays_readable_and_counts_what_it_lost() {
+    let dir = TestDir::new("many_pairs");
+    let prog = compile_c(&dir, "many_pairs.c");
+    let limit: u64 = 96 << 10;
+    let mut cmd = Command::new("prlimit");
+    cmd.arg(format!("--fsize={limit}"))
+        .arg(trapline())
+        .arg("run")
+        .arg("-o")
+        .arg(dir.trace())
+        .arg("--")
+        .arg(&prog)
+        .current_dir(dir.path())
+        .env("TRAPLINE_AGENT", agent());
+    let run = output_of(cmd, "prlimit trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "pairs done\n");
+    let reason = "trapline agent: cannot write the trace (file too large, errno 27)";
+    assert_eq!(run.stderr.matches(reason).count(), 1, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    let trace = field(&report, "trace");
+    assert_eq!(trace["stopped"], json!(null), "{}", pretty(trace));
+    assert!(as_u64(trace, "file_bytes") <= limit);
+    assert!(as_u64(trace, "events") > 10_000, "{}", pretty(trace));
+    // The end record fits when the last chunks are small; either way the
+    // report must not claim that nothing was lost.
+    match report["events_lost"].as_u64() {
+        Some(lost) => assert!(lost > 0, "{}", pretty(&report)),
+        None => assert_eq!(trace["has_end"], json!(false)),
     }
 }
