@@ -546,14 +546,23 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
     match summary {
         Ok(s) => {
             print_summary(&s);
-            if let (None, Some(signal)) = (s.events_lost, killed_by) {
-                eprintln!("==trapline== {}", unflushed_death(signal));
+            if s.events_lost.is_none() {
+                match killed_by {
+                    Some(signal) => eprintln!("==trapline== {}", unflushed_death(signal)),
+                    None => eprintln!("==trapline== {UNFLUSHED_EXIT}"),
+                }
             }
             eprintln!("==trapline== see: trapline leaks {}", output.display());
         }
         Err(e) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
     }
 }
+
+/// Why a trace has no end record although the program exited.
+const UNFLUSHED_EXIT: &str = "the program exited, yet its trace has no end record: its exit \
+     went past the agent (the exit_group system call made directly, or a vfork child that \
+     called exit()), or the agent could not write its last chunks (its message above says \
+     why); what it did since the agent's last flush (at most about 200 ms) is missing";
 
 /// Why a trace has no end record although the program died of `signal`,
 /// which the agent's handler normally records before it lets the program die.

@@ -287,3 +287,24 @@ fn a_trace_that_cannot_grow_stays_readable_and_counts_what_it_lost() {
         None => assert_eq!(trace["has_end"], json!(false)),
     }
 }
+
+/// raw_exit.c ends with exit_group called directly: the agent never runs at
+/// the end, and the trace has no end record. `trapline run` returns the
+/// program's status and says why the trace is unfinished, without claiming
+/// the program was killed.
+#[test]
+fn an_exit_past_the_agent_is_explained() {
+    let dir = TestDir::new("raw_exit");
+    let prog = compile_c(&dir, "raw_exit.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 7, "{}", run.describe());
+    assert_eq!(run.stdout, "exiting\n");
+    assert!(
+        run.stderr.contains(
+            "==trapline== the program exited, yet its trace has no end record: its exit went past the agent"
+        ),
+        "{}",
+        run.describe()
+    );
+    assert!(!run.stderr.contains("died of signal"), "{}", run.describe());
+}
