@@ -124,8 +124,7 @@ struct ElfSymbol {
 /// preloaded library, so the agent's hooks never see its allocations.
 fn shadowing_allocator(exe: &str) -> Option<String> {
     for name in [c"malloc", c"free"] {
-        // SAFETY: a lookup by a NUL-terminated name in the global scope.
-        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        let f = sys::any_symbol(name) as *mut libc::c_void;
         if f.is_null() || modules::is_agent_pc(f as u64) {
             continue;
         }

@@ -76,8 +76,15 @@ pub fn resolve() {
     if !claimed && RESOLVER.load(Ordering::Relaxed) == me {
         return;
     }
+    let agent = module_base(resolve as *const () as usize);
     for (next, name) in NEXT.iter().zip(NAMES) {
-        let f = crate::sys::next_symbol(name);
+        let mut f = crate::sys::next_symbol(name);
+        // A library that interposes dlsym itself answers RTLD_NEXT for its
+        // own place in the lookup order, and could name the agent's hook:
+        // calling that would recurse forever. glibc's entry point instead.
+        if f != 0 && module_base(f) == agent {
+            f = 0;
+        }
         next.store(f, Ordering::Relaxed);
     }
     RESOLVED.store(true, Ordering::Release);
@@ -237,34 +244,37 @@ pub unsafe fn usable_size(ptr: *mut u8) -> usize {
     call!(f, fn(*mut u8) -> usize, ptr)
 }
 
+/// The load address of the module that holds `addr` (0 if none).
+fn module_base(addr: usize) -> usize {
+    module_of(addr).map_or(0, |(base, _)| base)
+}
+
+/// The load address and path of the module that holds `addr`.
+fn module_of(addr: usize) -> Option<(usize, String)> {
+    // SAFETY: Dl_info is plain data (pointers and integers): all zeroes is valid.
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    // SAFETY: dladdr fills the Dl_info we own; the name it points at belongs
+    // to a loaded module and is copied at once.
+    if addr == 0 || unsafe { libc::dladdr(addr as *const libc::c_void, &mut info) } == 0 {
+        return None;
+    }
+    let name = if info.dli_fname.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated path owned by the loader.
+        unsafe { CStr::from_ptr(info.dli_fname) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Some((info.dli_fbase as usize, name))
+}
+
 /// The path of the shared library whose `malloc` the calls go to, when it is
 /// not the C library's (told apart by the module that holds
 /// `gnu_get_libc_version`, which only glibc defines). For the trace: blocks
 /// that library releases through its own functions are not seen.
 pub fn library() -> Option<String> {
-    let malloc = next(MALLOC);
     let glibc = crate::sys::any_symbol(c"gnu_get_libc_version");
-    let module_of = |addr: usize| -> Option<(usize, String)> {
-        // SAFETY: Dl_info is plain data (pointers and integers): all zeroes is valid.
-        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-        // SAFETY: dladdr fills the Dl_info we own; names it points at belong
-        // to loaded modules and are copied before anything can unload them.
-        if addr == 0 || unsafe { libc::dladdr(addr as *const libc::c_void, &mut info) } == 0 {
-            return None;
-        }
-        let name = if info.dli_fname.is_null() {
-            String::new()
-        } else {
-            // SAFETY: a NUL-terminated path owned by the loader.
-            unsafe { CStr::from_ptr(info.dli_fname) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        Some((info.dli_fbase as usize, name))
-    };
-    let (base, path) = module_of(malloc)?;
-    match module_of(glibc) {
-        Some((glibc_base, _)) if glibc_base == base => None,
-        _ => Some(path),
-    }
+    let (base, path) = module_of(next(MALLOC))?;
+    (module_base(glibc) != base).then_some(path)
 }

@@ -254,9 +254,39 @@ pub fn errno_name(errno: i32) -> &'static str {
 
 /// The next definition of `name` after the agent (RTLD_NEXT), or 0.
 pub fn next_symbol(name: &core::ffi::CStr) -> usize {
-    // SAFETY: dlsym with a NUL-terminated name; may allocate, which the
-    // re-entrancy guard of the calling hook (if any) handles.
-    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) as usize }
+    // SAFETY: the C library's dlsym with a NUL-terminated name; may
+    // allocate, which the re-entrancy guard of the calling hook (if any)
+    // handles. The call is from here, so RTLD_NEXT means after the agent.
+    unsafe { c_library_dlsym()(libc::RTLD_NEXT, name.as_ptr()) as usize }
+}
+
+type DlsymFn = unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char) -> *mut libc::c_void;
+static C_LIBRARY_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// The C library's own `dlsym`. A program that defines `dlsym` itself (GL
+/// wrappers do) would otherwise answer the agent's lookups: it forwards
+/// with its own return address, so RTLD_NEXT meant "after the executable",
+/// the agent's own hooks, and the agent called itself forever (sigaction in
+/// its constructor). `dlvsym` by version reaches glibc's (GLIBC_2.34; before
+/// that, libdl's GLIBC_2.2.5).
+fn c_library_dlsym() -> DlsymFn {
+    let mut f = C_LIBRARY_DLSYM.load(Ordering::Acquire);
+    if f == 0 {
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: dlvsym with NUL-terminated name and version.
+            f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) }
+                as usize;
+            if f != 0 {
+                break;
+            }
+        }
+        if f == 0 {
+            f = libc::dlsym as *const () as usize;
+        }
+        C_LIBRARY_DLSYM.store(f, Ordering::Release);
+    }
+    // SAFETY: `f` is a dlsym with its C signature.
+    unsafe { core::mem::transmute::<usize, DlsymFn>(f) }
 }
 
 /// `next_symbol(name)`, looked up once and kept in `slot` (0: not yet).
@@ -274,7 +304,7 @@ pub fn cached_next_symbol(slot: &AtomicUsize, name: &core::ffi::CStr) -> usize {
 /// Any definition of `name` in the process (RTLD_DEFAULT), or 0.
 pub fn any_symbol(name: &core::ffi::CStr) -> usize {
     // SAFETY: as above.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+    unsafe { c_library_dlsym()(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
 
 /// A spinlock for very short critical sections (the live table's shards):

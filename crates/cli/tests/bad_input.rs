@@ -308,3 +308,25 @@ fn an_exit_past_the_agent_is_explained() {
     );
     assert!(!run.stderr.contains("died of signal"), "{}", run.describe());
 }
+
+/// own_dlsym.c defines dlsym itself and forwards with its own return
+/// address. The agent now looks its real functions up through the C
+/// library's dlsym (found with dlvsym): it used to get its own hooks back
+/// and hang in its constructor.
+#[test]
+fn a_program_with_its_own_dlsym_is_traced() {
+    let dir = TestDir::new("own_dlsym");
+    let prog = compile_c(&dir, "own_dlsym.c");
+    // Bounded: the old agent never returned.
+    let run = run(&dir, &["--timeout", "60"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "own dlsym 1\n");
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let src = "own_dlsym.c";
+    let (bytes, blocks) = records_all_from(
+        &report,
+        &[("main", src, marker_line(src, "OWN-DLSYM-LEAK"))],
+    );
+    assert_eq!((bytes, blocks), (33, 1), "{}", pretty(&report));
+}
