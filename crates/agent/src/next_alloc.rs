@@ -17,10 +17,11 @@
 //! that. A name with no definition at all falls back to an equivalent call
 //! on the same allocator (`valloc` as `memalign` of a page, ...).
 //!
-//! dlsym does not allocate when it succeeds, but it frees an earlier failure's
-//! error message if the program never read it; a hook entered while the
-//! lookup runs uses glibc's own entry points (`__libc_*`), as does everything
-//! before the lookup can run.
+//! A failed lookup makes dlsym allocate its error message through the hooks:
+//! the lookups run with the thread's guard raised, so those calls are the
+//! agent's nested ones, not the program's. A hook entered on the looking-up
+//! thread before `malloc` is resolved uses glibc's own entry points
+//! (`__libc_*`).
 
 use core::ffi::CStr;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -43,8 +44,10 @@ const POSIX_MEMALIGN: usize = 6;
 const VALLOC: usize = 7;
 const PVALLOC: usize = 8;
 const USABLE_SIZE: usize = 9;
+const SDALLOCX: usize = 10;
+const DALLOCX: usize = 11;
 
-const NAMES: [&CStr; 10] = [
+const NAMES: [&CStr; 12] = [
     c"malloc",
     c"calloc",
     c"realloc",
@@ -55,10 +58,12 @@ const NAMES: [&CStr; 10] = [
     c"valloc",
     c"pvalloc",
     c"malloc_usable_size",
+    c"sdallocx",
+    c"dallocx",
 ];
 
 /// The resolved functions; 0 before the lookup, or where no definition exists.
-static NEXT: [AtomicUsize; 10] = [const { AtomicUsize::new(0) }; 10];
+static NEXT: [AtomicUsize; 12] = [const { AtomicUsize::new(0) }; 12];
 
 const PAGE: usize = 4096;
 
@@ -76,8 +81,18 @@ pub fn resolve() {
     if !claimed && RESOLVER.load(Ordering::Relaxed) == me {
         return;
     }
+    // A lookup that fails (a name no library defines) makes dlsym allocate
+    // its error message, through the hooks: as nested calls of the agent's,
+    // those are not recorded as the program's.
+    let ts = crate::thread::current_without_allocating();
+    ts.guard += 1;
     let agent = module_base(resolve as *const () as usize);
-    for (next, name) in NEXT.iter().zip(NAMES) {
+    for (i, (next, name)) in NEXT.iter().zip(NAMES).enumerate() {
+        // jemalloc's own functions only where malloc is not glibc's: the
+        // lookup would fail for nothing.
+        if i >= SDALLOCX && library_of(NEXT[MALLOC].load(Ordering::Relaxed)).is_none() {
+            continue;
+        }
         let mut f = crate::sys::next_symbol(name);
         // A library that interposes dlsym itself answers RTLD_NEXT for its
         // own place in the lookup order, and could name the agent's hook:
@@ -87,6 +102,7 @@ pub fn resolve() {
         }
         next.store(f, Ordering::Relaxed);
     }
+    ts.guard -= 1;
     RESOLVED.store(true, Ordering::Release);
     if claimed {
         RESOLVER.store(0, Ordering::Release);
@@ -244,6 +260,33 @@ pub unsafe fn usable_size(ptr: *mut u8) -> usize {
     call!(f, fn(*mut u8) -> usize, ptr)
 }
 
+/// jemalloc's sized release; `free` when no library defines it (the agent
+/// defines the symbol, so a program that probes for it finds one).
+///
+/// # Safety
+/// `ptr` is a live block of this allocator.
+pub unsafe fn sdallocx(ptr: *mut u8, size: usize, flags: i32) {
+    let f = next(SDALLOCX);
+    if f == 0 {
+        // SAFETY: as the caller promises.
+        return unsafe { free(ptr) };
+    }
+    call!(f, fn(*mut u8, usize, i32) -> (), ptr, size, flags)
+}
+
+/// jemalloc's release with flags; `free` when no library defines it.
+///
+/// # Safety
+/// `ptr` is a live block of this allocator.
+pub unsafe fn dallocx(ptr: *mut u8, flags: i32) {
+    let f = next(DALLOCX);
+    if f == 0 {
+        // SAFETY: as the caller promises.
+        return unsafe { free(ptr) };
+    }
+    call!(f, fn(*mut u8, i32) -> (), ptr, flags)
+}
+
 /// The load address of the module that holds `addr` (0 if none).
 fn module_base(addr: usize) -> usize {
     module_of(addr).map_or(0, |(base, _)| base)
@@ -274,7 +317,12 @@ fn module_of(addr: usize) -> Option<(usize, String)> {
 /// `gnu_get_libc_version`, which only glibc defines). For the trace: blocks
 /// that library releases through its own functions are not seen.
 pub fn library() -> Option<String> {
+    library_of(next(MALLOC))
+}
+
+/// The path of the module holding `malloc`, unless it is the C library.
+fn library_of(malloc: usize) -> Option<String> {
     let glibc = crate::sys::any_symbol(c"gnu_get_libc_version");
-    let (base, path) = module_of(next(MALLOC))?;
+    let (base, path) = module_of(malloc)?;
     (module_base(glibc) != base).then_some(path)
 }

@@ -235,6 +235,19 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
 /// Records a release of `addr`; returns whether to pass it to the C library.
 #[inline]
 pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
+    release::<true>(func, addr, regs)
+}
+
+/// A release through an allocator's own API (jemalloc's `sdallocx`): as
+/// `free` for a block the agent holds; any other address is passed on
+/// without an error, since that API's allocations (`mallocx`) are not
+/// trapped and may have handed out an address the agent saw freed.
+pub fn free_from_allocator_api(addr: *mut u8, regs: StartRegs) -> bool {
+    release::<false>(AllocFn::Free, addr, regs)
+}
+
+#[inline(always)]
+fn release<const UNKNOWN_IS_ERROR: bool>(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
     if addr.is_null() {
         return true;
     }
@@ -243,7 +256,7 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
         Entry::Record(ts) => {
             #[cfg(feature = "capture-timing")]
             let started = crate::arch::cycles();
-            let pass = free_recorded(ts, func, addr, regs);
+            let pass = free_recorded::<UNKNOWN_IS_ERROR>(ts, func, addr, regs);
             leave(ts);
             #[cfg(feature = "capture-timing")]
             crate::unwind::timing::add(
@@ -260,7 +273,12 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
     }
 }
 
-fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
+fn free_recorded<const UNKNOWN_IS_ERROR: bool>(
+    ts: &mut ThreadState,
+    func: AllocFn,
+    addr: u64,
+    regs: StartRegs,
+) -> bool {
     let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
     let stack = if with_stack {
         capture_stack_then(ts, regs, Site::Free, || live::prefetch_release(addr))
@@ -311,6 +329,11 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
         return true;
     }
     if untracked::remove(addr) {
+        return true;
+    }
+    if !UNKNOWN_IS_ERROR {
+        // Not even a double free can be told: the address may have come
+        // back from the allocator's own untrapped allocation functions.
         return true;
     }
     let freed = shard.recently_freed(addr);

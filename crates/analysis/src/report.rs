@@ -107,8 +107,9 @@ pub struct TraceStatus {
     pub allocator_shadowed_by: Option<String>,
     /// The shared library whose allocator the program's calls were passed on
     /// to, when it is not the C library's (jemalloc or tcmalloc, linked or
-    /// preloaded): blocks it released through its own functions (jemalloc's
-    /// `sdallocx`, tcmalloc's `tc_free`) were not seen. Null normally.
+    /// preloaded): blocks it allocated or released through its own functions
+    /// (jemalloc's `mallocx`, tcmalloc's `tc_free`; jemalloc's `sdallocx` and
+    /// `dallocx` are trapped) were not seen. Null normally.
     pub allocator_library: Option<String>,
 }
 
@@ -480,9 +481,10 @@ pub fn shadowed_allocator_warning(module: &str) -> String {
 /// The note about an allocator library the calls were passed on to.
 pub fn allocator_library_note(library: &str) -> String {
     format!(
-        "NOTE: the program's allocator is {library}: trapline passed its calls on to it. Blocks \
-         released through that library's own functions (jemalloc's sdallocx or dallocx, \
-         tcmalloc's tc_free, ...) are not seen and stay listed as unfreed."
+        "NOTE: the program's allocator is {library}: trapline passed its calls on to it. Its \
+         functions beyond the standard ones (jemalloc's mallocx, tcmalloc's tc_malloc and \
+         tc_free, ...; jemalloc's sdallocx and dallocx are trapped) are not: blocks they \
+         allocate are not in the trace, and blocks they release stay listed as unfreed."
     )
 }
 

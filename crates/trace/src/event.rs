@@ -532,9 +532,9 @@ pub enum Event {
         allocator_shadowed_by: Option<String>,
         /// The shared library whose allocator the agent passes the
         /// program's calls on to, when it is not the C library's (jemalloc
-        /// or tcmalloc, linked or preloaded): blocks released through that
-        /// library's own functions (`sdallocx`, `tc_free`) are not seen
-        /// (format version 5).
+        /// or tcmalloc, linked or preloaded): blocks allocated or released
+        /// through that library's own functions (`mallocx`, `tc_free`) are
+        /// not seen (format version 5).
         allocator_library: Option<String>,
     },
     /// A lock or thread-synchronisation event (tags 64-95).

@@ -84,6 +84,42 @@ unsafe extern "C" fn free_hook(ptr: *mut c_void, ret: u64, sp: u64, bp: u64) {
     }
 }
 
+// jemalloc's own release functions. Programs that find jemalloc in the
+// process (folly, when it is the allocator) release most blocks with them;
+// untrapped, every such block stayed listed as unfreed. Its allocation
+// functions (`mallocx`, `rallocx`, `xallocx`) are not trapped: their blocks
+// are unknown to the agent, which passes their release on without an error.
+// Without jemalloc in the process these release with `free`.
+
+with_caller_regs!(sdallocx => sdallocx_hook, args: 3);
+/// # Safety
+/// `ptr` must be a block of the allocator (unknown ones are passed on).
+unsafe extern "C" fn sdallocx_hook(
+    ptr: *mut c_void,
+    size: usize,
+    flags: i32,
+    ret: u64,
+    sp: u64,
+    bp: u64,
+) {
+    let regs = StartRegs::caller(ret, sp, bp);
+    if record::free_from_allocator_api(ptr.cast(), regs) {
+        // SAFETY: a block of the allocator, as the caller promises.
+        unsafe { next_alloc::sdallocx(ptr.cast(), size, flags) };
+    }
+}
+
+with_caller_regs!(dallocx => dallocx_hook, args: 2);
+/// # Safety
+/// `ptr` must be a block of the allocator (unknown ones are passed on).
+unsafe extern "C" fn dallocx_hook(ptr: *mut c_void, flags: i32, ret: u64, sp: u64, bp: u64) {
+    let regs = StartRegs::caller(ret, sp, bp);
+    if record::free_from_allocator_api(ptr.cast(), regs) {
+        // SAFETY: a block of the allocator, as the caller promises.
+        unsafe { next_alloc::dallocx(ptr.cast(), flags) };
+    }
+}
+
 with_caller_regs!(posix_memalign => posix_memalign_hook, args: 3);
 /// # Safety
 /// `out` must be writable.
