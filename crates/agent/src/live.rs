@@ -16,7 +16,17 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use trapline_trace::AllocFn;
 
 pub const SHARDS: usize = 64;
+/// Entries of a shard's ring of recent releases at first; it doubles, up
+/// to `FREED_RING_MAX`, while `FREED_GROWTH` (entries for all shards
+/// together) lasts. Shards hold whole 64 KiB chunks, so a program whose
+/// heap is a few chunks releases into a few shards only: with fixed rings
+/// of 512 its double frees more than a few thousand releases apart were
+/// taken for invalid frees (with rings by address hash, 32,768 apart). The
+/// growth budget lets two or three busy shards reach 32,768 entries (2 MiB
+/// more in all, at most).
 const FREED_RING: usize = 512;
+const FREED_RING_MAX: usize = 32768;
+static FREED_GROWTH: AtomicUsize = AtomicUsize::new(65536);
 
 const SIZE_BITS: u32 = 38;
 const FUNC_BITS: u32 = 5;
@@ -201,6 +211,29 @@ const EMPTY_SHARD: Shard = Shard {
 
 static TABLE: [Shard; SHARDS] = [EMPTY_SHARD; SHARDS];
 
+/// Makes a shard's ring of recent releases, or doubles it when it is about
+/// to wrap for the first time at its size (its entries are then in order,
+/// oldest first, so growing keeps them). Cold: a shard grows at most six
+/// times.
+#[cold]
+#[inline(never)]
+fn grow_freed_ring(ring: &mut Vec<Freed>) {
+    let len = ring.len();
+    if len == 0 {
+        *ring = vec![Freed::default(); FREED_RING];
+        return;
+    }
+    if len < FREED_RING_MAX
+        && FREED_GROWTH
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(len)
+            })
+            .is_ok()
+    {
+        ring.resize(len * 2, Freed::default());
+    }
+}
+
 /// A locked shard.
 pub struct Locked<'a> {
     shard: &'a Shard,
@@ -330,10 +363,11 @@ impl Locked<'_> {
     pub fn remember_free(&mut self, f: Freed) {
         let d = self.data();
         let n = d.freed_next;
-        if d.freed.is_empty() {
-            d.freed = vec![Freed::default(); FREED_RING];
+        if n == d.freed.len() {
+            grow_freed_ring(&mut d.freed);
         }
-        if let Some(slot) = d.freed.get_mut(n % FREED_RING) {
+        let len = d.freed.len();
+        if let Some(slot) = d.freed.get_mut(n & (len - 1)) {
             // Field by field: a struct built just before and copied whole
             // is reloaded with wide loads that stall on the narrow stores.
             slot.addr = f.addr;
@@ -343,16 +377,17 @@ impl Locked<'_> {
             slot.free_stack = f.free_stack;
         }
         d.freed_next = n + 1;
-        let next_at = d.freed.as_ptr() as usize + (n + 1) % FREED_RING * size_of::<Freed>();
+        let next_at = d.freed.as_ptr() as usize + ((n + 1) & (len - 1)) * size_of::<Freed>();
         self.shard.freed_at.store(next_at, Ordering::Relaxed);
     }
 
     /// The most recent free of `addr` still remembered.
     pub fn recently_freed(&mut self, addr: u64) -> Option<Freed> {
         let d = self.data();
-        let count = d.freed_next.min(d.freed.len());
+        let len = d.freed.len();
+        let count = d.freed_next.min(len);
         (0..count)
-            .map(|k| d.freed[(d.freed_next - 1 - k) % FREED_RING])
+            .map(|k| d.freed[(d.freed_next - 1 - k) & (len.max(1) - 1)])
             .find(|f| f.addr == addr)
     }
 

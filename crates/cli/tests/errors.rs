@@ -391,3 +391,24 @@ fn no_release_stacks_keeps_error_stacks_and_says_what_is_missing() {
     assert_eq!(default_run.code(), 0, "{}", default_run.describe());
     assert_eq!(leaks(&dir.trace())["release_stacks"], json!(true));
 }
+
+/// double_free_far.c: the second free comes 20,000 releases after the
+/// first, all in the few shards the program's small heap uses. It is still
+/// a double free with the first free's stack (4.3).
+#[test]
+fn a_double_free_far_apart_in_a_small_heap_is_still_one() {
+    let dir = TestDir::new("double_free_far");
+    let prog = compile_c(&dir, "double_free_far.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "survived\n");
+    let report = leaks(&dir.trace());
+    assert_eq!(kinds(&report), vec!["double_free"], "{}", pretty(&report));
+    let error = error_at(&report, "double_free", "main");
+    let line = |marker| json!(marker_line("double_free_far.c", marker));
+    assert_eq!(stack_of(error, "stack")[0]["line"], line("FAR-SECOND-FREE"));
+    assert_eq!(
+        stack_of(error, "free_stack")[0]["line"],
+        line("FAR-FIRST-FREE")
+    );
+}
