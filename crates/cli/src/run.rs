@@ -194,6 +194,16 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
             ),
         ));
     }
+    if let Some((allocator, symbol)) = private_allocator(&data) {
+        let warning = format!(
+            "warning: {} has an allocator of its own ({allocator}, found as {symbol}): the \
+             blocks it serves do not go through malloc, so they are not in the trace; build \
+             it with the system allocator to trace them",
+            path.display()
+        );
+        eprintln!("==trapline== {warning}");
+        let _ = PRIVATE_ALLOCATOR.set(warning);
+    }
     if let Some((sanitizer, runtime)) = sanitizer_runtime(&data) {
         return Err(fail(
             EXIT_CANNOT_RUN,
@@ -204,6 +214,41 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
         ));
     }
     Ok(())
+}
+
+/// The warning about an allocator linked into the executable under names of
+/// its own, repeated in the end-of-run summary.
+static PRIVATE_ALLOCATOR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// An allocator linked into the executable under its own names, found in
+/// its symbol tables: Rust's tikv-jemallocator (`_rjem_*`), jemalloc built
+/// with a prefix (`je_*`, as Redis does), mimalloc (`mi_*`, the Rust
+/// mimalloc crate), tcmalloc (`tc_*`). The program's allocations go there,
+/// not through `malloc`: the agent never sees them, and since the
+/// executable does not define `malloc` itself the agent's check (the
+/// shadowed allocator) does not fire. Release builds of Rust programs keep
+/// their symbol table unless stripped; a stripped one is not recognized.
+fn private_allocator<'data, R: object::ReadRef<'data>>(data: R) -> Option<(&'static str, String)> {
+    use object::{Object, ObjectSymbol};
+    const ENTRY_POINTS: [(&str, &str); 6] = [
+        ("_rjem_mallocx", "jemalloc"),
+        ("_rjem_malloc", "jemalloc"),
+        ("je_mallocx", "jemalloc"),
+        ("je_malloc", "jemalloc"),
+        ("mi_malloc", "mimalloc"),
+        ("tc_malloc", "tcmalloc"),
+    ];
+    let file = object::File::parse(data).ok()?;
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|sym| sym.is_definition())
+        .find_map(|sym| {
+            let name = sym.name().ok()?;
+            ENTRY_POINTS
+                .iter()
+                .find(|(entry, _)| *entry == name)
+                .map(|(entry, allocator)| (*allocator, entry.to_string()))
+        })
 }
 
 /// The sanitizer whose shared runtime the executable loads, if any. Each of
@@ -618,6 +663,9 @@ fn print_summary(s: &trapline_analysis::stats::RunSummary) {
         None => eprintln!("==trapline== events lost: unknown (the trace has no end record)"),
     }
     for w in &s.warnings {
+        eprintln!("==trapline== {w}");
+    }
+    if let Some(w) = PRIVATE_ALLOCATOR.get() {
         eprintln!("==trapline== {w}");
     }
 }

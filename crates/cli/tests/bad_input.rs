@@ -330,3 +330,27 @@ fn a_program_with_its_own_dlsym_is_traced() {
     );
     assert_eq!((bytes, blocks), (33, 1), "{}", pretty(&report));
 }
+
+/// prefixed_allocator.c: the program allocates through an allocator linked
+/// in under names of its own (`je_malloc`), which the agent never sees and
+/// which does not define malloc (so the agent's shadowed-allocator check
+/// stays silent). `trapline run` finds the entry point in the executable's
+/// symbol table and warns, before the run and again in its summary.
+#[test]
+fn an_allocator_under_names_of_its_own_is_named() {
+    let dir = TestDir::new("prefixed_allocator");
+    let prog = compile_c(&dir, "prefixed_allocator.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "prefixed: 3 blocks\n");
+    let warning = format!(
+        "==trapline== warning: {} has an allocator of its own (jemalloc, found as je_malloc)",
+        prog.display()
+    );
+    assert_eq!(
+        run.stderr.matches(&warning).count(),
+        2,
+        "{}",
+        run.describe()
+    );
+}
