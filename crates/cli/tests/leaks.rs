@@ -209,6 +209,11 @@ fn a_program_out_of_memory_mappings_runs_as_natively() {
     let dir = TestDir::new("mapping_limit");
     let prog = compile_c(&dir, "mapping_limit.c");
     let run = run(&dir, &[], &prog, &[]);
+    if run.code() == 4 {
+        // vm.max_map_count raised past what a test should map.
+        eprintln!("skipped: {}", run.stdout.trim());
+        return;
+    }
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.stdout, "thread ran: 1 block\n");
     assert_no_events_lost_in_summary(&run);
