@@ -86,21 +86,17 @@ pub fn resolve() {
     // those are not recorded as the program's.
     let ts = crate::thread::current_without_allocating();
     ts.guard += 1;
-    let agent = module_base(resolve as *const () as usize);
-    for (i, (next, name)) in NEXT.iter().zip(NAMES).enumerate() {
-        // jemalloc's own functions only where malloc is not glibc's: the
-        // lookup would fail for nothing.
-        if i >= SDALLOCX && library_of(NEXT[MALLOC].load(Ordering::Relaxed)).is_none() {
-            continue;
+    // jemalloc's own functions only where malloc is not glibc's: the lookup
+    // would fail for nothing.
+    let standard = NEXT.iter().zip(NAMES).take(SDALLOCX);
+    let jemalloc = NEXT.iter().zip(NAMES).skip(SDALLOCX);
+    for (next, name) in standard {
+        next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
+    }
+    if library_of(NEXT[MALLOC].load(Ordering::Relaxed)).is_some() {
+        for (next, name) in jemalloc {
+            next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
         }
-        let mut f = crate::sys::next_symbol(name);
-        // A library that interposes dlsym itself answers RTLD_NEXT for its
-        // own place in the lookup order, and could name the agent's hook:
-        // calling that would recurse forever. glibc's entry point instead.
-        if f != 0 && module_base(f) == agent {
-            f = 0;
-        }
-        next.store(f, Ordering::Relaxed);
     }
     ts.guard -= 1;
     RESOLVED.store(true, Ordering::Release);

@@ -243,7 +243,7 @@ pub fn take_buffer(tid: u32) -> Box<Buffer> {
 pub fn submit(b: Box<Buffer>, wait: bool) {
     // Once per buffer, a system call's worth: a child of a raw fork system
     // call has no writer, and its descriptor is the parent's file.
-    if !crate::lifecycle::owns_process() && crate::lifecycle::in_unreset_child() {
+    if crate::lifecycle::in_unreset_child() {
         crate::lifecycle::abandon_unreset_child();
         return;
     }
