@@ -54,13 +54,7 @@ fn kinds(report: &Value) -> Vec<String> {
 fn errors_c_reported_and_program_survives() {
     let dir = TestDir::new("errors_c");
     let prog = compile_c(&dir, "errors.c");
-    let run = run(&dir, &[], &prog, &[]);
-    assert_eq!(run.code(), 0, "{}", run.describe());
-    assert_eq!(run.stdout, "survived\n", "{}", run.describe());
-    assert_no_events_lost_in_summary(&run);
-
-    let report = leaks(&dir.trace());
-    assert_complete(&report);
+    let report = record_whole(&dir, &[], &prog, &[], "survived\n");
     assert_eq!(process_exit(&report), &json!({"code": 0}));
     assert_eq!(
         kinds(&report),
@@ -146,13 +140,7 @@ fn errors_c_reported_and_program_survives() {
 fn errors_cpp_mismatched_frees() {
     let dir = TestDir::new("errors_cpp");
     let prog = compile_cpp(&dir, "errors.cpp");
-    let run = run(&dir, &[], &prog, &[]);
-    assert_eq!(run.code(), 0, "{}", run.describe());
-    assert_eq!(run.stdout, "survived\n", "{}", run.describe());
-    assert_no_events_lost_in_summary(&run);
-
-    let report = leaks(&dir.trace());
-    assert_complete(&report);
+    let report = record_whole(&dir, &[], &prog, &[], "survived\n");
     assert_eq!(process_exit(&report), &json!({"code": 0}));
     assert_eq!(kinds(&report), ["mismatched_free"; 4]);
     assert_each_once(&report, false);
@@ -350,13 +338,7 @@ fn assert_stack_address_free_stack(stack_free: &Value) {
 fn no_release_stacks_keeps_error_stacks_and_says_what_is_missing() {
     let dir = TestDir::new("errors_c_no_release_stacks");
     let prog = compile_c(&dir, "errors.c");
-    let run = run(&dir, &["--no-release-stacks"], &prog, &[]);
-    assert_eq!(run.code(), 0, "{}", run.describe());
-    assert_eq!(run.stdout, "survived\n", "{}", run.describe());
-    assert_no_events_lost_in_summary(&run);
-
-    let report = leaks(&dir.trace());
-    assert_complete(&report);
+    let report = record_whole(&dir, &["--no-release-stacks"], &prog, &[], "survived\n");
     assert_eq!(report["release_stacks"], json!(false));
     assert_eq!(
         kinds(&report),

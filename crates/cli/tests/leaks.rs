@@ -178,12 +178,7 @@ fn threads64_exact_totals() {
 fn three_thousand_threads_ending_together() {
     let dir = TestDir::new("threads3000");
     let prog = compile_c(&dir, "threads3000.c");
-    let run = run(&dir, &[], &prog, &[]);
-    assert_eq!(run.code(), 0, "{}", run.describe());
-    assert_eq!(run.stdout, "3000 threads done\n");
-    assert_no_events_lost_in_summary(&run);
-    let report = leaks(&dir.trace());
-    assert_complete(&report);
+    let report = record_whole(&dir, &[], &prog, &[], "3000 threads done\n");
     // The scan's verdicts may split the blocks (a stale interior pointer
     // in a root makes a few of them possibly lost); every record has the
     // same stack, and together they hold every block.
@@ -404,13 +399,7 @@ fn rust_leak_demangled_names() {
 fn deep_stacks_keep_64_frames_and_inner_changes_are_told_apart() {
     let dir = TestDir::new("deep_stacks");
     let prog = compile_c(&dir, "deep_stacks.c");
-    let run = run(&dir, &[], &prog, &[]);
-    assert_eq!(run.code(), 0, "{}", run.describe());
-    assert_eq!(run.stdout, "deep done\n");
-    assert_no_events_lost_in_summary(&run);
-
-    let report = leaks(&dir.trace());
-    assert_complete(&report);
+    let report = record_whole(&dir, &[], &prog, &[], "deep done\n");
     let src = "deep_stacks.c";
     let m = |marker: &str| marker_line(src, marker);
     let recs = records(&report);

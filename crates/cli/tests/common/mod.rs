@@ -452,6 +452,24 @@ pub fn run(dir: &TestDir, flags: &[&str], program: &Path, args: &[&str]) -> Fini
     finished
 }
 
+/// Records PROGRAM ARGS, which must exit 0 printing exactly `stdout` with no
+/// event lost, and returns the `leaks` report of its trace, asserted whole.
+pub fn record_whole(
+    dir: &TestDir,
+    flags: &[&str],
+    program: &Path,
+    args: &[&str],
+    stdout: &str,
+) -> Value {
+    let run = run(dir, flags, program, args);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, stdout, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    report
+}
+
 /// Asserts that the summary `trapline run` printed on stderr reports no lost
 /// events: at least one "events lost: N", and every N is 0.
 pub fn assert_no_events_lost_in_summary(finished: &Finished) {
