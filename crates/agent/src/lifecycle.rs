@@ -768,12 +768,13 @@ fn set_fork_token() {
     let mut page = FORK_TOKEN.load(Ordering::Relaxed);
     if page == 0 {
         page = crate::heap::map_own(4096) as usize;
-        // SAFETY: our own fresh page.
-        if page == 0
-            || unsafe { libc::madvise(page as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) } != 0
-        {
-            return; // (kernels before 4.14: such children are not told apart)
+        if page == 0 {
+            return;
         }
+        // Kernels before 4.14 refuse it: the word then survives in every
+        // child, and such children are not told apart.
+        // SAFETY: our own fresh page.
+        unsafe { libc::madvise(page as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) };
         FORK_TOKEN.store(page, Ordering::Relaxed);
     }
     // SAFETY: the first word of our page.
