@@ -4,8 +4,10 @@
 //!
 //! 64 shards, each an open-addressing table (linear probing, backward-shift
 //! deletion, no tombstones) under its own lock. An entry is 16 bytes: the
-//! address shifted right by 4 (glibc blocks are 16-byte aligned) with the high
-//! bits of the stack id on top, and size / function / low stack bits. Tables
+//! address shifted right by 3 (allocators align blocks to 8 bytes at least:
+//! glibc to 16, jemalloc, tcmalloc and mimalloc their smallest ones to 8)
+//! with the high bits of the stack id on top, and size / function / low
+//! stack bits. Tables
 //! grow by half when 80% full (any size: slots are picked by multiply-shift,
 //! not by a mask), so the load stays between 53% and 80% and a live block
 //! costs 20 to 30 bytes of table.
@@ -29,9 +31,11 @@ const FREED_RING_MAX: usize = 32768;
 static FREED_GROWTH: AtomicUsize = AtomicUsize::new(65536);
 
 const SIZE_BITS: u32 = 38;
-const FUNC_BITS: u32 = 5;
-const STACK_LO_BITS: u32 = 64 - SIZE_BITS - FUNC_BITS; // 21
-const ADDR_BITS: u32 = 44;
+const FUNC_BITS: u32 = 6;
+const STACK_LO_BITS: u32 = 64 - SIZE_BITS - FUNC_BITS; // 20
+/// Addresses are kept divided by 8, the least alignment of a block.
+const ALIGN_SHIFT: u32 = 3;
+const ADDR_BITS: u32 = 48 - ALIGN_SHIFT;
 
 /// What the agent knows about a live block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,13 +57,13 @@ fn pack(addr: u64, b: Block) -> Entry {
     let stack_lo = stack & ((1 << STACK_LO_BITS) - 1);
     let stack_hi = stack >> STACK_LO_BITS;
     Entry {
-        key: (addr >> 4) | (stack_hi << ADDR_BITS),
+        key: key_of(addr) | (stack_hi << ADDR_BITS),
         meta: size | (u64::from(b.func as u8) << SIZE_BITS) | (stack_lo << (SIZE_BITS + FUNC_BITS)),
     }
 }
 
 fn unpack(e: Entry) -> (u64, Block) {
-    let addr = (e.key & ((1 << ADDR_BITS) - 1)) << 4;
+    let addr = addr_of(e);
     let stack_hi = e.key >> ADDR_BITS;
     let size = e.meta & ((1 << SIZE_BITS) - 1);
     let func = AllocFn::from_u8(((e.meta >> SIZE_BITS) & ((1 << FUNC_BITS) - 1)) as u8)
@@ -75,9 +79,22 @@ fn unpack(e: Entry) -> (u64, Block) {
     )
 }
 
+/// The key bits of an address (the table holds exact addresses: an
+/// interior pointer never matches its block).
+#[inline(always)]
+fn key_of(addr: u64) -> u64 {
+    addr >> ALIGN_SHIFT
+}
+
+/// The address an entry holds.
+#[inline(always)]
+fn addr_of(e: Entry) -> u64 {
+    (e.key & ((1 << ADDR_BITS) - 1)) << ALIGN_SHIFT
+}
+
 #[inline]
 fn hash(addr: u64) -> u64 {
-    (addr >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    key_of(addr).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// The home slot of an address in a table of `n` slots.
@@ -101,10 +118,11 @@ pub fn exact_size(size: u64) -> bool {
     size < 1 << SIZE_BITS
 }
 
-/// Whether an address can be kept in the table (glibc's blocks always can).
+/// Whether an address can be kept in the table (8-byte aligned, below 2^48:
+/// the blocks of glibc, jemalloc, tcmalloc and mimalloc always can).
 #[inline]
 pub fn storable(addr: u64) -> bool {
-    addr != 0 && addr & 15 == 0 && addr >> (ADDR_BITS + 4) == 0
+    addr != 0 && addr & ((1 << ALIGN_SHIFT) - 1) == 0 && addr >> 48 == 0
 }
 
 /// The shard an address belongs to.
@@ -306,7 +324,7 @@ impl Locked<'_> {
         let d = self.data();
         let n = d.slots.len();
         let mut i = home(addr, n);
-        let want = addr >> 4;
+        let want = key_of(addr);
         let mut replaced = None;
         loop {
             let e = d.slots[i];
@@ -327,6 +345,12 @@ impl Locked<'_> {
         replaced
     }
 
+    /// What is known about a live block, leaving it in the table.
+    pub fn get(&mut self, addr: u64) -> Option<Block> {
+        let d = self.data();
+        find(d, addr).map(|i| unpack(d.slots[i]).1)
+    }
+
     /// Removes a block and returns what was known about it.
     #[inline(always)]
     pub fn remove(&mut self, addr: u64) -> Option<Block> {
@@ -345,7 +369,7 @@ impl Locked<'_> {
             if e.key == 0 {
                 break;
             }
-            let h = home((e.key & ((1 << ADDR_BITS) - 1)) << 4, n);
+            let h = home(addr_of(e), n);
             // Move e into the hole unless its home lies in (hole, j].
             if dist(h, j) >= dist(hole, j) {
                 d.slots[hole] = e;
@@ -431,7 +455,7 @@ impl Packed {
     /// The block's address.
     #[inline]
     pub fn addr(&self) -> u64 {
-        (self.0.key & ((1 << ADDR_BITS) - 1)) << 4
+        addr_of(self.0)
     }
 
     /// The block's requested size.
@@ -448,13 +472,12 @@ impl Packed {
 
 #[inline(always)]
 fn find(d: &ShardData, addr: u64) -> Option<usize> {
-    // Entries hold addr >> 4: an interior pointer must not match its block.
     if d.slots.is_empty() || !storable(addr) {
         return None;
     }
     let n = d.slots.len();
     let mut i = home(addr, n);
-    let want = addr >> 4;
+    let want = key_of(addr);
     loop {
         let e = d.slots[i];
         if e.key == 0 {
@@ -472,7 +495,7 @@ fn grow(d: &mut ShardData) {
     let old = core::mem::replace(&mut d.slots, bigger);
     let n = d.slots.len();
     for e in old.into_iter().filter(|e| e.key != 0) {
-        let mut i = home((e.key & ((1 << ADDR_BITS) - 1)) << 4, n);
+        let mut i = home(addr_of(e), n);
         while d.slots[i].key != 0 {
             i = next(i, n);
         }

@@ -46,8 +46,11 @@ const PVALLOC: usize = 8;
 const USABLE_SIZE: usize = 9;
 const SDALLOCX: usize = 10;
 const DALLOCX: usize = 11;
+const MALLOCX: usize = 12;
+const RALLOCX: usize = 13;
+const XALLOCX: usize = 14;
 
-const NAMES: [&CStr; 12] = [
+const NAMES: [&CStr; 15] = [
     c"malloc",
     c"calloc",
     c"realloc",
@@ -60,10 +63,13 @@ const NAMES: [&CStr; 12] = [
     c"malloc_usable_size",
     c"sdallocx",
     c"dallocx",
+    c"mallocx",
+    c"rallocx",
+    c"xallocx",
 ];
 
 /// The resolved functions; 0 before the lookup, or where no definition exists.
-static NEXT: [AtomicUsize; 12] = [const { AtomicUsize::new(0) }; 12];
+static NEXT: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
 
 const PAGE: usize = 4096;
 
@@ -281,6 +287,95 @@ pub unsafe fn dallocx(ptr: *mut u8, flags: i32) {
         return unsafe { free(ptr) };
     }
     call!(f, fn(*mut u8, i32) -> (), ptr, flags)
+}
+
+/// jemalloc's `MALLOCX_ZERO` flag: the new bytes are zeroed.
+const MALLOCX_ZERO: i32 = 0x40;
+
+/// The alignment jemalloc's flags ask for (`MALLOCX_LG_ALIGN`: log2 in the
+/// low six bits), or 0 for the default.
+pub fn mallocx_align(flags: i32) -> usize {
+    match flags & 0x3f {
+        0 => 0,
+        lg => 1usize.checked_shl(lg as u32).unwrap_or(0),
+    }
+}
+
+/// jemalloc's allocation with flags. Without jemalloc (a program that found
+/// the agent's `mallocx` through a weak reference): `malloc` or `memalign`,
+/// zeroed if the flags ask.
+pub fn mallocx(size: usize, flags: i32) -> *mut u8 {
+    let f = next(MALLOCX);
+    if f != 0 {
+        return call!(f, fn(usize, i32) -> *mut u8, size, flags);
+    }
+    let p = match mallocx_align(flags) {
+        0 => malloc(size),
+        align => memalign(align, size),
+    };
+    if !p.is_null() && flags & MALLOCX_ZERO != 0 {
+        // SAFETY: a new block of at least `size` bytes.
+        unsafe { core::ptr::write_bytes(p, 0, size) };
+    }
+    p
+}
+
+/// jemalloc's reallocation with flags; NULL means it failed and `ptr` is
+/// untouched. Without jemalloc: `realloc`, or a new aligned block and a copy
+/// when the flags ask for more alignment than malloc's, zeroing what grew
+/// if asked.
+///
+/// # Safety
+/// `ptr` is a live block of this allocator.
+pub unsafe fn rallocx(ptr: *mut u8, size: usize, flags: i32) -> *mut u8 {
+    let f = next(RALLOCX);
+    if f != 0 {
+        return call!(f, fn(*mut u8, usize, i32) -> *mut u8, ptr, size, flags);
+    }
+    // SAFETY: `ptr` is live, as the caller promises.
+    let old = unsafe { usable_size(ptr) };
+    let align = mallocx_align(flags);
+    let p = if align > 16 {
+        let p = memalign(align, size);
+        if !p.is_null() {
+            // SAFETY: both blocks are live and at least this long.
+            unsafe {
+                core::ptr::copy_nonoverlapping(ptr, p, old.min(size));
+                free(ptr);
+            }
+        }
+        p
+    } else {
+        // SAFETY: as the caller promises.
+        unsafe { realloc(ptr, size) }
+    };
+    if !p.is_null() && flags & MALLOCX_ZERO != 0 && size > old {
+        // SAFETY: the block holds `size` bytes; those past `old` are new.
+        unsafe { core::ptr::write_bytes(p.add(old), 0, size - old) };
+    }
+    p
+}
+
+/// jemalloc's resize in place: the block's real size afterwards (less than
+/// `size` when it could not grow). Without jemalloc nothing can grow in
+/// place: the usable size, unchanged.
+///
+/// # Safety
+/// `ptr` is a live block of this allocator.
+pub unsafe fn xallocx(ptr: *mut u8, size: usize, extra: usize, flags: i32) -> usize {
+    let f = next(XALLOCX);
+    if f != 0 {
+        return call!(
+            f,
+            fn(*mut u8, usize, usize, i32) -> usize,
+            ptr,
+            size,
+            extra,
+            flags
+        );
+    }
+    // SAFETY: as the caller promises.
+    unsafe { usable_size(ptr) }
 }
 
 /// The load address of the module that holds `addr` (0 if none).

@@ -235,19 +235,6 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
 /// Records a release of `addr`; returns whether to pass it to the C library.
 #[inline]
 pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
-    release::<true>(func, addr, regs)
-}
-
-/// A release through an allocator's own API (jemalloc's `sdallocx`): as
-/// `free` for a block the agent holds; any other address is passed on
-/// without an error, since that API's allocations (`mallocx`) are not
-/// trapped and may have handed out an address the agent saw freed.
-pub fn free_from_allocator_api(addr: *mut u8, regs: StartRegs) -> bool {
-    release::<false>(AllocFn::Free, addr, regs)
-}
-
-#[inline(always)]
-fn release<const UNKNOWN_IS_ERROR: bool>(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
     if addr.is_null() {
         return true;
     }
@@ -256,7 +243,7 @@ fn release<const UNKNOWN_IS_ERROR: bool>(func: AllocFn, addr: *mut u8, regs: Sta
         Entry::Record(ts) => {
             #[cfg(feature = "capture-timing")]
             let started = crate::arch::cycles();
-            let pass = free_recorded::<UNKNOWN_IS_ERROR>(ts, func, addr, regs);
+            let pass = free_recorded(ts, func, addr, regs);
             leave(ts);
             #[cfg(feature = "capture-timing")]
             crate::unwind::timing::add(
@@ -273,12 +260,7 @@ fn release<const UNKNOWN_IS_ERROR: bool>(func: AllocFn, addr: *mut u8, regs: Sta
     }
 }
 
-fn free_recorded<const UNKNOWN_IS_ERROR: bool>(
-    ts: &mut ThreadState,
-    func: AllocFn,
-    addr: u64,
-    regs: StartRegs,
-) -> bool {
+fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
     let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
     let stack = if with_stack {
         capture_stack_then(ts, regs, Site::Free, || live::prefetch_release(addr))
@@ -331,11 +313,6 @@ fn free_recorded<const UNKNOWN_IS_ERROR: bool>(
     if untracked::remove(addr) {
         return true;
     }
-    if !UNKNOWN_IS_ERROR {
-        // Not even a double free can be told: the address may have come
-        // back from the allocator's own untrapped allocation functions.
-        return true;
-    }
     let freed = shard.recently_freed(addr);
     let t = shard.stamp(clock::tick(), ts.last_time);
     drop(shard);
@@ -382,6 +359,37 @@ fn report(ts: &mut ThreadState, ev: Event) {
         ensure_stack(ts, free_stack, false);
         ts.emit(Some(time), |e, c| e.event(c, &ev));
     }
+}
+
+/// Reports a resize of `addr`, which is no block, with the lock of its
+/// shard (released here); returns whether to pass the call on.
+fn report_invalid_realloc(
+    ts: &mut ThreadState,
+    mut shard: live::Locked<'_>,
+    func: AllocFn,
+    addr: u64,
+    stack: u32,
+) -> bool {
+    let t = shard.stamp(clock::tick(), ts.last_time);
+    drop(shard);
+    ts.last_time = t;
+    let pass = PASS_INVALID.load(Ordering::Relaxed);
+    report(
+        ts,
+        Event::Error {
+            time: t,
+            kind: ErrorKind::InvalidRealloc,
+            func,
+            addr,
+            stack,
+            alloc_func: None,
+            alloc_size: 0,
+            alloc_stack: 0,
+            free_stack: 0,
+            passed_on: pass,
+        },
+    );
+    pass
 }
 
 /// realloc from a nested context (a signal handler inside the agent): the
@@ -460,25 +468,7 @@ pub fn realloc(
             ts.last_time = shard.stamp(clock::tick(), ts.last_time);
         }
         if old_block.is_none() && !untracked::remove(old_addr) {
-            let t = shard.stamp(clock::tick(), ts.last_time);
-            drop(shard);
-            ts.last_time = t;
-            let pass = PASS_INVALID.load(Ordering::Relaxed);
-            report(
-                ts,
-                Event::Error {
-                    time: t,
-                    kind: ErrorKind::InvalidRealloc,
-                    func,
-                    addr: old_addr,
-                    stack,
-                    alloc_func: None,
-                    alloc_size: 0,
-                    alloc_stack: 0,
-                    free_stack: 0,
-                    passed_on: pass,
-                },
-            );
+            let pass = report_invalid_realloc(ts, shard, func, old_addr, stack);
             leave(ts);
             // Like memcheck: the bad call does nothing and returns NULL.
             return if pass {
@@ -541,4 +531,77 @@ pub fn realloc(
     });
     leave(ts);
     p
+}
+
+/// jemalloc's `xallocx`: validates the block, calls `real` (which returns
+/// the block's real size afterwards) and, when the block took a new size
+/// of at least `size` (it grew or shrank in place), records a realloc to
+/// the same address with that size. A call that could not resize changes
+/// nothing and is not recorded. Returns what `real` returned (0, like a
+/// failed resize, for a bad pointer not passed on).
+pub fn resize_in_place(
+    func: AllocFn,
+    ptr: *mut u8,
+    size: usize,
+    regs: StartRegs,
+    real: impl FnOnce(*mut u8) -> usize,
+) -> usize {
+    let addr = ptr as u64;
+    let ts = match enter() {
+        Entry::Record(ts) => ts,
+        // From inside the agent the table cannot be touched: the recorded
+        // size of a tracked block stays as it was.
+        Entry::Nested(_) | Entry::Off => return real(ptr),
+    };
+    let stack = capture_stack(ts, regs, Site::Alloc);
+    let mut shard = live::shard_of(addr).locked();
+    let old = shard.get(addr);
+    if old.is_none() && !untracked::is_listed(addr) {
+        let pass = report_invalid_realloc(ts, shard, func, addr, stack);
+        leave(ts);
+        return if pass { real(ptr) } else { 0 };
+    }
+    // The allocator is called without the shard's lock (it may allocate).
+    drop(shard);
+    let got = real(ptr);
+    let Some(old) = old else {
+        leave(ts); // untracked: nothing recorded about it
+        return got;
+    };
+    if got < size || got as u64 == old.size {
+        leave(ts);
+        return got;
+    }
+    let mut shard = live::shard_of(addr).locked();
+    // Gone meanwhile only if another thread released it during the call.
+    if shard.remove(addr).is_none() {
+        drop(shard);
+        leave(ts);
+        return got;
+    }
+    let block = Block {
+        size: got as u64,
+        func,
+        stack,
+    };
+    shard.insert(addr, block);
+    let t = shard.stamp(clock::tick(), ts.last_time);
+    drop(shard);
+    ts.last_time = t;
+    totals::realloc(ts, Some(old.size), Some((block.size, None)), t);
+    ts.emit(Some(t), |e, c| {
+        e.event(
+            c,
+            &Event::Realloc {
+                time: t,
+                old_addr: addr,
+                new_addr: addr,
+                size: block.size,
+                func,
+                stack,
+            },
+        )
+    });
+    leave(ts);
+    got
 }

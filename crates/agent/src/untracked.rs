@@ -39,6 +39,12 @@ pub fn insert(addr: u64) {
     OVERFLOW.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Whether `addr` is an untracked block (it stays one).
+pub fn is_listed(addr: u64) -> bool {
+    let h = home(addr);
+    addr != 0 && (0..PROBES).any(|k| SET[(h + k) % SLOTS].load(Ordering::Acquire) == addr)
+}
+
 /// Forgets an untracked block; true if it was one.
 pub fn remove(addr: u64) -> bool {
     if addr == 0 {

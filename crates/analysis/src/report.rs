@@ -481,10 +481,11 @@ pub fn shadowed_allocator_warning(module: &str) -> String {
 /// The note about an allocator library the calls were passed on to.
 pub fn allocator_library_note(library: &str) -> String {
     format!(
-        "NOTE: the program's allocator is {library}: trapline passed its calls on to it. Its \
-         functions beyond the standard ones (jemalloc's mallocx, tcmalloc's tc_malloc and \
-         tc_free, ...; jemalloc's sdallocx and dallocx are trapped) are not: blocks they \
-         allocate are not in the trace, and blocks they release stay listed as unfreed."
+        "NOTE: the program's allocator is {library}: trapline passed its calls on to it. \
+         Besides the standard functions it traps jemalloc's own (mallocx, rallocx, xallocx, \
+         sdallocx, dallocx), but not other libraries' (tcmalloc's tc_malloc and tc_free, \
+         mimalloc's mi_malloc and mi_free, ...): blocks those allocate are not in the trace, \
+         and blocks they release stay listed as unfreed."
     )
 }
 

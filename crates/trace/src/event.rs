@@ -49,6 +49,12 @@ pub enum AllocFn {
     DeleteArraySizedAligned,
     DeleteArrayNothrow,
     DeleteArrayAlignedNothrow,
+    // Format version 6: jemalloc's own interface.
+    Mallocx,
+    Rallocx,
+    Xallocx,
+    Sdallocx,
+    Dallocx,
 }
 
 /// Which allocator interface a block belongs to; freeing through another
@@ -76,7 +82,7 @@ impl Family {
 
 impl AllocFn {
     /// Every function, in format order.
-    pub const ALL: [AllocFn; 30] = [
+    pub const ALL: [AllocFn; 35] = [
         AllocFn::Malloc,
         AllocFn::Calloc,
         AllocFn::Realloc,
@@ -107,6 +113,11 @@ impl AllocFn {
         AllocFn::DeleteArraySizedAligned,
         AllocFn::DeleteArrayNothrow,
         AllocFn::DeleteArrayAlignedNothrow,
+        AllocFn::Mallocx,
+        AllocFn::Rallocx,
+        AllocFn::Xallocx,
+        AllocFn::Sdallocx,
+        AllocFn::Dallocx,
     ];
 
     /// Decodes the format value.
@@ -161,6 +172,11 @@ impl AllocFn {
             AllocFn::DeleteArrayAlignedNothrow => {
                 "operator delete[](void*, std::align_val_t, std::nothrow_t const&)"
             }
+            AllocFn::Mallocx => "mallocx",
+            AllocFn::Rallocx => "rallocx",
+            AllocFn::Xallocx => "xallocx",
+            AllocFn::Sdallocx => "sdallocx",
+            AllocFn::Dallocx => "dallocx",
         }
     }
 
@@ -191,7 +207,9 @@ impl AllocFn {
         use AllocFn::*;
         matches!(
             self,
-            Free | Delete
+            Free | Sdallocx
+                | Dallocx
+                | Delete
                 | DeleteSized
                 | DeleteAligned
                 | DeleteSizedAligned

@@ -19,8 +19,10 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// Format version this crate writes (2 added the reachability-scan events,
 /// tags 35-37; 3 added `RunTotals` and `Recording`, tags 50-51; 4 added
 /// `Recording`'s shadowed-allocator flag and module name; 5 its
-/// allocator-library flag and path; older files are read unchanged).
-pub const FORMAT_VERSION: u16 = 5;
+/// allocator-library flag and path; 6 jemalloc's `mallocx`, `rallocx`,
+/// `xallocx`, `sdallocx` and `dallocx` as allocation functions 31-35; older
+/// files are read unchanged).
+pub const FORMAT_VERSION: u16 = 6;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

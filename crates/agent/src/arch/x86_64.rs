@@ -632,6 +632,34 @@ macro_rules! with_caller_regs {
     ($name:ident => $target:path, args: 3) => {
         $crate::arch::trampoline!($name => $target, ret: "rcx", sp: "r8", bp: "r9");
     };
+    // Four arguments leave two registers: bp goes on the stack as the
+    // seventh argument, so the stub calls `$target` with a frame of its
+    // own instead of jumping (jemalloc's xallocx; not a hot path).
+    ($name:ident => $target:path, args: 4) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            // SAFETY: the return address and sp are read as in `trampoline`;
+            // the pushed bp re-aligns the stack to 16 bytes for the call and
+            // is the callee's seventh argument; the stub restores rsp before
+            // returning the callee's rax. The CFI describes every step.
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                "mov r8, [rsp]",
+                "lea r9, [rsp + 8]",
+                "push rbp",
+                ".cfi_adjust_cfa_offset 8",
+                "call {target}",
+                "add rsp, 8",
+                ".cfi_adjust_cfa_offset -8",
+                "ret",
+                ".cfi_endproc",
+                target = sym $target,
+            )
+        }
+    };
 }
 pub(crate) use with_caller_regs;
 

@@ -84,16 +84,64 @@ unsafe extern "C" fn free_hook(ptr: *mut c_void, ret: u64, sp: u64, bp: u64) {
     }
 }
 
-// jemalloc's own release functions. Programs that find jemalloc in the
-// process (folly, when it is the allocator) release most blocks with them;
-// untrapped, every such block stayed listed as unfreed. Its allocation
-// functions (`mallocx`, `rallocx`, `xallocx`) are not trapped: their blocks
-// are unknown to the agent, which passes their release on without an error.
-// Without jemalloc in the process these release with `free`.
+// jemalloc's own interface. Programs that find jemalloc in the process
+// (folly, when it is the allocator) allocate, grow and release most blocks
+// with it; untrapped, their blocks were unknown to the agent, a `free` of one
+// was taken for an invalid free and skipped, and every block released with
+// `sdallocx` stayed listed as unfreed. Without jemalloc in the process (a
+// program that looks for these through weak references finds the agent's)
+// they are served by the standard functions (next_alloc.rs).
+
+with_caller_regs!(mallocx => mallocx_hook, args: 2);
+extern "C" fn mallocx_hook(size: usize, flags: i32, ret: u64, sp: u64, bp: u64) -> *mut c_void {
+    let regs = StartRegs::caller(ret, sp, bp);
+    let p = next_alloc::mallocx(size, flags);
+    let align = next_alloc::mallocx_align(flags);
+    record::alloc(AllocFn::Mallocx, p, size, align, regs);
+    p.cast()
+}
+
+with_caller_regs!(rallocx => rallocx_hook, args: 3);
+/// # Safety
+/// `ptr` must be a block of the allocator (checked: bad pointers are reported).
+unsafe extern "C" fn rallocx_hook(
+    ptr: *mut c_void,
+    size: usize,
+    flags: i32,
+    ret: u64,
+    sp: u64,
+    bp: u64,
+) -> *mut c_void {
+    let regs = StartRegs::caller(ret, sp, bp);
+    // SAFETY: `old` was validated against the live table by record::realloc.
+    record::realloc(AllocFn::Rallocx, ptr.cast(), size, regs, |old| unsafe {
+        next_alloc::rallocx(old, size, flags)
+    })
+    .cast()
+}
+
+with_caller_regs!(xallocx => xallocx_hook, args: 4);
+/// # Safety
+/// `ptr` must be a block of the allocator (checked: bad pointers are reported).
+unsafe extern "C" fn xallocx_hook(
+    ptr: *mut c_void,
+    size: usize,
+    extra: usize,
+    flags: i32,
+    ret: u64,
+    sp: u64,
+    bp: u64,
+) -> usize {
+    let regs = StartRegs::caller(ret, sp, bp);
+    // SAFETY: `old` was validated against the live table by record::resize_in_place.
+    record::resize_in_place(AllocFn::Xallocx, ptr.cast(), size, regs, |old| unsafe {
+        next_alloc::xallocx(old, size, extra, flags)
+    })
+}
 
 with_caller_regs!(sdallocx => sdallocx_hook, args: 3);
 /// # Safety
-/// `ptr` must be a block of the allocator (unknown ones are passed on).
+/// `ptr` must be a live block (checked: bad pointers are reported, not passed on).
 unsafe extern "C" fn sdallocx_hook(
     ptr: *mut c_void,
     size: usize,
@@ -103,19 +151,19 @@ unsafe extern "C" fn sdallocx_hook(
     bp: u64,
 ) {
     let regs = StartRegs::caller(ret, sp, bp);
-    if record::free_from_allocator_api(ptr.cast(), regs) {
-        // SAFETY: a block of the allocator, as the caller promises.
+    if record::free(AllocFn::Sdallocx, ptr.cast(), regs) {
+        // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::sdallocx(ptr.cast(), size, flags) };
     }
 }
 
 with_caller_regs!(dallocx => dallocx_hook, args: 2);
 /// # Safety
-/// `ptr` must be a block of the allocator (unknown ones are passed on).
+/// `ptr` must be a live block (checked: bad pointers are reported, not passed on).
 unsafe extern "C" fn dallocx_hook(ptr: *mut c_void, flags: i32, ret: u64, sp: u64, bp: u64) {
     let regs = StartRegs::caller(ret, sp, bp);
-    if record::free_from_allocator_api(ptr.cast(), regs) {
-        // SAFETY: a block of the allocator, as the caller promises.
+    if record::free(AllocFn::Dallocx, ptr.cast(), regs) {
+        // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::dallocx(ptr.cast(), flags) };
     }
 }

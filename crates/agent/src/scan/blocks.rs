@@ -35,8 +35,9 @@ pub fn huge_vec<T: Copy>(n: usize, value: T) -> Vec<T> {
 
 /// A gap between blocks larger than this starts a new region.
 const REGION_GAP: u64 = 1 << 20;
-/// Granules are at least 16 bytes (glibc's alignment) and grow until a
-/// region has about one granule per block.
+/// Granules are at least 16 bytes and grow until a region has about one
+/// granule per block (two 8-byte aligned blocks may share one: the lookup
+/// searches the granule's blocks).
 const MIN_GRANULE_SHIFT: u32 = 4;
 
 struct Region {
@@ -161,13 +162,13 @@ impl BlockIndex {
     }
 }
 
-/// Sorts blocks by address: LSD radix sort on `addr >> 4` (44 bits), 11 bits
-/// per pass, skipping the passes whose digit is the same in every block
+/// Sorts blocks by address: LSD radix sort on `addr >> 3` (45 bits: blocks
+/// are 8-byte aligned at least), 12 bits per pass, skipping the passes whose digit is the same in every block
 /// (heap addresses share their high bits). Several times faster than a
 /// comparison sort at ten million blocks, which matters: the program is
 /// stopped meanwhile.
 fn radix_sort(blocks: &mut Vec<Packed>) {
-    const BITS: u64 = 11;
+    const BITS: u64 = 12;
     const BUCKETS: usize = 1 << BITS;
     const PASSES: usize = 4;
     let n = blocks.len();
@@ -176,7 +177,7 @@ fn radix_sort(blocks: &mut Vec<Packed>) {
         return;
     }
     let digit = |p: &Packed, pass: usize| {
-        (((p.addr() >> 4) >> (BITS * pass as u64)) as usize) & (BUCKETS - 1)
+        (((p.addr() >> 3) >> (BITS * pass as u64)) as usize) & (BUCKETS - 1)
     };
     let mut counts = vec![[0usize; BUCKETS]; PASSES];
     for p in blocks.iter() {
@@ -187,11 +188,12 @@ fn radix_sort(blocks: &mut Vec<Packed>) {
     let mut other = huge_vec(n, Packed::EMPTY);
     let (mut src, mut dst) = (blocks, &mut other);
     let mut swapped = false;
+    // On the heap: the scan may run on a small stack.
+    let mut next = vec![0usize; BUCKETS];
     for (pass, c) in counts.iter().enumerate() {
         if c.contains(&n) {
             continue;
         }
-        let mut next = [0usize; BUCKETS];
         let mut sum = 0;
         for (slot, &count) in next.iter_mut().zip(c) {
             *slot = sum;
