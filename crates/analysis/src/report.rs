@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::path::Path;
 
 use serde::{Serialize, Serializer};
 use trapline_symbols::{Frame, Symbolizer};
@@ -107,10 +108,26 @@ pub struct TraceStatus {
     pub allocator_shadowed_by: Option<String>,
     /// The shared library whose allocator the program's calls were passed on
     /// to, when it is not the C library's (jemalloc or tcmalloc, linked or
-    /// preloaded): blocks it allocated or released through its own functions
-    /// (jemalloc's `mallocx`, tcmalloc's `tc_free`; jemalloc's `sdallocx` and
-    /// `dallocx` are trapped) were not seen. Null normally.
+    /// preloaded): blocks it allocated or released through functions of its
+    /// own other than jemalloc's (tcmalloc's `tc_free`, mimalloc's
+    /// `mi_free`) were not seen. Null normally.
     pub allocator_library: Option<String>,
+    /// An allocator linked into the executable under names of its own
+    /// (found in the executable's symbol table when the report is made, if
+    /// the file is still the traced build): the blocks it serves never
+    /// reach malloc, so they are not in the trace. Null normally.
+    pub private_allocator: Option<PrivateAllocatorReport>,
+}
+
+/// See `TraceStatus::private_allocator`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PrivateAllocatorReport {
+    /// The executable's path.
+    pub executable: String,
+    /// "jemalloc", "mimalloc" or "tcmalloc".
+    pub allocator: String,
+    /// The entry point that gave it away (`_rjem_malloc`, `je_malloc`, ...).
+    pub symbol: String,
 }
 
 /// One source-level frame of a symbolized stack.
@@ -274,7 +291,25 @@ impl Facts {
             events: self.events,
             allocator_shadowed_by: self.allocator_shadowed_by.clone(),
             allocator_library: self.allocator_library.clone(),
+            private_allocator: self.private_allocator(),
         }
+    }
+
+    /// The executable's allocator under names of its own, read from its
+    /// file (checked against the traced build id when the trace lists it).
+    fn private_allocator(&self) -> Option<PrivateAllocatorReport> {
+        let exe = &self.process.as_ref()?.exe;
+        let build_id = self
+            .modules
+            .iter()
+            .find(|m| m.path == *exe)
+            .map_or(&[][..], |m| &m.build_id[..]);
+        let found = trapline_symbols::private_allocator_of(Path::new(exe), build_id)?;
+        Some(PrivateAllocatorReport {
+            executable: exe.clone(),
+            allocator: found.allocator.to_string(),
+            symbol: found.symbol,
+        })
     }
 
     /// Lost events; None without an end record. Those the end record
@@ -497,6 +532,14 @@ pub fn status_warnings(status: &TraceStatus) -> Vec<String> {
     }
     if let Some(library) = &status.allocator_library {
         lines.push(allocator_library_note(library));
+    }
+    if let Some(p) = &status.private_allocator {
+        lines.push(format!(
+            "WARNING: {} has an allocator of its own ({}, found as {}): the blocks it serves do \
+             not go through malloc, so they are not in the trace; build it with the system \
+             allocator to trace them.",
+            p.executable, p.allocator, p.symbol
+        ));
     }
     if !status.has_end {
         lines.push(

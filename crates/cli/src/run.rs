@@ -194,7 +194,9 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
             ),
         ));
     }
-    if let Some((allocator, symbol)) = private_allocator(&data) {
+    if let Some(trapline_symbols::PrivateAllocator { allocator, symbol }) =
+        trapline_symbols::private_allocator(&data)
+    {
         let warning = format!(
             "warning: {} has an allocator of its own ({allocator}, found as {symbol}): the \
              blocks it serves do not go through malloc, so they are not in the trace; build \
@@ -219,37 +221,6 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
 /// The warning about an allocator linked into the executable under names of
 /// its own, repeated in the end-of-run summary.
 static PRIVATE_ALLOCATOR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// An allocator linked into the executable under its own names, found in
-/// its symbol tables: Rust's tikv-jemallocator (`_rjem_*`), jemalloc built
-/// with a prefix (`je_*`, as Redis does), mimalloc (`mi_*`, the Rust
-/// mimalloc crate), tcmalloc (`tc_*`). The program's allocations go there,
-/// not through `malloc`: the agent never sees them, and since the
-/// executable does not define `malloc` itself the agent's check (the
-/// shadowed allocator) does not fire. Release builds of Rust programs keep
-/// their symbol table unless stripped; a stripped one is not recognized.
-fn private_allocator<'data, R: object::ReadRef<'data>>(data: R) -> Option<(&'static str, String)> {
-    use object::{Object, ObjectSymbol};
-    const ENTRY_POINTS: [(&str, &str); 6] = [
-        ("_rjem_mallocx", "jemalloc"),
-        ("_rjem_malloc", "jemalloc"),
-        ("je_mallocx", "jemalloc"),
-        ("je_malloc", "jemalloc"),
-        ("mi_malloc", "mimalloc"),
-        ("tc_malloc", "tcmalloc"),
-    ];
-    let file = object::File::parse(data).ok()?;
-    file.symbols()
-        .chain(file.dynamic_symbols())
-        .filter(|sym| sym.is_definition())
-        .find_map(|sym| {
-            let name = sym.name().ok()?;
-            ENTRY_POINTS
-                .iter()
-                .find(|(entry, _)| *entry == name)
-                .map(|(entry, allocator)| (*allocator, entry.to_string()))
-        })
-}
 
 /// The sanitizer whose shared runtime the executable loads, if any. Each of
 /// them intercepts malloc and refuses to start unless it comes first in

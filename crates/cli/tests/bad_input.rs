@@ -335,7 +335,9 @@ fn a_program_with_its_own_dlsym_is_traced() {
 /// in under names of its own (`je_malloc`), which the agent never sees and
 /// which does not define malloc (so the agent's shadowed-allocator check
 /// stays silent). `trapline run` finds the entry point in the executable's
-/// symbol table and warns, before the run and again in its summary.
+/// symbol table and warns, before the run and again in its summary; the
+/// reports read the executable named in the trace and warn too (JSON
+/// `trace.private_allocator`).
 #[test]
 fn an_allocator_under_names_of_its_own_is_named() {
     let dir = TestDir::new("prefixed_allocator");
@@ -352,5 +354,31 @@ fn an_allocator_under_names_of_its_own_is_named() {
         2,
         "{}",
         run.describe()
+    );
+    let exe = prog.canonicalize().expect("the program's path");
+    let expected = json!({
+        "executable": exe.display().to_string(),
+        "allocator": "jemalloc",
+        "symbol": "je_malloc",
+    });
+    let report = leaks(&dir.trace());
+    assert_eq!(field(&report, "trace")["private_allocator"], expected);
+    assert_eq!(
+        field(&stats(&dir.trace()), "trace")["private_allocator"],
+        expected
+    );
+    let warning = format!(
+        "WARNING: {} has an allocator of its own (jemalloc, found as je_malloc)",
+        exe.display()
+    );
+    assert!(leaks_text(&dir.trace(), &[]).contains(&warning));
+    // A clean program's reports carry no such warning.
+    let clean = TestDir::new("prefixed_allocator_clean");
+    let prog = compile_c(&clean, "clean.c");
+    let run = common::run(&clean, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(
+        field(&leaks(&clean.trace()), "trace")["private_allocator"],
+        json!(null)
     );
 }

@@ -11,9 +11,12 @@
 
 #![forbid(unsafe_code)]
 
+mod allocator;
 mod debugfile;
 mod module;
 mod symtab;
+
+pub use allocator::{private_allocator, private_allocator_of, PrivateAllocator};
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
