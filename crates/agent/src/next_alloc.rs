@@ -44,13 +44,15 @@ const POSIX_MEMALIGN: usize = 6;
 const VALLOC: usize = 7;
 const PVALLOC: usize = 8;
 const USABLE_SIZE: usize = 9;
-const SDALLOCX: usize = 10;
-const DALLOCX: usize = 11;
-const MALLOCX: usize = 12;
-const RALLOCX: usize = 13;
-const XALLOCX: usize = 14;
+const FREE_SIZED: usize = 10;
+const FREE_ALIGNED_SIZED: usize = 11;
+const SDALLOCX: usize = 12;
+const DALLOCX: usize = 13;
+const MALLOCX: usize = 14;
+const RALLOCX: usize = 15;
+const XALLOCX: usize = 16;
 
-const NAMES: [&CStr; 15] = [
+const NAMES: [&CStr; 17] = [
     c"malloc",
     c"calloc",
     c"realloc",
@@ -61,6 +63,8 @@ const NAMES: [&CStr; 15] = [
     c"valloc",
     c"pvalloc",
     c"malloc_usable_size",
+    c"free_sized",
+    c"free_aligned_sized",
     c"sdallocx",
     c"dallocx",
     c"mallocx",
@@ -104,6 +108,10 @@ pub fn resolve() {
             next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
         }
     }
+    // A failed lookup (C23's free_sized before glibc 2.41) leaves its
+    // message for the program's next dlerror(): take it.
+    // SAFETY: dlerror only reads and frees this thread's error state.
+    unsafe { libc::dlerror() };
     ts.guard -= 1;
     RESOLVED.store(true, Ordering::Release);
     if claimed {
@@ -260,6 +268,33 @@ pub unsafe fn usable_size(ptr: *mut u8) -> usize {
         return 0;
     }
     call!(f, fn(*mut u8) -> usize, ptr)
+}
+
+/// C23's sized release (glibc 2.41); `free` when no library defines it
+/// (the agent defines the symbol, so a program that probes for it finds one).
+///
+/// # Safety
+/// `ptr` is NULL or a live block of this allocator.
+pub unsafe fn free_sized(ptr: *mut u8, size: usize) {
+    let f = next(FREE_SIZED);
+    if f == 0 {
+        // SAFETY: as the caller promises.
+        return unsafe { free(ptr) };
+    }
+    call!(f, fn(*mut u8, usize) -> (), ptr, size)
+}
+
+/// C23's sized release of an aligned block; `free` when no library defines it.
+///
+/// # Safety
+/// `ptr` is NULL or a live block of this allocator.
+pub unsafe fn free_aligned_sized(ptr: *mut u8, align: usize, size: usize) {
+    let f = next(FREE_ALIGNED_SIZED);
+    if f == 0 {
+        // SAFETY: as the caller promises.
+        return unsafe { free(ptr) };
+    }
+    call!(f, fn(*mut u8, usize, usize) -> (), ptr, align, size)
 }
 
 /// jemalloc's sized release; `free` when no library defines it (the agent

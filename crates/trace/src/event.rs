@@ -55,6 +55,9 @@ pub enum AllocFn {
     Xallocx,
     Sdallocx,
     Dallocx,
+    // Also format version 6: C23's sized releases (glibc 2.41).
+    FreeSized,
+    FreeAlignedSized,
 }
 
 /// Which allocator interface a block belongs to; freeing through another
@@ -82,7 +85,7 @@ impl Family {
 
 impl AllocFn {
     /// Every function, in format order.
-    pub const ALL: [AllocFn; 35] = [
+    pub const ALL: [AllocFn; 37] = [
         AllocFn::Malloc,
         AllocFn::Calloc,
         AllocFn::Realloc,
@@ -118,6 +121,8 @@ impl AllocFn {
         AllocFn::Xallocx,
         AllocFn::Sdallocx,
         AllocFn::Dallocx,
+        AllocFn::FreeSized,
+        AllocFn::FreeAlignedSized,
     ];
 
     /// Decodes the format value.
@@ -177,6 +182,8 @@ impl AllocFn {
             AllocFn::Xallocx => "xallocx",
             AllocFn::Sdallocx => "sdallocx",
             AllocFn::Dallocx => "dallocx",
+            AllocFn::FreeSized => "free_sized",
+            AllocFn::FreeAlignedSized => "free_aligned_sized",
         }
     }
 
@@ -209,6 +216,8 @@ impl AllocFn {
             self,
             Free | Sdallocx
                 | Dallocx
+                | FreeSized
+                | FreeAlignedSized
                 | Delete
                 | DeleteSized
                 | DeleteAligned

@@ -20,7 +20,8 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// tags 35-37; 3 added `RunTotals` and `Recording`, tags 50-51; 4 added
 /// `Recording`'s shadowed-allocator flag and module name; 5 its
 /// allocator-library flag and path; 6 jemalloc's `mallocx`, `rallocx`,
-/// `xallocx`, `sdallocx` and `dallocx` as allocation functions 31-35; older
+/// `xallocx`, `sdallocx` and `dallocx`, and C23's `free_sized` and
+/// `free_aligned_sized`, as allocation functions 31-37; older
 /// files are read unchanged).
 pub const FORMAT_VERSION: u16 = 6;
 /// Size of the file header.

@@ -84,6 +84,38 @@ unsafe extern "C" fn free_hook(ptr: *mut c_void, ret: u64, sp: u64, bp: u64) {
     }
 }
 
+// C23's sized releases (glibc 2.41): checked and recorded as `free` is.
+// Without them in the C library, the agent's definitions release with `free`.
+
+with_caller_regs!(free_sized => free_sized_hook, args: 2);
+/// # Safety
+/// `ptr` must be NULL or a live block (checked: bad pointers are reported, not passed on).
+unsafe extern "C" fn free_sized_hook(ptr: *mut c_void, size: usize, ret: u64, sp: u64, bp: u64) {
+    let regs = StartRegs::caller(ret, sp, bp);
+    if record::free(AllocFn::FreeSized, ptr.cast(), regs) {
+        // SAFETY: the block is live (or the user asked to pass bad frees on).
+        unsafe { next_alloc::free_sized(ptr.cast(), size) };
+    }
+}
+
+with_caller_regs!(free_aligned_sized => free_aligned_sized_hook, args: 3);
+/// # Safety
+/// `ptr` must be NULL or a live block (checked: bad pointers are reported, not passed on).
+unsafe extern "C" fn free_aligned_sized_hook(
+    ptr: *mut c_void,
+    align: usize,
+    size: usize,
+    ret: u64,
+    sp: u64,
+    bp: u64,
+) {
+    let regs = StartRegs::caller(ret, sp, bp);
+    if record::free(AllocFn::FreeAlignedSized, ptr.cast(), regs) {
+        // SAFETY: the block is live (or the user asked to pass bad frees on).
+        unsafe { next_alloc::free_aligned_sized(ptr.cast(), align, size) };
+    }
+}
+
 // jemalloc's own interface. Programs that find jemalloc in the process
 // (folly, when it is the allocator) allocate, grow and release most blocks
 // with it; untrapped, their blocks were unknown to the agent, a `free` of one
