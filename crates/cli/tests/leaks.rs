@@ -987,6 +987,8 @@ fn calls_reach_the_programs_own_allocator_library_linked_or_preloaded() {
             &[("main", src, line("TWICE-ALLOC"))],
             "alloc_stack",
         );
+        // The agent's own totals (xallocx's resize included) equal the replay's.
+        assert_eq!(stats(&dir.trace())["agent_totals_match"], json!(true));
         let calls = calls_where(&dir.trace(), |f| f.ends_with("allocx"));
         let want = [
             ("mallocx", 3),
