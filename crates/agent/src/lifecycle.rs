@@ -376,7 +376,29 @@ unsafe fn edit_environment(name: &[u8], replacement: Option<*mut core::ffi::c_ch
 }
 
 extern "C" fn at_exit(status: i32, _arg: *mut libc::c_void) {
+    if !owns_process() && !in_unreset_child() {
+        // A vfork child that called exit() (POSIX leaves that undefined;
+        // code that handles a failed exec does it). It shares the parent's
+        // memory: glibc has just taken this handler off the parent's list,
+        // and closes the list for good once the child's exit has run it.
+        EXIT_HANDLERS_GONE.store(true, Ordering::Release);
+        return;
+    }
     finish(ExitKind::Code(status), Ending::Exit);
+}
+
+/// A vfork child ran the exit handlers, the agent's among them (`at_exit`):
+/// the parent's own exit will run none. Its `exit` hook then finishes the
+/// trace before calling the real exit (`finish_if_handlers_gone`); a return
+/// from main reaches glibc's exit without the hook, and the trace ends
+/// without its end record.
+static EXIT_HANDLERS_GONE: AtomicBool = AtomicBool::new(false);
+
+/// From the `exit` hook: finishes the trace now if no exit handler will.
+pub fn finish_if_handlers_gone(status: i32) {
+    if EXIT_HANDLERS_GONE.load(Ordering::Acquire) && owns_process() {
+        finish(ExitKind::Code(status), Ending::Exit);
+    }
 }
 
 extern "C" {
@@ -471,8 +493,13 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     if !INITIALIZED.load(Ordering::Acquire) || FINISHED.load(Ordering::Acquire) {
         return;
     }
-    if in_unreset_child() {
-        abandon_unreset_child();
+    if !owns_process() {
+        if in_unreset_child() {
+            abandon_unreset_child();
+        }
+        // Otherwise a vfork child (or a clone sharing our memory) that dies
+        // of a signal, or a thread of it that exits: the trace and every
+        // bit of the agent's state are its parent's, which goes on after it.
         return;
     }
     if FINISHING.swap(true, Ordering::AcqRel) {

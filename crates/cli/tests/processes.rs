@@ -640,6 +640,46 @@ fn children_made_without_glibcs_fork_exit_at_once_and_leave_the_parents_trace_al
     );
 }
 
+/// vfork_exit.c: a vfork child that calls exit() shares the parent's memory,
+/// agent included. Its exit must leave the parent's trace alone: the old
+/// agent finished the parent's trace from the child (end record, exit scan,
+/// the C library's freeres on the parent's buffers), and the parent's later
+/// allocations were not recorded. The child's exit also uses up the
+/// parent's exit handlers, the agent's among them: the parent's exit()
+/// finishes the trace from the agent's exit hook instead.
+#[test]
+fn a_vfork_child_that_calls_exit_leaves_the_parents_trace_alone() {
+    let dir = TestDir::new("vfork_exit");
+    let prog = compile_c(&dir, "vfork_exit.c");
+    let run = run(&dir, &["--timeout", "60"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "parent went on\n");
+    assert_no_events_lost_in_summary(&run);
+    assert_eq!(dir.other_traces(), Vec::<std::path::PathBuf>::new());
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let src = "vfork_exit.c";
+    let line = |marker| marker_line(src, marker);
+    assert_records(
+        &report,
+        &[
+            ExpectedRecord {
+                bytes: 222,
+                blocks: 1,
+                allocated_by: "malloc",
+                stack: vec![("main", src, line("AFTER-VFORK"))],
+            },
+            ExpectedRecord {
+                bytes: 111,
+                blocks: 1,
+                allocated_by: "malloc",
+                stack: vec![("main", src, line("BEFORE-VFORK"))],
+            },
+        ],
+    );
+    assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+}
+
 /// reload_loop.c: a plugin loaded, called and unloaded 300 and 3,000 times.
 /// Every dlopen and dlclose used to leave a new unwinder behind (never
 /// freed: a thread may still walk an old one), 28 MB more for 2,000 cycles;

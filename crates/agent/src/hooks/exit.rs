@@ -25,6 +25,7 @@ pub extern "C" fn exit_collected(
     if crate::lifecycle::owns_process() {
         // SAFETY: `regs` points at the trampoline's spill area on this stack.
         crate::scan::note_exit_call(unsafe { &*regs }, caller_sp);
+        crate::lifecycle::finish_if_handlers_gone(status);
     }
     let f = crate::sys::cached_next_symbol(&REAL_EXIT, c"exit");
     // SAFETY: glibc's exit never returns.
