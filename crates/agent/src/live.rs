@@ -5,7 +5,7 @@
 //! 64 shards, each an open-addressing table (linear probing, backward-shift
 //! deletion, no tombstones) under its own lock. An entry is 16 bytes: the
 //! address shifted right by 3 (allocators align blocks to 8 bytes at least:
-//! glibc to 16, jemalloc, tcmalloc and mimalloc their smallest ones to 8)
+//! glibc to 16, jemalloc, tcmalloc and mimalloc their 8-byte ones to 8)
 //! with the high bits of the stack id on top, and size / function / low
 //! stack bits. Tables
 //! grow by half when 80% full (any size: slots are picked by multiply-shift,
