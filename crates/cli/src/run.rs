@@ -539,28 +539,8 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         }
         return;
     }
-    let Ok(mut file) = std::fs::File::open(output) else {
-        return;
-    };
-    // The agent's own totals, from the end of the file, when it could keep
-    // them exactly; otherwise a replay of the whole trace.
-    let summary = match trapline_analysis::stats::summary_from_tail(&mut file) {
-        Ok(Some(s)) => Ok(s),
-        _ => {
-            // A replay reads every event: say why trapline has not returned yet.
-            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-            if len >= SLOW_SUMMARY_BYTES {
-                eprintln!(
-                    "==trapline== reading {} MB of trace for the summary (-q skips this)...",
-                    th(len >> 20)
-                );
-            }
-            trapline_analysis::stats::analyze(&mut file)
-                .map(|s| trapline_analysis::stats::RunSummary::from_stats(&s))
-        }
-    };
-    match summary {
-        Ok(s) => {
+    match read_summary(output) {
+        Some(Ok(s)) => {
             print_summary(&s);
             if s.events_lost.is_none() {
                 match killed_by {
@@ -568,9 +548,106 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
                     None => eprintln!("==trapline== {UNFLUSHED_EXIT}"),
                 }
             }
-            eprintln!("==trapline== see: trapline leaks {}", output.display());
         }
-        Err(e) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
+        Some(Err(e)) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
+        None => {}
+    }
+    summarize_others(&files[1..]);
+    eprintln!("==trapline== see: trapline leaks {}", output.display());
+}
+
+/// The summary of one trace file: the agent's own totals, from the end of
+/// the file, when it could keep them exactly; otherwise a replay of the
+/// whole trace. None if the file cannot be opened.
+fn read_summary(
+    path: &Path,
+) -> Option<Result<trapline_analysis::stats::RunSummary, trapline_trace::TraceError>> {
+    let mut file = std::fs::File::open(path).ok()?;
+    Some(
+        match trapline_analysis::stats::summary_from_tail(&mut file) {
+            Ok(Some(s)) => Ok(s),
+            _ => {
+                // A replay reads every event: say why trapline has not returned yet.
+                let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+                if len >= SLOW_SUMMARY_BYTES {
+                    eprintln!(
+                        "==trapline== reading {} MB of {} for the summary (-q skips this)...",
+                        th(len >> 20),
+                        path.display()
+                    );
+                }
+                trapline_analysis::stats::analyze(&mut file)
+                    .map(|s| trapline_analysis::stats::RunSummary::from_stats(&s))
+            }
+        },
+    )
+}
+
+/// Traces of other processes listed one by one when they need a look.
+const OTHERS_LISTED: usize = 10;
+
+/// The totals of the other processes' traces (children, exec'd images), and
+/// which of them hold errors or lost events: the top process's summary
+/// alone said "errors found: 0" for a tree whose child double-freed.
+fn summarize_others(others: &[PathBuf]) {
+    if others.is_empty() {
+        return;
+    }
+    let (mut calls, mut errors, mut lost, mut unfinished) = (0u64, 0u64, 0u64, 0usize);
+    let mut unfreed = (0u64, 0u64);
+    let mut notable = Vec::new();
+    for path in others {
+        let s = match read_summary(path) {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                notable.push(format!("{}: cannot read it: {e}", path.display()));
+                continue;
+            }
+            None => continue,
+        };
+        calls += s.allocation_calls;
+        errors += s.errors;
+        unfreed.0 += s.unfreed.bytes;
+        unfreed.1 += s.unfreed.blocks;
+        match s.events_lost {
+            Some(n) => lost += n,
+            None => unfinished += 1,
+        }
+        let mut what = Vec::new();
+        if s.errors > 0 {
+            what.push(counted(s.errors, "error"));
+        }
+        match s.events_lost {
+            Some(0) => {}
+            Some(n) => what.push(format!("{} lost", counted(n, "event"))),
+            None => what.push("no end record".to_string()),
+        }
+        if !what.is_empty() {
+            notable.push(format!("{}: {}", path.display(), what.join(", ")));
+        }
+    }
+    let unfinished = if unfinished > 0 {
+        format!(" ({unfinished} without an end record)")
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "==trapline== other processes ({}): {} allocation calls, {} bytes in {} blocks unfreed, errors found: {}, events lost: {}{unfinished}",
+        counted(others.len() as u64, "trace"),
+        th(calls),
+        th(unfreed.0),
+        th(unfreed.1),
+        th(errors),
+        th(lost)
+    );
+    for line in notable.iter().take(OTHERS_LISTED) {
+        eprintln!("==trapline==   {line}");
+    }
+    if notable.len() > OTHERS_LISTED {
+        eprintln!(
+            "==trapline==   ... and {} more with errors or lost events",
+            counted((notable.len() - OTHERS_LISTED) as u64, "trace")
+        );
     }
 }
 
@@ -605,6 +682,12 @@ const SLOW_SUMMARY_BYTES: u64 = 32 << 20;
 
 fn th(n: u64) -> String {
     trapline_analysis::report::thousands(n)
+}
+
+/// "1 trace", "2 traces".
+fn counted(n: u64, noun: &str) -> String {
+    let s = if n == 1 { "" } else { "s" };
+    format!("{} {noun}{s}", th(n))
 }
 
 /// The summary lines after the trace names.

@@ -640,6 +640,32 @@ fn children_made_without_glibcs_fork_exit_at_once_and_leave_the_parents_trace_al
     );
 }
 
+/// child_error.c: the summary of `trapline run` adds up the other processes'
+/// traces and names those with errors. It used to cover the top process
+/// only, and said "errors found: 0" for a tree whose child double-freed.
+#[test]
+fn the_run_summary_counts_the_errors_of_every_process() {
+    let dir = TestDir::new("child_error");
+    let prog = compile_c(&dir, "child_error.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let children = dir.other_traces();
+    assert_eq!(children.len(), 1, "{}", run.describe());
+    let lines = [
+        "==trapline== errors found: 0\n".to_string(),
+        "==trapline== other processes (1 trace): 2 allocation calls, 77 bytes in 1 blocks \
+         unfreed, errors found: 1, events lost: 0\n"
+            .to_string(),
+        format!("==trapline==   {}: 1 error\n", children[0].display()),
+    ];
+    let at: Vec<Option<usize>> = lines.iter().map(|l| run.stderr.find(l.as_str())).collect();
+    assert!(
+        at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]),
+        "{}",
+        run.describe()
+    );
+}
+
 /// vfork_exit.c: a vfork child that calls exit() shares the parent's memory,
 /// agent included. Its exit must leave the parent's trace alone: the old
 /// agent finished the parent's trace from the child (end record, exit scan,
