@@ -286,6 +286,11 @@ pub fn init() {
     crate::profile::init();
     crate::hooks::signals::install();
     modules::refresh();
+    // Lookups that failed (`__gnu_cxx::__freeres` in a C program, functions
+    // an older glibc lacks) must leave no message for the program's first
+    // dlerror().
+    // SAFETY: dlerror only reads and frees this thread's error state.
+    unsafe { libc::dlerror() };
     if open_trace(top) {
         writer::submit_first(header_buffer());
         // SAFETY: registering plain functions.
