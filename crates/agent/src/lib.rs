@@ -6,6 +6,7 @@
 //! per-thread buffers that a writer thread compresses into the trace file.
 //! See docs/design.md for the mechanisms. All of trapline's `unsafe` is here.
 
+mod allocator_maps;
 mod arch;
 mod clock;
 mod heap;

@@ -616,6 +616,51 @@ macro_rules! with_return_address {
 }
 pub(crate) use with_return_address;
 
+/// An exported hook `$name` that runs `$setup`, pushes `$push` as the
+/// seventh argument and calls `$target`: for hooks whose own arguments leave
+/// no register for what the target needs to know. The pushed word re-aligns
+/// the stack to 16 bytes for the call; the stub restores rsp before
+/// returning the callee's rax. Not for hot paths (a call and a return more
+/// than a jump).
+macro_rules! calling_stub {
+    ($name:ident => $target:path, setup: [$($setup:literal),*], push: $push:literal) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            // SAFETY: `$setup` writes only argument registers after the
+            // hook's own; the pushed word is the callee's seventh argument
+            // and is popped before the return; the CFI describes every step.
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                $($setup,)*
+                concat!("push ", $push),
+                ".cfi_adjust_cfa_offset 8",
+                "call {target}",
+                "add rsp, 8",
+                ".cfi_adjust_cfa_offset -8",
+                "ret",
+                ".cfi_endproc",
+                target = sym $target,
+            )
+        }
+    };
+}
+pub(crate) use calling_stub;
+
+/// Defines hook `$name`, a function of six arguments (every argument
+/// register taken), as a stub that calls `$target` with the return address
+/// as a seventh argument, on the stack; used where the caller matters and
+/// the call is rare (`mmap`: is it the allocator library mapping memory?).
+/// `$target` is `extern "C" fn(<6 arguments>, u64) -> <the C return type>`.
+macro_rules! with_return_address_on_stack {
+    ($name:ident => $target:path) => {
+        $crate::arch::calling_stub!($name => $target, setup: [], push: "qword ptr [rsp]");
+    };
+}
+pub(crate) use with_return_address_on_stack;
+
 /// Defines hook `$name` as a trampoline that jumps to `$target`, passing it
 /// the caller's frame as three more arguments after the hook's own `$args`:
 /// the return address, the caller's sp (after the return) and its bp. The
@@ -636,29 +681,7 @@ macro_rules! with_caller_regs {
     // seventh argument, so the stub calls `$target` with a frame of its
     // own instead of jumping (jemalloc's xallocx; not a hot path).
     ($name:ident => $target:path, args: 4) => {
-        /// # Safety
-        /// The C function's contract.
-        #[unsafe(naked)]
-        #[no_mangle]
-        pub unsafe extern "C" fn $name() {
-            // SAFETY: the return address and sp are read as in `trampoline`;
-            // the pushed bp re-aligns the stack to 16 bytes for the call and
-            // is the callee's seventh argument; the stub restores rsp before
-            // returning the callee's rax. The CFI describes every step.
-            core::arch::naked_asm!(
-                ".cfi_startproc",
-                "mov r8, [rsp]",
-                "lea r9, [rsp + 8]",
-                "push rbp",
-                ".cfi_adjust_cfa_offset 8",
-                "call {target}",
-                "add rsp, 8",
-                ".cfi_adjust_cfa_offset -8",
-                "ret",
-                ".cfi_endproc",
-                target = sym $target,
-            )
-        }
+        $crate::arch::calling_stub!($name => $target, setup: ["mov r8, [rsp]", "lea r9, [rsp + 8]"], push: "rbp");
     };
 }
 pub(crate) use with_caller_regs;

@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod cxx;
 pub mod exit;
 pub mod fds;
+pub mod maps;
 pub mod process;
 pub mod sigmask;
 pub mod signals;

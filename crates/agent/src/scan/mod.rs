@@ -264,6 +264,9 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
     let maps = maps::read();
     let loader = loader_ranges();
     let mut excluded = agent_module_ranges();
+    // The allocator library's own mappings (its metadata names every block
+    // it handed out): malloc's memory, like glibc's arena heaps.
+    crate::allocator_maps::allocator_ranges(&mut excluded);
     let agent_tids: Vec<u32> = AGENT_TIDS
         .iter()
         .map(|t| t.load(Ordering::Acquire))
