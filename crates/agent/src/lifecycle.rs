@@ -503,8 +503,8 @@ pub fn finish(exit: ExitKind, ending: Ending) {
             abandon_unreset_child();
         }
         // Otherwise a vfork child (or a clone sharing our memory) that dies
-        // of a signal, or a thread of it that exits: the trace and every
-        // bit of the agent's state are its parent's, which goes on after it.
+        // of a signal: the trace and every bit of the agent's state are its
+        // parent's, which goes on after it.
         return;
     }
     if FINISHING.swap(true, Ordering::AcqRel) {
