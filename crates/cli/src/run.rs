@@ -588,13 +588,14 @@ const OTHERS_LISTED: usize = 10;
 
 /// The totals of the other processes' traces (children, exec'd images), and
 /// which of them hold errors or lost events: the top process's summary
-/// alone said "errors found: 0" for a tree whose child double-freed.
+/// alone said "errors found: 0" for a tree whose child double-freed. Their
+/// unfreed blocks are not added up: a fork child that execs lists the heap
+/// it inherited, and a shell's children would sum to many times its heap.
 fn summarize_others(others: &[PathBuf]) {
     if others.is_empty() {
         return;
     }
     let (mut calls, mut errors, mut lost, mut unfinished) = (0u64, 0u64, 0u64, 0usize);
-    let mut unfreed = (0u64, 0u64);
     let mut notable = Vec::new();
     for path in others {
         let s = match read_summary(path) {
@@ -607,8 +608,6 @@ fn summarize_others(others: &[PathBuf]) {
         };
         calls += s.allocation_calls;
         errors += s.errors;
-        unfreed.0 += s.unfreed.bytes;
-        unfreed.1 += s.unfreed.blocks;
         match s.events_lost {
             Some(n) => lost += n,
             None => unfinished += 1,
@@ -632,11 +631,9 @@ fn summarize_others(others: &[PathBuf]) {
         String::new()
     };
     eprintln!(
-        "==trapline== other processes ({}): {} allocation calls, {} bytes in {} blocks unfreed, errors found: {}, events lost: {}{unfinished}",
+        "==trapline== other processes ({}): {} allocation calls, errors found: {}, events lost: {}{unfinished}",
         counted(others.len() as u64, "trace"),
         th(calls),
-        th(unfreed.0),
-        th(unfreed.1),
         th(errors),
         th(lost)
     );
