@@ -500,7 +500,8 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         "==trapline== traces written: {}",
         files.len() - usize::from(empty)
     );
-    for f in &files {
+    let mut unlisted = 0usize;
+    for (i, f) in files.iter().enumerate() {
         if f == output && empty {
             continue;
         }
@@ -510,17 +511,27 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
             .flatten()
             .and_then(|mut t| trapline_analysis::stats::allocators(&mut t).ok())
             .unwrap_or_default();
+        // A long tree (a build, a shell loop) lists its first traces only,
+        // and after them those that warn.
+        let listed = i < TRACES_LISTED;
         match (allocators.shadowed_by, allocators.library) {
             (Some(module), _) => eprintln!(
                 "==trapline==   {} (WARNING: its allocator of its own, in {module}, is not traced)",
                 f.display()
             ),
-            (None, Some(library)) => eprintln!(
-                "==trapline==   {} (allocator: {library}; its own release functions are not seen)",
-                f.display()
-            ),
-            (None, None) => eprintln!("==trapline==   {}", f.display()),
+            (None, Some(library)) if listed => {
+                eprintln!("==trapline==   {} (allocator: {library})", f.display())
+            }
+            _ if listed => eprintln!("==trapline==   {}", f.display()),
+            _ => unlisted += 1,
         }
+    }
+    if unlisted > 0 {
+        eprintln!(
+            "==trapline==   ... and {} more, named {}.<pid>",
+            th(unlisted as u64),
+            output.display()
+        );
     }
     if empty {
         let not_loaded = "the agent was not loaded into it (a static or setuid program started by a script? a program that clears LD_PRELOAD?)";
@@ -582,6 +593,9 @@ fn read_summary(
         },
     )
 }
+
+/// Trace files listed by name before the summary.
+const TRACES_LISTED: usize = 20;
 
 /// Traces of other processes listed one by one when they need a look.
 const OTHERS_LISTED: usize = 10;
