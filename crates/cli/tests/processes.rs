@@ -666,6 +666,38 @@ fn the_run_summary_counts_the_errors_of_every_process() {
     );
 }
 
+/// many_children.c: 25 traces. The summary names 20 of them and counts the
+/// rest (a shell loop of 300 commands listed 603 lines), and adds up all 24
+/// children.
+#[test]
+fn the_run_summary_names_twenty_traces_and_counts_the_rest() {
+    let dir = TestDir::new("many_children");
+    let prog = compile_c(&dir, "many_children.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "24 children\n");
+    assert_eq!(dir.other_traces().len(), 24);
+    let named = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with(&format!("==trapline==   {}", dir.trace().display())))
+        .count();
+    assert_eq!(named, 20, "{}", run.describe());
+    let more = format!(
+        "==trapline==   ... and 5 more, named {}.<pid>\n",
+        dir.trace().display()
+    );
+    assert!(run.stderr.contains(&more), "{}", run.describe());
+    assert!(
+        run.stderr.contains(
+            "==trapline== other processes (24 traces): 24 allocation calls, errors found: 0, \
+             events lost: 0\n"
+        ),
+        "{}",
+        run.describe()
+    );
+}
+
 /// vfork_exit.c: a vfork child that calls exit() shares the parent's memory,
 /// agent included. Its exit must leave the parent's trace alone: the old
 /// agent finished the parent's trace from the child (end record, exit scan,
