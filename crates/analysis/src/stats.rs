@@ -132,6 +132,9 @@ pub struct RunSummary {
     pub events_lost: Option<u64>,
     /// What the reader has to say about a damaged or incomplete trace.
     pub warnings: Vec<String>,
+    /// The program's allocator, as the trace names it (`warnings` has the
+    /// lines about it too).
+    pub allocators: Allocators,
 }
 
 impl RunSummary {
@@ -147,6 +150,10 @@ impl RunSummary {
             errors: s.errors,
             events_lost: s.events_lost,
             warnings: crate::report::status_warnings(&s.trace),
+            allocators: Allocators {
+                shadowed_by: s.trace.allocator_shadowed_by.clone(),
+                library: s.trace.allocator_library.clone(),
+            },
         }
     }
 }
@@ -208,13 +215,14 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         errors: t.errors,
         events_lost: Some(0),
         warnings,
+        allocators,
     }))
 }
 
 /// What the trace says about the program's allocator, read from the agent's
 /// first chunk only: see `TraceStatus::allocator_shadowed_by` and
 /// `TraceStatus::allocator_library`.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Allocators {
     pub shadowed_by: Option<String>,
     pub library: Option<String>,
@@ -231,12 +239,6 @@ impl Allocators {
             .chain(library.map(crate::report::allocator_library_note))
             .collect()
     }
-}
-
-/// Reads `Allocators` from a trace.
-pub fn allocators<R: Read + Seek>(input: &mut R) -> Result<Allocators, TraceError> {
-    let index = TraceIndex::build(input)?;
-    allocators_in(input, &index)
 }
 
 fn allocators_in<R: Read + Seek>(

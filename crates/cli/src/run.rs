@@ -500,16 +500,28 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         "==trapline== traces written: {}",
         files.len() - usize::from(empty)
     );
+    // Every file is read once, for the list and the summaries both.
+    let summaries: Vec<Option<ReadSummary>> = files
+        .iter()
+        .map(|f| {
+            if f == output && empty {
+                None
+            } else {
+                read_summary(f)
+            }
+        })
+        .collect();
     let mut unlisted = 0usize;
-    for (i, f) in files.iter().enumerate() {
+    for (i, (f, summary)) in files.iter().zip(&summaries).enumerate() {
         if f == output && empty {
             continue;
         }
         // The top process's summary below says so; other processes here.
-        let allocators = (f != output)
-            .then(|| std::fs::File::open(f).ok())
-            .flatten()
-            .and_then(|mut t| trapline_analysis::stats::allocators(&mut t).ok())
+        let allocators = summary
+            .as_ref()
+            .and_then(|s| s.as_ref().ok())
+            .filter(|_| f != output)
+            .map(|s| s.allocators.clone())
             .unwrap_or_default();
         // A long tree (a build, a shell loop) lists its first traces only,
         // and after them those that warn.
@@ -550,7 +562,8 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         }
         return;
     }
-    match read_summary(output) {
+    let mut summaries = summaries.into_iter();
+    match summaries.next().flatten() {
         Some(Ok(s)) => {
             print_summary(&s);
             if s.events_lost.is_none() {
@@ -563,16 +576,17 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         Some(Err(e)) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
         None => {}
     }
-    summarize_others(&files[1..]);
+    summarize_others(&files[1..], summaries);
     eprintln!("==trapline== see: trapline leaks {}", output.display());
 }
+
+/// A trace file's summary, or why it could not be read.
+type ReadSummary = Result<trapline_analysis::stats::RunSummary, trapline_trace::TraceError>;
 
 /// The summary of one trace file: the agent's own totals, from the end of
 /// the file, when it could keep them exactly; otherwise a replay of the
 /// whole trace. None if the file cannot be opened.
-fn read_summary(
-    path: &Path,
-) -> Option<Result<trapline_analysis::stats::RunSummary, trapline_trace::TraceError>> {
+fn read_summary(path: &Path) -> Option<ReadSummary> {
     let mut file = std::fs::File::open(path).ok()?;
     Some(
         match trapline_analysis::stats::summary_from_tail(&mut file) {
@@ -605,14 +619,14 @@ const OTHERS_LISTED: usize = 10;
 /// alone said "errors found: 0" for a tree whose child double-freed. Their
 /// unfreed blocks are not added up: a fork child that execs lists the heap
 /// it inherited, and a shell's children would sum to many times its heap.
-fn summarize_others(others: &[PathBuf]) {
+fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<ReadSummary>>) {
     if others.is_empty() {
         return;
     }
     let (mut calls, mut errors, mut lost, mut unfinished) = (0u64, 0u64, 0u64, 0usize);
     let mut notable = Vec::new();
-    for path in others {
-        let s = match read_summary(path) {
+    for (path, summary) in others.iter().zip(summaries) {
+        let s = match summary {
             Some(Ok(s)) => s,
             Some(Err(e)) => {
                 notable.push(format!("{}: cannot read it: {e}", path.display()));
