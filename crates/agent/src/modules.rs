@@ -47,6 +47,15 @@ struct Scanned {
     eh_frame_hdr: Option<(u64, u64)>,
 }
 
+impl Scanned {
+    /// The addresses the module spans, [start, end) over its segments.
+    fn extent(&self) -> (u64, u64) {
+        let lo = self.segments.iter().map(|s| s.start).min().unwrap_or(0);
+        let hi = self.segments.iter().map(|s| s.end).max().unwrap_or(0);
+        (lo, hi)
+    }
+}
+
 struct Registry {
     known: Vec<(u32, Scanned)>,
     next_id: u32,
@@ -254,8 +263,7 @@ fn scan() -> Vec<Scanned> {
         if i == 0 && m.name.is_empty() {
             m.name = exe.clone();
         }
-        let lo = m.segments.iter().map(|s| s.start).min().unwrap_or(0);
-        let hi = m.segments.iter().map(|s| s.end).max().unwrap_or(0);
+        let (lo, hi) = m.extent();
         if own >= lo && own < hi {
             AGENT_START.store(lo, Ordering::Relaxed);
             AGENT_END.store(hi, Ordering::Relaxed);
@@ -263,6 +271,14 @@ fn scan() -> Vec<Scanned> {
     }
     out.retain(|m| !m.segments.is_empty());
     out
+}
+
+/// The addresses spanned by the loaded module that holds `pc`.
+pub fn extent_of(pc: u64) -> Option<(u64, u64)> {
+    scan()
+        .iter()
+        .map(Scanned::extent)
+        .find(|&(lo, hi)| pc >= lo && pc < hi)
 }
 
 /// Reads the .eh_frame pointer out of .eh_frame_hdr.

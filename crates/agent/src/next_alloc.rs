@@ -108,7 +108,7 @@ pub fn resolve() {
         for (next, name) in jemalloc {
             next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
         }
-        crate::allocator_maps::set_allocator(module_of(malloc).and_then(|(base, _)| extent(base)));
+        crate::allocator_maps::set_allocator(crate::modules::extent_of(malloc as u64));
     } else {
         crate::allocator_maps::set_allocator(None);
     }
@@ -415,36 +415,6 @@ pub unsafe fn xallocx(ptr: *mut u8, size: usize, extra: usize, flags: i32) -> us
     }
     // SAFETY: as the caller promises.
     unsafe { usable_size(ptr) }
-}
-
-/// The addresses a loaded module spans, from its ELF header at `base` (where
-/// the loader mapped it): from its first loadable segment to the end of its
-/// last.
-fn extent(base: usize) -> Option<(u64, u64)> {
-    // SAFETY: `base` is a loaded module's first mapped byte, its ELF header;
-    // the program headers it locates are mapped with it (glibc's loader
-    // requires the first loadable segment to cover them).
-    unsafe {
-        let header = base as *const u8;
-        if core::slice::from_raw_parts(header, 4) != b"\x7fELF" {
-            return None;
-        }
-        let phoff = (header.add(0x20) as *const u64).read_unaligned() as usize;
-        let phentsize = usize::from((header.add(0x36) as *const u16).read_unaligned());
-        let phnum = usize::from((header.add(0x38) as *const u16).read_unaligned());
-        let (mut lo, mut hi) = (u64::MAX, 0u64);
-        for i in 0..phnum {
-            let ph = header.add(phoff + i * phentsize);
-            if (ph as *const u32).read_unaligned() != libc::PT_LOAD {
-                continue;
-            }
-            let vaddr = (ph.add(0x10) as *const u64).read_unaligned();
-            let memsz = (ph.add(0x28) as *const u64).read_unaligned();
-            lo = lo.min(vaddr & !0xfff);
-            hi = hi.max(vaddr + memsz);
-        }
-        (hi > lo).then(|| (base as u64, base as u64 + (hi - lo)))
-    }
 }
 
 /// The load address of the module that holds `addr` (0 if none).
