@@ -13,17 +13,22 @@ static REAL_MUNMAP: AtomicUsize = AtomicUsize::new(0);
 
 type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
 
-/// The next `mmap` (the C library's, unless another library interposes it);
-/// the system call if none can be found.
-fn real_mmap(
+// `mmap64` is glibc's other name for the same function on 64-bit systems.
+with_return_address_on_stack!(mmap => mapped);
+with_return_address_on_stack!(mmap64 => mapped);
+/// `mmap` with its caller's return address `ret`: passed to the next `mmap`
+/// (the C library's, unless another library interposes it; the system call
+/// if none can be found).
+extern "C" fn mapped(
     addr: *mut c_void,
     len: usize,
     prot: c_int,
     flags: c_int,
     fd: c_int,
     off: i64,
+    ret: u64,
 ) -> *mut c_void {
-    match crate::sys::cached_next_symbol(&REAL_MMAP, c"mmap") {
+    let p = match crate::sys::cached_next_symbol(&REAL_MMAP, c"mmap") {
         // SAFETY: the system call with the caller's arguments (what glibc's
         // mmap does; errno is set by syscall()).
         0 => unsafe {
@@ -35,23 +40,7 @@ fn real_mmap(
             // SAFETY: the caller's arguments, unchanged.
             unsafe { f(addr, len, prot, flags, fd, off) }
         }
-    }
-}
-
-// `mmap64` is glibc's other name for the same function on 64-bit systems.
-with_return_address_on_stack!(mmap => mapped);
-with_return_address_on_stack!(mmap64 => mapped);
-/// `mmap` with its caller's return address `ret`.
-extern "C" fn mapped(
-    addr: *mut c_void,
-    len: usize,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: i64,
-    ret: u64,
-) -> *mut c_void {
-    let p = real_mmap(addr, len, prot, flags, fd, off);
+    };
     if p != libc::MAP_FAILED && flags & libc::MAP_ANONYMOUS != 0 {
         allocator_maps::note_map(p as u64, len as u64, ret);
     }
