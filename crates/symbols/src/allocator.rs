@@ -33,7 +33,27 @@ const ENTRY_POINTS: [(&str, &str); 6] = [
 
 /// The private allocator defined in the ELF file `data`, if any.
 pub fn private_allocator<'data, R: object::ReadRef<'data>>(data: R) -> Option<PrivateAllocator> {
-    let file = object::File::parse(data).ok()?;
+    defined_in(&object::File::parse(data).ok()?)
+}
+
+/// The private allocator of the executable at `path`, when the file is
+/// still the build a trace recorded (`build_id`; empty: not checked).
+/// None when the file is gone, unreadable or another build: then nothing
+/// can be told.
+pub fn private_allocator_of(path: &Path, build_id: &[u8]) -> Option<PrivateAllocator> {
+    let file = std::fs::File::open(path).ok()?;
+    // Read lazily: only the headers and symbol tables are needed.
+    let data = object::read::ReadCache::new(file);
+    let object = object::File::parse(&data).ok()?;
+    if !build_id.is_empty() && object.build_id().ok()?? != build_id {
+        return None;
+    }
+    defined_in(&object)
+}
+
+fn defined_in<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+) -> Option<PrivateAllocator> {
     file.symbols()
         .chain(file.dynamic_symbols())
         .filter(|sym| sym.is_definition())
@@ -47,21 +67,4 @@ pub fn private_allocator<'data, R: object::ReadRef<'data>>(data: R) -> Option<Pr
                     symbol: entry.to_string(),
                 })
         })
-}
-
-/// The private allocator of the executable at `path`, when the file is
-/// still the build a trace recorded (`build_id`; empty: not checked).
-/// None when the file is gone, unreadable or another build: then nothing
-/// can be told.
-pub fn private_allocator_of(path: &Path, build_id: &[u8]) -> Option<PrivateAllocator> {
-    let file = std::fs::File::open(path).ok()?;
-    // Read lazily: only the headers and symbol tables are needed.
-    let data = object::read::ReadCache::new(file);
-    if !build_id.is_empty() {
-        let object = object::File::parse(&data).ok()?;
-        if object.build_id().ok()?? != build_id {
-            return None;
-        }
-    }
-    private_allocator(&data)
 }
