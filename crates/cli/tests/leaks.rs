@@ -982,9 +982,9 @@ fn calls_reach_the_programs_own_allocator_library_linked_or_preloaded() {
             &[("main", src, line("TWICE-ALLOC"))],
             "alloc_stack",
         );
+        let stats = stats(&dir.trace());
         // The agent's own totals (xallocx's resize included) equal the replay's.
-        assert_eq!(stats(&dir.trace())["agent_totals_match"], json!(true));
-        let calls = calls_where(&dir.trace(), |f| f.ends_with("allocx"));
+        assert_eq!(stats["agent_totals_match"], json!(true));
         let want = [
             ("mallocx", 3),
             ("rallocx", 2),
@@ -992,11 +992,7 @@ fn calls_reach_the_programs_own_allocator_library_linked_or_preloaded() {
             ("sdallocx", 2),
             ("dallocx", 3),
         ];
-        assert_eq!(
-            calls,
-            want.map(|(f, n)| (f.to_owned(), n)),
-            "calls of jemalloc's functions"
-        );
+        assert_calls(&stats, |f| f.ends_with("allocx"), &want);
     }
 }
 
@@ -1025,9 +1021,8 @@ fn c23_sized_releases_are_trapped() {
         }],
     );
     assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
-    let calls = calls_where(&dir.trace(), |f| f.starts_with("free_"));
     let want = [("free_sized", 1), ("free_aligned_sized", 1)];
-    assert_eq!(calls, want.map(|(f, n)| (f.to_owned(), n)));
+    assert_calls(&stats(&dir.trace()), |f| f.starts_with("free_"), &want);
 }
 
 /// `trapline run` of `program` with `preload` in LD_PRELOAD (after the
@@ -1042,13 +1037,15 @@ fn run_preloading(dir: &TestDir, program: &std::path::Path, preload: Option<&str
     run
 }
 
-/// `trapline stats`' calls of the functions `which` picks, in format order.
-fn calls_where(trace: &std::path::Path, which: impl Fn(&str) -> bool) -> Vec<(String, u64)> {
-    as_array(&stats(trace), "calls")
+/// Asserts the calls of the functions `which` picks in a `trapline stats`
+/// report, in format order.
+fn assert_calls(stats: &Value, which: impl Fn(&str) -> bool, want: &[(&str, u64)]) {
+    let got: Vec<(&str, u64)> = as_array(stats, "calls")
         .iter()
-        .map(|c| (as_str(c, "function").to_owned(), as_u64(c, "calls")))
+        .map(|c| (as_str(c, "function"), as_u64(c, "calls")))
         .filter(|(f, _)| which(f))
-        .collect()
+        .collect();
+    assert_eq!(got, want, "calls per function");
 }
 
 /// allocator_leaks.c with glibc's malloc and with jemalloc, linked and
@@ -1121,12 +1118,11 @@ fn jemalloc_api_without_jemalloc_is_served_by_the_c_library() {
     assert_eq!(unfreed_summary(&report), (0, 0), "{}", pretty(&report));
     assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
     assert_eq!(field(&report, "trace")["allocator_library"], json!(null));
-    let calls = calls_where(&dir.trace(), |f| f.ends_with("allocx"));
     let want = [
         ("mallocx", 1),
         ("rallocx", 2),
         ("sdallocx", 1),
         ("dallocx", 1),
     ];
-    assert_eq!(calls, want.map(|(f, n)| (f.to_owned(), n)));
+    assert_calls(&stats(&dir.trace()), |f| f.ends_with("allocx"), &want);
 }
