@@ -194,6 +194,15 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
             ),
         ));
     }
+    if let Some(kind) = foreign_elf(&data) {
+        return Err(fail(
+            EXIT_CANNOT_RUN,
+            format!(
+                "{} is {kind} program, and trapline's agent is {AGENT_KIND} library: the dynamic loader preloads a library only into programs of its own architecture, so it cannot be traced (build it for {AGENT_KIND_SHORT})",
+                path.display()
+            ),
+        ));
+    }
     if let Some(trapline_symbols::PrivateAllocator { allocator, symbol }) =
         trapline_symbols::private_allocator(&data)
     {
@@ -243,6 +252,44 @@ fn sanitizer_runtime<'data, R: object::ReadRef<'data>>(data: R) -> Option<(&'sta
             .split(|&b| b == 0)
             .find(|name| name.starts_with(runtime.as_bytes()))
             .map(|name| (sanitizer, String::from_utf8_lossy(name).into_owned()))
+    })
+}
+
+/// The agent's architecture, as the dynamic loader sees it.
+#[cfg(target_arch = "x86_64")]
+const AGENT_ARCH: object::Architecture = object::Architecture::X86_64;
+#[cfg(target_arch = "aarch64")]
+const AGENT_ARCH: object::Architecture = object::Architecture::Aarch64;
+#[cfg(target_arch = "x86_64")]
+const AGENT_KIND: &str = "a 64-bit x86-64";
+#[cfg(target_arch = "aarch64")]
+const AGENT_KIND: &str = "a 64-bit ARM (aarch64)";
+#[cfg(target_arch = "x86_64")]
+const AGENT_KIND_SHORT: &str = "x86-64";
+#[cfg(target_arch = "aarch64")]
+const AGENT_KIND_SHORT: &str = "aarch64";
+
+/// An ELF executable the agent cannot be loaded into: another architecture,
+/// or another ABI of this one (32-bit x86 next to x86-64). ld.so only says
+/// "wrong ELF class: ELFCLASS64 ... ignored" and runs it untraced. Returns
+/// how to name it ("a 32-bit x86 (i386)"); None for anything that is not
+/// an ELF file (a script is checked when its interpreter runs).
+fn foreign_elf<'data, R: object::ReadRef<'data>>(data: R) -> Option<String> {
+    use object::{Architecture, Object};
+    let file = object::File::parse(data).ok()?;
+    let arch = file.architecture();
+    if arch == AGENT_ARCH && file.is_64() {
+        return None;
+    }
+    Some(match arch {
+        Architecture::I386 => "a 32-bit x86 (i386)".to_owned(),
+        Architecture::X86_64_X32 => "an x32 (x86-64 with 32-bit pointers)".to_owned(),
+        Architecture::X86_64 => "a 64-bit x86-64".to_owned(),
+        Architecture::Aarch64 => "a 64-bit ARM (aarch64)".to_owned(),
+        Architecture::Arm => "a 32-bit ARM".to_owned(),
+        Architecture::Riscv64 => "a 64-bit RISC-V".to_owned(),
+        Architecture::Unknown => "an unknown-architecture".to_owned(),
+        other => format!("a {}-bit {other:?}", if file.is_64() { 64 } else { 32 }),
     })
 }
 
@@ -546,7 +593,7 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         );
     }
     if empty {
-        let not_loaded = "the agent was not loaded into it (a static or setuid program started by a script? a program that clears LD_PRELOAD?)";
+        let not_loaded = "the agent was not loaded into it (a static, setuid or 32-bit program started by a script? a program that clears LD_PRELOAD?)";
         match killed_by {
             // SIGKILL, or a crash the agent's handler could not run for
             // (a stack overflow without an alternate stack), before the

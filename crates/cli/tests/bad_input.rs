@@ -78,14 +78,85 @@ fn run_sanitizer_built_binary_is_refused() {
     );
 }
 
+/// A 32-bit program: ld.so printed "wrong ELF class: ELFCLASS64 ...
+/// ignored" and ran it untraced, and trapline only said afterwards that no
+/// trace was written. Now it is refused before it runs, with the reason.
+#[test]
+fn run_32_bit_binary_is_refused() {
+    assert_refused(
+        "hello_i386",
+        &["-m32"],
+        "is a 32-bit x86 (i386) program, and trapline's agent is a 64-bit x86-64 library",
+    );
+}
+
+/// An executable for another machine (here aarch64, whose ELF header is
+/// written by hand: no cross compiler is needed to refuse it, since only
+/// the headers are read).
+#[test]
+fn run_foreign_architecture_binary_is_refused() {
+    let dir = TestDir::new("foreign_arch");
+    let prog = dir.path().join("hello_aarch64");
+    std::fs::write(&prog, elf64_with_interp(183 /* EM_AARCH64 */)).unwrap();
+    let mut perms = std::fs::metadata(&prog).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&prog, perms).unwrap();
+    refused(
+        &dir,
+        &prog,
+        "is a 64-bit ARM (aarch64) program, and trapline's agent is a 64-bit x86-64 library",
+    );
+}
+
+/// A minimal little-endian ELF64 executable for machine `machine`: the file
+/// header and one PT_INTERP program header naming /lib/ld-linux-aarch64.so.1.
+fn elf64_with_interp(machine: u16) -> Vec<u8> {
+    let interp = b"/lib/ld-linux-aarch64.so.1\0";
+    let (ehsize, phsize) = (64u64, 56u64);
+    let mut f = Vec::new();
+    f.extend_from_slice(b"\x7fELF");
+    f.extend_from_slice(&[2, 1, 1, 0]); // ELFCLASS64, little-endian, version 1, SysV
+    f.extend_from_slice(&[0; 8]);
+    f.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f.extend_from_slice(&machine.to_le_bytes());
+    f.extend_from_slice(&1u32.to_le_bytes()); // EV_CURRENT
+    f.extend_from_slice(&0x400000u64.to_le_bytes()); // e_entry
+    f.extend_from_slice(&ehsize.to_le_bytes()); // e_phoff
+    f.extend_from_slice(&0u64.to_le_bytes()); // e_shoff: no sections
+    f.extend_from_slice(&0u32.to_le_bytes()); // e_flags
+    f.extend_from_slice(&(ehsize as u16).to_le_bytes());
+    f.extend_from_slice(&(phsize as u16).to_le_bytes());
+    f.extend_from_slice(&1u16.to_le_bytes()); // e_phnum
+    f.extend_from_slice(&64u16.to_le_bytes()); // e_shentsize
+    f.extend_from_slice(&0u16.to_le_bytes()); // e_shnum
+    f.extend_from_slice(&0u16.to_le_bytes()); // e_shstrndx
+    assert_eq!(f.len() as u64, ehsize);
+    let at = ehsize + phsize;
+    f.extend_from_slice(&3u32.to_le_bytes()); // PT_INTERP
+    f.extend_from_slice(&4u32.to_le_bytes()); // PF_R
+    f.extend_from_slice(&at.to_le_bytes()); // p_offset
+    f.extend_from_slice(&(0x400000 + at).to_le_bytes()); // p_vaddr
+    f.extend_from_slice(&(0x400000 + at).to_le_bytes()); // p_paddr
+    f.extend_from_slice(&(interp.len() as u64).to_le_bytes()); // p_filesz
+    f.extend_from_slice(&(interp.len() as u64).to_le_bytes()); // p_memsz
+    f.extend_from_slice(&1u64.to_le_bytes()); // p_align
+    f.extend_from_slice(interp);
+    f
+}
+
 /// static_hello.c built with `flags` as `name`: `trapline run` refuses it
 /// before it runs (exit status 125), with `message` on stderr.
 fn assert_refused(name: &str, flags: &[&str], message: &str) {
     let dir = TestDir::new(name);
     let prog = compile_c_with(&dir, "static_hello.c", name, flags);
+    refused(&dir, &prog, message);
+}
+
+/// `trapline run PROG` exits 125 with `message` on stderr, without running it.
+fn refused(dir: &TestDir, prog: &Path, message: &str) {
     let finished = output_of(
-        run_command(&dir, &[], &prog, &[]),
-        &format!("trapline run {name}"),
+        run_command(dir, &[], prog, &[]),
+        &format!("trapline run {}", prog.display()),
     );
     no_panic(&finished);
     assert_eq!(finished.code(), 125, "{}", finished.describe());
