@@ -71,9 +71,7 @@ fn read_cmdline() -> Vec<String> {
 /// Everything a trace starts with: the process and its modules.
 fn header_buffer() -> Box<Buffer> {
     let mut b = writer::take_buffer(0);
-    let exe = std::fs::read_link("/proc/self/exe")
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let exe = modules::exe_path();
     // SAFETY: getppid has no preconditions.
     let ppid = unsafe { libc::getppid() } as u32;
     let ev = Event::Process(ProcessInfo {
@@ -722,6 +720,7 @@ fn fork_child_restart() {
     modules::reset_lock();
     thread::reset_in_child();
     crate::threads::reset_in_child();
+    crate::process_end::reset_in_child();
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
     set_fork_token();
     sys::membarrier_register();

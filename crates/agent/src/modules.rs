@@ -173,16 +173,18 @@ fn read_build_id(note_start: u64, note_len: u64) -> Option<Vec<u8>> {
     None
 }
 
-fn exe_path() -> String {
+/// The executable's path. Through /proc/thread-self: once the main thread
+/// has left through pthread_exit, /proc/self/exe (its zombie's) is unreadable.
+pub fn exe_path() -> String {
     let mut buf = [0u8; 4096];
-    // SAFETY: readlink writes at most buf.len() bytes into buf.
-    let n = unsafe {
-        libc::readlink(
-            c"/proc/self/exe".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    let mut n = -1;
+    for link in [c"/proc/thread-self/exe", c"/proc/self/exe"] {
+        // SAFETY: readlink writes at most buf.len() bytes into buf.
+        n = unsafe { libc::readlink(link.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            break;
+        }
+    }
     if n > 0 {
         String::from_utf8_lossy(&buf[..n as usize]).into_owned()
     } else {

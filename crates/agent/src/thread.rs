@@ -108,6 +108,7 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     state.guard += 1;
     if !state.agent_thread && !FINISHED.load(Ordering::Acquire) {
         crate::threads::on_thread_end(&mut state);
+        crate::process_end::program_thread_ending(state.tid);
     }
     if let Some(b) = state.take_buffer() {
         writer::submit(b, true);
@@ -301,6 +302,15 @@ pub fn mark_agent_thread() {
     ts.agent_thread = true;
     ts.guard = 1;
     crate::scan::note_agent_thread();
+}
+
+/// The writer thread, about to end the process for a program whose threads
+/// are all gone (`process_end`), becomes a program thread: the exit handlers
+/// it runs are the program's.
+pub fn adopt_for_program() {
+    let ts = current();
+    ts.agent_thread = false;
+    ts.guard = 0;
 }
 
 impl ThreadState {

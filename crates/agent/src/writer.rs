@@ -468,11 +468,13 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
         unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };
     let mut scratch = Vec::new();
     let mut last_sweep = 0u64;
+    let me = sys::gettid();
     loop {
         let seen = WORK.generation();
         drain(&mut scratch);
         let now = crate::clock::precise_now();
-        if now.saturating_sub(last_sweep) >= 200_000_000 {
+        let sweep = now.saturating_sub(last_sweep) >= 200_000_000;
+        if sweep {
             last_sweep = now;
             periodic();
             drain(&mut scratch);
@@ -481,14 +483,40 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
             drain(&mut scratch);
             break;
         }
+        if crate::process_end::program_has_ended(me, sweep) {
+            end_for_program(&mut scratch);
+        }
         WORK.wait(seen, Some(1_000_000));
     }
+    stopped();
+    core::ptr::null_mut()
+}
+
+/// The writer has left its loop: `finish` writes what is left itself.
+fn stopped() {
     RUNNING.store(false, Ordering::Release);
     STOPPED.store(true, Ordering::Release);
     DONE.notify_all();
     // Producers waiting for room queue their buffers without waiting now.
     SPACE.notify_all();
-    core::ptr::null_mut()
+}
+
+/// The program's threads are all gone (`process_end`): the process ends as
+/// glibc would have ended it from the last one, with exit(0), called from
+/// here. The writer stops being one first, so that the exit handlers (the
+/// program's record their calls now, as a program thread's would be) and
+/// then the agent's `finish` write the rest of the trace from this thread.
+fn end_for_program(scratch: &mut Vec<u8>) -> ! {
+    drain(scratch);
+    stopped();
+    crate::thread::adopt_for_program();
+    // SAFETY: exit(0) is what glibc calls when a process's last thread ends.
+    unsafe { libc::exit(0) }
+}
+
+/// Wakes the writer (it also wakes by itself every millisecond).
+pub fn wake() {
+    WORK.notify_all();
 }
 
 /// Starts the writer thread (a raw pthread, detached: nothing of Rust's

@@ -97,3 +97,51 @@ fn every_thread_has_its_creator_start_and_end() {
     }
     assert_eq!(rec.ends.get(&tid["main"]), None, "main has no ThreadEnd");
 }
+
+/// main_pthread_exit.c: the main thread leaves through pthread_exit and the
+/// process ends when its last thread does. Under the agent it never ended
+/// (the writer thread kept it alive); when a thread called exit instead,
+/// the exit scan waited 2 s for main's zombie and warned that a thread was
+/// not suspended, and it read no roots at all (every block "lost").
+#[test]
+fn a_process_whose_main_thread_called_pthread_exit_ends_with_its_last_thread() {
+    let dir = TestDir::new("main_pthread_exit");
+    let prog = compile_c(&dir, "main_pthread_exit.c");
+    for (args, code) in [(&[][..], 0), (&["exit"][..], 7)] {
+        let run = run(&dir, &[], &prog, args);
+        assert_eq!(run.code(), code, "{args:?}\n{}", run.describe());
+        assert_eq!(run.stdout, "atexit ran\n", "{args:?}\n{}", run.describe());
+        let report = leaks(&dir.trace());
+        assert_eq!(
+            report["process"]["exit"],
+            serde_json::json!({ "code": code })
+        );
+        assert_eq!(report["events_lost"], 0, "{report:#}");
+        assert_eq!(report["warnings"], serde_json::json!([]), "{report:#}");
+        let scan = &report["scan"];
+        assert_eq!(scan["threads_not_suspended"], 0, "{args:?}: {scan:#}");
+        let records = report["records"].as_array().expect("records");
+        let kept: Vec<_> = records
+            .iter()
+            .filter(|r| r["bytes"] == 1111)
+            .map(|r| (r["kind"].as_str(), r["stack"][0]["function"].as_str()))
+            .collect();
+        assert_eq!(
+            kept,
+            [(Some("still_reachable"), Some("last"))],
+            "{args:?}: {report:#}"
+        );
+        assert!(
+            records.iter().all(|r| r["bytes"] != 2222),
+            "{args:?}: the atexit handler freed its block: {report:#}"
+        );
+        // Key destructors run when a thread ends, not when one calls exit.
+        let key_blocks: Vec<_> = records
+            .iter()
+            .filter(|r| r["bytes"] == 333)
+            .map(|r| r["stack"][0]["function"].as_str())
+            .collect();
+        let expected: &[Option<&str>] = if code == 7 { &[Some("last")] } else { &[] };
+        assert_eq!(key_blocks, expected, "{args:?}: {report:#}");
+    }
+}

@@ -24,9 +24,13 @@ pub enum Special {
     Kernel,
 }
 
-/// Reads and parses /proc/self/maps (allocates: call before stopping threads).
+/// Reads and parses the process's maps (allocates: call before stopping
+/// threads). Through /proc/thread-self: once the main thread has left
+/// through pthread_exit, /proc/self is its zombie's, and reads no mappings.
 pub fn read() -> Vec<Mapping> {
-    let Ok(text) = std::fs::read("/proc/self/maps") else {
+    let Ok(text) =
+        std::fs::read("/proc/thread-self/maps").or_else(|_| std::fs::read("/proc/self/maps"))
+    else {
         return Vec::new();
     };
     text.split(|&b| b == b'\n').filter_map(parse).collect()

@@ -41,7 +41,10 @@ impl SafeReader {
     pub fn new() -> SafeReader {
         SafeReader {
             buf: vec![0u64; 8192],
-            pid: crate::sys::getpid_raw() as i32,
+            // The calling thread's tid, not the pid: once the main thread
+            // has left through pthread_exit, the pid names its zombie, which
+            // has no memory to read (every read failed: no roots).
+            pid: crate::sys::gettid() as i32,
         }
     }
 

@@ -172,47 +172,15 @@ fn install() -> bool {
 }
 
 /// Lists the tids of the process into `out` (within its capacity) without
-/// allocating: getdents64 on /proc/self/task into `buf`.
+/// allocating.
 fn list_tasks(buf: &mut [u8], out: &mut Vec<u32>) {
     out.clear();
-    // SAFETY: opening a directory read-only with a NUL-terminated path.
-    let fd = unsafe {
-        libc::open(
-            c"/proc/self/task".as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return;
-    }
-    loop {
-        // SAFETY: getdents64 writes at most buf.len() bytes into buf.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
-        if n <= 0 {
-            break;
+    crate::tasks::each(buf, |tid| {
+        if out.len() < out.capacity() {
+            out.push(tid);
         }
-        let mut off = 0usize;
-        while off + 19 < n as usize {
-            let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
-            let name = &buf[off + 19..off + reclen];
-            let digits = name.iter().take_while(|b| b.is_ascii_digit());
-            let mut tid = 0u32;
-            let mut any = false;
-            for d in digits {
-                tid = tid.wrapping_mul(10).wrapping_add(u32::from(d - b'0'));
-                any = true;
-            }
-            if any && out.len() < out.capacity() {
-                out.push(tid);
-            }
-            if reclen == 0 {
-                break;
-            }
-            off += reclen;
-        }
-    }
-    // SAFETY: closing the descriptor opened above.
-    unsafe { libc::close(fd) };
+        true
+    });
 }
 
 /// Scratch for `stop`, allocated before the scan locks anything.
@@ -254,6 +222,9 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
     } = scratch;
     let me = sys::gettid();
     let pid = sys::getpid_raw();
+    // A main thread that left through pthread_exit stays listed, as a
+    // zombie, until the process ends: it can neither park nor hold data.
+    let leader_ended = me != pid && crate::tasks::has_ended(pid);
     let mut world = World {
         parked: Vec::new(),
         threads: 1,
@@ -276,7 +247,11 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
         list_tasks(&mut dirents, &mut tids);
         let mut new = 0;
         for &tid in &tids {
-            if tid == me || skip.contains(&tid) || seen >= MAX_THREADS {
+            if tid == me
+                || (tid == pid && leader_ended)
+                || skip.contains(&tid)
+                || seen >= MAX_THREADS
+            {
                 continue;
             }
             let Some(slot) = insert(slots, tid) else {
@@ -344,7 +319,8 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
         }
     }
     list_tasks(&mut dirents, &mut tids);
-    world.threads = tids.len().max(1) as u32;
+    let ended = usize::from(leader_ended && tids.contains(&pid));
+    world.threads = (tids.len() - ended).max(1) as u32;
     world.parked = parked;
     world
 }
