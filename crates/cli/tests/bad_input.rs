@@ -359,10 +359,10 @@ fn a_trace_that_cannot_grow_stays_readable_and_counts_what_it_lost() {
     }
 }
 
-/// raw_exit.c ends with exit_group called directly: the agent never runs at
-/// the end, and the trace has no end record. `trapline run` returns the
-/// program's status and says why the trace is unfinished, without claiming
-/// the program was killed.
+/// raw_exit.c ends with the exit_group instruction itself: the agent never
+/// runs at the end, and the trace has no end record. `trapline run` returns
+/// the program's status and says why the trace is unfinished, without
+/// claiming the program was killed.
 #[test]
 fn an_exit_past_the_agent_is_explained() {
     let dir = TestDir::new("raw_exit");
@@ -378,6 +378,38 @@ fn an_exit_past_the_agent_is_explained() {
         run.describe()
     );
     assert!(!run.stderr.contains("died of signal"), "{}", run.describe());
+}
+
+/// raw_exit.c with "libc": `syscall(SYS_exit_group, 7)` through glibc's
+/// function, which the agent now defines: the trace is finished there, as
+/// by `_exit`. It used to end without its end record.
+#[test]
+fn exit_group_through_syscall_finishes_the_trace() {
+    let dir = TestDir::new("raw_exit_libc");
+    let prog = compile_c(&dir, "raw_exit.c");
+    let run = run(&dir, &[], &prog, &["libc"]);
+    assert_eq!(run.code(), 7, "{}", run.describe());
+    assert_eq!(run.stdout, "exiting\nclose: -1 EBADF; mmap at 4096: same\n");
+    assert!(!run.stderr.contains("no end record"), "{}", run.describe());
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(report["process"]["exit"], json!({ "code": 7 }));
+    // The 64-byte block, beside stdout's buffer (no freeres after _exit).
+    let src = "raw_exit.c";
+    let line = marker_line(src, "RAW-EXIT-BLOCK");
+    let block: Vec<_> = as_array(&report, "records")
+        .iter()
+        .filter(|r| r["bytes"] == 64)
+        .collect();
+    assert_eq!(block.len(), 1, "{}", pretty(&report));
+    assert_eq!(block[0]["blocks"], 1);
+    assert_frame(
+        &stack_of(block[0], "stack")[0],
+        "main",
+        src,
+        line,
+        "64-byte block",
+    );
 }
 
 /// own_dlsym.c defines dlsym itself and forwards with its own return

@@ -496,6 +496,61 @@ variadic_exec_trampoline!(execl, crate::hooks::process::execl_collected);
 variadic_exec_trampoline!(execle, crate::hooks::process::execle_collected);
 variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
 
+/// glibc's `syscall(number, ...)`, made here so that
+/// `syscall(SYS_exit_group, status)` finishes the trace as `_exit` does
+/// (hooks/process.rs): it ended the process past the agent, without an end
+/// record. Every other number is made as glibc makes it, with no lookup of
+/// the real function (a lazy lookup could allocate, and the agent's own
+/// system calls come through here too): arguments moved into the kernel's
+/// registers (the sixth from the stack), `syscall`, and a result in
+/// [-4095, -1] stored as errno with -1 returned.
+///
+/// # Safety
+/// The C function's contract.
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn syscall() {
+    core::arch::naked_asm!(
+        ".cfi_startproc",
+        "cmp rdi, {exit_group}",
+        "je 3f",
+        "mov rax, rdi",
+        "mov rdi, rsi",
+        "mov rsi, rdx",
+        "mov rdx, rcx",
+        "mov r10, r8",
+        "mov r8, r9",
+        "mov r9, [rsp + 8]",
+        "syscall",
+        "cmp rax, -4095",
+        "jae 2f",
+        "ret",
+        // errno = -rax; return -1. On entry rsp = 8 mod 16: 8 bytes align the call.
+        "2:",
+        "neg eax",
+        "sub rsp, 8",
+        ".cfi_adjust_cfa_offset 8",
+        "mov [rsp], eax",
+        "call {errno_location}",
+        "mov ecx, [rsp]",
+        "mov [rax], ecx",
+        "add rsp, 8",
+        ".cfi_adjust_cfa_offset -8",
+        "mov rax, -1",
+        "ret",
+        "3:",
+        "mov edi, esi",
+        "sub rsp, 8",
+        ".cfi_adjust_cfa_offset 8",
+        "call {exit_group_called}",
+        "ud2",
+        ".cfi_endproc",
+        exit_group = const libc::SYS_exit_group,
+        errno_location = sym libc::__errno_location,
+        exit_group_called = sym crate::hooks::process::exit_group_called,
+    )
+}
+
 /// The stack pointer of the calling function (inlined into it).
 #[inline(always)]
 pub fn stack_pointer() -> u64 {
