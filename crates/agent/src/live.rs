@@ -31,6 +31,8 @@ const FREED_RING_MAX: usize = 32768;
 static FREED_GROWTH: AtomicUsize = AtomicUsize::new(65536);
 
 const SIZE_BITS: u32 = 38;
+/// Sizes from this up are kept as this (a block of 256 GiB or more).
+pub const MAX_SIZE: u64 = (1 << SIZE_BITS) - 1;
 const FUNC_BITS: u32 = 6;
 const STACK_LO_BITS: u32 = 64 - SIZE_BITS - FUNC_BITS; // 20
 /// Addresses are kept divided by 8, the least alignment of a block.

@@ -232,9 +232,53 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
     }
 }
 
+/// What a release's arguments say about its block, checked against it: the
+/// size (sized `operator delete`, C23's `free_sized`) and the alignment (C++'s
+/// aligned `operator delete`; 0: none given).
+#[derive(Clone, Copy)]
+pub struct Stated {
+    pub size: Option<u64>,
+    pub align: u64,
+}
+
+/// A release that does not match its live block, though the block is
+/// released all the same: another family (`free` of a `new` block), another
+/// size than allocated (a sized release), or C++'s aligned `delete` of a
+/// block from `new` without alignment or the reverse. With what the release
+/// gave, for the last two.
+fn mismatch(func: AllocFn, block: live::Block, stated: Stated) -> Option<(ErrorKind, u64)> {
+    if block.func.family() != func.family() {
+        return Some((ErrorKind::MismatchedFree, 0));
+    }
+    // The table keeps sizes below 2^38: a larger block cannot be compared.
+    match stated.size {
+        Some(size) if size != block.size && block.size < live::MAX_SIZE => {
+            return Some((ErrorKind::MismatchedSize, size))
+        }
+        _ => {}
+    }
+    let cxx = func.family() != trapline_trace::event::Family::Malloc;
+    (cxx && func.cxx_aligned() != block.func.cxx_aligned())
+        .then_some((ErrorKind::MismatchedAlignment, stated.align))
+}
+
 /// Records a release of `addr`; returns whether to pass it to the C library.
 #[inline]
 pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
+    free_stating(
+        func,
+        addr,
+        Stated {
+            size: None,
+            align: 0,
+        },
+        regs,
+    )
+}
+
+/// `free` for a release that states the block's size or alignment.
+#[inline]
+pub fn free_stating(func: AllocFn, addr: *mut u8, stated: Stated, regs: StartRegs) -> bool {
     if addr.is_null() {
         return true;
     }
@@ -243,7 +287,7 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
         Entry::Record(ts) => {
             #[cfg(feature = "capture-timing")]
             let started = crate::arch::cycles();
-            let pass = free_recorded(ts, func, addr, regs);
+            let pass = free_recorded(ts, func, addr, stated, regs);
             leave(ts);
             #[cfg(feature = "capture-timing")]
             crate::unwind::timing::add(
@@ -260,7 +304,13 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
     }
 }
 
-fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs) -> bool {
+fn free_recorded(
+    ts: &mut ThreadState,
+    func: AllocFn,
+    addr: u64,
+    stated: Stated,
+    regs: StartRegs,
+) -> bool {
     let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
     let stack = if with_stack {
         capture_stack_then(ts, regs, Site::Free, || live::prefetch_release(addr))
@@ -290,13 +340,13 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
         ts.last_time = t;
         totals::free(ts, block.size);
         ts.emit(Some(t), |e, c| e.free(c, t, addr, func, stack));
-        if block.func.family() != func.family() {
+        if let Some((kind, given)) = mismatch(func, block, stated) {
             let stack = error_stack(ts);
             report(
                 ts,
                 Event::Error {
                     time: t,
-                    kind: ErrorKind::MismatchedFree,
+                    kind,
                     func,
                     addr,
                     stack,
@@ -305,6 +355,7 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
                     alloc_stack: block.stack,
                     free_stack: 0,
                     passed_on: true,
+                    given,
                 },
             );
         }
@@ -338,6 +389,7 @@ fn free_recorded(ts: &mut ThreadState, func: AllocFn, addr: u64, regs: StartRegs
             alloc_stack: f.alloc_stack,
             free_stack: f.free_stack,
             passed_on: pass,
+            given: 0,
         },
     );
     pass
@@ -387,6 +439,7 @@ fn report_invalid_realloc(
             alloc_stack: 0,
             free_stack: 0,
             passed_on: pass,
+            given: 0,
         },
     );
     pass

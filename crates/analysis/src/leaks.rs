@@ -193,7 +193,8 @@ impl Default for LeaksOptions {
 /// One allocation error, possibly repeated.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ErrorRecord {
-    /// `"double_free"`, `"invalid_free"`, `"mismatched_free"` or `"invalid_realloc"`.
+    /// `"double_free"`, `"invalid_free"`, `"mismatched_free"`,
+    /// `"invalid_realloc"`, `"mismatched_size"` or `"mismatched_alignment"`.
     pub kind: &'static str,
     /// How many times this error happened at this stack.
     pub count: u64,
@@ -207,10 +208,18 @@ pub struct ErrorRecord {
     /// Time of the first occurrence, seconds since the start.
     pub time_seconds: f64,
     /// Whether the invalid call was passed on to the C library anyway
-    /// (`--pass-invalid-frees`). Absent for mismatched frees, which are
+    /// (`--pass-invalid-frees`). Absent for the mismatches, which are
     /// always performed (the block is released).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub passed_on: Option<bool>,
+    /// For `mismatched_size`: the size the release gave (the block's is
+    /// `alloc_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub given_size: Option<u64>,
+    /// For `mismatched_alignment`: the alignment the release gave, 0 when
+    /// it gave none (the block came from an aligned `new`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub given_alignment: Option<u64>,
     /// Stack id of the faulty call.
     pub stack_id: u32,
     /// Stack of the faulty call.
@@ -551,6 +560,7 @@ fn error_record(
         alloc_stack,
         free_stack,
         passed_on,
+        given,
     } = e.event
     else {
         return None;
@@ -564,7 +574,9 @@ fn error_record(
         function: func.name(),
         thread: e.tid,
         time_seconds: seconds(time),
-        passed_on: (kind != ErrorKind::MismatchedFree).then_some(passed_on),
+        passed_on: (!kind.performed()).then_some(passed_on),
+        given_size: (kind == ErrorKind::MismatchedSize).then_some(given),
+        given_alignment: (kind == ErrorKind::MismatchedAlignment).then_some(given),
         stack_id: stack,
         stack: frames(stack),
         alloc_function: alloc_func.map(AllocFn::name),
@@ -867,6 +879,8 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord, release_stacks: bool) 
             " (invalid free)",
         ),
         "mismatched_free" => ("Mismatched free() / delete / delete []", ""),
+        "mismatched_size" => ("Mismatched size in a sized delete / free_sized()", ""),
+        "mismatched_alignment" => ("Mismatched alignment in new / delete", ""),
         _ => (
             "Invalid free() / delete / delete[] / realloc()",
             " (invalid realloc)",
@@ -891,6 +905,38 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord, release_stacks: bool) 
             writeln!(
                 out,
                 "{p} Address {addr} is 0 bytes inside a block of size {} alloc'd",
+                thousands(size)
+            )
+            .unwrap();
+            alloc_at(out);
+        }
+        ("mismatched_size", Some(size)) => {
+            writeln!(
+                out,
+                "{p} Address {addr} is a block of size {} released as size {}{}",
+                thousands(size),
+                thousands(e.given_size.unwrap_or(0)),
+                if e.function.starts_with("operator delete") {
+                    " (deleted through a pointer to another type?)"
+                } else {
+                    ""
+                }
+            )
+            .unwrap();
+            alloc_at(out);
+        }
+        ("mismatched_alignment", Some(size)) => {
+            let released = match e.given_alignment {
+                Some(a) if a != 0 => format!("with alignment {a}"),
+                _ => "without alignment".to_owned(),
+            };
+            let allocated = match e.alloc_function.is_some_and(|f| f.contains("align")) {
+                true => "with alignment",
+                false => "without alignment",
+            };
+            writeln!(
+                out,
+                "{p} Address {addr} is a block of size {} allocated {allocated}, released {released}",
                 thousands(size)
             )
             .unwrap();

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::io::{Read, Seek};
 
 use serde::Serialize;
-use trapline_trace::{AllocFn, ErrorKind, Event, RunTotals, TraceError};
+use trapline_trace::{AllocFn, Event, RunTotals, TraceError};
 
 use crate::index::{MergedEvents, TraceIndex};
 use crate::replay::HeapReplay;
@@ -319,9 +319,9 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             }
             Event::Error { kind, func, .. } => {
                 errors += 1;
-                // A mismatched free also has its Free event; other erroneous
-                // calls appear only here.
-                if *kind != ErrorKind::MismatchedFree {
+                // A mismatch also has its Free event; other erroneous calls
+                // appear only here.
+                if !kind.performed() {
                     count(*func, 0);
                     if func.is_release() {
                         release_calls += 1;

@@ -167,6 +167,7 @@ fn errors_are_listed_and_identical_ones_merged() {
         alloc_stack: 1,
         free_stack: 2,
         passed_on: false,
+        given: 0,
     };
     let mismatch = Event::Error {
         time: 40,
@@ -179,6 +180,7 @@ fn errors_are_listed_and_identical_ones_merged() {
         alloc_stack: 1,
         free_stack: 0,
         passed_on: true,
+        given: 0,
     };
     let chunks = vec![
         (0, vec![process()]),
@@ -291,6 +293,7 @@ fn freed_section_starts_with_the_release_function_like_memcheck() {
         alloc_stack: 1,
         free_stack: 2,
         passed_on: false,
+        given: 0,
     };
     let chunks = vec![
         (0, vec![process()]),

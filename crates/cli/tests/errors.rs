@@ -193,6 +193,94 @@ fn errors_cpp_mismatched_frees() {
     }
 }
 
+/// delete_mismatch.cpp: releases of the right family that give another size
+/// (a Derived deleted through a Base* without a virtual destructor; a sized
+/// delete[]) or alignment than the block was allocated with. Each is
+/// reported once, with what the release gave, and the block is released;
+/// correct sized, array and aligned deletes are not reported.
+#[test]
+fn errors_cpp_mismatched_sizes_and_alignments() {
+    let dir = TestDir::new("delete_mismatch");
+    let prog = compile_cpp(&dir, "delete_mismatch.cpp");
+    let report = record_whole(&dir, &[], &prog, &[], "survived\n");
+    assert_eq!(
+        kinds(&report),
+        [
+            "mismatched_alignment",
+            "mismatched_alignment",
+            "mismatched_size",
+            "mismatched_size"
+        ]
+    );
+    assert_each_once(&report, false);
+    assert_eq!(unfreed_summary(&report), (0, 0));
+    let src = "delete_mismatch.cpp";
+    let m = |marker: &str| marker_line(src, marker);
+    for (caller, kind, release, given, alloc_fn, size, bad_line) in [
+        (
+            "base_delete()",
+            "mismatched_size",
+            "operator delete(void*, unsigned long)",
+            ("given_size", 8),
+            "operator new(unsigned long)",
+            24,
+            "BASE-DELETE",
+        ),
+        (
+            "array_size()",
+            "mismatched_size",
+            "operator delete[](void*, unsigned long)",
+            ("given_size", 48),
+            "operator new[](unsigned long)",
+            32,
+            "ARRAY-SIZE",
+        ),
+        (
+            "align_delete()",
+            "mismatched_alignment",
+            "operator delete(void*)",
+            ("given_alignment", 0),
+            "operator new(unsigned long, std::align_val_t)",
+            64,
+            "ALIGN-DELETE",
+        ),
+        (
+            "plain_aligned_delete()",
+            "mismatched_alignment",
+            "operator delete(void*, std::align_val_t)",
+            ("given_alignment", 64),
+            "operator new(unsigned long)",
+            64,
+            "PLAIN-ALIGNED-DELETE",
+        ),
+    ] {
+        let error = error_at(&report, kind, caller);
+        assert_eq!(as_str(error, "function"), release, "{}", pretty(error));
+        assert_eq!(error[given.0], json!(given.1), "{}", pretty(error));
+        assert_eq!(
+            error["alloc_function"],
+            json!(alloc_fn),
+            "{}",
+            pretty(error)
+        );
+        assert_eq!(error["alloc_size"], json!(size), "{}", pretty(error));
+        assert!(error.get("passed_on").is_none(), "{}", pretty(error));
+        assert_stack_top(
+            stack_of(error, "stack"),
+            &[
+                (caller, src, m(bad_line)),
+                ("main", src, m(&format!("CALL-{bad_line}"))),
+            ],
+            caller,
+        );
+        assert_stack_top(
+            stack_of(error, "alloc_stack"),
+            &[(caller, src, m(&format!("{bad_line}-ALLOC")))],
+            &format!("{caller} alloc_stack"),
+        );
+    }
+}
+
 /// Without --pass-invalid-frees the double free is swallowed.
 #[test]
 fn double_free_not_passed_by_default() {

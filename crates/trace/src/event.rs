@@ -187,6 +187,25 @@ impl AllocFn {
         }
     }
 
+    /// Whether this is one of C++'s operators with an alignment argument
+    /// (`std::align_val_t`): an over-aligned object's `new` or `delete`.
+    pub fn cxx_aligned(self) -> bool {
+        use AllocFn::*;
+        matches!(
+            self,
+            NewAligned
+                | NewAlignedNothrow
+                | NewArrayAligned
+                | NewArrayAlignedNothrow
+                | DeleteAligned
+                | DeleteSizedAligned
+                | DeleteAlignedNothrow
+                | DeleteArrayAligned
+                | DeleteArraySizedAligned
+                | DeleteArrayAlignedNothrow
+        )
+    }
+
     /// The family this function allocates into or releases from.
     pub fn family(self) -> Family {
         use AllocFn::*;
@@ -246,6 +265,14 @@ pub enum ErrorKind {
     MismatchedFree = 3,
     /// realloc was given a pointer that is not a live block.
     InvalidRealloc = 4,
+    /// A sized release (`operator delete(p, size)`, C23's `free_sized`) gave
+    /// another size than the block was allocated with: in C++, deleting
+    /// through a pointer to a base class without a virtual destructor
+    /// (AddressSanitizer's new-delete-type-mismatch). The block is released.
+    MismatchedSize = 5,
+    /// A block from an aligned `operator new` released by an `operator delete`
+    /// without alignment, or the reverse. The block is released.
+    MismatchedAlignment = 6,
 }
 
 impl ErrorKind {
@@ -256,6 +283,8 @@ impl ErrorKind {
             2 => ErrorKind::InvalidFree,
             3 => ErrorKind::MismatchedFree,
             4 => ErrorKind::InvalidRealloc,
+            5 => ErrorKind::MismatchedSize,
+            6 => ErrorKind::MismatchedAlignment,
             _ => return None,
         })
     }
@@ -267,7 +296,27 @@ impl ErrorKind {
             ErrorKind::InvalidFree => "invalid_free",
             ErrorKind::MismatchedFree => "mismatched_free",
             ErrorKind::InvalidRealloc => "invalid_realloc",
+            ErrorKind::MismatchedSize => "mismatched_size",
+            ErrorKind::MismatchedAlignment => "mismatched_alignment",
         }
+    }
+
+    /// Whether the erroneous call was performed all the same (the block was
+    /// released, and a `Free` event records it): a mismatch, not a release
+    /// of something that is not a live block.
+    pub fn performed(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::MismatchedFree | ErrorKind::MismatchedSize | ErrorKind::MismatchedAlignment
+        )
+    }
+
+    /// Whether the event carries what the release gave (`given`).
+    fn has_given(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::MismatchedSize | ErrorKind::MismatchedAlignment
+        )
     }
 }
 
@@ -454,6 +503,10 @@ pub enum Event {
         free_stack: u32,
         /// Whether the call was passed on to the C library anyway.
         passed_on: bool,
+        /// What the release gave that does not match (encoded for
+        /// `MismatchedSize`, the size; `MismatchedAlignment`, the alignment,
+        /// 0 for none): 0 for other kinds.
+        given: u64,
     },
     SnapshotBegin {
         time: u64,
@@ -971,6 +1024,7 @@ impl<'a> Encoder<'a> {
                 alloc_stack,
                 free_stack,
                 passed_on,
+                given,
             } => {
                 self.byte(tag::ERROR)?;
                 self.time(ctx, *time)?;
@@ -982,7 +1036,11 @@ impl<'a> Encoder<'a> {
                 self.u64(*alloc_size)?;
                 self.u64(u64::from(*alloc_stack))?;
                 self.u64(u64::from(*free_stack))?;
-                self.byte(u8::from(*passed_on))
+                self.byte(u8::from(*passed_on))?;
+                if kind.has_given() {
+                    self.u64(*given)?;
+                }
+                Ok(())
             }
             Event::SnapshotBegin { time, kind } => {
                 self.byte(tag::SNAPSHOT_BEGIN)?;
@@ -1419,6 +1477,7 @@ impl<'a> Decoder<'a> {
                     1 => true,
                     _ => return Err(DecodeError::Invalid("passed_on flag")),
                 };
+                let given = if kind.has_given() { self.u64()? } else { 0 };
                 Event::Error {
                     time,
                     kind,
@@ -1430,6 +1489,7 @@ impl<'a> Decoder<'a> {
                     alloc_stack,
                     free_stack,
                     passed_on,
+                    given,
                 }
             }
             tag::SNAPSHOT_BEGIN => {

@@ -21,9 +21,10 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// `Recording`'s shadowed-allocator flag and module name; 5 its
 /// allocator-library flag and path; 6 jemalloc's `mallocx`, `rallocx`,
 /// `xallocx`, `sdallocx` and `dallocx`, and C23's `free_sized` and
-/// `free_aligned_sized`, as allocation functions 31-37; older
-/// files are read unchanged).
-pub const FORMAT_VERSION: u16 = 6;
+/// `free_aligned_sized`, as allocation functions 31-37; 7 the error kinds
+/// `MismatchedSize` and `MismatchedAlignment`, whose `Error` event ends with
+/// what the release gave; older files are read unchanged).
+pub const FORMAT_VERSION: u16 = 7;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

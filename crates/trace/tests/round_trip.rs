@@ -92,6 +92,7 @@ fn every_alloc_fn_and_error_kind_round_trips() {
                 alloc_stack: 0,
                 free_stack: 0,
                 passed_on: true,
+                given: 0,
             });
         }
     }

@@ -92,7 +92,11 @@ with_caller_regs!(free_sized => free_sized_hook, args: 2);
 /// `ptr` must be NULL or a live block (checked: bad pointers are reported, not passed on).
 unsafe extern "C" fn free_sized_hook(ptr: *mut c_void, size: usize, ret: u64, sp: u64, bp: u64) {
     let regs = StartRegs::caller(ret, sp, bp);
-    if record::free(AllocFn::FreeSized, ptr.cast(), regs) {
+    let stated = record::Stated {
+        size: Some(size as u64),
+        align: 0,
+    };
+    if record::free_stating(AllocFn::FreeSized, ptr.cast(), stated, regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::free_sized(ptr.cast(), size) };
     }
@@ -110,7 +114,11 @@ unsafe extern "C" fn free_aligned_sized_hook(
     bp: u64,
 ) {
     let regs = StartRegs::caller(ret, sp, bp);
-    if record::free(AllocFn::FreeAlignedSized, ptr.cast(), regs) {
+    let stated = record::Stated {
+        size: Some(size as u64),
+        align: 0,
+    };
+    if record::free_stating(AllocFn::FreeAlignedSized, ptr.cast(), stated, regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::free_aligned_sized(ptr.cast(), align, size) };
     }

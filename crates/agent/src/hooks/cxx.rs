@@ -66,9 +66,16 @@ fn new_impl(
     }
 }
 
+/// `stated`: what the operator's arguments say about the block (size,
+/// alignment), checked against it.
 #[inline(always)]
-fn delete_impl(ptr: *mut c_void, func: AllocFn, regs: crate::arch::StartRegs) {
-    if record::free(func, ptr.cast(), regs) {
+fn delete_impl(
+    ptr: *mut c_void,
+    func: AllocFn,
+    stated: record::Stated,
+    regs: crate::arch::StartRegs,
+) {
+    if record::free_stating(func, ptr.cast(), stated, regs) {
         // SAFETY: live block (or bad frees passed on by request).
         unsafe { next_alloc::free(ptr.cast()) };
     }
@@ -104,7 +111,7 @@ macro_rules! new_fn {
 }
 
 macro_rules! delete_fn {
-    ($name:ident, $func:expr, ($($arg:ident: $ty:ty),*), args: $n:tt) => {
+    ($name:ident, $func:expr, ($($arg:ident: $ty:ty),*), args: $n:tt, stated = ($size:expr, $align:expr)) => {
         with_caller_regs!($name => $name::hook, args: $n);
         #[allow(non_snake_case)]
         mod $name {
@@ -113,7 +120,8 @@ macro_rules! delete_fn {
             /// `ptr` must be NULL or from the matching operator new (checked and reported).
             pub(super) unsafe extern "C" fn hook(ptr: *mut c_void $(, $arg: $ty)*, ret: u64, sp: u64, bp: u64) {
                 $(let _ = $arg;)*
-                delete_impl(ptr, $func, StartRegs::caller(ret, sp, bp))
+                let stated = record::Stated { size: $size, align: $align };
+                delete_impl(ptr, $func, stated, StartRegs::caller(ret, sp, bp))
             }
         }
     };
@@ -154,15 +162,15 @@ new_fn!(
 , args: 2);
 new_fn!(_ZnamSt11align_val_tRKSt9nothrow_t, AllocFn::NewArrayAlignedNothrow, nothrow = true, aligned = true, extra = (_nt: NoThrow), args: 3);
 
-delete_fn!(_ZdlPv, AllocFn::Delete, (), args: 1);
-delete_fn!(_ZdlPvm, AllocFn::DeleteSized, (_size: usize), args: 2);
-delete_fn!(_ZdlPvSt11align_val_t, AllocFn::DeleteAligned, (_align: usize), args: 2);
-delete_fn!(_ZdlPvmSt11align_val_t, AllocFn::DeleteSizedAligned, (_size: usize, _align: usize), args: 3);
-delete_fn!(_ZdlPvRKSt9nothrow_t, AllocFn::DeleteNothrow, (_nt: NoThrow), args: 2);
-delete_fn!(_ZdlPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteAlignedNothrow, (_align: usize, _nt: NoThrow), args: 3);
-delete_fn!(_ZdaPv, AllocFn::DeleteArray, (), args: 1);
-delete_fn!(_ZdaPvm, AllocFn::DeleteArraySized, (_size: usize), args: 2);
-delete_fn!(_ZdaPvSt11align_val_t, AllocFn::DeleteArrayAligned, (_align: usize), args: 2);
-delete_fn!(_ZdaPvmSt11align_val_t, AllocFn::DeleteArraySizedAligned, (_size: usize, _align: usize), args: 3);
-delete_fn!(_ZdaPvRKSt9nothrow_t, AllocFn::DeleteArrayNothrow, (_nt: NoThrow), args: 2);
-delete_fn!(_ZdaPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteArrayAlignedNothrow, (_align: usize, _nt: NoThrow), args: 3);
+delete_fn!(_ZdlPv, AllocFn::Delete, (), args: 1, stated = (None, 0));
+delete_fn!(_ZdlPvm, AllocFn::DeleteSized, (size: usize), args: 2, stated = (Some(size as u64), 0));
+delete_fn!(_ZdlPvSt11align_val_t, AllocFn::DeleteAligned, (align: usize), args: 2, stated = (None, align as u64));
+delete_fn!(_ZdlPvmSt11align_val_t, AllocFn::DeleteSizedAligned, (size: usize, align: usize), args: 3, stated = (Some(size as u64), align as u64));
+delete_fn!(_ZdlPvRKSt9nothrow_t, AllocFn::DeleteNothrow, (_nt: NoThrow), args: 2, stated = (None, 0));
+delete_fn!(_ZdlPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteAlignedNothrow, (align: usize, _nt: NoThrow), args: 3, stated = (None, align as u64));
+delete_fn!(_ZdaPv, AllocFn::DeleteArray, (), args: 1, stated = (None, 0));
+delete_fn!(_ZdaPvm, AllocFn::DeleteArraySized, (size: usize), args: 2, stated = (Some(size as u64), 0));
+delete_fn!(_ZdaPvSt11align_val_t, AllocFn::DeleteArrayAligned, (align: usize), args: 2, stated = (None, align as u64));
+delete_fn!(_ZdaPvmSt11align_val_t, AllocFn::DeleteArraySizedAligned, (size: usize, align: usize), args: 3, stated = (Some(size as u64), align as u64));
+delete_fn!(_ZdaPvRKSt9nothrow_t, AllocFn::DeleteArrayNothrow, (_nt: NoThrow), args: 2, stated = (None, 0));
+delete_fn!(_ZdaPvSt11align_val_tRKSt9nothrow_t, AllocFn::DeleteArrayAlignedNothrow, (align: usize, _nt: NoThrow), args: 3, stated = (None, align as u64));

@@ -104,6 +104,7 @@ pub fn error(time: u64, kind: ErrorKind, func: AllocFn, addr: u64, stack: u32) -
         alloc_stack: 0,
         free_stack: 0,
         passed_on: false,
+        given: 0,
     }
 }
 

@@ -41,11 +41,13 @@ impl Rng {
 }
 
 /// Every error kind, in format order.
-pub const ERROR_KINDS: [ErrorKind; 4] = [
+pub const ERROR_KINDS: [ErrorKind; 6] = [
     ErrorKind::DoubleFree,
     ErrorKind::InvalidFree,
     ErrorKind::MismatchedFree,
     ErrorKind::InvalidRealloc,
+    ErrorKind::MismatchedSize,
+    ErrorKind::MismatchedAlignment,
 ];
 
 pub fn process() -> Event {
@@ -253,6 +255,9 @@ pub fn hot_events(base_time: u64) -> Vec<Event> {
                 alloc_stack: if j == 1 { u32::MAX } else { 0 },
                 free_stack: j as u32,
                 passed_on: (k + j) % 2 == 0,
+                // Encoded for the two mismatches that carry it (and
+                // large, to cover a long varint).
+                given: if k >= 4 { u64::MAX - 17 } else { 0 },
             });
         }
     }
