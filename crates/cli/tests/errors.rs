@@ -153,7 +153,6 @@ fn errors_cpp_mismatched_frees() {
     );
 
     let src = "errors.cpp";
-    let m = |marker: &str| marker_line(src, marker);
     for (caller, release, bad_line, alloc_line) in [
         ("new_free()", "free", "NEW-FREE", "NEW-FREE-ALLOC"),
         (
@@ -177,19 +176,7 @@ fn errors_cpp_mismatched_frees() {
     ] {
         let error = error_at(&report, "mismatched_free", caller);
         assert_eq!(as_str(error, "function"), release, "{}", pretty(error));
-        assert_stack_top(
-            stack_of(error, "stack"),
-            &[
-                (caller, src, m(bad_line)),
-                ("main", src, m(&format!("CALL-{bad_line}"))),
-            ],
-            caller,
-        );
-        assert_stack_top(
-            stack_of(error, "alloc_stack"),
-            &[(caller, src, m(alloc_line))],
-            &format!("{caller} alloc_stack"),
-        );
+        assert_bad_call_and_alloc(error, src, caller, bad_line, alloc_line);
     }
 }
 
@@ -215,7 +202,6 @@ fn errors_cpp_mismatched_sizes_and_alignments() {
     assert_each_once(&report, false);
     assert_eq!(unfreed_summary(&report), (0, 0));
     let src = "delete_mismatch.cpp";
-    let m = |marker: &str| marker_line(src, marker);
     for (caller, kind, release, given, alloc_fn, size, bad_line) in [
         (
             "base_delete()",
@@ -265,20 +251,35 @@ fn errors_cpp_mismatched_sizes_and_alignments() {
         );
         assert_eq!(error["alloc_size"], json!(size), "{}", pretty(error));
         assert!(error.get("passed_on").is_none(), "{}", pretty(error));
-        assert_stack_top(
-            stack_of(error, "stack"),
-            &[
-                (caller, src, m(bad_line)),
-                ("main", src, m(&format!("CALL-{bad_line}"))),
-            ],
-            caller,
-        );
-        assert_stack_top(
-            stack_of(error, "alloc_stack"),
-            &[(caller, src, m(&format!("{bad_line}-ALLOC")))],
-            &format!("{caller} alloc_stack"),
-        );
+        let alloc_line = format!("{bad_line}-ALLOC");
+        assert_bad_call_and_alloc(error, src, caller, bad_line, &alloc_line);
     }
+}
+
+/// The error's stack is `caller` at marker `bad_line` of `src`, called from
+/// main at `CALL-<bad_line>`; its allocation stack starts in `caller` at
+/// marker `alloc_line`.
+fn assert_bad_call_and_alloc(
+    error: &Value,
+    src: &str,
+    caller: &str,
+    bad_line: &str,
+    alloc_line: &str,
+) {
+    let m = |marker: &str| marker_line(src, marker);
+    assert_stack_top(
+        stack_of(error, "stack"),
+        &[
+            (caller, src, m(bad_line)),
+            ("main", src, m(&format!("CALL-{bad_line}"))),
+        ],
+        caller,
+    );
+    assert_stack_top(
+        stack_of(error, "alloc_stack"),
+        &[(caller, src, m(alloc_line))],
+        &format!("{caller} alloc_stack"),
+    );
 }
 
 /// Without --pass-invalid-frees the double free is swallowed.
