@@ -30,6 +30,9 @@ pub struct ThreadState {
     pub tid: u32,
     /// Never records (the writer thread).
     pub agent_thread: bool,
+    /// Counted among the program's running threads (`process_end`): started
+    /// through the agent's `pthread_create`, and this is its first state.
+    pub counted_running: bool,
     /// The owner is inside `emit` (set with plain stores; see `lock_buf`).
     busy: AtomicU32,
     /// A stealer wants the buffer, or holds it (the value is 1 while it does).
@@ -108,7 +111,7 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     state.guard += 1;
     if !state.agent_thread && !FINISHED.load(Ordering::Acquire) {
         crate::threads::on_thread_end(&mut state);
-        crate::process_end::program_thread_ending(state.tid);
+        crate::process_end::program_thread_ending(state.tid, state.counted_running);
     }
     if let Some(b) = state.take_buffer() {
         writer::submit(b, true);
@@ -182,6 +185,7 @@ fn create(set_up: bool) -> *mut ThreadState {
         guard: 1, // the set-up below may allocate through the hooks
         tid: sys::gettid(),
         agent_thread: false,
+        counted_running: false,
         busy: AtomicU32::new(0),
         steal: AtomicU32::new(0),
         buf: UnsafeCell::new(None),

@@ -60,6 +60,9 @@ pub fn on_thread_begin(parent_tid: u32, create_id: u64) {
             // SAFETY: pthread_self has no preconditions.
             .insert(unsafe { libc::pthread_self() }, tid);
     }
+    let ts = crate::thread::current();
+    ts.counted_running = true;
+    crate::process_end::program_thread_started();
     if let Entry::Record(ts) = record::enter() {
         let t = ts.next_precise_time();
         let ev = Event::ThreadStart {

@@ -107,7 +107,11 @@ fn every_thread_has_its_creator_start_and_end() {
 fn a_process_whose_main_thread_called_pthread_exit_ends_with_its_last_thread() {
     let dir = TestDir::new("main_pthread_exit");
     let prog = compile_c(&dir, "main_pthread_exit.c");
-    for (args, code) in [(&[][..], 0), (&["exit"][..], 7)] {
+    for (args, code, keeper) in [
+        (&[][..], 0, "last"),
+        (&["exit"][..], 7, "last"),
+        (&["alone"][..], 0, "alone"),
+    ] {
         let run = run(&dir, &[], &prog, args);
         assert_eq!(run.code(), code, "{args:?}\n{}", run.describe());
         assert_eq!(run.stdout, "atexit ran\n", "{args:?}\n{}", run.describe());
@@ -128,7 +132,7 @@ fn a_process_whose_main_thread_called_pthread_exit_ends_with_its_last_thread() {
             .collect();
         assert_eq!(
             kept,
-            [(Some("still_reachable"), Some("last"))],
+            [(Some("still_reachable"), Some(keeper))],
             "{args:?}: {report:#}"
         );
         assert!(
