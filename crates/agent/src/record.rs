@@ -187,10 +187,38 @@ pub fn ensure_stack_in(buf: &mut writer::Buffer, id: u32) -> bool {
     buf.push(None, |e, _| e.stack_def(id, frames))
 }
 
+/// Records an allocation call that failed (`AllocFailed`): NULL for a
+/// request of at least a byte, an error from `posix_memalign`, or
+/// `std::bad_alloc` from `operator new`. Off the hot path.
+#[cold]
+pub fn failed(func: AllocFn, size: u64, align: u64, regs: StartRegs) {
+    if let Entry::Record(ts) = enter() {
+        let stack = capture_stack(ts, regs, Site::Alloc);
+        emit_failed(ts, func, size, align, stack);
+        leave(ts);
+    }
+}
+
+fn emit_failed(ts: &mut ThreadState, func: AllocFn, size: u64, align: u64, stack: u32) {
+    let time = ts.next_time();
+    let ev = Event::AllocFailed {
+        time,
+        func,
+        size,
+        align,
+        stack,
+    };
+    ts.emit(Some(time), |e, c| e.event(c, &ev));
+}
+
 /// Records an allocation that returned `addr`.
 #[inline]
 pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: StartRegs) {
     if addr.is_null() {
+        // NULL for zero bytes is allowed; for more, the call failed.
+        if size != 0 {
+            failed(func, size as u64, align as u64, regs);
+        }
         return;
     }
     let addr = addr as u64;
@@ -538,6 +566,7 @@ pub fn realloc(
         if let Some(b) = old_block {
             live::shard_of(old_addr).locked().insert(old_addr, b);
         }
+        emit_failed(ts, func, size as u64, 0, stack);
         leave(ts);
         return p;
     }

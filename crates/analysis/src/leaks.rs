@@ -53,6 +53,9 @@ pub struct LeaksReport {
     pub history: Option<Vec<SiteHistory>>,
     /// Allocation errors, identical ones (same kind, function and stack) merged, in order of first occurrence.
     pub errors: Vec<ErrorRecord>,
+    /// Allocation calls that failed, merged by function and stack, in order
+    /// of first occurrence (empty in traces older than format version 7).
+    pub allocation_failures: Vec<FailureRecord>,
     /// Events the agent could not record; null when the trace has no end record to tell.
     pub events_lost: Option<u64>,
     /// Allocations passed through unrecorded because the thread was already
@@ -190,6 +193,27 @@ impl Default for LeaksOptions {
     }
 }
 
+/// Allocation calls of one function that failed at one stack.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FailureRecord {
+    /// The function that failed (`malloc`, `operator new(unsigned long)`, ...).
+    pub function: &'static str,
+    /// How many calls failed at this stack.
+    pub count: u64,
+    /// Bytes asked for by the first, and the least and most asked for.
+    pub size: u64,
+    pub min_size: u64,
+    pub max_size: u64,
+    /// The alignment asked for by the first (0: none).
+    pub alignment: u64,
+    /// Thread and time of the first.
+    pub thread: u32,
+    pub time_seconds: f64,
+    /// Stack id and stack of the calls.
+    pub stack_id: u32,
+    pub stack: Vec<FrameReport>,
+}
+
 /// One allocation error, possibly repeated.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ErrorRecord {
@@ -270,6 +294,8 @@ struct LeaksPass {
     scans: ScanCollector,
     errors: Vec<PendingError>,
     error_index: HashMap<(ErrorKind, AllocFn, u32), usize>,
+    failures: Vec<FailureRecord>,
+    failure_index: HashMap<(AllocFn, u32), usize>,
     /// The release function called at each release stack (the first seen):
     /// names the first release of a double-freed block, whose `Error` event
     /// gives only that release's stack.
@@ -324,6 +350,35 @@ impl LeaksPass {
             }
             Event::Free { func, stack, .. } if *stack != 0 => {
                 self.release_fn.entry(*stack).or_insert(*func);
+            }
+            Event::AllocFailed {
+                time,
+                func,
+                size,
+                align,
+                stack,
+            } => {
+                if let Some(&i) = self.failure_index.get(&(*func, *stack)) {
+                    let f = &mut self.failures[i];
+                    f.count += 1;
+                    f.min_size = f.min_size.min(*size);
+                    f.max_size = f.max_size.max(*size);
+                    return;
+                }
+                self.failure_index
+                    .insert((*func, *stack), self.failures.len());
+                self.failures.push(FailureRecord {
+                    function: func.name(),
+                    count: 1,
+                    size: *size,
+                    min_size: *size,
+                    max_size: *size,
+                    alignment: *align,
+                    thread: m.tid,
+                    time_seconds: seconds(*time),
+                    stack_id: *stack,
+                    stack: Vec::new(),
+                });
             }
             // A trace holds at most one snapshot; its live blocks may come in
             // chunks without timed events, so they are not tied to the order
@@ -507,6 +562,11 @@ pub fn analyze_with<R: Read + Seek>(
         .filter_map(|e| error_record(e, facts, &pass.release_fn, &mut symbolizer))
         .collect();
 
+    let mut allocation_failures = core::mem::take(&mut pass.failures);
+    for f in &mut allocation_failures {
+        f.stack = symbolizer.stack(&facts.stacks, f.stack_id);
+    }
+
     let trace = facts.trace_status(&index, stopped);
     let with_scan = |k: Verdict| scan.as_ref().map(|_| kinds_total[k as usize - 1]);
     Ok(LeaksReport {
@@ -533,6 +593,7 @@ pub fn analyze_with<R: Read + Seek>(
         suppressions: matches,
         history,
         errors,
+        allocation_failures,
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
         release_stacks: !facts.no_release_stacks,
@@ -587,6 +648,35 @@ fn error_record(
         free_stack_id: free_stack,
         free_stack: frames(free_stack),
     })
+}
+
+/// One failed allocation site, memcheck-style.
+fn failure_text(out: &mut String, p: &str, f: &FailureRecord) {
+    let sizes = if f.min_size == f.max_size {
+        format!("{} bytes", thousands(f.size))
+    } else {
+        format!(
+            "{} to {} bytes",
+            thousands(f.min_size),
+            thousands(f.max_size)
+        )
+    };
+    let times = if f.count == 1 {
+        "once".to_owned()
+    } else {
+        format!("{} times", thousands(f.count))
+    };
+    let aligned = if f.alignment != 0 {
+        format!(", aligned to {}", thousands(f.alignment))
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "{p}Allocation failed {times} at this stack ({sizes}{aligned}): out of memory or a bad argument"
+    )
+    .unwrap();
+    stack_text(out, p, Some(f.function), &f.stack, f.stack_id);
 }
 
 /// Writes a stack memcheck-style: the called function on top (when given),
@@ -704,6 +794,11 @@ pub fn render_text(r: &LeaksReport) -> String {
 
     for e in &r.errors {
         error_text(&mut out, &p, e, r.release_stacks);
+        writeln!(out, "{p}").unwrap();
+    }
+
+    for f in &r.allocation_failures {
+        failure_text(&mut out, &p, f);
         writeln!(out, "{p}").unwrap();
     }
 

@@ -51,6 +51,9 @@ pub struct StatsReport {
     pub allocations_per_second: Option<f64>,
     /// Allocation errors detected.
     pub errors: u64,
+    /// Allocation calls that failed (format version 7; 0 in older traces),
+    /// not counted in `allocation_calls`.
+    pub failed_allocations: u64,
     /// Distinct threads that recorded events.
     pub threads: u64,
     /// Threads started by pthread_create while recording, their ends, and the
@@ -90,6 +93,9 @@ pub struct FunctionCalls {
     pub calls: u64,
     /// Bytes requested through it (0 for release functions).
     pub bytes: u64,
+    /// Calls that failed (NULL for a request of at least a byte, an error
+    /// from `posix_memalign`, `std::bad_alloc`); not counted in `calls`.
+    pub failed: u64,
 }
 
 /// Thread creation and ends, from the thread lifecycle events.
@@ -273,6 +279,8 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     let mut facts = Facts::default();
     // (calls, bytes) per function, by format value.
     let mut calls = [(0u64, 0u64); AllocFn::ALL.len() + 1];
+    let mut failed = [0u64; AllocFn::ALL.len() + 1];
+    let mut failed_allocations = 0u64;
     let mut heap: HeapReplay<u64> = HeapReplay::default();
     let mut peak = PeakHeap::default();
     let (mut allocation_calls, mut release_calls, mut bytes_allocated, mut errors) = (0, 0, 0, 0);
@@ -317,6 +325,10 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
                 count(*func, 0);
                 release_calls += 1;
             }
+            Event::AllocFailed { func, .. } => {
+                failed[*func as usize] += 1;
+                failed_allocations += 1;
+            }
             Event::Error { kind, func, .. } => {
                 errors += 1;
                 // A mismatch also has its Free event; other erroneous calls
@@ -353,11 +365,12 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);
     let calls: Vec<FunctionCalls> = AllocFn::ALL
         .iter()
-        .filter(|&&f| calls[f as usize].0 > 0)
+        .filter(|&&f| calls[f as usize].0 > 0 || failed[f as usize] > 0)
         .map(|&f| FunctionCalls {
             function: f.name(),
             calls: calls[f as usize].0,
             bytes: calls[f as usize].1,
+            failed: failed[f as usize],
         })
         .collect();
     let events = facts.events;
@@ -378,6 +391,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
         allocations_per_second: (duration_ns > 0)
             .then(|| allocation_calls as f64 / seconds(duration_ns)),
         errors,
+        failed_allocations,
         threads: tids.len() as u64,
         thread_lifecycle: lifecycle,
         stacks: stacks.len() as u64,
@@ -438,11 +452,14 @@ pub fn render_text(r: &StatsReport) -> String {
     writeln!(out, "{p}CALLS:").unwrap();
     let width = r.calls.iter().map(|c| c.function.len()).max().unwrap_or(0);
     for c in &r.calls {
-        let bytes = if c.bytes > 0 {
+        let mut bytes = if c.bytes > 0 {
             format!("  {} bytes", thousands(c.bytes))
         } else {
             String::new()
         };
+        if c.failed > 0 {
+            bytes += &format!("  ({} failed)", thousands(c.failed));
+        }
         writeln!(
             out,
             "{p}  {:<width$}  {:>15}{bytes}",
@@ -492,6 +509,14 @@ pub fn render_text(r: &StatsReport) -> String {
         .map_or("n/a".to_string(), |v| float(v, 1));
     writeln!(out, "{p}  allocations per second: {rate}").unwrap();
     writeln!(out, "{p}  allocation errors: {}", thousands(r.errors)).unwrap();
+    if r.failed_allocations > 0 {
+        writeln!(
+            out,
+            "{p}  failed allocation calls: {} (out of memory, or a bad alignment; see `trapline leaks` for where)",
+            thousands(r.failed_allocations)
+        )
+        .unwrap();
+    }
     writeln!(out, "{p}  distinct stacks: {}", thousands(r.stacks)).unwrap();
     writeln!(out, "{p}").unwrap();
     let per_event = r

@@ -483,3 +483,103 @@ fn a_double_free_far_apart_in_a_small_heap_is_still_one() {
         line("FAR-FIRST-FREE")
     );
 }
+
+/// alloc_failures.cpp: failed allocation calls are recorded where they
+/// happen (they used to leave no trace at all). `stats` counts them per
+/// function, apart from the calls that succeeded; `leaks` lists them by
+/// stack, with the sizes asked for.
+#[test]
+fn failed_allocations_are_recorded_with_their_stacks() {
+    let dir = TestDir::new("alloc_failures");
+    let prog = compile_cpp(&dir, "alloc_failures.cpp");
+    let expected_out =
+        "posix_memalign: 22\ncalloc failed\nbad_alloc\nnothrow new failed\nrealloc failed\n";
+    let report = record_whole(&dir, &[], &prog, &[], expected_out);
+    assert!(report["errors"].as_array().is_some_and(|e| e.is_empty()));
+    assert_eq!(unfreed_summary(&report), (0, 0));
+
+    let src = "alloc_failures.cpp";
+    let m = |marker: &str| marker_line(src, marker);
+    let half = u64::MAX / 2;
+    let failures: Vec<_> = as_array(&report, "allocation_failures")
+        .iter()
+        .map(|f| {
+            let top = &stack_of(f, "stack")[0];
+            (
+                as_str(f, "function").to_owned(),
+                f["count"].as_u64().unwrap(),
+                (
+                    f["min_size"].as_u64().unwrap(),
+                    f["max_size"].as_u64().unwrap(),
+                ),
+                f["alignment"].as_u64().unwrap(),
+                top.get("line").and_then(Value::as_u64),
+            )
+        })
+        .collect();
+    // (function, count, (least, most bytes), alignment, line of the call)
+    type Failure = (String, u64, (u64, u64), u64, Option<u64>);
+    let expected: Vec<Failure> = [
+        ("malloc", 3, (half, half + 2), 0, "HUGE-MALLOC"),
+        ("posix_memalign", 1, (64, 64), 3, "BAD-ALIGN"),
+        ("calloc", 1, (u64::MAX, u64::MAX), 0, "CALLOC-OVERFLOW"),
+        (
+            "operator new[](unsigned long)",
+            1,
+            (u64::MAX / 4, u64::MAX / 4),
+            0,
+            "THROWING-NEW",
+        ),
+        (
+            "operator new[](unsigned long, std::nothrow_t const&)",
+            1,
+            (u64::MAX / 4, u64::MAX / 4),
+            0,
+            "NOTHROW-NEW",
+        ),
+        ("realloc", 1, (half, half), 0, "HUGE-REALLOC"),
+    ]
+    .into_iter()
+    .map(|(f, n, sizes, align, marker)| (f.to_owned(), n, sizes, align, Some(m(marker))))
+    .collect();
+    assert_eq!(
+        failures,
+        expected,
+        "{}",
+        pretty(&report["allocation_failures"])
+    );
+
+    let stats = stats(&dir.trace());
+    let failed: Vec<_> = as_array(&stats, "calls")
+        .iter()
+        .filter(|c| c["failed"] != 0)
+        .map(|c| {
+            (
+                as_str(c, "function").to_owned(),
+                c["failed"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("malloc".to_owned(), 3),
+            ("calloc".to_owned(), 1),
+            ("realloc".to_owned(), 1),
+            ("posix_memalign".to_owned(), 1),
+            ("operator new[](unsigned long)".to_owned(), 1),
+            (
+                "operator new[](unsigned long, std::nothrow_t const&)".to_owned(),
+                1
+            ),
+        ]
+    );
+    assert_eq!(stats["failed_allocations"], 8);
+    // The agent's own totals count successful calls only, as the replay does.
+    assert_eq!(
+        stats["agent_totals_match"],
+        json!(true),
+        "{}",
+        pretty(&stats)
+    );
+}

@@ -489,6 +489,19 @@ pub enum Event {
         func: AllocFn,
         stack: u32,
     },
+    /// An allocation call that failed: it returned NULL for a request of at
+    /// least one byte (`realloc` then leaves its block as it was), or
+    /// `posix_memalign` returned an error, or C++'s `operator new` threw
+    /// `std::bad_alloc` (format version 7).
+    AllocFailed {
+        time: u64,
+        func: AllocFn,
+        /// The bytes asked for (`calloc`: the product, saturated).
+        size: u64,
+        /// The alignment asked for (0: none).
+        align: u64,
+        stack: u32,
+    },
     /// Misuse detected at the time of the call. Stacks are 0 when unknown.
     Error {
         time: u64,
@@ -631,6 +644,7 @@ impl Event {
             | Event::ThreadEnd { time }
             | Event::Free { time, .. }
             | Event::Realloc { time, .. }
+            | Event::AllocFailed { time, .. }
             | Event::Error { time, .. }
             | Event::SnapshotBegin { time, .. }
             | Event::ScanBegin { time, .. }
@@ -668,6 +682,7 @@ pub(crate) mod tag {
     pub const FREE: u8 = 17;
     pub const REALLOC: u8 = 18;
     pub const ERROR: u8 = 19;
+    pub const ALLOC_FAILED: u8 = 20;
     pub const SNAPSHOT_BEGIN: u8 = 32;
     pub const LIVE_BLOCK: u8 = 33;
     pub const SNAPSHOT_END: u8 = 34;
@@ -997,6 +1012,20 @@ impl<'a> Encoder<'a> {
                 func,
                 stack,
             } => self.free(ctx, *time, *addr, *func, *stack),
+            Event::AllocFailed {
+                time,
+                func,
+                size,
+                align,
+                stack,
+            } => {
+                self.byte(tag::ALLOC_FAILED)?;
+                self.time(ctx, *time)?;
+                self.byte(*func as u8)?;
+                self.u64(*size)?;
+                self.u64(*align)?;
+                self.u64(u64::from(*stack))
+            }
             Event::Realloc {
                 time,
                 old_addr,
@@ -1437,6 +1466,20 @@ impl<'a> Decoder<'a> {
                     time,
                     addr,
                     func,
+                    stack,
+                }
+            }
+            tag::ALLOC_FAILED => {
+                let time = self.time()?;
+                let func = self.func()?;
+                let size = self.u64()?;
+                let align = self.u64()?;
+                let stack = self.u32("stack id")?;
+                Event::AllocFailed {
+                    time,
+                    func,
+                    size,
+                    align,
                     stack,
                 }
             }

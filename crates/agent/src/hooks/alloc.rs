@@ -23,7 +23,7 @@ extern "C" fn calloc_hook(n: usize, size: usize, ret: u64, sp: u64, bp: u64) -> 
     let regs = StartRegs::caller(ret, sp, bp);
     // The allocator checks n*size for overflow itself.
     let p = next_alloc::calloc(n, size);
-    record::alloc(AllocFn::Calloc, p, n.wrapping_mul(size), 0, regs);
+    record::alloc(AllocFn::Calloc, p, n.saturating_mul(size), 0, regs);
     p.cast()
 }
 
@@ -58,6 +58,7 @@ unsafe extern "C" fn reallocarray_hook(
 ) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     let Some(total) = n.checked_mul(size) else {
+        record::failed(AllocFn::ReallocArray, u64::MAX, 0, regs);
         // SAFETY: setting errno through its thread-local location.
         unsafe { *libc::__errno_location() = libc::ENOMEM };
         return core::ptr::null_mut();
@@ -223,6 +224,7 @@ unsafe extern "C" fn posix_memalign_hook(
     // The allocator checks the alignment (EINVAL) and reports ENOMEM.
     let (rc, p) = next_alloc::posix_memalign(align, size);
     if rc != 0 {
+        record::failed(AllocFn::PosixMemalign, size as u64, align as u64, regs);
         return rc;
     }
     record::alloc(AllocFn::PosixMemalign, p, size, align, regs);

@@ -15,8 +15,9 @@ type NewHandler = Option<unsafe extern "C-unwind" fn()>;
 
 /// Called when glibc is out of memory. Returns normally when a new-handler ran
 /// (the caller retries); throws std::bad_alloc (through this frame, hence
-/// C-unwind) or returns false for nothrow variants.
-fn out_of_memory(nothrow: bool) -> bool {
+/// C-unwind) or returns false for nothrow variants, after `failed` recorded
+/// the call (not when a new-handler throws it: that is the handler's).
+fn out_of_memory(nothrow: bool, failed: impl FnOnce()) -> bool {
     let get = any_symbol(c"_ZSt15get_new_handlerv");
     if get != 0 {
         // SAFETY: std::get_new_handler() from libstdc++.
@@ -28,6 +29,7 @@ fn out_of_memory(nothrow: bool) -> bool {
             return true;
         }
     }
+    failed();
     if nothrow {
         return false;
     }
@@ -60,7 +62,8 @@ fn new_impl(
             record::alloc(func, p, size, align, regs);
             return p.cast();
         }
-        if !out_of_memory(nothrow) {
+        let failed = || record::failed(func, size as u64, align as u64, regs);
+        if !out_of_memory(nothrow, failed) {
             return core::ptr::null_mut();
         }
     }

@@ -210,6 +210,20 @@ pub fn hot_events(base_time: u64) -> Vec<Event> {
             func: AllocFn::DeleteArray,
             stack: 9,
         },
+        Event::AllocFailed {
+            time: tick(6),
+            func: AllocFn::Calloc,
+            size: u64::MAX,
+            align: 0,
+            stack: 11,
+        },
+        Event::AllocFailed {
+            time: tick(0),
+            func: AllocFn::NewArrayAligned,
+            size: 1 << 40,
+            align: 4096,
+            stack: 0,
+        },
         Event::Realloc {
             time: tick(3),
             old_addr: 0,
