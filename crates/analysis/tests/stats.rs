@@ -100,12 +100,13 @@ fn json_and_text() {
     let v = serde_json::to_value(&r).unwrap();
     assert_eq!(
         v["calls"][0],
-        serde_json::json!({"function": "malloc", "calls": 3, "bytes": 1101})
+        serde_json::json!({"function": "malloc", "calls": 3, "bytes": 1101, "failed": 0})
     );
     assert_eq!(v["peak_heap"]["bytes"], 2100);
     assert_eq!(v["peak_heap"]["time_ns"], 70);
     assert_eq!(v["events_lost"], 0);
     assert_eq!(v["threads"], 2);
+    assert_eq!(v["failed_allocations"], 0);
     assert_eq!(v["trace"]["stopped"], serde_json::Value::Null);
     let t = render_text(&r);
     for needle in [
