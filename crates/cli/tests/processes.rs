@@ -779,3 +779,35 @@ fn reloading_a_plugin_again_and_again_keeps_the_agents_memory_bounded() {
         peaks[1]
     );
 }
+
+/// raw_exec.c execs through `syscall(SYS_execve, ...)`: the agent's own
+/// `syscall()` sends it to the exec hook, so the first image's trace ends
+/// with the exec and the new image is traced (neither happened before: the
+/// trace had no end record and the new image ran without the agent).
+#[test]
+fn execve_through_syscall_is_followed() {
+    let dir = TestDir::new("raw_exec");
+    let prog = compile_c(&dir, "raw_exec.c");
+    let target = compile_c(&dir, "exec_target.c");
+    let run = run(&dir, &[], &prog, &[target.to_str().unwrap()]);
+    assert_eq!(run.code(), 7, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let first = leaks(&dir.trace());
+    assert_complete(&first);
+    assert_eq!(process_exit(&first), &json!({"exec": true}));
+    let others = dir.other_traces();
+    assert_eq!(others.len(), 1, "traces besides the top one: {others:?}");
+    let exec = leaks(&others[0]);
+    assert_complete(&exec);
+    assert_eq!(process_pid(&exec), process_pid(&first));
+    assert_eq!(process_command(&exec), [target.to_str().unwrap()]);
+    assert_eq!(process_exit(&exec), &json!({"code": 7}));
+    single_leak(
+        &exec,
+        "exec_target.c",
+        33,
+        "exec_leak",
+        "EXEC-LEAK",
+        "CALL-EXEC-LEAK",
+    );
+}

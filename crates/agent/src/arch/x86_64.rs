@@ -499,7 +499,9 @@ variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
 /// glibc's `syscall(number, ...)`, made here so that
 /// `syscall(SYS_exit_group, status)` finishes the trace as `_exit` does
 /// (hooks/process.rs): it ended the process past the agent, without an end
-/// record. Every other number is made as glibc makes it, with no lookup of
+/// record. `syscall(SYS_execve, ...)` goes to the agent's `execve` (the trace
+/// finished, the new image traced: it went past both). Every other number is
+/// made as glibc makes it, with no lookup of
 /// the real function (a lazy lookup could allocate, and the agent's own
 /// system calls come through here too): arguments moved into the kernel's
 /// registers (the sixth from the stack), `syscall`, and a result in
@@ -514,6 +516,8 @@ pub unsafe extern "C" fn syscall() {
         ".cfi_startproc",
         "cmp rdi, {exit_group}",
         "je 3f",
+        "cmp rdi, {execve}",
+        "je 4f",
         "mov rax, rdi",
         "mov rdi, rsi",
         "mov rsi, rdx",
@@ -538,6 +542,19 @@ pub unsafe extern "C" fn syscall() {
         ".cfi_adjust_cfa_offset -8",
         "mov rax, -1",
         "ret",
+        // execve(path, argv, envp): the agent's, whose int result (-1 with
+        // errno, when it returns at all) becomes syscall()'s long.
+        "4:",
+        "mov rdi, rsi",
+        "mov rsi, rdx",
+        "mov rdx, rcx",
+        "sub rsp, 8",
+        ".cfi_adjust_cfa_offset 8",
+        "call {execve_hook}",
+        "add rsp, 8",
+        ".cfi_adjust_cfa_offset -8",
+        "movsxd rax, eax",
+        "ret",
         "3:",
         "mov edi, esi",
         "sub rsp, 8",
@@ -546,6 +563,8 @@ pub unsafe extern "C" fn syscall() {
         "ud2",
         ".cfi_endproc",
         exit_group = const libc::SYS_exit_group,
+        execve = const libc::SYS_execve,
+        execve_hook = sym crate::hooks::process::execve,
         errno_location = sym libc::__errno_location,
         exit_group_called = sym crate::hooks::process::exit_group_called,
     )
