@@ -200,6 +200,7 @@ pub fn failed(func: AllocFn, size: u64, align: u64, regs: StartRegs) {
 }
 
 fn emit_failed(ts: &mut ThreadState, func: AllocFn, size: u64, align: u64, stack: u32) {
+    totals::failed(ts);
     let time = ts.next_time();
     let ev = Event::AllocFailed {
         time,

@@ -38,6 +38,7 @@ struct Counters {
     allocation_calls: AtomicU64,
     release_calls: AtomicU64,
     errors: AtomicU64,
+    failed_allocations: AtomicU64,
     live_bytes: AtomicU64,
     peak_bytes: AtomicU64,
     peak_time: AtomicU64,
@@ -47,6 +48,7 @@ static C: Counters = Counters {
     allocation_calls: AtomicU64::new(0),
     release_calls: AtomicU64::new(0),
     errors: AtomicU64::new(0),
+    failed_allocations: AtomicU64::new(0),
     live_bytes: AtomicU64::new(0),
     peak_bytes: AtomicU64::new(0),
     peak_time: AtomicU64::new(0),
@@ -154,13 +156,14 @@ pub fn realloc(ts: &mut ThreadState, old: Option<u64>, new: Option<(u64, Option<
     }
 }
 
-/// An `Error` event for a call of `func`. A mismatched free also has its
-/// `Free` event (counted there); other erroneous calls appear only here.
+/// An `Error` event for a call of `func`. A mismatch (family, size,
+/// alignment) also has its `Free` event (counted there); other erroneous
+/// calls appear only here.
 #[inline]
 pub fn error(ts: &mut ThreadState, func: AllocFn, kind: ErrorKind) {
     if owns(ts) {
         add(&C.errors, 1);
-        if kind != ErrorKind::MismatchedFree {
+        if !kind.performed() {
             add(
                 if func.is_release() {
                     &C.release_calls
@@ -170,6 +173,14 @@ pub fn error(ts: &mut ThreadState, func: AllocFn, kind: ErrorKind) {
                 1,
             );
         }
+    }
+}
+
+/// An `AllocFailed` event.
+#[inline]
+pub fn failed(ts: &mut ThreadState) {
+    if owns(ts) {
+        add(&C.failed_allocations, 1);
     }
 }
 
@@ -188,6 +199,7 @@ pub fn exact(events_lost: u64) -> Option<RunTotals> {
         allocation_calls: C.allocation_calls.load(Ordering::Relaxed),
         release_calls: C.release_calls.load(Ordering::Relaxed),
         errors: C.errors.load(Ordering::Relaxed),
+        failed_allocations: C.failed_allocations.load(Ordering::Relaxed),
         peak_bytes: C.peak_bytes.load(Ordering::Relaxed),
         peak_time: C.peak_time.load(Ordering::Relaxed),
     })

@@ -134,6 +134,8 @@ pub struct RunSummary {
     pub unfreed: BytesBlocks,
     pub unfreed_replayed: bool,
     pub errors: u64,
+    /// Allocation calls that failed.
+    pub failed_allocations: u64,
     /// None without an end record.
     pub events_lost: Option<u64>,
     /// What the reader has to say about a damaged or incomplete trace.
@@ -154,6 +156,7 @@ impl RunSummary {
             unfreed: s.unfreed_at_exit.unwrap_or(s.live_at_end),
             unfreed_replayed: s.unfreed_at_exit.is_none(),
             errors: s.errors,
+            failed_allocations: s.failed_allocations,
             events_lost: s.events_lost,
             warnings: crate::report::status_warnings(&s.trace),
             allocators: Allocators {
@@ -219,6 +222,7 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         unfreed,
         unfreed_replayed: false,
         errors: t.errors,
+        failed_allocations: t.failed_allocations,
         events_lost: Some(0),
         warnings,
         allocators,
@@ -405,6 +409,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
                 allocation_calls,
                 release_calls,
                 errors,
+                failed_allocations,
                 peak_bytes: peak.bytes,
                 peak_time: peak.time_ns,
             }

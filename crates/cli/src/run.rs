@@ -784,6 +784,12 @@ fn print_summary(s: &trapline_analysis::stats::RunSummary) {
         eprintln!("==trapline== unfreed at exit: {bytes} bytes in {blocks} blocks");
     }
     eprintln!("==trapline== errors found: {}", th(s.errors));
+    if s.failed_allocations > 0 {
+        eprintln!(
+            "==trapline== failed allocation calls: {} (out of memory? `trapline leaks` lists where)",
+            th(s.failed_allocations)
+        );
+    }
     match s.events_lost {
         Some(n) => eprintln!("==trapline== events lost: {}", th(n)),
         None => eprintln!("==trapline== events lost: unknown (the trace has no end record)"),

@@ -201,6 +201,8 @@ fn errors_cpp_mismatched_sizes_and_alignments() {
     );
     assert_each_once(&report, false);
     assert_eq!(unfreed_summary(&report), (0, 0));
+    // A mismatch is one release (its Free event), in the agent's totals too.
+    assert_eq!(stats(&dir.trace())["agent_totals_match"], json!(true));
     let src = "delete_mismatch.cpp";
     for (caller, kind, release, given, alloc_fn, size, bad_line) in [
         (
@@ -496,6 +498,14 @@ fn failed_allocations_are_recorded_with_their_stacks() {
         "posix_memalign: 22\ncalloc failed\nbad_alloc\nnothrow new failed\nrealloc failed\n";
     let report = record_whole(&dir, &[], &prog, &[], expected_out);
     assert!(report["errors"].as_array().is_some_and(|e| e.is_empty()));
+    // The run's summary (from the agent's own totals) says so too.
+    let run = run(&dir, &[], &prog, &[]);
+    assert!(
+        run.stderr
+            .contains("==trapline== failed allocation calls: 8 "),
+        "{}",
+        run.describe()
+    );
     assert_eq!(unfreed_summary(&report), (0, 0));
 
     let src = "alloc_failures.cpp";

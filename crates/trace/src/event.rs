@@ -419,6 +419,9 @@ pub struct RunTotals {
     pub release_calls: u64,
     /// Error events.
     pub errors: u64,
+    /// `AllocFailed` events (0 in traces before format version 7, whose
+    /// totals have tag 50 instead of 52).
+    pub failed_allocations: u64,
     /// Live bytes at the highest heap occupancy, and the time of the event
     /// that first reached it.
     pub peak_bytes: u64,
@@ -693,6 +696,8 @@ pub(crate) mod tag {
     pub const END: u8 = 49;
     pub const RUN_TOTALS: u8 = 50;
     pub const RECORDING: u8 = 51;
+    /// `RunTotals` with the failed allocation calls (format version 7).
+    pub const RUN_TOTALS_WITH_FAILED: u8 = 52;
     // 96..=111: the CPU profiler.
     pub const PROFILE_START: u8 = 96;
     pub const SAMPLE: u8 = 97;
@@ -1113,12 +1118,13 @@ impl<'a> Encoder<'a> {
                 Ok(())
             }
             Event::RunTotals(t) => {
-                self.byte(tag::RUN_TOTALS)?;
+                self.byte(tag::RUN_TOTALS_WITH_FAILED)?;
                 self.u64(t.allocation_calls)?;
                 self.u64(t.release_calls)?;
                 self.u64(t.errors)?;
                 self.u64(t.peak_bytes)?;
-                self.u64(t.peak_time)
+                self.u64(t.peak_time)?;
+                self.u64(t.failed_allocations)
             }
             Event::ScanBegin {
                 time,
@@ -1580,12 +1586,17 @@ impl<'a> Decoder<'a> {
                     allocator_library,
                 }
             }
-            tag::RUN_TOTALS => Event::RunTotals(RunTotals {
+            tag::RUN_TOTALS | tag::RUN_TOTALS_WITH_FAILED => Event::RunTotals(RunTotals {
                 allocation_calls: self.u64()?,
                 release_calls: self.u64()?,
                 errors: self.u64()?,
                 peak_bytes: self.u64()?,
                 peak_time: self.u64()?,
+                failed_allocations: if t == tag::RUN_TOTALS_WITH_FAILED {
+                    self.u64()?
+                } else {
+                    0
+                },
             }),
             tag::SCAN_BEGIN => {
                 let time = self.time()?;

@@ -213,3 +213,30 @@ fn hot_events_encode_alike_near_the_end_of_the_output() {
         }
     }
 }
+
+/// `RunTotals` as agents before format version 7 wrote it (tag 50, five
+/// varints) still decodes, with no failed allocations; version 7 writes tag
+/// 52 with the count after them.
+#[test]
+fn run_totals_of_older_agents_decode() {
+    let old = [50u8, 7, 6, 1, 100, 9];
+    let decoded: Vec<Event> = Decoder::new(&old)
+        .collect::<Result<_, _>>()
+        .expect("decodes");
+    assert_eq!(
+        decoded,
+        [Event::RunTotals(trapline_trace::RunTotals {
+            allocation_calls: 7,
+            release_calls: 6,
+            errors: 1,
+            failed_allocations: 0,
+            peak_bytes: 100,
+            peak_time: 9,
+        })]
+    );
+    let mut new = Vec::new();
+    encode_to_vec(&mut new, &mut ChunkContext::default(), &decoded[0]);
+    assert_eq!(new[0], 52);
+    assert_eq!(&new[1..6], &old[1..]);
+    assert_eq!(new[6], 0);
+}
