@@ -671,6 +671,7 @@ fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<R
         return;
     }
     let (mut calls, mut errors, mut lost, mut unfinished) = (0u64, 0u64, 0u64, 0usize);
+    let mut failed = 0u64;
     let mut notable = Vec::new();
     for (path, summary) in others.iter().zip(summaries) {
         let s = match summary {
@@ -683,6 +684,7 @@ fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<R
         };
         calls += s.allocation_calls;
         errors += s.errors;
+        failed += s.failed_allocations;
         match s.events_lost {
             Some(n) => lost += n,
             None => unfinished += 1,
@@ -690,6 +692,9 @@ fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<R
         let mut what = Vec::new();
         if s.errors > 0 {
             what.push(counted(s.errors, "error"));
+        }
+        if s.failed_allocations > 0 {
+            what.push(counted(s.failed_allocations, "failed allocation call"));
         }
         match s.events_lost {
             Some(0) => {}
@@ -705,8 +710,13 @@ fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<R
     } else {
         String::new()
     };
+    let failed = if failed > 0 {
+        format!(", failed allocation calls: {}", th(failed))
+    } else {
+        String::new()
+    };
     eprintln!(
-        "==trapline== other processes ({}): {} allocation calls, errors found: {}, events lost: {}{unfinished}",
+        "==trapline== other processes ({}): {} allocation calls, errors found: {}{failed}, events lost: {}{unfinished}",
         counted(others.len() as u64, "trace"),
         th(calls),
         th(errors),
@@ -717,7 +727,7 @@ fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<R
     }
     if notable.len() > OTHERS_LISTED {
         eprintln!(
-            "==trapline==   ... and {} more with errors or lost events",
+            "==trapline==   ... and {} more with errors, failed allocations or lost events",
             counted((notable.len() - OTHERS_LISTED) as u64, "trace")
         );
     }

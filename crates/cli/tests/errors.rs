@@ -498,7 +498,8 @@ fn failed_allocations_are_recorded_with_their_stacks() {
         "posix_memalign: 22\ncalloc failed\nbad_alloc\nnothrow new failed\nrealloc failed\n";
     let report = record_whole(&dir, &[], &prog, &[], expected_out);
     assert!(report["errors"].as_array().is_some_and(|e| e.is_empty()));
-    // The run's summary (from the agent's own totals) says so too.
+    // The run's summary (from the agent's own totals) says so too, and so
+    // does its line for the other processes when the program is a child.
     let run = run(&dir, &[], &prog, &[]);
     assert!(
         run.stderr
@@ -591,5 +592,20 @@ fn failed_allocations_are_recorded_with_their_stacks() {
         json!(true),
         "{}",
         pretty(&stats)
+    );
+    // The same program as a shell's child: the line for the other processes.
+    let script = format!("{}; true", prog.display());
+    let under_sh = common::run(&dir, &[], std::path::Path::new("/bin/sh"), &["-c", &script]);
+    assert!(
+        under_sh
+            .stderr
+            .contains(", errors found: 0, failed allocation calls: 8, events lost: 0"),
+        "{}",
+        under_sh.describe()
+    );
+    assert!(
+        under_sh.stderr.contains(": 8 failed allocation calls"),
+        "{}",
+        under_sh.describe()
     );
 }
