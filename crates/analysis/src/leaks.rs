@@ -1021,13 +1021,10 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord, release_stacks: bool) 
             alloc_at(out);
         }
         ("mismatched_alignment", Some(size)) => {
-            let released = match e.given_alignment {
-                Some(a) if a != 0 => format!("with alignment {a}"),
-                _ => "without alignment".to_owned(),
-            };
-            let allocated = match e.alloc_function.is_some_and(|f| f.contains("align")) {
-                true => "with alignment",
-                false => "without alignment",
+            // The two sides differ: one of them had an alignment.
+            let (allocated, released) = match e.given_alignment {
+                Some(a) if a != 0 => ("without alignment", format!("with alignment {a}")),
+                _ => ("with alignment", "without alignment".to_owned()),
             };
             writeln!(
                 out,

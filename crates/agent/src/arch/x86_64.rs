@@ -497,9 +497,9 @@ variadic_exec_trampoline!(execle, crate::hooks::process::execle_collected);
 variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
 
 /// glibc's `syscall(number, ...)`, made here so that
-/// `syscall(SYS_exit_group, status)` finishes the trace as `_exit` does
-/// (hooks/process.rs): it ended the process past the agent, without an end
-/// record. `syscall(SYS_execve, ...)` goes to the agent's `execve` (the trace
+/// `syscall(SYS_exit_group, status)` goes to the agent's `_exit`
+/// (hooks/process.rs), which finishes the trace and ends with the same
+/// system call: it ended the process past the agent, without an end record. `syscall(SYS_execve, ...)` goes to the agent's `execve` (the trace
 /// finished, the new image traced: it went past both). Every other number is
 /// made as glibc makes it, with no lookup of
 /// the real function (a lazy lookup could allocate, and the agent's own
@@ -559,14 +559,14 @@ pub unsafe extern "C" fn syscall() {
         "mov edi, esi",
         "sub rsp, 8",
         ".cfi_adjust_cfa_offset 8",
-        "call {exit_group_called}",
+        "call {exit}",
         "ud2",
         ".cfi_endproc",
         exit_group = const libc::SYS_exit_group,
         execve = const libc::SYS_execve,
         execve_hook = sym crate::hooks::process::execve,
         errno_location = sym libc::__errno_location,
-        exit_group_called = sym crate::hooks::process::exit_group_called,
+        exit = sym crate::hooks::process::_exit,
     )
 }
 

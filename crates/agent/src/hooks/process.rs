@@ -298,12 +298,6 @@ pub extern "C" fn _exit(status: c_int) -> ! {
     exit_now(status)
 }
 
-/// `syscall(SYS_exit_group, status)` (the `syscall` stub in arch/): what
-/// `_exit` does, which ends with the same system call.
-pub extern "C" fn exit_group_called(status: c_int) -> ! {
-    exit_now(status)
-}
-
 #[no_mangle]
 pub extern "C" fn _Exit(status: c_int) -> ! {
     exit_now(status)
