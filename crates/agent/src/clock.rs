@@ -7,6 +7,14 @@
 //! are then made strictly increasing per live-table shard and per thread (see
 //! `live::Shard::stamp`), which keeps every address's history in true order
 //! while staying within a millisecond of the real clock.
+//!
+//! A millisecond tick costs an idle program a wake-up of the writer per
+//! millisecond (2.4% of a core). So the word's two low bits say whether
+//! anyone needs it: the first reader after a tick sets `READ`; a writer that
+//! finds its ticks unread for `IDLE_AFTER_NS` marks the word `ASLEEP` and
+//! sleeps until its next periodic sweep. A reader that finds `ASLEEP` reads
+//! the precise clock itself, publishes it and wakes the writer, which ticks
+//! again. Nanoseconds lose their two low bits, which no analysis sees.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,17 +45,104 @@ pub fn reset() {
     TICK_NS.store(0, Ordering::Relaxed);
 }
 
-/// The precise trace time; also publishes it as the current tick.
+/// In `TICK_NS`: some event has read the tick since it was published.
+const READ: u64 = 1;
+/// In `TICK_NS`: the writer has stopped ticking; the word may be old.
+const ASLEEP: u64 = 2;
+const FLAGS: u64 = READ | ASLEEP;
+/// The writer stops ticking once its ticks have gone unread this long.
+pub const IDLE_AFTER_NS: u64 = 4_000_000;
+
+fn trace_now() -> u64 {
+    monotonic_ns().saturating_sub(START_MONO_NS.load(Ordering::Relaxed))
+}
+
+/// Raises the tick to `t`, keeping its flags.
+fn publish_at_least(t: u64) {
+    let mut cur = TICK_NS.load(Ordering::Relaxed);
+    while cur & !FLAGS < t & !FLAGS {
+        let new = (t & !FLAGS) | (cur & FLAGS);
+        match TICK_NS.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// The precise trace time; also raises the current tick to it.
 pub fn precise_now() -> u64 {
-    let t = monotonic_ns().saturating_sub(START_MONO_NS.load(Ordering::Relaxed));
-    TICK_NS.fetch_max(t, Ordering::Relaxed);
+    let t = trace_now();
+    publish_at_least(t);
     t
 }
 
 /// The trace time at the last tick (cheap; at most about a millisecond old).
 #[inline]
 pub fn tick() -> u64 {
-    TICK_NS.load(Ordering::Relaxed)
+    let word = TICK_NS.load(Ordering::Relaxed);
+    if word & FLAGS != READ {
+        return tick_slow(word);
+    }
+    word & !FLAGS
+}
+
+/// The first read after a tick, or a read while the writer sleeps.
+#[cold]
+#[inline(never)]
+fn tick_slow(word: u64) -> u64 {
+    if word & ASLEEP == 0 {
+        TICK_NS.fetch_or(READ, Ordering::Relaxed);
+        return word & !FLAGS;
+    }
+    let t = trace_now() & !FLAGS;
+    let mut cur = word;
+    loop {
+        let new = (t.max(cur & !FLAGS)) | READ;
+        match TICK_NS.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => {
+                // This reader ended the sleep: the writer ticks again.
+                crate::writer::wake();
+                return new & !FLAGS;
+            }
+            Err(seen) if seen & ASLEEP == 0 => return seen & !FLAGS,
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// What the tick word says, for the writer.
+pub struct TickState {
+    /// Some event read the tick since the writer published it.
+    pub read: bool,
+    /// The writer marked the word and no reader has woken it since.
+    pub asleep: bool,
+}
+
+pub fn tick_state() -> TickState {
+    let word = TICK_NS.load(Ordering::Relaxed);
+    TickState {
+        read: word & READ != 0,
+        asleep: word & ASLEEP != 0,
+    }
+}
+
+/// The precise trace time, not published (the writer publishes it with
+/// `publish_tick` once it has decided whether to sleep).
+pub fn writer_now() -> u64 {
+    trace_now() & !FLAGS
+}
+
+/// From the writer: the tick is `now`, unread; `asleep`: the writer stops
+/// ticking until a reader wakes it.
+pub fn publish_tick(now: u64, asleep: bool) {
+    let mut cur = TICK_NS.load(Ordering::Relaxed);
+    loop {
+        let new = (now & !FLAGS).max(cur & !FLAGS) | if asleep { ASLEEP } else { 0 };
+        match TICK_NS.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(seen) => cur = seen,
+        }
+    }
 }
 
 /// Wall-clock nanoseconds since the Unix epoch.

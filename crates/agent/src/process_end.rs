@@ -58,6 +58,12 @@ pub fn program_thread_ending(tid: u32, counted: bool) {
     }
 }
 
+/// A thread is ending since the main thread left: the writer must keep
+/// waking every millisecond to see it gone.
+pub fn pending() -> bool {
+    ENDING.load(Ordering::Acquire) != 0
+}
+
 /// From the writer's loop, on every wake (`sweep`: the periodic one): true
 /// when the program has no thread left, and the process must end.
 pub fn program_has_ended(writer_tid: u32, sweep: bool) -> bool {

@@ -5,7 +5,8 @@
 //! drains: it compresses each buffer into a chunk and appends it to the trace.
 //! Buffers cycle back through a free list. Past a memory cap producers wait for
 //! the writer rather than drop events. The writer also publishes the clock tick
-//! every millisecond and, every 200 ms, takes the partly filled buffers of all
+//! every millisecond while the program records events (and sleeps while it
+//! records none, clock.rs) and, every 200 ms, takes the partly filled buffers of all
 //! threads, so a long-running or SIGKILLed program leaves a trace that is at
 //! most a fraction of a second behind.
 
@@ -441,6 +442,11 @@ pub fn open(path: &std::ffi::CStr, exclusive: bool) -> Result<(), i32> {
     Ok(())
 }
 
+/// The writer's tick while events are recorded (clock.rs).
+const TICK_EVERY_NS: u64 = 1_000_000;
+/// The periodic sweep: partly filled buffers, the process-end check (7.4).
+const SWEEP_EVERY_NS: u64 = 200_000_000;
+
 static PERIODIC: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
 extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
@@ -468,12 +474,22 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
         unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };
     let mut scratch = Vec::new();
     let mut last_sweep = 0u64;
+    let mut last_read = 0u64;
     let me = sys::gettid();
     loop {
         let seen = WORK.generation();
         drain(&mut scratch);
-        let now = crate::clock::precise_now();
-        let sweep = now.saturating_sub(last_sweep) >= 200_000_000;
+        // Tick every millisecond while events read the tick; once they have
+        // not for a while, sleep until the next sweep (clock.rs).
+        let state = crate::clock::tick_state();
+        let now = crate::clock::writer_now();
+        if state.read {
+            last_read = now;
+        }
+        let asleep = !crate::process_end::pending()
+            && (state.asleep || now.saturating_sub(last_read) >= crate::clock::IDLE_AFTER_NS);
+        crate::clock::publish_tick(now, asleep);
+        let sweep = now.saturating_sub(last_sweep) >= SWEEP_EVERY_NS;
         if sweep {
             last_sweep = now;
             periodic();
@@ -486,7 +502,12 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
         if crate::process_end::program_has_ended(me, sweep) {
             end_for_program(&mut scratch);
         }
-        WORK.wait(seen, Some(1_000_000));
+        let timeout = if asleep {
+            SWEEP_EVERY_NS.saturating_sub(now.saturating_sub(last_sweep))
+        } else {
+            TICK_EVERY_NS
+        };
+        WORK.wait(seen, Some(timeout.max(TICK_EVERY_NS)));
     }
     stopped();
     core::ptr::null_mut()
@@ -514,7 +535,8 @@ fn end_for_program(scratch: &mut Vec<u8>) -> ! {
     unsafe { libc::exit(0) }
 }
 
-/// Wakes the writer (it also wakes by itself every millisecond).
+/// Wakes the writer (it also wakes by itself every millisecond while the
+/// program records events, and for the periodic sweep).
 pub fn wake() {
     WORK.notify_all();
 }
