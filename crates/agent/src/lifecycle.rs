@@ -738,14 +738,21 @@ fn fork_child_restart() {
     ts.guard -= 1;
 }
 
-/// LD_PRELOAD and trapline's variables for an exec'd image, when following.
+/// LD_PRELOAD and trapline's variables for an exec'd image: when following,
+/// and without following for the traced process's own images (an exec
+/// replaces the process rather than starting another: a wrapper script's
+/// `exec prog` stays traced; a child's exec does not).
 pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
     let mut add = Vec::new();
-    if !FOLLOW.load(Ordering::Relaxed) {
+    let follow = FOLLOW.load(Ordering::Relaxed);
+    if !follow && (FINISHED.load(Ordering::Acquire) || !owns_process()) {
         return add;
     }
     let Some(cfg) = CONFIG.get() else { return add };
     let has = |k: &[u8]| envp.iter().any(|e| e.starts_with(k));
+    if !follow && !has(b"TRAPLINE_FOLLOW=") {
+        add.extend(CString::new(format!("{ENV_FOLLOW}=0")));
+    }
     if !envp
         .iter()
         .any(|e| e.starts_with(b"LD_PRELOAD=") && e.windows(17).any(|w| w == b"libtrapline_agent"))

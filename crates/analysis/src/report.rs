@@ -20,7 +20,7 @@ pub fn serialize_hex<S: Serializer>(value: &u64, s: S) -> Result<S::Ok, S::Error
 }
 
 /// The traced process.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProcessReport {
     /// Process id (null if the trace lost its first record).
     pub pid: Option<u32>,

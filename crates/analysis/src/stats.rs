@@ -143,6 +143,9 @@ pub struct RunSummary {
     /// The program's allocator, as the trace names it (`warnings` has the
     /// lines about it too).
     pub allocators: Allocators,
+    /// The process: its pid, command and how it ended (an exec'd image's
+    /// `exit` says so; `trapline run` then follows the pid to its next trace).
+    pub process: ProcessReport,
 }
 
 impl RunSummary {
@@ -163,6 +166,7 @@ impl RunSummary {
                 shadowed_by: s.trace.allocator_shadowed_by.clone(),
                 library: s.trace.allocator_library.clone(),
             },
+            process: s.process.clone(),
         }
     }
 }
@@ -182,7 +186,7 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     if index.stopped.is_some() {
         return Ok(None);
     }
-    let (mut totals, mut end_lost, mut unfreed) = (None, None, None);
+    let (mut totals, mut end_lost, mut unfreed, mut exit) = (None, None, None, None);
     for entry in index.chunks.iter().rev().take(SUMMARY_TAIL_CHUNKS) {
         let chunk = index.read_chunk(input, entry)?;
         for ev in chunk.events() {
@@ -191,7 +195,10 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
                 what: format!("an event of the chunk does not decode: {e}"),
             })? {
                 Event::RunTotals(t) => totals = Some(t),
-                Event::End { counters, .. } => {
+                Event::End {
+                    counters, exit: e, ..
+                } => {
+                    exit = Some(crate::report::ExitReport::from(e));
                     let in_file = index
                         .chunks
                         .iter()
@@ -212,7 +219,8 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     let (Some(t), Some(0), Some(unfreed)) = (totals, end_lost, unfreed) else {
         return Ok(None);
     };
-    let allocators = allocators_in(input, &index)?;
+    let (allocators, mut process) = first_chunk_facts(input, &index)?;
+    process.exit = exit;
     let warnings = allocators.warnings();
     Ok(Some(RunSummary {
         allocation_calls: t.allocation_calls,
@@ -226,6 +234,7 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         events_lost: Some(0),
         warnings,
         allocators,
+        process,
     }))
 }
 
@@ -251,30 +260,45 @@ impl Allocators {
     }
 }
 
-fn allocators_in<R: Read + Seek>(
+/// What the agent's first chunk says: the program's allocator and the
+/// process (without its exit, which the end record has).
+fn first_chunk_facts<R: Read + Seek>(
     input: &mut R,
     index: &TraceIndex,
-) -> Result<Allocators, TraceError> {
-    // The recording's settings follow the process record in the agent's first chunk.
+) -> Result<(Allocators, ProcessReport), TraceError> {
+    // The process record comes first, then the recording's settings.
+    let (mut allocators, mut process) = (Allocators::default(), ProcessReport::default());
     let Some(entry) = index.chunks.iter().find(|c| c.header.tid == 0) else {
-        return Ok(Allocators::default());
+        return Ok((allocators, process));
     };
     let chunk = index.read_chunk(input, entry)?;
-    Ok(chunk
-        .events()
-        .flatten()
-        .find_map(|ev| match ev {
+    for ev in chunk.events().flatten() {
+        match ev {
+            Event::Process(p) => {
+                process = ProcessReport {
+                    pid: Some(p.pid),
+                    ppid: Some(p.ppid),
+                    executable: Some(p.exe),
+                    command: p.argv,
+                    start_unix_ns: Some(p.start_unix_ns),
+                    exit: None,
+                }
+            }
             Event::Recording {
                 allocator_shadowed_by,
                 allocator_library,
                 ..
-            } => Some(Allocators {
-                shadowed_by: allocator_shadowed_by,
-                library: allocator_library,
-            }),
-            _ => None,
-        })
-        .unwrap_or_default())
+            } => {
+                allocators = Allocators {
+                    shadowed_by: allocator_shadowed_by,
+                    library: allocator_library,
+                };
+                break;
+            }
+            _ => {}
+        }
+    }
+    Ok((allocators, process))
 }
 
 /// Analyses a trace. Fails only when the input is not a readable trace at all.

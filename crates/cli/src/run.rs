@@ -33,7 +33,7 @@ pub struct RunArgs {
     /// Trace file of the top process; other processes write PATH.<pid>.
     #[arg(short = 'o', long = "output", default_value = "trapline.trace")]
     pub output: PathBuf,
-    /// Trace only the top process, not its children or exec'd images.
+    /// Trace only the top process (its exec'd images too), not its children.
     #[arg(long)]
     pub no_follow: bool,
     /// Pass invalid and double frees on to the C library (which usually aborts)
@@ -485,7 +485,12 @@ pub fn main(args: RunArgs) -> ExitCode {
         _ => 1,
     };
     if !args.quiet {
-        summarize(&output, &program, status.signal());
+        summarize(
+            &output,
+            &program,
+            child_pid.as_raw() as u32,
+            status.signal(),
+        );
         if timed_out {
             eprintln!(
                 "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
@@ -535,9 +540,11 @@ fn wait_with_timeout(
     status.map(|s| (s, timed_out))
 }
 
-/// The short report printed when the command ends.
-/// `killed_by`: the signal that ended the program, if one did.
-fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
+/// The short report printed when the command ends: about the command's
+/// process as it ended (its last image, when it replaced itself with exec),
+/// then the other processes added up. `top_pid`: the command's process;
+/// `killed_by`: the signal that ended it, if one did.
+fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>) {
     let mut files = vec![output.to_path_buf()];
     files.extend(family_files(output));
     let empty = std::fs::metadata(output)
@@ -609,10 +616,29 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
         }
         return;
     }
-    let mut summaries = summaries.into_iter();
-    match summaries.next().flatten() {
+    let images = top_images(output, top_pid, &files, &summaries);
+    let last = *images.last().unwrap_or(&0);
+    let last_trace = &files[last];
+    if images.len() > 1 {
+        eprintln!(
+            "==trapline== the command replaced itself with exec {}: {}; below, its last image ({})",
+            if images.len() == 2 {
+                "once".to_string()
+            } else {
+                format!("{} times", images.len() - 1)
+            },
+            image_names(&images, &summaries),
+            last_trace.display()
+        );
+    }
+    let mut summaries: Vec<_> = summaries.into_iter().map(Some).collect();
+    match summaries[last].take().flatten() {
         Some(Ok(s)) => {
             print_summary(&s);
+            let exec_untraced = s.process.exit.is_some_and(|e| e.exec);
+            if exec_untraced {
+                eprintln!("==trapline== {EXEC_UNTRACED}");
+            }
             if s.events_lost.is_none() {
                 match killed_by {
                     Some(signal) => eprintln!("==trapline== {}", unflushed_death(signal)),
@@ -620,11 +646,83 @@ fn summarize(output: &Path, program: &Path, killed_by: Option<i32>) {
                 }
             }
         }
-        Some(Err(e)) => eprintln!("==trapline== cannot read {}: {e}", output.display()),
+        Some(Err(e)) => eprintln!("==trapline== cannot read {}: {e}", last_trace.display()),
         None => {}
     }
-    summarize_others(&files[1..], summaries);
-    eprintln!("==trapline== see: trapline leaks {}", output.display());
+    let (others, others_summaries): (Vec<PathBuf>, Vec<Option<ReadSummary>>) = files
+        .iter()
+        .zip(summaries)
+        .enumerate()
+        .filter(|(i, _)| *i != last)
+        .map(|(_, (f, s))| (f.clone(), s.flatten()))
+        .unzip();
+    let others_are = if images.len() > 1 {
+        "other processes and earlier images"
+    } else {
+        "other processes"
+    };
+    summarize_others(others_are, &others, others_summaries.into_iter());
+    eprintln!("==trapline== see: trapline leaks {}", last_trace.display());
+}
+
+/// The exec'd image after the last trace was not traced.
+const EXEC_UNTRACED: &str = "the process then replaced itself with a program the agent \
+     could not enter (a static, setuid or 32-bit program, or one that clears LD_PRELOAD): the \
+     exit status is that program's";
+
+/// The command's process, image by image: indexes into `files` of its
+/// first trace (`output`), then of each image it exec'd, which writes
+/// `output.<pid>`, then `output.<pid>.1`, ... (a failed exec goes on in a
+/// new file too). Follows the chain while each trace ends with an exec.
+fn top_images(
+    output: &Path,
+    top_pid: u32,
+    files: &[PathBuf],
+    summaries: &[Option<ReadSummary>],
+) -> Vec<usize> {
+    let mut images = vec![0];
+    for generation in 0.. {
+        let current = images[images.len() - 1];
+        let exec = matches!(
+            &summaries[current],
+            Some(Ok(s)) if s.process.exit.is_some_and(|e| e.exec)
+        );
+        if !exec {
+            break;
+        }
+        let mut name = output.as_os_str().to_owned();
+        name.push(format!(".{top_pid}"));
+        if generation > 0 {
+            name.push(format!(".{generation}"));
+        }
+        let next = Path::new(&name);
+        match files.iter().position(|f| f == next) {
+            Some(i) => images.push(i),
+            None => break,
+        }
+    }
+    images
+}
+
+/// "env, bash, python3.11": the images' executables, by file name (the
+/// first and last three of a longer chain).
+fn image_names(images: &[usize], summaries: &[Option<ReadSummary>]) -> String {
+    let name = |i: &usize| match &summaries[*i] {
+        Some(Ok(s)) => s
+            .process
+            .executable
+            .as_deref()
+            .map(|e| e.rsplit('/').next().unwrap_or(e).to_string())
+            .unwrap_or_else(|| "?".to_string()),
+        _ => "?".to_string(),
+    };
+    if images.len() <= 6 {
+        images.iter().map(name).collect::<Vec<_>>().join(", ")
+    } else {
+        let first: Vec<_> = images[..3].iter().map(name).collect();
+        let last: Vec<_> = images[images.len() - 3..].iter().map(name).collect();
+        format!("{}, ..., {}", first.join(", "), last.join(", "))
+    }
 }
 
 /// A trace file's summary, or why it could not be read.
@@ -666,7 +764,11 @@ const OTHERS_LISTED: usize = 10;
 /// alone said "errors found: 0" for a tree whose child double-freed. Their
 /// unfreed blocks are not added up: a fork child that execs lists the heap
 /// it inherited, and a shell's children would sum to many times its heap.
-fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<ReadSummary>>) {
+fn summarize_others(
+    others_are: &str,
+    others: &[PathBuf],
+    summaries: impl Iterator<Item = Option<ReadSummary>>,
+) {
     if others.is_empty() {
         return;
     }
@@ -716,7 +818,7 @@ fn summarize_others(others: &[PathBuf], summaries: impl Iterator<Item = Option<R
         String::new()
     };
     eprintln!(
-        "==trapline== other processes ({}): {} allocation calls, errors found: {}{failed}, events lost: {}{unfinished}",
+        "==trapline== {others_are} ({}): {} allocation calls, errors found: {}{failed}, events lost: {}{unfinished}",
         counted(others.len() as u64, "trace"),
         th(calls),
         th(errors),

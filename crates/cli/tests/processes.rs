@@ -811,3 +811,102 @@ fn execve_through_syscall_is_followed() {
         "CALL-EXEC-LEAK",
     );
 }
+
+/// A wrapper that replaces itself with the real program (`exec "$@"` in a
+/// start script, a version manager's shim): the summary is the last
+/// image's, the one whose exit status `trapline run` returns, and names
+/// its trace for `leaks`. It used to describe the wrapper's first image
+/// (`env` for a pyenv `python3`: 201 calls of locale setup). With
+/// `--no-follow` the command's own images are still traced (an exec
+/// replaces the process; it starts no other), its children are not (the
+/// exec'd image was not traced at all).
+#[test]
+fn the_run_summary_follows_the_commands_execs_to_its_last_image() {
+    let dir = TestDir::new("exec_chain");
+    let target = compile_c(&dir, "exec_target.c");
+    let script = format!(
+        "/bin/true; exec /bin/sh -c 'exec {}'",
+        target.to_str().unwrap()
+    );
+    for flags in [&[][..], &["--no-follow"][..]] {
+        let run = run(&dir, flags, Path::new("/bin/sh"), &["-c", &script]);
+        assert_eq!(run.code(), 7, "{flags:?}\n{}", run.describe());
+        let top = leaks(&dir.trace());
+        assert_eq!(process_exit(&top), &json!({"exec": true}));
+        let pid = process_pid(&top);
+        let (second, last) = (
+            dir.path().join(format!("t.trace.{pid}")),
+            dir.path().join(format!("t.trace.{pid}.1")),
+        );
+        let last_report = leaks(&last);
+        assert_complete(&last_report);
+        assert_eq!(process_exit(&last_report), &json!({"code": 7}));
+        assert_eq!(process_pid(&last_report), pid);
+        let shell = Path::new(process_executable(&top))
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let lines = [
+            format!(
+                "==trapline== the command replaced itself with exec 2 times: {shell}, {shell}, \
+                 exec_target; below, its last image ({})\n",
+                last.display()
+            ),
+            "==trapline== unfreed at exit: 33 bytes in 1 blocks\n".to_string(),
+            "==trapline== other processes and earlier images (".to_string(),
+            format!("==trapline== see: trapline leaks {}\n", last.display()),
+        ];
+        let at: Vec<Option<usize>> = lines.iter().map(|l| run.stderr.find(l.as_str())).collect();
+        assert!(
+            at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]),
+            "{flags:?}: {at:?}\n{}",
+            run.describe()
+        );
+        let others = dir.other_traces();
+        assert!(others.contains(&second) && others.contains(&last));
+        let children: Vec<Vec<String>> = others
+            .iter()
+            .filter(|t| **t != second && **t != last)
+            .map(|t| process_command(&leaks(t)))
+            .collect();
+        if flags.is_empty() {
+            // The shell's child (dash runs it with vfork: one image).
+            assert!(
+                children.contains(&vec!["/bin/true".to_string()]),
+                "{children:?}"
+            );
+        } else {
+            assert_eq!(children, Vec::<Vec<String>>::new());
+        }
+    }
+}
+
+/// A wrapper that execs a program the agent cannot enter (here a static
+/// one): the summary is the wrapper's last traced image and says that the
+/// process went on untraced, whose status `trapline run` returns.
+#[test]
+fn the_run_summary_says_when_the_command_execs_an_untraced_program() {
+    let dir = TestDir::new("exec_untraced");
+    let prog = compile_c_with(&dir, "static_hello.c", "static_hello", &["-static"]);
+    let script = format!("exec {}", prog.to_str().unwrap());
+    let run = run(&dir, &[], Path::new("/bin/sh"), &["-c", &script]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "static ran\n");
+    assert_eq!(dir.other_traces(), Vec::<std::path::PathBuf>::new());
+    assert!(
+        run.stderr.contains(
+            "==trapline== the process then replaced itself with a program the agent could \
+             not enter (a static, setuid or 32-bit program, or one that clears LD_PRELOAD): \
+             the exit status is that program's\n"
+        ),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        !run.stderr.contains("replaced itself with exec"),
+        "{}",
+        run.describe()
+    );
+}

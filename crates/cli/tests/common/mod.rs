@@ -796,6 +796,13 @@ pub fn process_pid(report: &Value) -> u64 {
     as_u64(field(report, "process"), "pid")
 }
 
+/// process.executable of a report.
+pub fn process_executable(report: &Value) -> &str {
+    field(field(report, "process"), "executable")
+        .as_str()
+        .expect("executable string")
+}
+
 /// process.command of a report, as strings.
 pub fn process_command(report: &Value) -> Vec<String> {
     as_array(field(report, "process"), "command")
