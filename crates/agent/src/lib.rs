@@ -15,6 +15,7 @@ mod lifecycle;
 mod live;
 mod modules;
 mod next_alloc;
+mod private_operators;
 mod process_end;
 mod profile;
 mod record;

@@ -101,21 +101,6 @@ fn header_buffer() -> Box<Buffer> {
     b
 }
 
-/// glibc's `dladdr1` request for the symbol table entry (dlfcn.h).
-const RTLD_DL_SYMENT: core::ffi::c_int = 1;
-const SHN_UNDEF: u16 = 0;
-
-/// An ELF64 symbol table entry, as `dladdr1` points at it.
-#[repr(C)]
-struct ElfSymbol {
-    st_name: u32,
-    st_info: u8,
-    st_other: u8,
-    st_shndx: u16,
-    st_value: u64,
-    st_size: u64,
-}
-
 /// The module whose `malloc` (or `free`) the program's calls reach when it
 /// is not the agent's: the executable's own allocator (jemalloc or mimalloc
 /// linked into a Rust program) comes first in symbol lookup, before any
@@ -130,7 +115,7 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
         // gcc's cc1plus) exports it as an undefined symbol whose value is a
         // stub in its PLT, which jumps to the agent: dlsym returns the stub.
         // Only a symbol defined in a section is an allocator of its own.
-        let mut sym: *const ElfSymbol = core::ptr::null();
+        let mut sym: *const sys::ElfSymbol = core::ptr::null();
         // SAFETY: dladdr1 fills the Dl_info we own and points `sym` at the
         // symbol table entry; both point into the loader's data, alive while
         // the module is loaded.
@@ -139,8 +124,8 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
             let found = libc::dladdr1(
                 f,
                 &mut info,
-                (&mut sym as *mut *const ElfSymbol).cast(),
-                RTLD_DL_SYMENT,
+                (&mut sym as *mut *const sys::ElfSymbol).cast(),
+                sys::RTLD_DL_SYMENT,
             );
             let path = if found != 0 && !info.dli_fname.is_null() {
                 core::ffi::CStr::from_ptr(info.dli_fname)
@@ -150,7 +135,7 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
                 String::new()
             };
             (
-                found != 0 && !sym.is_null() && (*sym).st_shndx != SHN_UNDEF,
+                found != 0 && !sym.is_null() && (*sym).st_shndx != sys::SHN_UNDEF,
                 path,
             )
         };

@@ -291,6 +291,18 @@ fn mismatch(func: AllocFn, block: live::Block, stated: Stated) -> Option<(ErrorK
         .then_some((ErrorKind::MismatchedAlignment, stated.align))
 }
 
+/// The block was allocated by an `operator new`, or is released by an
+/// `operator delete`, that the agent does not interpose (a library's own,
+/// over `malloc` and `free`): what looks like a mismatch is theirs to
+/// judge (private_operators.rs).
+#[cold]
+fn through_private_operators(alloc_stack: u32, release: StartRegs) -> bool {
+    let allocated_by = crate::stacks::frames(alloc_stack).first().copied();
+    allocated_by.is_some_and(crate::private_operators::call_from_private_operator)
+        || (release.pc_is_return_address
+            && crate::private_operators::call_from_private_operator(release.pc))
+}
+
 /// Records a release of `addr`; returns whether to pass it to the C library.
 #[inline]
 pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
@@ -369,7 +381,9 @@ fn free_recorded(
         ts.last_time = t;
         totals::free(ts, block.size);
         ts.emit(Some(t), |e, c| e.free(c, t, addr, func, stack));
-        if let Some((kind, given)) = mismatch(func, block, stated) {
+        if let Some((kind, given)) =
+            mismatch(func, block, stated).filter(|_| !through_private_operators(block.stack, regs))
+        {
             let stack = error_stack(ts);
             report(
                 ts,

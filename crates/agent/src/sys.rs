@@ -301,6 +301,46 @@ pub fn cached_next_symbol(slot: &AtomicUsize, name: &core::ffi::CStr) -> usize {
     f
 }
 
+/// glibc's `dladdr1` request for the symbol table entry (dlfcn.h).
+pub const RTLD_DL_SYMENT: core::ffi::c_int = 1;
+pub const SHN_UNDEF: u16 = 0;
+
+/// An ELF64 symbol table entry, as `dladdr1` points at it.
+#[repr(C)]
+pub struct ElfSymbol {
+    pub st_name: u32,
+    pub st_info: u8,
+    pub st_other: u8,
+    pub st_shndx: u16,
+    pub st_value: u64,
+    pub st_size: u64,
+}
+
+/// The dynamic symbol whose code contains `addr` (within its size), by
+/// name: the loader's own lookup (`dladdr1`), which allocates nothing.
+pub fn symbol_containing(addr: u64) -> Option<&'static core::ffi::CStr> {
+    let mut sym: *const ElfSymbol = core::ptr::null();
+    // SAFETY: dladdr1 fills the Dl_info we own and points `sym` at the
+    // loader's symbol table entry; the name and the entry live as long as
+    // the module stays loaded, which the caller's use (a comparison of the
+    // name, at once) does not outlast.
+    unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        let found = libc::dladdr1(
+            addr as *const libc::c_void,
+            &mut info,
+            (&mut sym as *mut *const ElfSymbol).cast(),
+            RTLD_DL_SYMENT,
+        );
+        if found == 0 || sym.is_null() || info.dli_sname.is_null() || info.dli_saddr.is_null() {
+            return None;
+        }
+        let start = info.dli_saddr as u64;
+        (addr >= start && addr - start < (*sym).st_size)
+            .then(|| core::ffi::CStr::from_ptr(info.dli_sname))
+    }
+}
+
 /// Any definition of `name` in the process (RTLD_DEFAULT), or 0.
 pub fn any_symbol(name: &core::ffi::CStr) -> usize {
     // SAFETY: as above.

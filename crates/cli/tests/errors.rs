@@ -258,6 +258,53 @@ fn errors_cpp_mismatched_sizes_and_alignments() {
     }
 }
 
+/// private_new.cpp with private_new_lib.cpp: a library with its own
+/// operator new and delete over malloc and free, bound inside it, as
+/// libLLVM.so has. Blocks that cross between its operators and the
+/// program's (the agent's) are not mismatches: rust-lld, linking under
+/// `cargo build`, reported 128 "mismatched free" errors for them. The
+/// program's own mismatches still are.
+#[test]
+fn errors_cpp_blocks_of_a_librarys_own_operators_are_no_mismatch() {
+    let dir = TestDir::new("private_new");
+    let lib = compile_cpp_library(
+        &dir,
+        "private_new_lib.cpp",
+        "libprivate_new.so",
+        &["-O2", "-Wl,-Bsymbolic-functions"],
+    );
+    let prog = compile_cpp_linked_to(&dir, "private_new.cpp", &lib);
+    let report = record_whole(&dir, &[], &prog, &[], "done\n");
+    assert_eq!(kinds(&report), ["mismatched_free", "mismatched_free"]);
+    assert_each_once(&report, false);
+    assert_eq!(unfreed_summary(&report), (0, 0));
+    let src = "private_new.cpp";
+    for (release, alloc_fn, marker) in [
+        ("free", "operator new(unsigned long)", "REAL-MISMATCH"),
+        (
+            "operator delete(void*, unsigned long)",
+            "operator new[](unsigned long)",
+            "REAL-ARRAY-MISMATCH",
+        ),
+    ] {
+        let error = errors(&report)
+            .iter()
+            .find(|e| e["function"] == json!(release))
+            .unwrap_or_else(|| panic!("no error by {release}: {}", pretty(&report)));
+        assert_eq!(
+            error["alloc_function"],
+            json!(alloc_fn),
+            "{}",
+            pretty(error)
+        );
+        assert_stack_top(
+            stack_of(error, "stack"),
+            &[("main", src, marker_line(src, marker))],
+            release,
+        );
+    }
+}
+
 /// The error's stack is `caller` at marker `bad_line` of `src`, called from
 /// main at `CALL-<bad_line>`; its allocation stack starts in `caller` at
 /// marker `alloc_line`.

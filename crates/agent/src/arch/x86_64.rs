@@ -811,3 +811,23 @@ pub unsafe fn call_on_stack(data: *mut u8, f: unsafe extern "C" fn(*mut u8), top
     // callee-saved register and returns normally.
     unsafe { call_on_stack_asm(data, f, top) }
 }
+
+/// The target of the direct call (`call rel32`) that returns to
+/// `return_address`, if the instruction before it is one.
+pub fn direct_call_target(return_address: u64) -> Option<u64> {
+    let at = return_address.checked_sub(5)?;
+    // The 5 bytes on one page with the return address's instruction, which
+    // is mapped (code that called): nothing else is known to be readable.
+    if at >> 12 != (return_address - 1) >> 12 {
+        return None;
+    }
+    let mut code = [0u8; 5];
+    // SAFETY: `at..return_address` is on the page of the call instruction
+    // that returns there (checked above), mapped and readable as code is.
+    unsafe { core::ptr::copy_nonoverlapping(at as *const u8, code.as_mut_ptr(), 5) };
+    if code[0] != 0xe8 {
+        return None;
+    }
+    let rel = i32::from_le_bytes([code[1], code[2], code[3], code[4]]);
+    Some(return_address.wrapping_add(rel as i64 as u64))
+}

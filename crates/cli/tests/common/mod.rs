@@ -271,6 +271,39 @@ pub fn compile_cpp(dir: &TestDir, source: &str) -> PathBuf {
     compile(dir, "g++", source, stem(source), &["-g", "-O0", "-Wall"])
 }
 
+/// Compiles a C++ fixture into the shared library `out_name` with `g++
+/// -fPIC -shared` and `extra` flags.
+pub fn compile_cpp_library(dir: &TestDir, source: &str, out_name: &str, extra: &[&str]) -> PathBuf {
+    let mut flags = vec!["-g", "-Wall", "-fPIC", "-shared"];
+    flags.extend_from_slice(extra);
+    compile(dir, "g++", source, out_name, &flags)
+}
+
+/// Compiles a C++ program fixture with `g++ -g -O0` linked to the shared
+/// library `lib` (found through an rpath); named after the source.
+pub fn compile_cpp_linked_to(dir: &TestDir, source: &str, lib: &Path) -> PathBuf {
+    let lib_dir = lib
+        .parent()
+        .expect("library directory")
+        .display()
+        .to_string();
+    compile(
+        dir,
+        "g++",
+        source,
+        stem(source),
+        &[
+            "-g",
+            "-O0",
+            "-Wall",
+            "-Wno-mismatched-new-delete",
+            "-Wl,--no-as-needed",
+            &lib.display().to_string(),
+            &format!("-Wl,-rpath,{lib_dir}"),
+        ],
+    )
+}
+
 /// Compiles a Rust fixture with `rustc -g -C opt-level=0`.
 pub fn compile_rust(dir: &TestDir, source: &str) -> PathBuf {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
