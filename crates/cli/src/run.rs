@@ -485,7 +485,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         _ => 1,
     };
     if !args.quiet {
-        summarize(
+        let last_image = summarize(
             &output,
             &program,
             child_pid.as_raw() as u32,
@@ -494,7 +494,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         if timed_out {
             eprintln!(
                 "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
-                output.display()
+                last_image.display()
             );
         }
     }
@@ -543,8 +543,9 @@ fn wait_with_timeout(
 /// The short report printed when the command ends: about the command's
 /// process as it ended (its last image, when it replaced itself with exec),
 /// then the other processes added up. `top_pid`: the command's process;
-/// `killed_by`: the signal that ended it, if one did.
-fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>) {
+/// `killed_by`: the signal that ended it, if one did. Returns the trace of
+/// that last image.
+fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>) -> PathBuf {
     let mut files = vec![output.to_path_buf()];
     files.extend(family_files(output));
     let empty = std::fs::metadata(output)
@@ -614,7 +615,7 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
                 program.display()
             ),
         }
-        return;
+        return output.to_path_buf();
     }
     let images = top_images(output, top_pid, &files, &summaries);
     let last = *images.last().unwrap_or(&0);
@@ -663,6 +664,7 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
     };
     summarize_others(others_are, &others, others_summaries.into_iter());
     eprintln!("==trapline== see: trapline leaks {}", last_trace.display());
+    last_trace.clone()
 }
 
 /// The exec'd image after the last trace was not traced.

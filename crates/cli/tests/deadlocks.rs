@@ -9,7 +9,8 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 fn deadlocks(trace: &std::path::Path) -> Value {
     let finished = analysis("deadlocks", trace);
@@ -284,7 +285,28 @@ fn start_stuck(
     args: &[&str],
 ) -> (std::process::Child, i32) {
     let prog = compile_c(dir, fixture);
-    let mut cmd = isolated(run_command(dir, flags, &prog, args));
+    let cmd = isolated(run_command(dir, flags, &prog, args));
+    stuck_child(cmd)
+}
+
+/// The same, started by a shell that replaces itself with it (`exec`).
+fn start_stuck_behind_exec(
+    dir: &TestDir,
+    fixture: &str,
+    flags: &[&str],
+) -> (std::process::Child, i32) {
+    let prog = compile_c(dir, fixture);
+    let script = format!("exec {}", prog.display());
+    let cmd = isolated(run_command(
+        dir,
+        flags,
+        Path::new("/bin/sh"),
+        &["-c", &script],
+    ));
+    stuck_child(cmd)
+}
+
+fn stuck_child(mut cmd: Command) -> (std::process::Child, i32) {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -328,18 +350,23 @@ fn self_deadlock_is_recorded_before_the_thread_blocks_and_sigterm_completes_the_
 }
 
 #[test]
+/// Behind a shell's `exec`: the hint names the program's trace, not the
+/// shell's (it named the shell's).
 fn a_real_deadlock_stopped_by_timeout_shows_who_waits_for_whom() {
     let dir = TestDir::new("deadlocks_actual");
-    let (child, _pid) = start_stuck(&dir, "lock_deadlock.c", &["--timeout", "3"], &[]);
+    let (child, pid) = start_stuck_behind_exec(&dir, "lock_deadlock.c", &["--timeout", "3"]);
     let run = finish(child, "trapline run");
     assert_eq!(run.code(), 124, "{}", run.describe());
+    let trace = dir.path().join(format!("t.trace.{pid}"));
     assert!(
-        run.stderr
-            .contains("stopped by --timeout: if it hung on a lock, see: trapline deadlocks"),
+        run.stderr.contains(&format!(
+            "stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}\n",
+            trace.display()
+        )),
         "{}",
         run.describe()
     );
-    let report = deadlocks(&dir.trace());
+    let report = deadlocks(&trace);
     assert_eq!(report["trace"]["complete"], json!(true));
     assert_eq!(process_exit(&report), &json!({"signal": 15}));
     let actual = as_array(&report, "actual_deadlocks");
