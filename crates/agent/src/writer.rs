@@ -454,21 +454,10 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     crate::thread::mark_agent_thread();
     // SAFETY: naming our own thread; the name fits in 16 bytes.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-writer".as_ptr()) };
-    // A trace that outgrows the file size limit (RLIMIT_FSIZE) must not
-    // kill the program with SIGXFSZ: blocked here, the write fails with
-    // EFBIG instead, and the lost events are counted.
-    let xfsz: u64 = 1 << (libc::SIGXFSZ - 1);
-    // SAFETY: rt_sigprocmask on this thread with an 8-byte mask we own (the
-    // system call: the `pthread_sigmask` symbol is the agent's own hook).
-    unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_BLOCK,
-            &xfsz as *const u64,
-            core::ptr::null_mut::<u64>(),
-            8usize,
-        )
-    };
+    // The thread started with every signal but the faults blocked (`start`),
+    // SIGXFSZ among them: a trace that outgrows the file size limit
+    // (RLIMIT_FSIZE) must not kill the program; the write fails with EFBIG
+    // instead, and the lost events are counted.
     // SAFETY: PERIODIC holds a `fn()` stored by `start`.
     let periodic: fn() =
         unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };
@@ -531,6 +520,8 @@ fn end_for_program(scratch: &mut Vec<u8>) -> ! {
     drain(scratch);
     stopped();
     crate::thread::adopt_for_program();
+    // The program's exit handlers run here, with a program thread's mask.
+    set_signal_mask(libc::SIG_SETMASK, CREATOR_MASK.load(Ordering::Relaxed));
     // SAFETY: exit(0) is what glibc calls when a process's last thread ends.
     unsafe { libc::exit(0) }
 }
@@ -541,13 +532,51 @@ pub fn wake() {
     WORK.notify_all();
 }
 
+/// Signals the writer thread blocks: all but the faults its own code could
+/// raise. The kernel gives a signal sent to the process to any thread that
+/// does not block it: the writer took a pool worker's SIGTERM and died of
+/// it without finishing the trace (its handler leaves agent threads
+/// alone), and in a program that blocks SIGTERM everywhere to `sigwait`
+/// for it, the writer took it and the process died.
+const WRITER_BLOCKED: u64 = !(1 << (libc::SIGSEGV - 1)
+    | 1 << (libc::SIGBUS - 1)
+    | 1 << (libc::SIGFPE - 1)
+    | 1 << (libc::SIGILL - 1)
+    | 1 << (libc::SIGTRAP - 1)
+    | 1 << (libc::SIGSYS - 1));
+
+/// The creating thread's mask when the writer started, which the writer
+/// takes back when it becomes the program's last thread (`end_for_program`).
+static CREATOR_MASK: AtomicU64 = AtomicU64::new(0);
+
+/// rt_sigprocmask on the calling thread (the system call: the
+/// `pthread_sigmask` symbol is the agent's own hook). Returns the old mask.
+fn set_signal_mask(how: libc::c_int, mask: u64) -> u64 {
+    let mut old: u64 = 0;
+    // SAFETY: rt_sigprocmask with 8-byte masks we own.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            how,
+            &mask as *const u64,
+            &mut old as *mut u64,
+            8usize,
+        )
+    };
+    old
+}
+
 /// Starts the writer thread (a raw pthread, detached: nothing of Rust's
-/// thread runtime runs on it before it is marked as the agent's own).
+/// thread runtime runs on it before it is marked as the agent's own), with
+/// the signals of `WRITER_BLOCKED` blocked from its first instruction: it
+/// inherits them from this thread, which blocks them for the moment.
 pub fn start(periodic: fn()) {
     PERIODIC.store(periodic as *const () as usize, Ordering::Release);
     STOP.store(false, Ordering::Release);
     STOPPED.store(false, Ordering::Release);
     RUNNING.store(true, Ordering::Release);
+    let creator_mask = set_signal_mask(libc::SIG_BLOCK, WRITER_BLOCKED);
+    CREATOR_MASK.store(creator_mask, Ordering::Relaxed);
     // SAFETY: creating a detached thread running `writer_main`, which takes no argument.
     let ok = unsafe {
         let mut t: libc::pthread_t = 0;
@@ -564,6 +593,7 @@ pub fn start(periodic: fn()) {
         libc::pthread_attr_destroy(&mut attr);
         r == 0
     };
+    set_signal_mask(libc::SIG_SETMASK, creator_mask);
     if !ok {
         RUNNING.store(false, Ordering::Release);
         sys::warn("cannot start the writer thread; the trace is written at exit");

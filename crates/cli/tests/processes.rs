@@ -315,7 +315,12 @@ fn exit_from_another_thread() {
 /// it writes once its leak is made and it is blocked. Returns the running
 /// `trapline run` and the traced program's pid.
 fn start_waiting_fixture(dir: &TestDir) -> (std::process::Child, i32) {
-    let prog = compile_c(dir, "sigterm_wait.c");
+    start_ready_fixture(dir, "sigterm_wait.c")
+}
+
+/// Starts `fixture` under `trapline run` and reads its "ready PID" line.
+fn start_ready_fixture(dir: &TestDir, fixture: &str) -> (std::process::Child, i32) {
+    let prog = compile_c(dir, fixture);
     let mut cmd = isolated(run_command(dir, &[], &prog, &[]));
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -359,6 +364,34 @@ fn sigterm_exit_143_and_trace_kept() {
         "term_leak",
         "TERM-LEAK",
         "CALL-TERM-LEAK",
+    );
+}
+
+/// sigwait_term.c: a program that blocks SIGTERM in all its threads and
+/// takes it with sigwait goes on and exits 0. The agent's writer thread did
+/// not block it, so the kernel gave it the signal and the process died
+/// (143); a pool worker killed with SIGTERM that way left no end record.
+#[test]
+fn a_program_that_sigwaits_for_sigterm_gets_it() {
+    let dir = TestDir::new("sigwait_term");
+    let (child, pid) = start_ready_fixture(&dir, "sigwait_term.c");
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the traced program");
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "got 15\n", "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    let src = "sigwait_term.c";
+    assert_records(
+        &report,
+        &[ExpectedRecord {
+            bytes: 55,
+            blocks: 1,
+            allocated_by: "malloc",
+            stack: vec![("main", src, marker_line(src, "SIGWAIT-LEAK"))],
+        }],
     );
 }
 
