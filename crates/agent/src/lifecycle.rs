@@ -22,6 +22,13 @@ pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static FINISHING: AtomicBool = AtomicBool::new(false);
+/// The ending `finish` is at while FINISHING (an `Ending` as u8, 0: none;
+/// `ENDING_EXEC`: finishing for an exec).
+static FINISHING_FOR: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+const ENDING_EXEC: u8 = 4;
+/// A terminating signal that arrived while the trace was being finished for
+/// an exec: raised again should the exec fail.
+static SIGNAL_DURING_EXEC: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(0);
 /// pid of the process this agent state belongs to (a vfork child differs).
 pub static PID: AtomicU32 = AtomicU32::new(0);
 static START_UNIX_NS: AtomicU64 = AtomicU64::new(0);
@@ -493,6 +500,13 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     if FINISHING.swap(true, Ordering::AcqRel) {
         return;
     }
+    let finishing_for = match (ending, exit) {
+        (_, ExitKind::Exec) => ENDING_EXEC,
+        (Ending::Exit, _) => 1,
+        (Ending::Immediate, _) => 2,
+        (Ending::Signal, _) => 3,
+    };
+    FINISHING_FOR.store(finishing_for, Ordering::Release);
     // The reachability scan and the last flush need about 60 KiB of stack,
     // more than a small thread stack has: they run on the side stack.
     let signal = ending == Ending::Signal;
@@ -633,6 +647,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
 
 /// Starts a new trace file for this process image (fork child, failed exec).
 fn restart_trace() {
+    FINISHING_FOR.store(0, Ordering::Release);
     FINISHING.store(false, Ordering::Release);
     if open_trace(false) {
         writer::submit_first(header_buffer());
@@ -647,6 +662,30 @@ fn restart_trace() {
 pub fn resume_after_failed_exec() {
     writer::reset_for_new_file();
     restart_trace();
+    let pending = SIGNAL_DURING_EXEC.swap(0, Ordering::AcqRel);
+    if pending != 0 {
+        // SAFETY: raising a signal; its handler (the agent's, or the
+        // program's if it installed one meanwhile) runs as for any signal.
+        unsafe { libc::raise(pending) };
+    }
+}
+
+/// A terminating signal arrived while the trace is being finished (not
+/// after): the process is ending by its own exit, `_exit`, exec or an
+/// earlier fatal signal, and natively would be gone or past the point
+/// where the signal could act; dying of it now would cut the trace short
+/// (a `multiprocessing` pool worker killed with SIGTERM as it called
+/// `_exit` left no end record). Returns true when the signal is to be let
+/// go: the trace's finish goes on. One that arrives during an exec's finish
+/// is raised again if the exec fails.
+pub fn signal_during_finish(sig: i32) -> bool {
+    if !FINISHING.load(Ordering::Acquire) || FINISHED.load(Ordering::Acquire) || !owns_process() {
+        return false;
+    }
+    if FINISHING_FOR.load(Ordering::Acquire) == ENDING_EXEC {
+        SIGNAL_DURING_EXEC.store(sig, Ordering::Release);
+    }
+    true
 }
 
 extern "C" fn fork_prepare() {

@@ -575,7 +575,11 @@ pub fn start(periodic: fn()) {
     STOP.store(false, Ordering::Release);
     STOPPED.store(false, Ordering::Release);
     RUNNING.store(true, Ordering::Release);
-    let creator_mask = set_signal_mask(libc::SIG_BLOCK, WRITER_BLOCKED);
+    // Not the scan's park signal: an exit scan can come before the writer
+    // has run its first instruction and noted itself as the agent's, and
+    // then parks it like any thread (the agent's own signal, thread-directed).
+    let park = 1u64 << (crate::scan::world::park_signal() - 1);
+    let creator_mask = set_signal_mask(libc::SIG_BLOCK, WRITER_BLOCKED & !park);
     CREATOR_MASK.store(creator_mask, Ordering::Relaxed);
     // SAFETY: creating a detached thread running `writer_main`, which takes no argument.
     let ok = unsafe {

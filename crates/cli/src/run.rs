@@ -775,6 +775,7 @@ fn summarize_others(
         return;
     }
     let (mut calls, mut errors, mut lost, mut unfinished) = (0u64, 0u64, 0u64, 0usize);
+    let mut running = 0usize;
     let mut failed = 0u64;
     let mut notable = Vec::new();
     for (path, summary) in others.iter().zip(summaries) {
@@ -789,8 +790,12 @@ fn summarize_others(
         calls += s.allocation_calls;
         errors += s.errors;
         failed += s.failed_allocations;
+        // A process that outlived the command (a daemon, Python's
+        // resource tracker) is still writing its trace.
+        let still_running = s.events_lost.is_none() && s.process.pid.is_some_and(is_alive);
         match s.events_lost {
             Some(n) => lost += n,
+            None if still_running => running += 1,
             None => unfinished += 1,
         }
         let mut what = Vec::new();
@@ -803,16 +808,21 @@ fn summarize_others(
         match s.events_lost {
             Some(0) => {}
             Some(n) => what.push(format!("{} lost", counted(n, "event"))),
+            None if still_running => what.push(
+                "still running: it outlived the command, and its trace grows until it ends"
+                    .to_string(),
+            ),
             None => what.push("no end record".to_string()),
         }
         if !what.is_empty() {
             notable.push(format!("{}: {}", path.display(), what.join(", ")));
         }
     }
-    let unfinished = if unfinished > 0 {
-        format!(" ({unfinished} without an end record)")
-    } else {
-        String::new()
+    let unfinished = match (running, unfinished) {
+        (0, 0) => String::new(),
+        (0, u) => format!(" ({u} without an end record)"),
+        (r, 0) => format!(" ({r} still running)"),
+        (r, u) => format!(" ({r} still running, {u} without an end record)"),
     };
     let failed = if failed > 0 {
         format!(", failed allocation calls: {}", th(failed))
@@ -835,6 +845,20 @@ fn summarize_others(
             counted((notable.len() - OTHERS_LISTED) as u64, "trace")
         );
     }
+}
+
+/// Whether process `pid` runs: it exists and is no zombie (it may be
+/// another process that got the pid since, which only makes a trace
+/// without end record "still running").
+fn is_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": the command may hold ')', the state follows the last.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, None | Some('Z') | Some('X'))
 }
 
 /// Why a trace has no end record although the program exited.

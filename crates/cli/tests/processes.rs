@@ -943,3 +943,69 @@ fn the_run_summary_says_when_the_command_execs_an_untraced_program() {
         run.describe()
     );
 }
+
+/// term_during_exit.c: SIGTERM sent to children while the agent finishes
+/// their traces at `_exit`. Each child's trace is complete and its end
+/// record agrees with the status the parent saw. The signal used to kill
+/// the child in the middle of the finish, leaving no end record (a Python
+/// multiprocessing pool's workers, terminated as they exit).
+#[test]
+fn sigterm_during_the_finish_of_an_exit_leaves_a_complete_trace() {
+    let dir = TestDir::new("term_during_exit");
+    let prog = compile_c(&dir, "term_during_exit.c");
+    let run = run(&dir, &["--no-scan"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{}", run.describe());
+    for line in lines {
+        let words: Vec<&str> = line.split(' ').collect();
+        let trace = dir.path().join(format!("t.trace.{}", words[0]));
+        let report = leaks(&trace);
+        assert_complete(&report);
+        let expected = match (words[1], words[2].parse::<i32>().unwrap()) {
+            ("exited", code) => json!({ "code": code }),
+            (_, signal) => json!({ "signal": signal }),
+        };
+        assert_eq!(process_exit(&report), &expected, "{line}");
+        assert_eq!(report["events_lost"], json!(0), "{line}");
+    }
+}
+
+/// outlive.c: a child still runs when the command ends. The summary says
+/// so ("still running") instead of "no end record", which read like a
+/// crash (Python's multiprocessing resource tracker outlives its program).
+#[test]
+fn the_run_summary_names_a_process_that_outlived_the_command_as_still_running() {
+    let dir = TestDir::new("outlive");
+    let prog = compile_c(&dir, "outlive.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let child: i32 = run.stdout.trim().parse().expect("child pid");
+    let trace = dir.path().join(format!("t.trace.{child}"));
+    let still = format!(
+        "==trapline==   {}: still running: it outlived the command, and its trace grows \
+         until it ends\n",
+        trace.display()
+    );
+    let ended = kill(Pid::from_raw(child), Signal::SIGTERM);
+    assert!(
+        run.stderr.contains("events lost: 0 (1 still running)\n") && run.stderr.contains(&still),
+        "{}",
+        run.describe()
+    );
+    ended.expect("signal the child");
+    // Its trace completes once it has died of the signal (polled, bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let report = leaks(&trace);
+        if report["trace"]["complete"] == json!(true) {
+            assert_eq!(process_exit(&report), &json!({"signal": 15}));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child's trace never completed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

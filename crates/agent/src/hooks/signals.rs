@@ -98,11 +98,16 @@ fn is_fatal(sig: c_int) -> bool {
 
 pub(crate) extern "C" fn on_fatal_signal(
     sig: c_int,
-    _info: *mut libc::siginfo_t,
+    info: *mut libc::siginfo_t,
     _ctx: *mut libc::c_void,
 ) {
     // SAFETY: errno is thread-local; saved and restored around our work.
     let saved_errno = unsafe { *libc::__errno_location() };
+    if sent_from_outside(sig, info) && lifecycle::signal_during_finish(sig) {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = saved_errno };
+        return;
+    }
     lifecycle::finish(ExitKind::Signal(sig), lifecycle::Ending::Signal);
     // SAFETY: restoring the default action and re-raising; the signal is blocked
     // in this handler, so it is delivered (and kills) when the handler returns.
@@ -114,6 +119,22 @@ pub(crate) extern "C" fn on_fatal_signal(
         libc::raise(sig);
         *libc::__errno_location() = saved_errno;
     }
+}
+
+/// The signal came from another process or the terminal, not from a fault
+/// of this thread's code nor from this process itself (`abort`, `raise`).
+fn sent_from_outside(sig: c_int, info: *const libc::siginfo_t) -> bool {
+    if info.is_null() {
+        return false;
+    }
+    // SAFETY: the kernel's siginfo for this signal (SA_SIGINFO).
+    let (code, pid) = unsafe { ((*info).si_code, (*info).si_pid()) };
+    let fault = matches!(
+        sig,
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP | libc::SIGSYS
+    ) && code > 0
+        && code != libc::SI_KERNEL;
+    !fault && pid as u32 != crate::sys::getpid_raw()
 }
 
 fn install_ours(sig: c_int) {
