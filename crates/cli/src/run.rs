@@ -662,7 +662,7 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
     } else {
         "other processes"
     };
-    summarize_others(others_are, &others, others_summaries.into_iter());
+    summarize_others(output, others_are, &others, others_summaries.into_iter());
     eprintln!("==trapline== see: trapline leaks {}", last_trace.display());
     last_trace.clone()
 }
@@ -767,6 +767,7 @@ const OTHERS_LISTED: usize = 10;
 /// unfreed blocks are not added up: a fork child that execs lists the heap
 /// it inherited, and a shell's children would sum to many times its heap.
 fn summarize_others(
+    output: &Path,
     others_are: &str,
     others: &[PathBuf],
     summaries: impl Iterator<Item = Option<ReadSummary>>,
@@ -781,6 +782,13 @@ fn summarize_others(
     for (path, summary) in others.iter().zip(summaries) {
         let s = match summary {
             Some(Ok(s)) => s,
+            // A process that has just started may not have written its
+            // first chunk yet.
+            Some(Err(_)) if pid_in_name(output, path).is_some_and(is_alive) => {
+                running += 1;
+                notable.push(format!("{}: {STILL_RUNNING}", path.display()));
+                continue;
+            }
             Some(Err(e)) => {
                 notable.push(format!("{}: cannot read it: {e}", path.display()));
                 continue;
@@ -792,7 +800,10 @@ fn summarize_others(
         failed += s.failed_allocations;
         // A process that outlived the command (a daemon, Python's
         // resource tracker) is still writing its trace.
-        let still_running = s.events_lost.is_none() && s.process.pid.is_some_and(is_alive);
+        // The pid from the file's name when its first chunk is not written
+        // yet (a child that has just started).
+        let pid = s.process.pid.or_else(|| pid_in_name(output, path));
+        let still_running = s.events_lost.is_none() && pid.is_some_and(is_alive);
         match s.events_lost {
             Some(n) => lost += n,
             None if still_running => running += 1,
@@ -808,10 +819,7 @@ fn summarize_others(
         match s.events_lost {
             Some(0) => {}
             Some(n) => what.push(format!("{} lost", counted(n, "event"))),
-            None if still_running => what.push(
-                "still running: it outlived the command, and its trace grows until it ends"
-                    .to_string(),
-            ),
+            None if still_running => what.push(STILL_RUNNING.to_string()),
             None => what.push("no end record".to_string()),
         }
         if !what.is_empty() {
@@ -845,6 +853,21 @@ fn summarize_others(
             counted((notable.len() - OTHERS_LISTED) as u64, "trace")
         );
     }
+}
+
+const STILL_RUNNING: &str =
+    "still running: it outlived the command, and its trace grows until it ends";
+
+/// The pid in the name of a trace of the tree, `TRACE.<pid>` or
+/// `TRACE.<pid>.<n>` for the top trace `output`.
+fn pid_in_name(output: &Path, path: &Path) -> Option<u32> {
+    let base = output.file_name()?.to_str()?;
+    let rest = path
+        .file_name()?
+        .to_str()?
+        .strip_prefix(base)?
+        .strip_prefix('.')?;
+    rest.split('.').next()?.parse().ok()
 }
 
 /// Whether process `pid` runs: it exists and is no zombie (it may be
@@ -937,5 +960,25 @@ fn print_summary(s: &trapline_analysis::stats::RunSummary) {
     }
     if let Some(w) = PRIVATE_ALLOCATOR.get() {
         eprintln!("==trapline== {w}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pid_in_name;
+    use std::path::Path;
+
+    #[test]
+    fn the_pid_of_a_trace_is_the_first_number_after_the_top_traces_name() {
+        let top = Path::new("/tmp/out.5");
+        for (name, pid) in [
+            ("/tmp/out.5.123", Some(123)),
+            ("/tmp/out.5.123.2", Some(123)),
+            ("/tmp/out.5", None),
+            ("/tmp/other.123", None),
+            ("/tmp/out.5.x", None),
+        ] {
+            assert_eq!(pid_in_name(top, Path::new(name)), pid, "{name}");
+        }
     }
 }
