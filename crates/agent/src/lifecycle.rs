@@ -26,6 +26,16 @@ static FINISHING: AtomicBool = AtomicBool::new(false);
 /// `ENDING_EXEC`: finishing for an exec).
 static FINISHING_FOR: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 const ENDING_EXEC: u8 = 4;
+/// The thread finishing the trace (0: none), so that another thread's
+/// `_exit` waits for it and the same thread's does not.
+static FINISHING_TID: AtomicU32 = AtomicU32::new(0);
+/// The finish has written the trace to its end record.
+static TRACE_DONE: AtomicBool = AtomicBool::new(false);
+/// The first thread to call `exit` (0: none): the others wait (`enter_exit`).
+static EXITING_TID: AtomicU32 = AtomicU32::new(0);
+/// Most a thread's `_exit` waits for another thread's finish to complete.
+const OTHER_FINISH_WAIT_NS: u64 = 60_000_000_000;
+
 /// A terminating signal that arrived while the trace was being finished for
 /// an exec: raised again should the exec fail.
 static SIGNAL_DURING_EXEC: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(0);
@@ -485,7 +495,15 @@ impl crate::scan::Sink for FinalOutput {
 /// Ends the trace: libc's freeres (normal exits), the live-block snapshot,
 /// every thread's buffer, the end record; then waits for the writer.
 pub fn finish(exit: ExitKind, ending: Ending) {
-    if !INITIALIZED.load(Ordering::Acquire) || FINISHED.load(Ordering::Acquire) {
+    if !INITIALIZED.load(Ordering::Acquire) {
+        return;
+    }
+    if FINISHED.load(Ordering::Acquire) {
+        // Finished, or another thread is past its snapshot and still
+        // writing the end of the trace.
+        if ending != Ending::Signal && owns_process() {
+            wait_for_other_finish();
+        }
         return;
     }
     if !owns_process() {
@@ -498,8 +516,12 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         return;
     }
     if FINISHING.swap(true, Ordering::AcqRel) {
+        if ending != Ending::Signal {
+            wait_for_other_finish();
+        }
         return;
     }
+    FINISHING_TID.store(sys::gettid(), Ordering::Release);
     let finishing_for = match (ending, exit) {
         (_, ExitKind::Exec) => ENDING_EXEC,
         (Ending::Exit, _) => 1,
@@ -640,6 +662,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
             30_000
         });
     }
+    TRACE_DONE.store(true, Ordering::Release);
     if let Some(t) = ts.as_mut() {
         t.guard -= 1;
     }
@@ -647,6 +670,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
 
 /// Starts a new trace file for this process image (fork child, failed exec).
 fn restart_trace() {
+    TRACE_DONE.store(false, Ordering::Release);
     FINISHING_FOR.store(0, Ordering::Release);
     FINISHING.store(false, Ordering::Release);
     if open_trace(false) {
@@ -670,6 +694,46 @@ pub fn resume_after_failed_exec() {
     }
 }
 
+/// Another thread is finishing the trace (its exit, an exec): this one's
+/// `_exit` or exec waits until the trace is written to its end record, or
+/// the process would end with the trace cut short. A thread that finishes
+/// for itself (an exit handler that calls `_exit` from inside the finish)
+/// does not wait for itself.
+fn wait_for_other_finish() {
+    let me = sys::gettid();
+    let deadline = clock::monotonic_ns() + OTHER_FINISH_WAIT_NS;
+    while FINISHING.load(Ordering::Acquire)
+        && !TRACE_DONE.load(Ordering::Acquire)
+        && FINISHING_TID.load(Ordering::Acquire) != me
+        && clock::monotonic_ns() < deadline
+    {
+        sys::sleep_ns(1_000_000);
+    }
+}
+
+/// From the `exit` hook: the first thread to call `exit` goes on, and a
+/// later one waits until the process is gone, as glibc's `exit` does from
+/// 2.41 on. Before, a second thread's `exit` ran the remaining exit
+/// handlers beside the first, and reached the end (glibc's own `_exit`,
+/// past the agent) while the first was still finishing the trace: three
+/// threads calling `exit` at once left no end record, every time. The same
+/// thread calling `exit` again (from an exit handler) goes on.
+pub fn enter_exit() {
+    let me = sys::gettid();
+    match EXITING_TID.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(first) if first == me => {}
+        Err(_) => {
+            let never = AtomicU32::new(0);
+            loop {
+                // Interrupted by signals (the exit scan parks this thread
+                // like any other); the process ends from the first thread.
+                sys::futex_wait(&never, 0, None);
+            }
+        }
+    }
+}
+
 /// A terminating signal arrived while the trace is being finished (not
 /// after): the process is ending by its own exit, `_exit`, exec or an
 /// earlier fatal signal, and natively would be gone or past the point
@@ -679,7 +743,7 @@ pub fn resume_after_failed_exec() {
 /// go: the trace's finish goes on. One that arrives during an exec's finish
 /// is raised again if the exec fails.
 pub fn signal_during_finish(sig: i32) -> bool {
-    if !FINISHING.load(Ordering::Acquire) || FINISHED.load(Ordering::Acquire) || !owns_process() {
+    if !FINISHING.load(Ordering::Acquire) || TRACE_DONE.load(Ordering::Acquire) || !owns_process() {
         return false;
     }
     if FINISHING_FOR.load(Ordering::Acquire) == ENDING_EXEC {
@@ -736,6 +800,8 @@ fn end_fork_window() {
 }
 
 fn fork_child_restart() {
+    EXITING_TID.store(0, Ordering::Relaxed);
+    FINISHING_TID.store(0, Ordering::Relaxed);
     crate::AGENT_HEAP.reset_lock();
     crate::scan::reset_in_child();
     writer::reset_in_child();

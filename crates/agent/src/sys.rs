@@ -39,6 +39,12 @@ pub fn futex_wake(word: &AtomicU32, count: i32) {
     }
 }
 
+/// Sleeps about `ns` nanoseconds (less if a signal interrupts).
+pub fn sleep_ns(ns: u64) {
+    let word = AtomicU32::new(0);
+    futex_wait(&word, 0, Some(ns));
+}
+
 /// A futex word used as an event: waiters sleep until the value changes.
 pub struct Event {
     word: AtomicU32,

@@ -1009,3 +1009,38 @@ fn the_run_summary_names_a_process_that_outlived_the_command_as_still_running() 
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// exit_race.c: three threads call exit (or two call _exit) at once. The
+/// trace is complete with exit code 5, every time: a second thread's exit
+/// ran the remaining exit handlers beside the first and reached glibc's own
+/// _exit while the first was still finishing the trace (no end record in
+/// 10 runs of 10), and a thread's _exit did not wait for another's finish.
+#[test]
+fn threads_that_exit_at_once_leave_a_complete_trace() {
+    let dir = TestDir::new("exit_race");
+    let prog = compile_c(&dir, "exit_race.c");
+    for args in [&[][..], &["_exit"][..]] {
+        for round in 0..5 {
+            let run = run(&dir, &["--no-scan"], &prog, args);
+            assert_eq!(run.code(), 5, "{args:?} round {round}: {}", run.describe());
+            let report = leaks(&dir.trace());
+            assert_complete(&report);
+            assert_eq!(process_exit(&report), &json!({"code": 5}), "{args:?}");
+            let src = "exit_race.c";
+            let leaked: Vec<u64> = records(&report)
+                .iter()
+                .filter(|r| r["stack"][0]["function"] == json!("ender"))
+                .map(|r| {
+                    assert_eq!(
+                        r["stack"][0]["line"],
+                        json!(marker_line(src, "RACE-LEAK")),
+                        "{}",
+                        pretty(r)
+                    );
+                    as_u64(r, "bytes")
+                })
+                .collect();
+            assert_eq!(leaked, [22], "{args:?}: {}", pretty(&report));
+        }
+    }
+}

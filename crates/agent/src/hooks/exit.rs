@@ -23,6 +23,7 @@ pub extern "C" fn exit_collected(
     caller_sp: u64,
 ) -> ! {
     if crate::lifecycle::owns_process() {
+        crate::lifecycle::enter_exit();
         // SAFETY: `regs` points at the trampoline's spill area on this stack.
         crate::scan::note_exit_call(unsafe { &*regs }, caller_sp);
         crate::lifecycle::finish_if_handlers_gone(status);
