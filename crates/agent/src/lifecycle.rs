@@ -712,23 +712,26 @@ fn wait_for_other_finish() {
 }
 
 /// From the `exit` hook: the first thread to call `exit` goes on, and a
-/// later one waits until the process is gone, as glibc's `exit` does from
-/// 2.41 on. Before, a second thread's `exit` ran the remaining exit
-/// handlers beside the first, and reached the end (glibc's own `_exit`,
-/// past the agent) while the first was still finishing the trace: three
-/// threads calling `exit` at once left no end record, every time. The same
-/// thread calling `exit` again (from an exit handler) goes on.
+/// later one waits until the trace is written to its end record (or 60 s
+/// have passed) before it goes on into glibc's `exit`. Before, a second
+/// thread's `exit` ran the remaining exit handlers beside the first, and
+/// reached the end (glibc's own `_exit`, past the agent) while the first
+/// was still finishing the trace: three threads calling `exit` at once
+/// left no end record, every time. glibc's `exit` itself makes later
+/// callers wait for ever from 2.41 on; the bound keeps a program whose
+/// exit handler waits for the second thread (a join) from hanging. The
+/// same thread calling `exit` again (from an exit handler) goes on.
 pub fn enter_exit() {
     let me = sys::gettid();
     match EXITING_TID.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {}
         Err(first) if first == me => {}
         Err(_) => {
-            let never = AtomicU32::new(0);
-            loop {
-                // Interrupted by signals (the exit scan parks this thread
-                // like any other); the process ends from the first thread.
-                sys::futex_wait(&never, 0, None);
+            let deadline = clock::monotonic_ns() + OTHER_FINISH_WAIT_NS;
+            while !TRACE_DONE.load(Ordering::Acquire) && clock::monotonic_ns() < deadline {
+                // Interrupted by signals: the exit scan parks this thread
+                // like any other.
+                sys::sleep_ns(1_000_000);
             }
         }
     }
