@@ -74,15 +74,43 @@ fn own_path() -> String {
     String::new()
 }
 
+/// Most bytes of the command line the process record keeps: the record
+/// must fit in one buffer (128 KiB) with the module map's first entries.
+/// A command line of 150 KB (3 arguments of 50 KB) left the trace without
+/// its process record, and nothing said so.
+const CMDLINE_KEPT_BYTES: usize = 64 << 10;
+
 fn read_cmdline() -> Vec<String> {
     let Ok(bytes) = std::fs::read("/proc/self/cmdline") else {
         return Vec::new();
     };
-    bytes
-        .split(|&b| b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect()
+    let args: Vec<&[u8]> = bytes.split(|&b| b == 0).filter(|s| !s.is_empty()).collect();
+    kept_arguments(&args, CMDLINE_KEPT_BYTES)
+}
+
+/// The arguments, as many as fit in `cap` bytes (the last one cut), then
+/// one more that says what was left out.
+fn kept_arguments(args: &[&[u8]], cap: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut used = 0usize;
+    for (i, arg) in args.iter().enumerate() {
+        if used + arg.len() <= cap {
+            used += arg.len();
+            out.push(String::from_utf8_lossy(arg).into_owned());
+            continue;
+        }
+        let room = cap - used;
+        if room > 0 {
+            out.push(String::from_utf8_lossy(&arg[..room]).into_owned());
+        }
+        let left: usize = args[i..].iter().map(|a| a.len()).sum::<usize>() - room;
+        out.push(format!(
+            "[trapline: {left} more bytes of the command line, in {} argument(s), not recorded]",
+            args.len() - i
+        ));
+        break;
+    }
+    out
 }
 
 /// Everything a trace starts with: the process and its modules.
@@ -98,19 +126,21 @@ fn header_buffer() -> Box<Buffer> {
         exe: exe.clone(),
         argv: read_cmdline(),
     });
-    b.push_event(&ev, None);
+    if !b.push_event(&ev, None) {
+        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+    }
     let no_release_stacks = !record::RELEASE_STACKS.load(Ordering::Relaxed);
     let allocator_shadowed_by = shadowing_allocator(&exe);
     let allocator_library = crate::next_alloc::library();
     if no_release_stacks || allocator_shadowed_by.is_some() || allocator_library.is_some() {
-        b.push_event(
-            &Event::Recording {
-                no_release_stacks,
-                allocator_shadowed_by,
-                allocator_library,
-            },
-            None,
-        );
+        let recording = Event::Recording {
+            no_release_stacks,
+            allocator_shadowed_by,
+            allocator_library,
+        };
+        if !b.push_event(&recording, None) {
+            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        }
     }
     for m in modules::all() {
         b = push_or_flush(b, &Event::ModuleLoad(m), None);
@@ -936,4 +966,36 @@ pub fn abandon_unreset_child() {
 
 pub fn is_initialized() -> bool {
     INITIALIZED.load(Ordering::Acquire)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kept_arguments;
+
+    #[test]
+    fn a_long_command_line_is_cut_and_says_so() {
+        let long = vec![b'x'; 10];
+        let args: Vec<&[u8]> = vec![b"prog", &long, &long];
+        assert_eq!(
+            kept_arguments(&args, 100),
+            ["prog", "xxxxxxxxxx", "xxxxxxxxxx"]
+        );
+        assert_eq!(
+            kept_arguments(&args, 18),
+            [
+                "prog",
+                "xxxxxxxxxx",
+                "xxxx",
+                "[trapline: 6 more bytes of the command line, in 1 argument(s), not recorded]"
+            ]
+        );
+        assert_eq!(
+            kept_arguments(&args, 14),
+            [
+                "prog",
+                "xxxxxxxxxx",
+                "[trapline: 10 more bytes of the command line, in 1 argument(s), not recorded]"
+            ]
+        );
+    }
 }

@@ -485,3 +485,34 @@ fn an_allocator_under_names_of_its_own_is_named() {
         json!(null)
     );
 }
+
+/// A command line of 150 KB: the process record keeps the first 64 KiB and
+/// says what it left out. The record did not fit in a buffer, and the trace
+/// had no process record at all ("Command: (unknown)"), with 0 events lost.
+#[test]
+fn a_very_long_command_line_is_cut_in_the_process_record() {
+    let dir = TestDir::new("long_cmdline");
+    let arg = "x".repeat(50_000);
+    let run = run(&dir, &[], Path::new("/bin/true"), &[&arg, &arg, &arg]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(report["events_lost"], json!(0));
+    let command = process_command(&report);
+    assert_eq!(
+        command.len(),
+        4,
+        "{:?}",
+        command.iter().map(String::len).collect::<Vec<_>>()
+    );
+    assert_eq!(command[0], "/bin/true");
+    assert_eq!(command[1], arg);
+    assert_eq!(command[2], "x".repeat(65_536 - 9 - 50_000));
+    assert_eq!(
+        command[3],
+        format!(
+            "[trapline: {} more bytes of the command line, in 2 argument(s), not recorded]",
+            100_000 - (65_536 - 9 - 50_000)
+        )
+    );
+}
