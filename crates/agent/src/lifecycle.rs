@@ -552,6 +552,19 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         return;
     }
     FINISHING_TID.store(sys::gettid(), Ordering::Release);
+    // A program's signal handler that calls exit or _exit may have
+    // interrupted this very thread inside a hook, holding a shard lock: the
+    // snapshot and the exit scan then waited for it for ever (100% of a
+    // core, for good). Finish as from a fatal signal instead: bounded lock
+    // attempts (a shard that cannot be had is counted as lost), no scan,
+    // no freeres. The exit is still the program's.
+    let interrupted_agent =
+        thread::current_if_any().is_some_and(|t| t.guard > 0 && !t.agent_thread);
+    let ending = if interrupted_agent {
+        Ending::Signal
+    } else {
+        ending
+    };
     let finishing_for = match (ending, exit) {
         (_, ExitKind::Exec) => ENDING_EXEC,
         (Ending::Exit, _) => 1,
