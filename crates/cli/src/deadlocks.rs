@@ -12,6 +12,9 @@ pub struct DeadlocksArgs {
 }
 
 impl crate::output::Report for trapline_analysis::DeadlocksReport {
+    fn process(&self) -> &trapline_analysis::report::ProcessReport {
+        &self.process
+    }
     fn text(&self) -> String {
         trapline_analysis::deadlocks::render_text(self)
     }

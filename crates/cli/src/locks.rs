@@ -12,6 +12,9 @@ pub struct LocksArgs {
 }
 
 impl crate::output::Report for trapline_analysis::LocksReport {
+    fn process(&self) -> &trapline_analysis::report::ProcessReport {
+        &self.process
+    }
     fn text(&self) -> String {
         trapline_analysis::locks::render_text(self)
     }

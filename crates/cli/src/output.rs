@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
-use trapline_analysis::report::TraceStatus;
+use trapline_analysis::report::{ProcessReport, TraceStatus};
 use trapline_trace::TraceError;
 
 use crate::Format;
@@ -29,9 +29,14 @@ pub trait Report: Serialize {
     fn problem(&self) -> Option<&str> {
         None
     }
+    /// The traced process.
+    fn process(&self) -> &ProcessReport;
 }
 
 impl Report for trapline_analysis::LeaksReport {
+    fn process(&self) -> &ProcessReport {
+        &self.process
+    }
     fn text(&self) -> String {
         trapline_analysis::leaks::render_text(self)
     }
@@ -44,6 +49,9 @@ impl Report for trapline_analysis::LeaksReport {
 }
 
 impl Report for trapline_analysis::ProfileReport {
+    fn process(&self) -> &ProcessReport {
+        &self.process
+    }
     fn text(&self) -> String {
         trapline_analysis::profile::render_text(self)
     }
@@ -53,6 +61,9 @@ impl Report for trapline_analysis::ProfileReport {
 }
 
 impl Report for trapline_analysis::StatsReport {
+    fn process(&self) -> &ProcessReport {
+        &self.process
+    }
     fn text(&self) -> String {
         trapline_analysis::stats::render_text(self)
     }
@@ -80,7 +91,41 @@ pub fn run<T: Report>(
         },
     };
     print(&out);
+    if format == Format::Text {
+        next_image_hint(path, report.process());
+    }
     ExitCode::SUCCESS
+}
+
+/// For a trace whose image replaced itself with exec: where the next
+/// image's trace is, when it is there (`TRACE.<pid>`, then
+/// `TRACE.<pid>.1`, ...: design.md 9.3), on stderr.
+pub fn next_image_hint(path: &Path, process: &ProcessReport) {
+    let (Some(pid), Some(exit)) = (process.pid, process.exit) else {
+        return;
+    };
+    if !exit.exec {
+        return;
+    }
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return;
+    };
+    // This trace is TRACE, TRACE.<pid> or TRACE.<pid>.<n>.
+    let next = match name.rsplit_once(&format!(".{pid}")) {
+        Some((base, "")) => format!("{base}.{pid}.1"),
+        Some((base, rest)) => match rest.strip_prefix('.').and_then(|n| n.parse::<u32>().ok()) {
+            Some(n) => format!("{base}.{pid}.{}", n + 1),
+            None => format!("{name}.{pid}"),
+        },
+        None => format!("{name}.{pid}"),
+    };
+    let next = path.with_file_name(next);
+    if next.is_file() {
+        eprintln!(
+            "==trapline== this image replaced itself with exec; the next image's trace: {}",
+            next.display()
+        );
+    }
 }
 
 /// Prints an analysis error about the trace at `path`; returns the exit status for it.

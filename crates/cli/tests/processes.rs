@@ -906,6 +906,21 @@ fn the_run_summary_follows_the_commands_execs_to_its_last_image() {
             "{flags:?}: {at:?}\n{}",
             run.describe()
         );
+        // Each image's report names the next image's trace.
+        for (trace, next) in [(dir.trace(), &second), (second.clone(), &last)] {
+            let mut cmd = std::process::Command::new(trapline());
+            cmd.arg("leaks").arg(&trace);
+            let leaks_run = output_of(cmd, "trapline leaks");
+            assert!(
+                leaks_run.stderr.contains(&format!(
+                    "==trapline== this image replaced itself with exec; the next image's \
+                     trace: {}\n",
+                    next.display()
+                )),
+                "{}",
+                leaks_run.describe()
+            );
+        }
         let others = dir.other_traces();
         assert!(others.contains(&second) && others.contains(&last));
         let children: Vec<Vec<String>> = others
