@@ -434,16 +434,27 @@ pub fn main(args: RunArgs) -> ExitCode {
         signal_hook::consts::SIGUSR2,
     ];
     let swallowed = [signal_hook::consts::SIGINT, signal_hook::consts::SIGQUIT];
-    let mut signals =
-        match signal_hook::iterator::Signals::new(forwarded.iter().chain(swallowed.iter())) {
-            Ok(s) => s,
-            Err(e) => {
-                return fail(
-                    EXIT_CANNOT_RUN,
-                    format!("cannot set up signal forwarding: {e}"),
-                )
-            }
-        };
+    // A signal trapline was started with ignored stays ignored, so that the
+    // command inherits it ignored as it would natively (`nohup`; a shell's
+    // background job ignores SIGINT and SIGQUIT): a handler here would
+    // become SIG_DFL in the command at exec, and `nohup trapline run --
+    // server` died of the SIGHUP it was meant to survive.
+    let ignored = ignored_signals();
+    let caught: Vec<i32> = forwarded
+        .iter()
+        .chain(swallowed.iter())
+        .copied()
+        .filter(|&sig| ignored & (1 << (sig - 1)) == 0)
+        .collect();
+    let mut signals = match signal_hook::iterator::Signals::new(&caught) {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                EXIT_CANNOT_RUN,
+                format!("cannot set up signal forwarding: {e}"),
+            )
+        }
+    };
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -857,6 +868,22 @@ fn summarize_others(
 
 const STILL_RUNNING: &str =
     "still running: it outlived the command, and its trace grows until it ends";
+
+/// The signals this process ignores (bit N-1 for signal N), from
+/// `/proc/self/status`: what it inherited, except SIGPIPE, which Rust's
+/// runtime ignores before `main` (and resets to the default for the
+/// command it spawns).
+fn ignored_signals() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
 
 /// The pid in the name of a trace of the tree, `TRACE.<pid>` or
 /// `TRACE.<pid>.<n>` for the top trace `output`.

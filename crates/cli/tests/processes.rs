@@ -1098,3 +1098,45 @@ fn an_exit_from_a_signal_handler_that_interrupted_the_agent_finishes() {
         );
     }
 }
+
+/// dispositions.c started by a shell that ignores SIGHUP and SIGINT (as
+/// `nohup` and a script's background job do): the traced program finds
+/// them ignored, as natively. trapline's own handlers for the signals it
+/// forwards or swallows replaced SIG_IGN, so the program found SIG_DFL and
+/// `nohup trapline run -- server` died of the SIGHUP it should survive.
+#[test]
+fn signals_ignored_when_trapline_starts_stay_ignored_in_the_command() {
+    let dir = TestDir::new("dispositions");
+    let prog = compile_c(&dir, "dispositions.c");
+    let native = output_of(
+        {
+            let mut cmd = std::process::Command::new("/bin/sh");
+            cmd.arg("-c")
+                .arg(format!("trap '' HUP INT; exec {}", prog.display()));
+            cmd
+        },
+        "native",
+    );
+    assert_eq!(native.code(), 0, "{}", native.describe());
+    assert!(
+        native.stdout.contains("HUP ignored\nINT ignored\n"),
+        "{}",
+        native.describe()
+    );
+    let traced = output_of(
+        {
+            let mut cmd = std::process::Command::new("/bin/sh");
+            cmd.arg("-c").arg(format!(
+                "trap '' HUP INT; exec {} run -q -o {} -- {}",
+                trapline().display(),
+                dir.trace().display(),
+                prog.display()
+            ));
+            cmd.env("TRAPLINE_AGENT", agent());
+            cmd
+        },
+        "traced",
+    );
+    assert_eq!(traced.code(), 0, "{}", traced.describe());
+    assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+}
