@@ -1104,22 +1104,25 @@ fn an_exit_from_a_signal_handler_that_interrupted_the_agent_finishes() {
 /// them ignored, as natively. trapline's own handlers for the signals it
 /// forwards or swallows replaced SIG_IGN, so the program found SIG_DFL and
 /// `nohup trapline run -- server` died of the SIGHUP it should survive.
+/// A signal blocked when trapline starts is blocked in the command too.
 #[test]
 fn signals_ignored_when_trapline_starts_stay_ignored_in_the_command() {
     let dir = TestDir::new("dispositions");
     let prog = compile_c(&dir, "dispositions.c");
+    let p = prog.display();
     let native = output_of(
         {
             let mut cmd = std::process::Command::new("/bin/sh");
             cmd.arg("-c")
-                .arg(format!("trap '' HUP INT; exec {}", prog.display()));
+                .arg(format!("trap '' HUP INT; exec {p} block-exec {p}"));
             cmd
         },
         "native",
     );
     assert_eq!(native.code(), 0, "{}", native.describe());
     assert!(
-        native.stdout.contains("HUP ignored\nINT ignored\n"),
+        native.stdout.contains("HUP ignored\nINT ignored\n")
+            && native.stdout.ends_with("USR1 blocked\n"),
         "{}",
         native.describe()
     );
@@ -1127,10 +1130,9 @@ fn signals_ignored_when_trapline_starts_stay_ignored_in_the_command() {
         {
             let mut cmd = std::process::Command::new("/bin/sh");
             cmd.arg("-c").arg(format!(
-                "trap '' HUP INT; exec {} run -q -o {} -- {}",
+                "trap '' HUP INT; exec {p} block-exec {} run -q -o {} -- {p}",
                 trapline().display(),
                 dir.trace().display(),
-                prog.display()
             ));
             cmd.env("TRAPLINE_AGENT", agent());
             cmd
