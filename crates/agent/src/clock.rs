@@ -59,14 +59,10 @@ fn trace_now() -> u64 {
 
 /// Raises the tick to `t`, keeping its flags.
 fn publish_at_least(t: u64) {
-    let mut cur = TICK_NS.load(Ordering::Relaxed);
-    while cur & !FLAGS < t & !FLAGS {
-        let new = (t & !FLAGS) | (cur & FLAGS);
-        match TICK_NS.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(seen) => cur = seen,
-        }
-    }
+    let t = t & !FLAGS;
+    let _ = TICK_NS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+        (cur & !FLAGS < t).then_some(t | (cur & FLAGS))
+    });
 }
 
 /// The precise trace time; also raises the current tick to it.
@@ -95,18 +91,17 @@ fn tick_slow(word: u64) -> u64 {
         return word & !FLAGS;
     }
     let t = trace_now() & !FLAGS;
-    let mut cur = word;
-    loop {
-        let new = (t.max(cur & !FLAGS)) | READ;
-        match TICK_NS.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => {
-                // This reader ended the sleep: the writer ticks again.
-                crate::writer::wake();
-                return new & !FLAGS;
-            }
-            Err(seen) if seen & ASLEEP == 0 => return seen & !FLAGS,
-            Err(seen) => cur = seen,
+    // One reader ends the sleep; the others take the tick it published.
+    let ended = TICK_NS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+        (cur & ASLEEP != 0).then_some(t.max(cur & !FLAGS) | READ)
+    });
+    match ended {
+        Ok(before) => {
+            // This reader ended the sleep: the writer ticks again.
+            crate::writer::wake();
+            t.max(before & !FLAGS)
         }
+        Err(now) => now & !FLAGS,
     }
 }
 
@@ -135,14 +130,10 @@ pub fn writer_now() -> u64 {
 /// From the writer: the tick is `now`, unread; `asleep`: the writer stops
 /// ticking until a reader wakes it.
 pub fn publish_tick(now: u64, asleep: bool) {
-    let mut cur = TICK_NS.load(Ordering::Relaxed);
-    loop {
-        let new = (now & !FLAGS).max(cur & !FLAGS) | if asleep { ASLEEP } else { 0 };
-        match TICK_NS.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(seen) => cur = seen,
-        }
-    }
+    let flag = if asleep { ASLEEP } else { 0 };
+    let _ = TICK_NS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+        Some((now & !FLAGS).max(cur & !FLAGS) | flag)
+    });
 }
 
 /// Wall-clock nanoseconds since the Unix epoch.

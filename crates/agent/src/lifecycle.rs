@@ -22,10 +22,9 @@ pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static FINISHING: AtomicBool = AtomicBool::new(false);
-/// The ending `finish` is at while FINISHING (an `Ending` as u8, 0: none;
-/// `ENDING_EXEC`: finishing for an exec).
-static FINISHING_FOR: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
-const ENDING_EXEC: u8 = 4;
+/// `finish` is at work for an exec (a signal it lets go is raised again
+/// should the exec fail).
+static FINISHING_FOR_EXEC: AtomicBool = AtomicBool::new(false);
 /// The thread finishing the trace (0: none), so that another thread's
 /// `_exit` waits for it and the same thread's does not.
 static FINISHING_TID: AtomicU32 = AtomicU32::new(0);
@@ -162,33 +161,19 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
         // gcc's cc1plus) exports it as an undefined symbol whose value is a
         // stub in its PLT, which jumps to the agent: dlsym returns the stub.
         // Only a symbol defined in a section is an allocator of its own.
-        let mut sym: *const sys::ElfSymbol = core::ptr::null();
-        // SAFETY: dladdr1 fills the Dl_info we own and points `sym` at the
-        // symbol table entry; both point into the loader's data, alive while
-        // the module is loaded.
-        let (defined_here, path) = unsafe {
-            let mut info: libc::Dl_info = core::mem::zeroed();
-            let found = libc::dladdr1(
-                f,
-                &mut info,
-                (&mut sym as *mut *const sys::ElfSymbol).cast(),
-                sys::RTLD_DL_SYMENT,
-            );
-            let path = if found != 0 && !info.dli_fname.is_null() {
-                core::ffi::CStr::from_ptr(info.dli_fname)
-                    .to_string_lossy()
-                    .into_owned()
-            } else {
-                String::new()
-            };
-            (
-                found != 0 && !sym.is_null() && (*sym).st_shndx != sys::SHN_UNDEF,
-                path,
-            )
-        };
-        if !defined_here {
+        let Some((info, _)) =
+            sys::loader_symbol(f as u64).filter(|(_, sym)| sym.st_shndx != sys::SHN_UNDEF)
+        else {
             continue;
-        }
+        };
+        let path = if info.dli_fname.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a NUL-terminated path owned by the loader.
+            unsafe { core::ffi::CStr::from_ptr(info.dli_fname) }
+                .to_string_lossy()
+                .into_owned()
+        };
         // The main program's name is empty, or what it was started as.
         let same_file = std::fs::canonicalize(&path)
             .map(|p| p.to_string_lossy() == exe)
@@ -565,13 +550,7 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     } else {
         ending
     };
-    let finishing_for = match (ending, exit) {
-        (_, ExitKind::Exec) => ENDING_EXEC,
-        (Ending::Exit, _) => 1,
-        (Ending::Immediate, _) => 2,
-        (Ending::Signal, _) => 3,
-    };
-    FINISHING_FOR.store(finishing_for, Ordering::Release);
+    FINISHING_FOR_EXEC.store(exit == ExitKind::Exec, Ordering::Release);
     // The reachability scan and the last flush need about 60 KiB of stack,
     // more than a small thread stack has: they run on the side stack.
     let signal = ending == Ending::Signal;
@@ -714,7 +693,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
 /// Starts a new trace file for this process image (fork child, failed exec).
 fn restart_trace() {
     TRACE_DONE.store(false, Ordering::Release);
-    FINISHING_FOR.store(0, Ordering::Release);
+    FINISHING_FOR_EXEC.store(false, Ordering::Release);
     FINISHING.store(false, Ordering::Release);
     if open_trace(false) {
         writer::submit_first(header_buffer());
@@ -744,12 +723,17 @@ pub fn resume_after_failed_exec() {
 /// does not wait for itself.
 fn wait_for_other_finish() {
     let me = sys::gettid();
+    wait_for_trace_done(|| {
+        FINISHING.load(Ordering::Acquire) && FINISHING_TID.load(Ordering::Acquire) != me
+    });
+}
+
+/// Waits, at most `OTHER_FINISH_WAIT_NS`, while `still` holds and the
+/// trace is not yet written to its end record. Sleeps of 1 ms, which
+/// signals interrupt: the exit scan parks a waiting thread like any other.
+fn wait_for_trace_done(still: impl Fn() -> bool) {
     let deadline = clock::monotonic_ns() + OTHER_FINISH_WAIT_NS;
-    while FINISHING.load(Ordering::Acquire)
-        && !TRACE_DONE.load(Ordering::Acquire)
-        && FINISHING_TID.load(Ordering::Acquire) != me
-        && clock::monotonic_ns() < deadline
-    {
+    while still() && !TRACE_DONE.load(Ordering::Acquire) && clock::monotonic_ns() < deadline {
         sys::sleep_ns(1_000_000);
     }
 }
@@ -769,14 +753,7 @@ pub fn enter_exit() {
     match EXITING_TID.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {}
         Err(first) if first == me => {}
-        Err(_) => {
-            let deadline = clock::monotonic_ns() + OTHER_FINISH_WAIT_NS;
-            while !TRACE_DONE.load(Ordering::Acquire) && clock::monotonic_ns() < deadline {
-                // Interrupted by signals: the exit scan parks this thread
-                // like any other.
-                sys::sleep_ns(1_000_000);
-            }
-        }
+        Err(_) => wait_for_trace_done(|| true),
     }
 }
 
@@ -792,7 +769,7 @@ pub fn signal_during_finish(sig: i32) -> bool {
     if !FINISHING.load(Ordering::Acquire) || TRACE_DONE.load(Ordering::Acquire) || !owns_process() {
         return false;
     }
-    if FINISHING_FOR.load(Ordering::Acquire) == ENDING_EXEC {
+    if FINISHING_FOR_EXEC.load(Ordering::Acquire) {
         SIGNAL_DURING_EXEC.store(sig, Ordering::Release);
     }
     true

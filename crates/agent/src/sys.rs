@@ -308,7 +308,7 @@ pub fn cached_next_symbol(slot: &AtomicUsize, name: &core::ffi::CStr) -> usize {
 }
 
 /// glibc's `dladdr1` request for the symbol table entry (dlfcn.h).
-pub const RTLD_DL_SYMENT: core::ffi::c_int = 1;
+const RTLD_DL_SYMENT: core::ffi::c_int = 1;
 pub const SHN_UNDEF: u16 = 0;
 
 /// An ELF64 symbol table entry, as `dladdr1` points at it.
@@ -322,14 +322,14 @@ pub struct ElfSymbol {
     pub st_size: u64,
 }
 
-/// The dynamic symbol whose code contains `addr` (within its size), by
-/// name: the loader's own lookup (`dladdr1`), which allocates nothing.
-pub fn symbol_containing(addr: u64) -> Option<&'static core::ffi::CStr> {
+/// The loader's view of `addr` (`dladdr1`, which allocates nothing): its
+/// module and nearest dynamic symbol, with that symbol's table entry.
+/// Both point into the loader's data, alive while the module is loaded,
+/// which the callers' use (at once) does not outlast.
+pub fn loader_symbol(addr: u64) -> Option<(libc::Dl_info, &'static ElfSymbol)> {
     let mut sym: *const ElfSymbol = core::ptr::null();
     // SAFETY: dladdr1 fills the Dl_info we own and points `sym` at the
-    // loader's symbol table entry; the name and the entry live as long as
-    // the module stays loaded, which the caller's use (a comparison of the
-    // name, at once) does not outlast.
+    // loader's symbol table entry (or leaves it null).
     unsafe {
         let mut info: libc::Dl_info = core::mem::zeroed();
         let found = libc::dladdr1(
@@ -338,14 +338,33 @@ pub fn symbol_containing(addr: u64) -> Option<&'static core::ffi::CStr> {
             (&mut sym as *mut *const ElfSymbol).cast(),
             RTLD_DL_SYMENT,
         );
-        if found == 0 || sym.is_null() || info.dli_sname.is_null() || info.dli_saddr.is_null() {
-            return None;
-        }
-        let start = info.dli_saddr as u64;
-        (addr >= start && addr - start < (*sym).st_size)
-            .then(|| core::ffi::CStr::from_ptr(info.dli_sname))
+        (found != 0 && !sym.is_null()).then(|| (info, &*sym))
     }
 }
+
+/// The dynamic symbol whose code contains `addr` (within its size), by
+/// name.
+pub fn symbol_containing(addr: u64) -> Option<&'static core::ffi::CStr> {
+    let (info, sym) = loader_symbol(addr)?;
+    if info.dli_sname.is_null() || info.dli_saddr.is_null() {
+        return None;
+    }
+    let start = info.dli_saddr as u64;
+    // SAFETY: a NUL-terminated name in the loader's string table.
+    (addr >= start && addr - start < sym.st_size)
+        .then(|| unsafe { core::ffi::CStr::from_ptr(info.dli_sname) })
+}
+
+/// The signals a thread's own code raises when it faults: never blocked
+/// in the agent's threads, and never "sent from outside".
+pub const FAULT_SIGNALS: [core::ffi::c_int; 6] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+];
 
 /// Any definition of `name` in the process (RTLD_DEFAULT), or 0.
 pub fn any_symbol(name: &core::ffi::CStr) -> usize {

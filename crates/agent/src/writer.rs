@@ -538,12 +538,15 @@ pub fn wake() {
 /// it without finishing the trace (its handler leaves agent threads
 /// alone), and in a program that blocks SIGTERM everywhere to `sigwait`
 /// for it, the writer took it and the process died.
-const WRITER_BLOCKED: u64 = !(1 << (libc::SIGSEGV - 1)
-    | 1 << (libc::SIGBUS - 1)
-    | 1 << (libc::SIGFPE - 1)
-    | 1 << (libc::SIGILL - 1)
-    | 1 << (libc::SIGTRAP - 1)
-    | 1 << (libc::SIGSYS - 1));
+const WRITER_BLOCKED: u64 = {
+    let mut mask = !0u64;
+    let mut i = 0;
+    while i < sys::FAULT_SIGNALS.len() {
+        mask &= !(1 << (sys::FAULT_SIGNALS[i] - 1));
+        i += 1;
+    }
+    mask
+};
 
 /// The creating thread's mask when the writer started, which the writer
 /// takes back when it becomes the program's last thread (`end_for_program`).

@@ -129,11 +129,7 @@ fn sent_from_outside(sig: c_int, info: *const libc::siginfo_t) -> bool {
     }
     // SAFETY: the kernel's siginfo for this signal (SA_SIGINFO).
     let (code, pid) = unsafe { ((*info).si_code, (*info).si_pid()) };
-    let fault = matches!(
-        sig,
-        libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGTRAP | libc::SIGSYS
-    ) && code > 0
-        && code != libc::SI_KERNEL;
+    let fault = crate::sys::FAULT_SIGNALS.contains(&sig) && code > 0 && code != libc::SI_KERNEL;
     !fault && pid as u32 != crate::sys::getpid_raw()
 }
 
