@@ -36,6 +36,20 @@ pub struct ProcessReport {
     pub exit: Option<ExitReport>,
 }
 
+impl From<&ProcessInfo> for ProcessReport {
+    /// The process record's facts; `exit` comes from the end record.
+    fn from(p: &ProcessInfo) -> Self {
+        ProcessReport {
+            pid: Some(p.pid),
+            ppid: Some(p.ppid),
+            executable: Some(p.exe.clone()),
+            command: p.argv.clone(),
+            start_unix_ns: Some(p.start_unix_ns),
+            exit: None,
+        }
+    }
+}
+
 /// How the process ended: exactly one field is present.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ExitReport {
@@ -262,14 +276,11 @@ impl Facts {
 
     /// The process section of a report.
     pub fn process_report(&self) -> ProcessReport {
-        let mut r = ProcessReport::default();
-        if let Some(p) = &self.process {
-            r.pid = Some(p.pid);
-            r.ppid = Some(p.ppid);
-            r.executable = Some(p.exe.clone());
-            r.command = p.argv.clone();
-            r.start_unix_ns = Some(p.start_unix_ns);
-        }
+        let mut r = self
+            .process
+            .as_ref()
+            .map(ProcessReport::from)
+            .unwrap_or_default();
         r.exit = self.end.as_ref().map(|(_, e, _)| ExitReport::from(*e));
         r
     }

@@ -274,16 +274,7 @@ fn first_chunk_facts<R: Read + Seek>(
     let chunk = index.read_chunk(input, entry)?;
     for ev in chunk.events().flatten() {
         match ev {
-            Event::Process(p) => {
-                process = ProcessReport {
-                    pid: Some(p.pid),
-                    ppid: Some(p.ppid),
-                    executable: Some(p.exe),
-                    command: p.argv,
-                    start_unix_ns: Some(p.start_unix_ns),
-                    exit: None,
-                }
-            }
+            Event::Process(p) => process = ProcessReport::from(&p),
             Event::Recording {
                 allocator_shadowed_by,
                 allocator_library,
