@@ -9,6 +9,7 @@ mod output;
 mod profile;
 mod run;
 mod stats;
+mod trace_names;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;

@@ -100,26 +100,14 @@ pub fn run<T: Report>(
 /// For a trace whose image replaced itself with exec: where the next
 /// image's trace is, when it is there (`TRACE.<pid>`, then
 /// `TRACE.<pid>.1`, ...: design.md 9.3), on stderr.
-pub fn next_image_hint(path: &Path, process: &ProcessReport) {
+fn next_image_hint(path: &Path, process: &ProcessReport) {
     let (Some(pid), Some(exit)) = (process.pid, process.exit) else {
         return;
     };
     if !exit.exec {
         return;
     }
-    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-        return;
-    };
-    // This trace is TRACE, TRACE.<pid> or TRACE.<pid>.<n>.
-    let next = match name.rsplit_once(&format!(".{pid}")) {
-        Some((base, "")) => format!("{base}.{pid}.1"),
-        Some((base, rest)) => match rest.strip_prefix('.').and_then(|n| n.parse::<u32>().ok()) {
-            Some(n) => format!("{base}.{pid}.{}", n + 1),
-            None => format!("{name}.{pid}"),
-        },
-        None => format!("{name}.{pid}"),
-    };
-    let next = path.with_file_name(next);
+    let next = crate::trace_names::next_image_trace(path, pid);
     if next.is_file() {
         eprintln!(
             "==trapline== this image replaced itself with exec; the next image's trace: {}",

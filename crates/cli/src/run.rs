@@ -14,6 +14,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use crate::trace_names;
+
 /// trapline could not run the command.
 pub const EXIT_CANNOT_RUN: u8 = 125;
 /// The command exists but cannot be executed.
@@ -320,34 +322,6 @@ fn is_static_elf<'data, R: object::ReadRef<'data>>(data: R) -> bool {
     }
 }
 
-/// Trace files of a previous run with the same output name (PATH.<pid>[.<n>]).
-fn family_files(output: &Path) -> Vec<PathBuf> {
-    let dir = output
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let Some(base) = output.file_name().map(|n| n.to_string_lossy().into_owned()) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(rest) = name.strip_prefix(&base).and_then(|r| r.strip_prefix('.')) {
-                if !rest.is_empty()
-                    && rest
-                        .split('.')
-                        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-                {
-                    out.push(dir.join(&name));
-                }
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 fn preload_value(agent: &Path) -> OsString {
     let mut v = agent.as_os_str().to_os_string();
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|e| !e.is_empty()) {
@@ -393,7 +367,7 @@ pub fn main(args: RunArgs) -> ExitCode {
             format!("cannot write the trace {}: {e}", output.display()),
         );
     }
-    for stale in family_files(&output) {
+    for stale in trace_names::family_files(&output) {
         let _ = std::fs::remove_file(stale);
     }
 
@@ -558,7 +532,7 @@ fn wait_with_timeout(
 /// that last image.
 fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>) -> PathBuf {
     let mut files = vec![output.to_path_buf()];
-    files.extend(family_files(output));
+    files.extend(trace_names::family_files(output));
     let empty = std::fs::metadata(output)
         .map(|m| m.len() == 0)
         .unwrap_or(true);
@@ -643,8 +617,8 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
             last_trace.display()
         );
     }
-    let mut summaries: Vec<_> = summaries.into_iter().map(Some).collect();
-    match summaries[last].take().flatten() {
+    let mut summaries = summaries;
+    match summaries[last].take() {
         Some(Ok(s)) => {
             print_summary(&s);
             let exec_untraced = s.process.exit.is_some_and(|e| e.exec);
@@ -666,7 +640,7 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
         .zip(summaries)
         .enumerate()
         .filter(|(i, _)| *i != last)
-        .map(|(_, (f, s))| (f.clone(), s.flatten()))
+        .map(|(_, (f, s))| (f.clone(), s))
         .unzip();
     let others_are = if images.len() > 1 {
         "other processes and earlier images"
@@ -703,13 +677,8 @@ fn top_images(
         if !exec {
             break;
         }
-        let mut name = output.as_os_str().to_owned();
-        name.push(format!(".{top_pid}"));
-        if generation > 0 {
-            name.push(format!(".{generation}"));
-        }
-        let next = Path::new(&name);
-        match files.iter().position(|f| f == next) {
+        let next = trace_names::image_trace(output, top_pid, generation);
+        match files.iter().position(|f| *f == next) {
             Some(i) => images.push(i),
             None => break,
         }
@@ -795,7 +764,7 @@ fn summarize_others(
             Some(Ok(s)) => s,
             // A process that has just started may not have written its
             // first chunk yet.
-            Some(Err(_)) if pid_in_name(output, path).is_some_and(is_alive) => {
+            Some(Err(_)) if trace_names::pid_in_name(output, path).is_some_and(is_alive) => {
                 running += 1;
                 notable.push(format!("{}: {STILL_RUNNING}", path.display()));
                 continue;
@@ -813,7 +782,10 @@ fn summarize_others(
         // resource tracker) is still writing its trace.
         // The pid from the file's name when its first chunk is not written
         // yet (a child that has just started).
-        let pid = s.process.pid.or_else(|| pid_in_name(output, path));
+        let pid = s
+            .process
+            .pid
+            .or_else(|| trace_names::pid_in_name(output, path));
         let still_running = s.events_lost.is_none() && pid.is_some_and(is_alive);
         match s.events_lost {
             Some(n) => lost += n,
@@ -883,18 +855,6 @@ fn ignored_signals() -> u64 {
                 .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         })
         .unwrap_or(0)
-}
-
-/// The pid in the name of a trace of the tree, `TRACE.<pid>` or
-/// `TRACE.<pid>.<n>` for the top trace `output`.
-fn pid_in_name(output: &Path, path: &Path) -> Option<u32> {
-    let base = output.file_name()?.to_str()?;
-    let rest = path
-        .file_name()?
-        .to_str()?
-        .strip_prefix(base)?
-        .strip_prefix('.')?;
-    rest.split('.').next()?.parse().ok()
 }
 
 /// Whether process `pid` runs: it exists and is no zombie (it may be
@@ -987,25 +947,5 @@ fn print_summary(s: &trapline_analysis::stats::RunSummary) {
     }
     if let Some(w) = PRIVATE_ALLOCATOR.get() {
         eprintln!("==trapline== {w}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pid_in_name;
-    use std::path::Path;
-
-    #[test]
-    fn the_pid_of_a_trace_is_the_first_number_after_the_top_traces_name() {
-        let top = Path::new("/tmp/out.5");
-        for (name, pid) in [
-            ("/tmp/out.5.123", Some(123)),
-            ("/tmp/out.5.123.2", Some(123)),
-            ("/tmp/out.5", None),
-            ("/tmp/other.123", None),
-            ("/tmp/out.5.x", None),
-        ] {
-            assert_eq!(pid_in_name(top, Path::new(name)), pid, "{name}");
-        }
     }
 }
