@@ -429,6 +429,43 @@ fn scans_so_far(dir: &TestDir) -> u64 {
         .unwrap_or(0)
 }
 
+/// Every periodic scan stops the same thread again (each scan empties the
+/// slots of the thread table it filled, for the next): every snapshot finds
+/// the thread stopped and the block it holds on its stack reachable.
+#[test]
+fn periodic_scans_stop_a_thread_every_time() {
+    let dir = TestDir::new("reach_periodic_stack");
+    let prog = compile_c(&dir, "reach_periodic_stack.c");
+    let mut cmd = isolated(run_command(&dir, &["--scan-every", "0.05"], &prog, &[]));
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start trapline run");
+    while scans_so_far(&dir) < 3 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"x").unwrap();
+    drop(stdin);
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    for k in 1..=3 {
+        let snapshot = leaks_with(
+            &dir.trace(),
+            &["--snapshot", &k.to_string(), "--kinds", "all"],
+        );
+        let scan = field(&snapshot, "scan");
+        assert_eq!(as_str(scan, "trigger"), "periodic");
+        assert_eq!(as_u64(scan, "threads_not_suspended"), 0, "{}", pretty(scan));
+        assert_eq!(
+            kind_totals(&snapshot),
+            [(0, 0), (0, 0), (0, 0), (4000, 1)],
+            "scan {k}: {}",
+            pretty(&snapshot)
+        );
+    }
+}
+
 #[test]
 fn periodic_scans_snapshots_and_history() {
     let dir = TestDir::new("reach_periodic");

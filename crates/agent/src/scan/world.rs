@@ -42,6 +42,9 @@ struct Slot {
 static TABLE: AtomicPtr<Slot> = AtomicPtr::new(core::ptr::null_mut());
 /// While 0, parked threads wait; set to 1 to release them.
 static RELEASE: AtomicU32 = AtomicU32::new(1);
+/// A scan filled slots it could not note in its list (more threads than
+/// the list held): the next one clears the whole table first.
+static TABLE_DIRTY: AtomicBool = AtomicBool::new(false);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// The signal that parks threads: one of the real-time signals, chosen near
@@ -60,6 +63,8 @@ pub struct Parked {
 /// The stopped world.
 pub struct World {
     pub parked: Vec<Parked>,
+    /// Table slots to clear when the threads are released.
+    used: Vec<u32>,
     /// Threads of the process seen, the scanning thread included.
     pub threads: u32,
     pub not_suspended: u32,
@@ -98,7 +103,8 @@ fn lookup(slots: &[Slot], tid: u32) -> Option<&Slot> {
     }
 }
 
-fn insert(slots: &[Slot], tid: u32) -> Option<&Slot> {
+/// Adds `tid` (if new) and returns its slot and index.
+fn insert(slots: &[Slot], tid: u32) -> Option<(&Slot, usize)> {
     let mut i = home(tid);
     loop {
         let t = slots[i].tid.load(Ordering::Acquire);
@@ -109,7 +115,7 @@ fn insert(slots: &[Slot], tid: u32) -> Option<&Slot> {
             slots[i].sp.store(0, Ordering::Relaxed);
             slots[i].state.store(SIGNALLED, Ordering::Relaxed);
             slots[i].tid.store(tid, Ordering::Release);
-            return Some(&slots[i]);
+            return Some((&slots[i], i));
         }
         i = (i + 1) & (SLOTS - 1);
     }
@@ -188,6 +194,8 @@ pub struct Scratch {
     dirents: Vec<u8>,
     tids: Vec<u32>,
     parked: Vec<Parked>,
+    /// Indices of the table slots this scan fills, cleared by `resume`.
+    used: Vec<u32>,
 }
 
 impl Scratch {
@@ -195,9 +203,12 @@ impl Scratch {
         let threads = std::fs::read_dir("/proc/self/task").map_or(64, |d| d.count());
         let cap = (2 * threads + 256).min(MAX_THREADS);
         Scratch {
-            dirents: vec![0u8; 64 << 10],
+            // getdents64 is called until the directory is read, so this
+            // bounds only the entries per call.
+            dirents: vec![0u8; 16 << 10],
             tids: Vec::with_capacity(cap),
             parked: Vec::with_capacity(cap),
+            used: Vec::with_capacity(cap),
         }
     }
 }
@@ -219,6 +230,7 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
         mut dirents,
         mut tids,
         mut parked,
+        mut used,
     } = scratch;
     let me = sys::gettid();
     let pid = sys::getpid_raw();
@@ -227,6 +239,7 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
     let leader_ended = me != pid && crate::tasks::has_ended(pid);
     let mut world = World {
         parked: Vec::new(),
+        used: Vec::new(),
         threads: 1,
         not_suspended: 0,
     };
@@ -237,9 +250,14 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
         world.not_suspended = world.threads - 1;
         return world;
     };
-    for s in slots {
-        s.tid.store(0, Ordering::Relaxed);
-        s.state.store(EMPTY, Ordering::Relaxed);
+    // Each scan empties the slots it filled (`resume`): clearing the whole
+    // table (1 MiB) here cost a short-lived process about half a millisecond
+    // of page faults at its exit scan.
+    if TABLE_DIRTY.swap(false, Ordering::AcqRel) {
+        for s in slots {
+            s.tid.store(0, Ordering::Relaxed);
+            s.state.store(EMPTY, Ordering::Relaxed);
+        }
     }
     RELEASE.store(0, Ordering::Release);
     let mut seen = 0usize;
@@ -254,9 +272,14 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
             {
                 continue;
             }
-            let Some(slot) = insert(slots, tid) else {
+            let Some((slot, index)) = insert(slots, tid) else {
                 continue;
             };
+            if used.len() < used.capacity() {
+                used.push(index as u32);
+            } else {
+                TABLE_DIRTY.store(true, Ordering::Release);
+            }
             seen += 1;
             new += 1;
             if !usable {
@@ -298,10 +321,10 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
             }
         }
     }
-    for s in slots {
+    let mut visit = |s: &Slot| {
         let tid = s.tid.load(Ordering::Acquire);
         if tid == 0 {
-            continue;
+            return;
         }
         match s.state.load(Ordering::Acquire) {
             PARKED => {
@@ -317,11 +340,18 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
             GONE => {}
             _ => world.not_suspended += 1,
         }
+    };
+    if TABLE_DIRTY.load(Ordering::Acquire) {
+        // The list is incomplete: any slot may be one of this scan's.
+        slots.iter().for_each(&mut visit);
+    } else {
+        used.iter().for_each(|&i| visit(&slots[i as usize]));
     }
     list_tasks(&mut dirents, &mut tids);
     let ended = usize::from(leader_ended && tids.contains(&pid));
     world.threads = (tids.len() - ended).max(1) as u32;
     world.parked = parked;
+    world.used = used;
     world
 }
 
@@ -335,6 +365,14 @@ pub fn resume(world: &World) {
             while slot.state.load(Ordering::Acquire) == PARKED {
                 sys::futex_wait(&slot.state, PARKED, Some(10_000_000));
             }
+        }
+    }
+    // Empty the slots for the next scan. A thread that never parked and
+    // takes its signal later then finds no slot and returns at once.
+    if !TABLE_DIRTY.load(Ordering::Acquire) {
+        for &i in &world.used {
+            slots[i as usize].tid.store(0, Ordering::Relaxed);
+            slots[i as usize].state.store(EMPTY, Ordering::Relaxed);
         }
     }
 }
