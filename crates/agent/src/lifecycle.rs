@@ -52,6 +52,10 @@ struct Config {
     agent_path: String,
 }
 static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+/// The header's allocator facts (`header_buffer`): the module of the
+/// executable's own allocator, and the library malloc's calls go to.
+static ALLOCATOR_FACTS: std::sync::OnceLock<(Option<String>, Option<String>)> =
+    std::sync::OnceLock::new();
 
 fn env(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
@@ -129,8 +133,12 @@ fn header_buffer() -> Box<Buffer> {
         writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
     }
     let no_release_stacks = !record::RELEASE_STACKS.load(Ordering::Relaxed);
-    let allocator_shadowed_by = shadowing_allocator(&exe);
-    let allocator_library = crate::next_alloc::library();
+    // The same for every trace of this image, a fork child's included; and
+    // dladdr's search through a module's symbols cost a fork child about
+    // 50 microseconds, so they are worked out once.
+    let (allocator_shadowed_by, allocator_library) = ALLOCATOR_FACTS
+        .get_or_init(|| (shadowing_allocator(&exe), crate::next_alloc::library()))
+        .clone();
     if no_release_stacks || allocator_shadowed_by.is_some() || allocator_library.is_some() {
         let recording = Event::Recording {
             no_release_stacks,

@@ -149,3 +149,49 @@ fn a_process_whose_main_thread_called_pthread_exit_ends_with_its_last_thread() {
         assert_eq!(key_blocks, expected, "{args:?}: {report:#}");
     }
 }
+
+/// thread_churn.c: 300 threads, one at a time, each taking over the
+/// unwinding state an ended thread left (and its stack memory): every lost
+/// block's stack names its own function and call line, no more and no less.
+#[test]
+fn threads_started_one_after_another_record_their_own_stacks() {
+    let dir = TestDir::new("thread_churn");
+    let prog = compile_c(&dir, "thread_churn.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let source = "thread_churn.c";
+    let line = |marker| marker_line(source, marker);
+    let even = record_with_function(&report, "leak_even");
+    assert_eq!(
+        (as_u64(even, "bytes"), as_u64(even, "blocks")),
+        (150 * 16, 150)
+    );
+    assert_stack_top(
+        stack_of(even, "stack"),
+        &[
+            ("leak_even", source, line("LEAK-EVEN")),
+            ("worker", source, line("CALL-EVEN")),
+        ],
+        "leak_even",
+    );
+    let odd = record_with_function(&report, "leak_odd");
+    assert_eq!(
+        (as_u64(odd, "bytes"), as_u64(odd, "blocks")),
+        (150 * 32, 150)
+    );
+    assert_stack_top(
+        stack_of(odd, "stack"),
+        &[
+            ("leak_odd", source, line("LEAK-ODD")),
+            ("worker", source, line("CALL-ODD")),
+        ],
+        "leak_odd",
+    );
+    assert_eq!(records(&report).len(), 2, "{}", pretty(&report));
+    let threads = read_lifecycle(&dir.trace());
+    assert_eq!(threads.starts.len(), 300);
+    assert_eq!(threads.ends.values().filter(|&&n| n == 1).count(), 300);
+}
