@@ -2,7 +2,7 @@
 # Side-by-side benchmarks: native vs trapline vs heaptrack (and valgrind for
 # the record). See bench/README.md for what each one measures.
 #
-#   bench/run.sh [micro|threads|cc1|memory|locks|scan|profile|all]     (default: all; scan: bench/scan.sh, profile: bench/profile.sh)
+#   bench/run.sh [micro|threads|spawn|cc1|memory|locks|scan|profile|all]     (default: all; scan: bench/scan.sh, profile: bench/profile.sh)
 #
 # Knobs (environment):
 #   MICRO_N=5000000        malloc+free pairs per micro run
@@ -14,6 +14,9 @@
 #   CC1_REPS=3             repetitions per tool for cc1 (sqlite3.c is ~40 s native)
 #   CC1_HEAPTRACK_REPS=1   heaptrack repetitions for cc1 (it is slow; 0: skip)
 #   CC1_NO_RELEASE_STACKS=1  also run cc1 under `trapline run --no-release-stacks` (0: skip)
+#   SPAWN_PROCS=300        fork+exec pairs per spawn run (processes)
+#   SPAWN_THREADS=20000    thread start+join pairs per spawn run (threads)
+#   SPAWN_REPS=5           repetitions per tool for spawn
 #   MEM_KS="1000000 10000000"  live-block counts for the memory benchmark
 #   MEM_REPS=3             repetitions per tool and K for memory
 #   CC1_SOURCE=FILE.c      compile FILE.c instead of sqlite3.c (to try the script)
@@ -46,6 +49,9 @@ THREADS_REPS=${THREADS_REPS:-3}
 VALGRIND_N=${VALGRIND_N:-1000000}
 CC1_REPS=${CC1_REPS:-3}
 CC1_HEAPTRACK_REPS=${CC1_HEAPTRACK_REPS:-1}
+SPAWN_PROCS=${SPAWN_PROCS:-300}
+SPAWN_THREADS=${SPAWN_THREADS:-20000}
+SPAWN_REPS=${SPAWN_REPS:-5}
 MEM_KS=${MEM_KS:-"1000000 10000000"}
 MEM_REPS=${MEM_REPS:-3}
 HEAPTRACK_TIMEOUT=${HEAPTRACK_TIMEOUT:-600}
@@ -57,7 +63,7 @@ AGENT=${TRAPLINE_AGENT:-$(dirname "$TRAPLINE")/libtrapline_agent.so}
 WHAT=${1:-all}
 [[ $WHAT == locks ]] && exec "$BENCH_DIR/locks.sh" # lock benchmarks (bench/locks.sh)
 case $WHAT in
-    micro | threads | cc1 | memory | scan | profile | all) ;;
+    micro | threads | spawn | cc1 | memory | scan | profile | all) ;;
     -h | --help)
         sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
@@ -159,6 +165,7 @@ build() {
     gcc "${cflags[@]}" -o "$BIN/depth" "$BENCH_DIR/src/depth.c"
     gcc "${cflags[@]}" -o "$BIN/live" "$BENCH_DIR/src/live.c"
     gcc "${cflags[@]}" -pthread -o "$BIN/threads_pairs" "$BENCH_DIR/src/threads_pairs.c"
+    gcc "${cflags[@]}" -pthread -o "$BIN/spawn" "$BENCH_DIR/src/spawn.c"
 }
 
 # Is trapline able to record? Sets TRAPLINE_OK=1 or explains why not.
@@ -463,6 +470,58 @@ bench_threads() {
     done
 }
 
+# ---------------------------------------------------------------- spawn
+
+bench_spawn() {
+    log "spawn: $SPAWN_REPS reps x $SPAWN_PROCS fork+exec of /bin/true, $SPAWN_THREADS thread start+join"
+    local -a tools=(native heaptrack valgrind)
+    ((TRAPLINE_OK)) && tools=(native trapline heaptrack valgrind)
+    declare -A loops
+    local r tool kind n
+    for ((r = 1; r <= SPAWN_REPS; r++)); do
+        for kind in procs threads; do
+            n=$SPAWN_PROCS
+            [[ $kind == threads ]] && n=$SPAWN_THREADS
+            for tool in "${tools[@]}"; do
+                # One memcheck run each: it takes seconds per thousand.
+                [[ $tool == valgrind ]] && ((r > 1)) && continue
+                run_tool "$tool" "spawn-$tool-$kind-$r" "$BIN/spawn" "$kind" "$n"
+                ((RUN_RC == 0)) && loops[$tool-$kind]+="$(loop_s "$RUN_STDOUT") "
+                log "spawn rep $r $kind $tool: loop $(loop_s "$RUN_STDOUT") s"
+            done
+        done
+    done
+    echo
+    echo "### Spawn: starting and ending processes and threads"
+    echo
+    echo "$SPAWN_PROCS fork+exec+wait of /bin/true, one at a time (each child and"
+    echo "each exec'd image is a traced process with its own trace, exit scan"
+    echo "included), and $SPAWN_THREADS pthread_create+join, one at a time (each"
+    echo "thread allocates and frees one block). Medians of $SPAWN_REPS repetitions"
+    echo "(memcheck: one run, children not followed) of the loop's time, timed"
+    echo "inside the program, and the microseconds added per process or thread."
+    echo
+    echo "| loop | native s | trapline s | added us | heaptrack s | added us | memcheck s | added us |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    for kind in procs threads; do
+        n=$SPAWN_PROCS
+        [[ $kind == threads ]] && n=$SPAWN_THREADS
+        local nat tl ht vg
+        # shellcheck disable=SC2086
+        nat=$(median ${loops[native-$kind]:-})
+        # shellcheck disable=SC2086
+        tl=$(median ${loops[trapline-$kind]:-})
+        # shellcheck disable=SC2086
+        ht=$(median ${loops[heaptrack-$kind]:-})
+        # shellcheck disable=SC2086
+        vg=$(median ${loops[valgrind-$kind]:-})
+        printf '| %s x %s | %s | %s | %s | %s | %s | %s | %s |\n' "$kind" "$n" "$(fmt %.3f "$nat")" \
+            "$(fmt %.3f "$tl")" "$(fmt %.1f "$(calc "($tl - $nat) * 1e6 / $n")")" \
+            "$(fmt %.3f "$ht")" "$(fmt %.1f "$(calc "($ht - $nat) * 1e6 / $n")")" \
+            "$(fmt %.3f "$vg")" "$(fmt %.1f "$(calc "($vg - $nat) * 1e6 / $n")")"
+    done
+}
+
 # ---------------------------------------------------------------- cc1
 
 fetch_sqlite() {
@@ -733,6 +792,7 @@ echo "Tools: $(heaptrack_version); $(valgrind --version 2>/dev/null || echo 'val
 case $WHAT in
     micro) bench_micro ;;
     threads) bench_threads ;;
+    spawn) bench_spawn ;;
     cc1) bench_cc1 ;;
     memory) bench_memory ;;
     scan) NO_BUILD=1 TRAPLINE=$TRAPLINE "$BENCH_DIR/scan.sh" ;;
@@ -740,6 +800,7 @@ case $WHAT in
     all)
         bench_micro
         bench_threads
+        bench_spawn
         bench_memory
         bench_cc1
         NO_BUILD=1 "$BENCH_DIR/locks.sh"

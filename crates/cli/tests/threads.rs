@@ -195,3 +195,35 @@ fn threads_started_one_after_another_record_their_own_stacks() {
     assert_eq!(threads.starts.len(), 300);
     assert_eq!(threads.ends.values().filter(|&&n| n == 1).count(), 300);
 }
+
+/// exit_on_altstack.c: threads end with pthread_exit inside a handler on
+/// the alternate signal stack, which under trapline is the agent's side
+/// stack (pthread_exit unwinds back to the thread's own stack before the
+/// key destructors run); the side stack then goes to the next thread, as
+/// its alternate stack too. Every handler's block is recorded with its
+/// stack, and the program ends normally.
+#[test]
+fn a_thread_may_end_on_its_alternate_signal_stack() {
+    let dir = TestDir::new("exit_on_altstack");
+    let prog = compile_c(&dir, "exit_on_altstack.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout.trim(), "done 20");
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let leaked = record_with_function(&report, "on_usr1");
+    assert_eq!(
+        (as_u64(leaked, "bytes"), as_u64(leaked, "blocks")),
+        (20 * 77, 20)
+    );
+    assert_stack_top(
+        stack_of(leaked, "stack"),
+        &[(
+            "on_usr1",
+            "exit_on_altstack.c",
+            marker_line("exit_on_altstack.c", "LEAK-IN-HANDLER"),
+        )],
+        "on_usr1",
+    );
+}
