@@ -14,7 +14,7 @@
 use crate::sys::SpinLock;
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 const MIN_SHIFT: u32 = 4; // 16 bytes
                           // Above a page, blocks are mapped and unmapped on their own, so memory of
@@ -200,6 +200,14 @@ fn mmap_anonymous(len: usize, extra_flags: i32) -> *mut u8 {
 /// Unmaps a mapping made by `map` (or gives back its pages, if it came from
 /// the reserve).
 pub fn unmap(p: *mut u8, len: usize) {
+    if KEEP_MAPPINGS.load(Ordering::Relaxed) {
+        // The process is ending: the exit scan's and the flush's buffers are
+        // freed a moment before the address space goes. Unmapping them, each
+        // a TLB shootdown while the writer thread runs on another core, cost
+        // a short-lived process about 0.1 ms. They stay registered (the scan
+        // keeps them out of its roots).
+        return;
+    }
     if in_reserve(p) {
         // SAFETY: our own reserve pages, no longer used: dropped, not unmapped
         // (unmapping part of the reserve would need a mapping more).
@@ -210,6 +218,10 @@ pub fn unmap(p: *mut u8, len: usize) {
     // SAFETY: a mapping from `map` with this length, no longer used.
     unsafe { libc::munmap(p.cast(), len) };
 }
+
+/// Set when the process's trace is being finished for good (not for an
+/// exec, after which a failed exec continues): freed mappings are kept.
+pub static KEEP_MAPPINGS: AtomicBool = AtomicBool::new(false);
 
 /// Address space set aside when the agent starts, one mapping that costs
 /// nothing until used (MAP_NORESERVE): the agent's memory once the process

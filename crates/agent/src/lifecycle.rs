@@ -579,6 +579,9 @@ pub fn finish(exit: ExitKind, ending: Ending) {
 /// a fatal signal's handler on a thread that never had one).
 fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut thread::ThreadState>) {
     let signal = ending == Ending::Signal;
+    if exit != ExitKind::Exec {
+        crate::heap::KEEP_MAPPINGS.store(true, Ordering::Relaxed);
+    }
     crate::profile::stop(signal);
     #[cfg(feature = "capture-timing")]
     crate::unwind::timing::report();
