@@ -45,3 +45,11 @@ extern "C" fn constructor() {
 #[used]
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = constructor;
+
+// The unwinder Rust's runtime needs (`_Unwind_*`), linked in from GCC's
+// static `libgcc_eh.a` ahead of `libgcc_s.so.1`, whose load and constructor
+// (`cpuid`, a trap to the hypervisor in a VM) cost every process image about
+// 0.1 ms. The agent's version script keeps these symbols local, so the
+// program's own C++ runtime still unwinds with its `libgcc_s`.
+#[link(name = "gcc_eh", kind = "static")]
+extern "C" {}
