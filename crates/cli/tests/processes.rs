@@ -746,12 +746,20 @@ fn the_run_summary_names_twenty_traces_and_counts_the_rest() {
 /// the C library's freeres on the parent's buffers), and the parent's later
 /// allocations were not recorded. The child's exit also uses up the
 /// parent's exit handlers, the agent's among them: the parent's exit()
-/// finishes the trace from the agent's exit hook instead.
+/// finishes the trace from the agent's exit hook instead, and a return from
+/// main from the agent's wrapper of main (before it, that trace had no end
+/// record and none of the parent's events).
 #[test]
 fn a_vfork_child_that_calls_exit_leaves_the_parents_trace_alone() {
-    let dir = TestDir::new("vfork_exit");
+    for how in ["exit", "return"] {
+        vfork_child_exit_then_parent(how);
+    }
+}
+
+fn vfork_child_exit_then_parent(how: &str) {
+    let dir = TestDir::new(&format!("vfork_exit_{how}"));
     let prog = compile_c(&dir, "vfork_exit.c");
-    let run = run(&dir, &["--timeout", "60"], &prog, &[]);
+    let run = run(&dir, &["--timeout", "60"], &prog, &[how]);
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.stdout, "parent went on\n");
     assert_no_events_lost_in_summary(&run);
