@@ -181,11 +181,11 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
             ),
         ));
     }
-    let Ok(file) = std::fs::File::open(path) else {
+    let Ok(file) = std::fs::File::open(path).and_then(trapline_symbols::BlockFile::new) else {
         return Ok(());
     };
-    // Read lazily: only the headers are needed (reading cc1 whole took
-    // 33 MB before every run).
+    // Read lazily: only the headers and the symbol tables are needed
+    // (reading cc1 whole took 33 MB before every run).
     let data = object::read::ReadCache::new(file);
     if is_static_elf(&data) {
         return Err(fail(

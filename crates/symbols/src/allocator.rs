@@ -41,7 +41,7 @@ pub fn private_allocator<'data, R: object::ReadRef<'data>>(data: R) -> Option<Pr
 /// None when the file is gone, unreadable or another build: then nothing
 /// can be told.
 pub fn private_allocator_of(path: &Path, build_id: &[u8]) -> Option<PrivateAllocator> {
-    let file = std::fs::File::open(path).ok()?;
+    let file = crate::BlockFile::new(std::fs::File::open(path).ok()?).ok()?;
     // Read lazily: only the headers and symbol tables are needed.
     let data = object::read::ReadCache::new(file);
     let object = object::File::parse(&data).ok()?;

@@ -12,11 +12,13 @@
 #![forbid(unsafe_code)]
 
 mod allocator;
+mod block_file;
 mod debugfile;
 mod module;
 mod symtab;
 
 pub use allocator::{private_allocator, private_allocator_of, PrivateAllocator};
+pub use block_file::BlockFile;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
