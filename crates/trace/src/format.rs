@@ -178,7 +178,9 @@ pub fn encode_chunk_reusing(
         first_time,
         last_time,
     };
-    let mut hasher = crc32fast::Hasher::new();
+    // Not crc32fast here: the agent writes chunks, and crc32fast's CPU
+    // feature detection costs every process image a few `cpuid` traps.
+    let mut hasher = crate::crc32::Crc32::new();
     hasher.update(&header.to_bytes(0)[..40]);
     hasher.update(&out[CHUNK_HEADER_LEN..len]);
     let crc = hasher.finalize();

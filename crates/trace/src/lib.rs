@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod crc32;
 pub mod event;
 pub mod format;
 pub mod scan;
