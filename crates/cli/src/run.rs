@@ -137,6 +137,12 @@ pub fn find_agent() -> Result<PathBuf, String> {
 fn resolve_command(cmd: &OsString) -> Result<PathBuf, ExitCode> {
     let p = Path::new(cmd);
     let found = if p.as_os_str().to_string_lossy().contains('/') {
+        if p.is_dir() {
+            return Err(fail(
+                EXIT_NOT_EXECUTABLE,
+                format!("{}: is a directory, not a program", p.display()),
+            ));
+        }
         p.is_file().then(|| p.to_path_buf())
     } else {
         std::env::var_os("PATH")
@@ -437,7 +443,18 @@ pub fn main(args: RunArgs) -> ExitCode {
             } else {
                 EXIT_CANNOT_RUN
             };
-            return fail(code, format!("cannot run {}: {e}", program.display()));
+            // ENOEXEC: what a shell would run as a script (execve does not).
+            let hint = if e.raw_os_error() == Some(libc::ENOEXEC) {
+                format!(
+                    " (neither a program nor a script with a #! line; to run it as a shell script: trapline run -- sh {})",
+                    program.display()
+                )
+            } else {
+                String::new()
+            };
+            // Nothing ran: the empty trace made to check the path goes too.
+            let _ = std::fs::remove_file(&output);
+            return fail(code, format!("cannot run {}: {e}{hint}", program.display()));
         }
     };
     let child_pid = Pid::from_raw(child.id() as i32);

@@ -44,6 +44,46 @@ fn run_nonexistent_command() {
     assert_eq!(dir.other_traces().len(), 0);
 }
 
+/// A directory, and an executable file that is neither a program nor a
+/// script with a #! line (a shell would run it as a script; execve, as
+/// `env` and `trapline run` use it, refuses it): each is named, with what
+/// to do about the second, and nothing is traced.
+#[test]
+fn run_a_directory_or_a_file_without_shebang() {
+    let dir = TestDir::new("run_not_a_program");
+    let script = dir.path().join("no_shebang.sh");
+    std::fs::write(&script, "echo hi\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let target = dir.path().display().to_string();
+    let script = script.display().to_string();
+    for (program, code, message) in [
+        (
+            target.as_str(),
+            126,
+            "is a directory, not a program".to_string(),
+        ),
+        (
+            script.as_str(),
+            125,
+            format!("to run it as a shell script: trapline run -- sh {script}"),
+        ),
+    ] {
+        let mut cmd = trapline_cmd(&["run", "-o"]);
+        cmd.arg(dir.trace())
+            .args(["--", program])
+            .current_dir(dir.path());
+        let finished = output_of(cmd, "trapline run");
+        no_panic(&finished);
+        assert_eq!(finished.code(), code, "{}", finished.describe());
+        assert!(
+            finished.stderr.contains(program) && finished.stderr.contains(&message),
+            "stderr must name {program} and say: {message}\n{}",
+            finished.describe()
+        );
+        assert!(!dir.trace().exists(), "nothing ran, so no trace");
+    }
+}
+
 #[test]
 fn run_output_in_missing_directory() {
     let dir = TestDir::new("run_bad_output");
