@@ -62,6 +62,12 @@ impl AgentHeap {
     }
 }
 
+/// Whether a thread is inside the agent heap now (its lock, or the mapping
+/// registry's, is held): the reachability scan must not stop the world then.
+pub fn busy() -> bool {
+    crate::AGENT_HEAP.lock.is_locked() || REGISTRY.lock.is_locked()
+}
+
 /// Size class of a layout, or None for a large (directly mapped) block.
 fn class(layout: Layout) -> Option<usize> {
     let size = layout.size().max(layout.align()).max(1 << MIN_SHIFT);

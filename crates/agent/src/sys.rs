@@ -431,6 +431,11 @@ impl SpinLock {
     pub fn reset(&self) {
         self.state.store(0, Ordering::Relaxed);
     }
+
+    /// Whether some thread holds the lock now.
+    pub fn is_locked(&self) -> bool {
+        self.state.load(Ordering::Acquire) != 0
+    }
 }
 
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: i32 = 1 << 3;

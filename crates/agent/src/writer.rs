@@ -450,7 +450,10 @@ const SWEEP_EVERY_NS: u64 = 200_000_000;
 static PERIODIC: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
 extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
-    // First thing: this thread's own allocations (TLS setup) must never be recorded.
+    // Before anything allocates: a scan from here on leaves this thread
+    // running (one that stopped it inside the agent heap had to wait for it).
+    crate::scan::note_agent_thread();
+    // Then: this thread's own allocations (TLS setup) must never be recorded.
     crate::thread::mark_agent_thread();
     // SAFETY: naming our own thread; the name fits in 16 bytes.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-writer".as_ptr()) };

@@ -256,6 +256,11 @@ fn merge(ranges: &mut Vec<(u64, u64)>) {
     ranges.truncate(w);
 }
 
+/// Times the world is let go and stopped again when a stopped thread was
+/// inside the agent heap (after that the scan goes on: a thread that holds
+/// the heap's lock across a hundred stops is not one the scan stopped).
+const HEAP_BUSY_RETRIES: u32 = 100;
+
 fn run_locked(trigger: ScanTrigger) -> Outcome {
     let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
     let time = crate::clock::precise_now();
@@ -320,9 +325,23 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
     let exit_tid = EXIT_TID.load(Ordering::Acquire);
     let mut stack_starts = Vec::with_capacity(scratch.capacity() + 1);
 
-    // 3. Stop the world.
+    // 3. Stop the world, with nobody inside the agent heap: a thread
+    // stopped while it holds the heap's lock (or its mapping registry's)
+    // would make the scan's first free (or `mappings_into`) wait for ever.
+    // A short-lived process hung that way when its exit scan stopped the
+    // writer thread in its first allocation. Then the threads are let go
+    // and stopped again a millisecond later.
     let prepared = crate::clock::precise_now();
-    let world = world::stop(scratch, &agent_tids);
+    let mut world = world::stop(scratch, &agent_tids);
+    for _ in 0..HEAP_BUSY_RETRIES {
+        if !crate::heap::busy() {
+            break;
+        }
+        world::resume(&world);
+        drop(world);
+        sys::sleep_ns(1_000_000);
+        world = world::stop(world::Scratch::new(), &agent_tids);
+    }
     let stopped = crate::clock::precise_now();
 
     // 4. Roots and marking. No allocation from here to `resume`.

@@ -10,8 +10,9 @@
 //! counted as not suspended: its stack is then scanned as it is, without its
 //! registers, and the report says false leaks are possible.
 //!
-//! Nothing here allocates once `stop` has started signalling: a stopped thread
-//! may hold the agent heap's lock.
+//! Nothing here allocates or frees once `stop` has started signalling: a
+//! stopped thread may hold the agent heap's lock (the scratch lists go with
+//! the `World`, freed after `resume`).
 
 use crate::sys;
 use core::ffi::c_int;
@@ -65,6 +66,12 @@ pub struct World {
     pub parked: Vec<Parked>,
     /// Table slots to clear when the threads are released.
     used: Vec<u32>,
+    /// The scratch lists, freed with the world after `resume`: freeing them
+    /// in `stop` took the agent heap's lock while a parked thread could
+    /// hold it (the writer, parked in its first allocation when a
+    /// short-lived process's exit scan came before the writer had noted
+    /// itself as the agent's: the process hung).
+    _scratch: (Vec<u8>, Vec<u32>),
     /// Threads of the process seen, the scanning thread included.
     pub threads: u32,
     pub not_suspended: u32,
@@ -240,6 +247,7 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
     let mut world = World {
         parked: Vec::new(),
         used: Vec::new(),
+        _scratch: (Vec::new(), Vec::new()),
         threads: 1,
         not_suspended: 0,
     };
@@ -352,6 +360,7 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
     world.threads = (tids.len() - ended).max(1) as u32;
     world.parked = parked;
     world.used = used;
+    world._scratch = (dirents, tids);
     world
 }
 
