@@ -167,10 +167,56 @@ pub fn mapping_count() -> usize {
 pub fn map(len: usize) -> *mut u8 {
     let p = map_own(len);
     if p.is_null() {
+        MAPPINGS_REFUSED.store(true, Ordering::Relaxed);
         reserve_take(len)
     } else {
+        MAPPINGS_REFUSED.store(false, Ordering::Relaxed);
         p
     }
+}
+
+/// The last mapping the agent asked for was refused (the process is at its
+/// limit of mappings, or out of address space): its memory came from the
+/// reserve.
+static MAPPINGS_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Reserve kept back from new threads, for the tables and caches of the
+/// threads that run.
+const RESERVE_KEPT: usize = 8 << 20;
+/// What a new thread's agent state takes (two captures with their id
+/// caches, a buffer, the rest), promised out of the reserve when a thread
+/// is let start while mappings are refused.
+const THREAD_STATE: usize = 512 << 10;
+/// Reserve bytes promised to threads let start while mappings were refused
+/// (never given back: an overestimate, on the safe side).
+static PROMISED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a new thread's agent state can still be had: the process can
+/// make mappings, or the reserve holds enough. Without this, a program
+/// whose threads start threads without end reached the limit of mappings,
+/// each new thread's state came from the reserve, and once that was gone
+/// the agent's next allocation failed and aborted the program. Now its
+/// `pthread_create` fails with `EAGAIN` a little before the kernel's
+/// limit would have made it fail natively.
+///
+/// Each thread let start then is promised its share of the reserve first:
+/// a program with thousands of threads starting threads at once let them
+/// all through one check before any took its memory.
+pub fn room_for_a_thread() -> bool {
+    if !MAPPINGS_REFUSED.load(Ordering::Relaxed) {
+        return true;
+    }
+    let start = RESERVE_START.load(Ordering::Acquire);
+    if start == 0 {
+        return false;
+    }
+    let limit = start + RESERVE_LEN - RESERVE_KEPT;
+    PROMISED
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |promised| {
+            let used = RESERVE_NEXT.load(Ordering::Relaxed);
+            (used + promised + THREAD_STATE <= limit).then_some(promised + THREAD_STATE)
+        })
+        .is_ok()
 }
 
 /// A mapping of its own, or null: for memory whose protection changes (a

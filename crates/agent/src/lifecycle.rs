@@ -739,6 +739,19 @@ fn wait_for_other_finish() {
     });
 }
 
+/// From the `pthread_create` hook: while another thread finishes the trace
+/// (for an exit or an exec, after every exit handler of the program),
+/// threads that would start more threads wait until the trace is written.
+/// Natively the process is in `exit_group` by then and they are gone; under
+/// the agent they went on during the finish (its scan, its flush), and a
+/// program whose threads start threads in a loop grew to thousands of them
+/// there, until the agent's memory ran out and the process aborted.
+pub fn wait_while_another_finishes() {
+    if FINISHING.load(Ordering::Acquire) {
+        wait_for_other_finish();
+    }
+}
+
 /// Waits, at most `OTHER_FINISH_WAIT_NS`, while `still` holds and the
 /// trace is not yet written to its end record. Sleeps of 1 ms, which
 /// signals interrupt: the exit scan parks a waiting thread like any other.

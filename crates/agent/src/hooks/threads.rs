@@ -74,9 +74,14 @@ pub unsafe extern "C" fn pthread_create(
 ) -> libc::c_int {
     let regs = start_regs();
     let real = real_pthread_create();
+    crate::lifecycle::wait_while_another_finishes();
     if crate::thread::FINISHED.load(Ordering::Acquire) {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { real(thread, attr, routine, arg) };
+    }
+    if !crate::heap::room_for_a_thread() {
+        // What the C library answers when it cannot map a thread's stack.
+        return libc::EAGAIN;
     }
     let create_id = threads::on_create(regs);
     let start = Box::into_raw(Box::new(Start {
