@@ -7,7 +7,7 @@ use crate::thread::{self, FINISHED};
 use crate::writer::{self, Buffer};
 use crate::{clock, live, modules, stacks, untracked};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use trapline_trace::{EndCounters, Event, ExitKind, ProcessInfo, SnapshotKind};
 
 /// Environment variables shared with `trapline run` (documented in docs/design.md).
@@ -52,10 +52,9 @@ struct Config {
     agent_path: String,
 }
 static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
-/// The header's allocator facts (`header_buffer`): the module of the
-/// executable's own allocator, and the library malloc's calls go to.
-static ALLOCATOR_FACTS: std::sync::OnceLock<(Option<String>, Option<String>)> =
-    std::sync::OnceLock::new();
+/// The module of the executable's own allocator, for every trace header of
+/// this image (`header_buffer`).
+static SHADOWING_ALLOCATOR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 fn env(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
@@ -66,15 +65,10 @@ fn own_path() -> String {
     // SAFETY: Dl_info is plain pointers and integers; all zero is valid.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
     // SAFETY: dladdr fills `info` for an address inside this library.
-    if unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) } != 0
-        && !info.dli_fname.is_null()
-    {
-        // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
-        return unsafe { CStr::from_ptr(info.dli_fname) }
-            .to_string_lossy()
-            .into_owned();
+    if unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) } == 0 {
+        return String::new();
     }
-    String::new()
+    sys::loader_path(info.dli_fname)
 }
 
 /// Most bytes of the command line the process record keeps: the record
@@ -133,12 +127,13 @@ fn header_buffer() -> Box<Buffer> {
         writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
     }
     let no_release_stacks = !record::RELEASE_STACKS.load(Ordering::Relaxed);
-    // The same for every trace of this image, a fork child's included; and
-    // dladdr's search through a module's symbols cost a fork child about
-    // 50 microseconds, so they are worked out once.
-    let (allocator_shadowed_by, allocator_library) = ALLOCATOR_FACTS
-        .get_or_init(|| (shadowing_allocator(&exe), crate::next_alloc::library()))
+    // The same for every trace of this image, a fork child's included;
+    // dladdr's search through a module's symbols costs tens of microseconds,
+    // so it is done once (`next_alloc` keeps the library it found).
+    let allocator_shadowed_by = SHADOWING_ALLOCATOR
+        .get_or_init(|| shadowing_allocator(&exe))
         .clone();
+    let allocator_library = crate::next_alloc::library();
     if no_release_stacks || allocator_shadowed_by.is_some() || allocator_library.is_some() {
         let recording = Event::Recording {
             no_release_stacks,
@@ -174,14 +169,7 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
         else {
             continue;
         };
-        let path = if info.dli_fname.is_null() {
-            String::new()
-        } else {
-            // SAFETY: a NUL-terminated path owned by the loader.
-            unsafe { core::ffi::CStr::from_ptr(info.dli_fname) }
-                .to_string_lossy()
-                .into_owned()
-        };
+        let path = sys::loader_path(info.dli_fname);
         // The main program's name is empty, or what it was started as.
         let same_file = std::fs::canonicalize(&path)
             .map(|p| p.to_string_lossy() == exe)

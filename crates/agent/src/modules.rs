@@ -199,14 +199,7 @@ unsafe extern "C" fn collect(
 ) -> i32 {
     // SAFETY: dl_iterate_phdr passes a valid info; `data` is the Vec we passed.
     let (info, out) = unsafe { (&*info, &mut *(data as *mut Vec<Scanned>)) };
-    let name = if info.dlpi_name.is_null() {
-        String::new()
-    } else {
-        // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-        unsafe { core::ffi::CStr::from_ptr(info.dlpi_name) }
-            .to_string_lossy()
-            .into_owned()
-    };
+    let name = crate::sys::loader_path(info.dlpi_name);
     let bias = info.dlpi_addr;
     let mut segments = Vec::new();
     let mut build_id = Vec::new();

@@ -104,7 +104,8 @@ pub fn resolve() {
         next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
     }
     let malloc = NEXT[MALLOC].load(Ordering::Relaxed);
-    if library_of(malloc).is_some() {
+    let library = library_of(malloc);
+    if library.is_some() {
         for (next, name) in jemalloc {
             next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
         }
@@ -112,6 +113,7 @@ pub fn resolve() {
     } else {
         crate::allocator_maps::set_allocator(None);
     }
+    let _ = LIBRARY.set(library);
     // A failed lookup (C23's free_sized before glibc 2.41) leaves its
     // message for the program's next dlerror(): take it.
     // SAFETY: dlerror only reads and frees this thread's error state.
@@ -126,6 +128,9 @@ pub fn resolve() {
 /// The thread inside `resolve` that claimed it, or 0.
 static RESOLVER: AtomicUsize = AtomicUsize::new(0);
 static RESOLVED: AtomicBool = AtomicBool::new(false);
+/// `library_of` the resolved `malloc`, as `resolve` found it (a fork child
+/// inherits it).
+static LIBRARY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 /// The next definition of function `i`, or 0 when there is none (or while
 /// this thread is looking it up).
@@ -443,16 +448,6 @@ fn module_of(addr: usize) -> Option<(usize, String)> {
     if addr == 0 {
         return None;
     }
-    let path_of = |name: *const core::ffi::c_char| {
-        if name.is_null() {
-            String::new()
-        } else {
-            // SAFETY: a NUL-terminated path owned by the loader.
-            unsafe { CStr::from_ptr(name) }
-                .to_string_lossy()
-                .into_owned()
-        }
-    };
     // `_dl_find_object` looks the address up in a sorted table; `dladdr`
     // also searches the module's symbols for the nearest one, which took
     // about 70 microseconds per call in the C library, twice per process
@@ -470,7 +465,10 @@ fn module_of(addr: usize) -> Option<(usize, String)> {
         }
         // SAFETY: a loaded module's link map, which starts with these fields.
         let head = unsafe { &*(found.link_map as *const LinkMapHead) };
-        return Some((found.link_map as usize, path_of(head.l_name)));
+        return Some((
+            found.link_map as usize,
+            crate::sys::loader_path(head.l_name),
+        ));
     }
     // SAFETY: Dl_info is plain data (pointers and integers): all zeroes is valid.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
@@ -478,7 +476,10 @@ fn module_of(addr: usize) -> Option<(usize, String)> {
     if unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
         return None;
     }
-    Some((info.dli_fbase as usize, path_of(info.dli_fname)))
+    Some((
+        info.dli_fbase as usize,
+        crate::sys::loader_path(info.dli_fname),
+    ))
 }
 
 /// The path of the shared library whose `malloc` the calls go to, when it is
@@ -486,7 +487,10 @@ fn module_of(addr: usize) -> Option<(usize, String)> {
 /// `gnu_get_libc_version`, which only glibc defines). For the trace: blocks
 /// that library releases through its own functions are not seen.
 pub fn library() -> Option<String> {
-    library_of(next(MALLOC))
+    match LIBRARY.get() {
+        Some(library) => library.clone(),
+        None => library_of(next(MALLOC)),
+    }
 }
 
 /// The path of the module holding `malloc`, unless it is the C library.

@@ -366,6 +366,18 @@ pub const FAULT_SIGNALS: [core::ffi::c_int; 6] = [
     libc::SIGSYS,
 ];
 
+/// A path the dynamic loader owns (a module's name from `dladdr`,
+/// `dl_iterate_phdr` or a link map), copied; "" for none (null).
+pub fn loader_path(name: *const core::ffi::c_char) -> String {
+    if name.is_null() {
+        return String::new();
+    }
+    // SAFETY: a NUL-terminated string owned by the loader, copied at once.
+    unsafe { core::ffi::CStr::from_ptr(name) }
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Any definition of `name` in the process (RTLD_DEFAULT), or 0.
 pub fn any_symbol(name: &core::ffi::CStr) -> usize {
     // SAFETY: as above.

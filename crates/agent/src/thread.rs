@@ -118,28 +118,30 @@ static SPARE_POOL: SparePool = SparePool {
 /// as it was, and `reset_in_child` frees it).
 const SPARE_LOCK_SPINS: u32 = 1000;
 
-fn take_spare() -> Option<Spare> {
+/// Runs `f` on the pool's slots, or nothing if its lock is busy.
+fn with_spares<R>(f: impl FnOnce(&mut [Option<Spare>; SPARES]) -> R) -> Option<R> {
     if !SPARE_POOL.lock.try_lock_for(SPARE_LOCK_SPINS) {
         return None;
     }
     // SAFETY: guarded by the pool lock.
-    let slots = unsafe { &mut *SPARE_POOL.slots.get() };
-    let spare = slots.iter_mut().find_map(Option::take);
+    let r = f(unsafe { &mut *SPARE_POOL.slots.get() });
     SPARE_POOL.lock.unlock();
-    spare
+    Some(r)
 }
 
-/// Keeps `spare` for a later thread; dropped (unmapped) if the pool is full.
+fn take_spare() -> Option<Spare> {
+    with_spares(|slots| slots.iter_mut().find_map(Option::take)).flatten()
+}
+
+/// Keeps `spare` for a later thread; dropped (unmapped), outside the lock,
+/// if the pool is full or busy.
 fn keep_spare(spare: Spare) {
     let mut spare = Some(spare);
-    if SPARE_POOL.lock.try_lock_for(SPARE_LOCK_SPINS) {
-        // SAFETY: guarded by the pool lock.
-        let slots = unsafe { &mut *SPARE_POOL.slots.get() };
+    with_spares(|slots| {
         if let Some(slot) = slots.iter_mut().find(|s| s.is_none()) {
             *slot = spare.take();
         }
-        SPARE_POOL.lock.unlock();
-    }
+    });
     drop(spare);
 }
 

@@ -78,9 +78,7 @@ unsafe extern "C-unwind" fn main_returning(
     let main: Main = unsafe { core::mem::transmute(PROGRAM_MAIN.load(Ordering::Relaxed)) };
     // SAFETY: the program's main with the arguments glibc gives it.
     let status = unsafe { main(argc, argv, envp) };
-    if crate::lifecycle::owns_process() {
-        crate::lifecycle::finish_if_handlers_gone(status);
-    }
+    crate::lifecycle::finish_if_handlers_gone(status);
     status
 }
 
