@@ -429,25 +429,31 @@ fn scans_so_far(dir: &TestDir) -> u64 {
         .unwrap_or(0)
 }
 
+/// Runs `program` with `--scan-every 0.05`; it waits on stdin, which gets
+/// a byte once the trace holds `scans` complete scans.
+fn run_until_scans(dir: &TestDir, program: &str, scans: u64) -> Finished {
+    let prog = compile_c(dir, program);
+    let mut cmd = isolated(run_command(dir, &["--scan-every", "0.05"], &prog, &[]));
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start trapline run");
+    while scans_so_far(dir) < scans {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"x").unwrap();
+    drop(stdin);
+    finish(child, "trapline run")
+}
+
 /// Every periodic scan stops the same thread again (each scan empties the
 /// slots of the thread table it filled, for the next): every snapshot finds
 /// the thread stopped and the block it holds on its stack reachable.
 #[test]
 fn periodic_scans_stop_a_thread_every_time() {
     let dir = TestDir::new("reach_periodic_stack");
-    let prog = compile_c(&dir, "reach_periodic_stack.c");
-    let mut cmd = isolated(run_command(&dir, &["--scan-every", "0.05"], &prog, &[]));
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start trapline run");
-    while scans_so_far(&dir) < 3 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"x").unwrap();
-    drop(stdin);
-    let run = finish(child, "trapline run");
+    let run = run_until_scans(&dir, "reach_periodic_stack.c", 3);
     assert_eq!(run.code(), 0, "{}", run.describe());
     for k in 1..=3 {
         let snapshot = leaks_with(
@@ -469,20 +475,8 @@ fn periodic_scans_stop_a_thread_every_time() {
 #[test]
 fn periodic_scans_snapshots_and_history() {
     let dir = TestDir::new("reach_periodic");
-    let prog = compile_c(&dir, "reach_periodic.c");
-    let mut cmd = isolated(run_command(&dir, &["--scan-every", "0.05"], &prog, &[]));
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start trapline run");
     // The program waits on stdin until two periodic scans are in the trace.
-    while scans_so_far(&dir) < 2 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"x").unwrap();
-    drop(stdin);
-    let run = finish(child, "trapline run");
+    let run = run_until_scans(&dir, "reach_periodic.c", 2);
     assert_eq!(run.code(), 0, "{}", run.describe());
 
     let last = leaks(&dir.trace());

@@ -164,32 +164,24 @@ fn threads_started_one_after_another_record_their_own_stacks() {
     assert_complete(&report);
     let source = "thread_churn.c";
     let line = |marker| marker_line(source, marker);
-    let even = record_with_function(&report, "leak_even");
-    assert_eq!(
-        (as_u64(even, "bytes"), as_u64(even, "blocks")),
-        (150 * 16, 150)
-    );
-    assert_stack_top(
-        stack_of(even, "stack"),
-        &[
-            ("leak_even", source, line("LEAK-EVEN")),
-            ("worker", source, line("CALL-EVEN")),
-        ],
-        "leak_even",
-    );
-    let odd = record_with_function(&report, "leak_odd");
-    assert_eq!(
-        (as_u64(odd, "bytes"), as_u64(odd, "blocks")),
-        (150 * 32, 150)
-    );
-    assert_stack_top(
-        stack_of(odd, "stack"),
-        &[
-            ("leak_odd", source, line("LEAK-ODD")),
-            ("worker", source, line("CALL-ODD")),
-        ],
-        "leak_odd",
-    );
+    for (function, size, leak, call) in [
+        ("leak_even", 16, "LEAK-EVEN", "CALL-EVEN"),
+        ("leak_odd", 32, "LEAK-ODD", "CALL-ODD"),
+    ] {
+        let record = record_with_function(&report, function);
+        assert_eq!(
+            (as_u64(record, "bytes"), as_u64(record, "blocks")),
+            (150 * size, 150)
+        );
+        assert_stack_top(
+            stack_of(record, "stack"),
+            &[
+                (function, source, line(leak)),
+                ("worker", source, line(call)),
+            ],
+            function,
+        );
+    }
     assert_eq!(records(&report).len(), 2, "{}", pretty(&report));
     let threads = read_lifecycle(&dir.trace());
     assert_eq!(threads.starts.len(), 300);
