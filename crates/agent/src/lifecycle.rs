@@ -18,6 +18,9 @@ pub const ENV_PASS_INVALID: &str = "TRAPLINE_PASS_INVALID";
 pub const ENV_FREERES: &str = "TRAPLINE_FREERES";
 pub const ENV_RELEASE_STACKS: &str = "TRAPLINE_RELEASE_STACKS";
 pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
+/// `1`: `trapline run` was started with SIGPIPE ignored, which the program
+/// would have inherited natively (Rust's `Command` resets it).
+pub const ENV_IGNORE_SIGPIPE: &str = "TRAPLINE_IGNORE_SIGPIPE";
 
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -275,7 +278,13 @@ pub fn init() {
         env(ENV_PASS_INVALID).as_deref() == Some("1"),
         Ordering::Relaxed,
     );
-    remove_from_environment(b"TRAPLINE_ROLE");
+    remove_from_environment(ENV_ROLE.as_bytes());
+    if env(ENV_IGNORE_SIGPIPE).as_deref() == Some("1") {
+        // Before the fatal-signal handlers go in (they are installed only
+        // where the disposition is SIG_DFL), and before the program runs.
+        crate::hooks::signals::ignore_inherited(libc::SIGPIPE);
+    }
+    remove_from_environment(ENV_IGNORE_SIGPIPE.as_bytes());
     if !follow {
         remove_self_from_preload();
     }

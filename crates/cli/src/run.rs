@@ -403,6 +403,14 @@ pub fn main(args: RunArgs) -> ExitCode {
         Some(hz) => cmd.env("TRAPLINE_PROFILE", hz.to_string()),
         None => cmd.env_remove("TRAPLINE_PROFILE"),
     };
+    // An inherited SIG_IGN for SIGPIPE reaches the command through the
+    // agent, since Rust's runtime and Command lose it (csrc/inherited_sigpipe.c).
+    cmd.env_remove(INHERITED_SIGPIPE);
+    if std::env::var_os(INHERITED_SIGPIPE).is_some_and(|v| v == "ignored") {
+        cmd.env("TRAPLINE_IGNORE_SIGPIPE", "1");
+    } else {
+        cmd.env_remove("TRAPLINE_IGNORE_SIGPIPE");
+    }
 
     // While the command runs, signals meant for it must not kill trapline
     // first: a terminal's SIGINT/SIGQUIT reach the whole process group anyway;
@@ -858,10 +866,14 @@ fn summarize_others(
 const STILL_RUNNING: &str =
     "still running: it outlived the command, and its trace grows until it ends";
 
+/// Set before `main` by the C constructor of `csrc/inherited_sigpipe.c`:
+/// "ignored" when trapline was started with SIGPIPE ignored.
+const INHERITED_SIGPIPE: &str = "TRAPLINE_INHERITED_SIGPIPE";
+
 /// The signals this process ignores (bit N-1 for signal N), from
 /// `/proc/self/status`: what it inherited, except SIGPIPE, which Rust's
 /// runtime ignores before `main` (and resets to the default for the
-/// command it spawns).
+/// command it spawns; `INHERITED_SIGPIPE` says what it was).
 fn ignored_signals() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

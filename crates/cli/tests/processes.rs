@@ -1107,48 +1107,57 @@ fn an_exit_from_a_signal_handler_that_interrupted_the_agent_finishes() {
     }
 }
 
-/// dispositions.c started by a shell that ignores SIGHUP and SIGINT (as
-/// `nohup` and a script's background job do): the traced program finds
-/// them ignored, as natively. trapline's own handlers for the signals it
-/// forwards or swallows replaced SIG_IGN, so the program found SIG_DFL and
-/// `nohup trapline run -- server` died of the SIGHUP it should survive.
-/// A signal blocked when trapline starts is blocked in the command too.
+/// dispositions.c started by a shell that ignores SIGHUP, SIGINT and
+/// SIGPIPE (as `nohup`, a script's background job and systemd's services
+/// do), and by one that ignores only SIGHUP: the traced program finds them
+/// as natively. trapline's own handlers for the signals it forwards or
+/// swallows replaced SIG_IGN, so the program found SIG_DFL and `nohup
+/// trapline run -- server` died of the SIGHUP it should survive; SIGPIPE,
+/// which Rust's runtime sets and its `Command` resets, reached the program
+/// as SIG_DFL, and a server would die of a write to a closed socket. A
+/// signal blocked when trapline starts is blocked in the command too.
 #[test]
 fn signals_ignored_when_trapline_starts_stay_ignored_in_the_command() {
     let dir = TestDir::new("dispositions");
     let prog = compile_c(&dir, "dispositions.c");
     let p = prog.display();
-    let native = output_of(
-        {
-            let mut cmd = std::process::Command::new("/bin/sh");
-            cmd.arg("-c")
-                .arg(format!("trap '' HUP INT; exec {p} block-exec {p}"));
-            cmd
-        },
-        "native",
-    );
-    assert_eq!(native.code(), 0, "{}", native.describe());
-    assert!(
-        native.stdout.contains("HUP ignored\nINT ignored\n")
-            && native.stdout.ends_with("USR1 blocked\n"),
-        "{}",
-        native.describe()
-    );
-    let traced = output_of(
-        {
-            let mut cmd = std::process::Command::new("/bin/sh");
-            cmd.arg("-c").arg(format!(
-                "trap '' HUP INT; exec {p} block-exec {} run -q -o {} -- {p}",
-                trapline().display(),
-                dir.trace().display(),
-            ));
-            cmd.env("TRAPLINE_AGENT", agent());
-            cmd
-        },
-        "traced",
-    );
-    assert_eq!(traced.code(), 0, "{}", traced.describe());
-    assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+    for (ignored, expected) in [
+        (
+            "HUP INT PIPE",
+            "HUP ignored\nINT ignored\nQUIT default\nTERM default\nPIPE ignored\n",
+        ),
+        (
+            "HUP",
+            "HUP ignored\nINT default\nQUIT default\nTERM default\nPIPE default\n",
+        ),
+    ] {
+        let native = output_of(
+            {
+                let mut cmd = std::process::Command::new("/bin/sh");
+                cmd.arg("-c")
+                    .arg(format!("trap '' {ignored}; exec {p} block-exec {p}"));
+                cmd
+            },
+            "native",
+        );
+        assert_eq!(native.code(), 0, "{}", native.describe());
+        assert_eq!(native.stdout, format!("{expected}USR1 blocked\n"));
+        let traced = output_of(
+            {
+                let mut cmd = std::process::Command::new("/bin/sh");
+                cmd.arg("-c").arg(format!(
+                    "trap '' {ignored}; exec {p} block-exec {} run -q -o {} -- {p}",
+                    trapline().display(),
+                    dir.trace().display(),
+                ));
+                cmd.env("TRAPLINE_AGENT", agent());
+                cmd
+            },
+            "traced",
+        );
+        assert_eq!(traced.code(), 0, "{}", traced.describe());
+        assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+    }
 }
 
 /// spawn_many.c: 1,000 fork+exec pairs of /bin/true, 2,000 traced images

@@ -134,22 +134,29 @@ fn env_with_agent(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*c
     }
     let add = lifecycle::exec_env_additions(&view);
     // LD_PRELOAD replaces an existing entry; others are appended. The top
-    // role is never passed on: only `trapline run` gives it (a program may
-    // still hold it in a copy of its environment taken before the agent's
-    // constructor removed it).
+    // role (and the inherited SIGPIPE) is never passed on: only `trapline
+    // run` gives it (a program may still hold it in a copy of its
+    // environment taken before the agent's constructor removed it).
     let mut out: Vec<*const c_char> = entries
         .into_iter()
         .zip(view.iter())
         .filter(|(_, v)| {
             let replaced = v.starts_with(b"LD_PRELOAD=")
                 && add.iter().any(|a| a.as_bytes().starts_with(b"LD_PRELOAD="));
-            !replaced && !v.starts_with(b"TRAPLINE_ROLE=")
+            !replaced && !is_for_the_top_image(v)
         })
         .map(|(e, _)| e)
         .collect();
     out.extend(add.iter().map(|a| a.as_ptr()));
     out.push(core::ptr::null());
     (add, out)
+}
+
+/// Variables `trapline run` gives the top process's first image alone.
+fn is_for_the_top_image(entry: &[u8]) -> bool {
+    [lifecycle::ENV_ROLE, lifecycle::ENV_IGNORE_SIGPIPE]
+        .iter()
+        .any(|name| entry.starts_with(name.as_bytes()) && entry.get(name.len()) == Some(&b'='))
 }
 
 fn before_exec() -> bool {

@@ -147,6 +147,17 @@ fn install_ours(sig: c_int) {
 }
 
 /// Installs the agent's handler for every terminating signal left at SIG_DFL.
+/// Sets `sig` to SIG_IGN, as the program would have inherited it natively
+/// (the constructor, before `install`; section 10 of docs/design.md).
+pub fn ignore_inherited(sig: c_int) {
+    // SAFETY: a zeroed sigaction with SIG_IGN and an empty mask is valid.
+    unsafe {
+        let mut ignore: libc::sigaction = core::mem::zeroed();
+        ignore.sa_sigaction = libc::SIG_IGN;
+        real_sigaction()(sig, &ignore, core::ptr::null_mut());
+    }
+}
+
 pub fn install() {
     for sig in watched() {
         if crate::profile::is_sampling_signal(sig) {
