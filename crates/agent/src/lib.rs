@@ -51,5 +51,35 @@ static INIT: extern "C" fn() = constructor;
 // (`cpuid`, a trap to the hypervisor in a VM) cost every process image about
 // 0.1 ms. The agent's version script keeps these symbols local, so the
 // program's own C++ runtime still unwinds with its `libgcc_s`.
+//
+// Two unwinders then live in a process that uses C++: the program's and the
+// agent's copy, and an exception the program throws through an agent frame
+// that has something to clean up (a drop guard) is driven by the first while
+// Rust's personality routine and the landing pad's `_Unwind_Resume` reach
+// the second. The two share the context layout, but `_Unwind_SetGR` reads a
+// table of register sizes each copy fills the first time it unwinds, and the
+// agent's copy had never unwound: it asserted and aborted the program
+// (`alloc_failures.cpp`'s throwing new-handler). `prepare_unwinder` makes
+// the agent's copy fill it at start.
+use core::ffi::{c_int, c_void};
+
 #[link(name = "gcc_eh", kind = "static")]
-extern "C" {}
+extern "C" {
+    fn _Unwind_Backtrace(
+        trace: extern "C" fn(context: *mut c_void, arg: *mut c_void) -> c_int,
+        arg: *mut c_void,
+    ) -> c_int;
+}
+
+/// Stops a backtrace at its first frame (any value but `_URC_NO_REASON`).
+extern "C" fn stop_at_first_frame(_context: *mut c_void, _arg: *mut c_void) -> c_int {
+    1
+}
+
+/// Has the agent's unwinder set itself up (its register-size table), by
+/// starting a backtrace and stopping it at once: a few microseconds, once
+/// per process.
+pub(crate) fn prepare_unwinder() {
+    // SAFETY: a backtrace of this thread with a callback that reads nothing.
+    unsafe { _Unwind_Backtrace(stop_at_first_frame, core::ptr::null_mut()) };
+}

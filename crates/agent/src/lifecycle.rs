@@ -253,6 +253,7 @@ pub fn init() {
         return;
     }
     crate::heap::set_aside_reserve();
+    crate::prepare_unwinder();
     set_fork_token();
     let ts = thread::current();
     ts.guard += 1;

@@ -536,13 +536,15 @@ fn a_double_free_far_apart_in_a_small_heap_is_still_one() {
 /// alloc_failures.cpp: failed allocation calls are recorded where they
 /// happen (they used to leave no trace at all). `stats` counts them per
 /// function, apart from the calls that succeeded; `leaks` lists them by
-/// stack, with the sizes asked for.
+/// stack, with the sizes asked for. A new-handler that throws ends its call
+/// too (its exception passes a drop guard in the hook, which aborted the
+/// program until the agent's own unwinder was prepared at start).
 #[test]
 fn failed_allocations_are_recorded_with_their_stacks() {
     let dir = TestDir::new("alloc_failures");
     let prog = compile_cpp(&dir, "alloc_failures.cpp");
-    let expected_out =
-        "posix_memalign: 22\ncalloc failed\nbad_alloc\nnothrow new failed\nrealloc failed\n";
+    let expected_out = "posix_memalign: 22\ncalloc failed\nbad_alloc\nnothrow new failed\n\
+                        the new-handler threw\nrealloc failed\n";
     let report = record_whole(&dir, &[], &prog, &[], expected_out);
     assert!(report["errors"].as_array().is_some_and(|e| e.is_empty()));
     // The run's summary (from the agent's own totals) says so too, and so
@@ -550,7 +552,7 @@ fn failed_allocations_are_recorded_with_their_stacks() {
     let run = run(&dir, &[], &prog, &[]);
     assert!(
         run.stderr
-            .contains("==trapline== failed allocation calls: 8 "),
+            .contains("==trapline== failed allocation calls: 9 "),
         "{}",
         run.describe()
     );
@@ -595,6 +597,13 @@ fn failed_allocations_are_recorded_with_their_stacks() {
             0,
             "NOTHROW-NEW",
         ),
+        (
+            "operator new[](unsigned long)",
+            1,
+            (u64::MAX / 4, u64::MAX / 4),
+            0,
+            "HANDLER-NEW",
+        ),
         ("realloc", 1, (half, half), 0, "HUGE-REALLOC"),
     ]
     .into_iter()
@@ -625,14 +634,14 @@ fn failed_allocations_are_recorded_with_their_stacks() {
             ("calloc".to_owned(), 1),
             ("realloc".to_owned(), 1),
             ("posix_memalign".to_owned(), 1),
-            ("operator new[](unsigned long)".to_owned(), 1),
+            ("operator new[](unsigned long)".to_owned(), 2),
             (
                 "operator new[](unsigned long, std::nothrow_t const&)".to_owned(),
                 1
             ),
         ]
     );
-    assert_eq!(stats["failed_allocations"], 8);
+    assert_eq!(stats["failed_allocations"], 9);
     // The agent's own totals count successful calls only, as the replay does.
     assert_eq!(
         stats["agent_totals_match"],
@@ -646,12 +655,12 @@ fn failed_allocations_are_recorded_with_their_stacks() {
     assert!(
         under_sh
             .stderr
-            .contains(", errors found: 0, failed allocation calls: 8, events lost: 0"),
+            .contains(", errors found: 0, failed allocation calls: 9, events lost: 0"),
         "{}",
         under_sh.describe()
     );
     assert!(
-        under_sh.stderr.contains(": 8 failed allocation calls"),
+        under_sh.stderr.contains(": 9 failed allocation calls"),
         "{}",
         under_sh.describe()
     );

@@ -495,7 +495,7 @@ pub enum Event {
     /// An allocation call that failed: it returned NULL for a request of at
     /// least one byte (`realloc` then leaves its block as it was), or
     /// `posix_memalign` returned an error, or C++'s `operator new` threw
-    /// `std::bad_alloc` (format version 7).
+    /// `std::bad_alloc`, or its new-handler threw (format version 7).
     AllocFailed {
         time: u64,
         func: AllocFn,

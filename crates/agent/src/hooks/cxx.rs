@@ -16,7 +16,8 @@ type NewHandler = Option<unsafe extern "C-unwind" fn()>;
 /// Called when glibc is out of memory. Returns normally when a new-handler ran
 /// (the caller retries); throws std::bad_alloc (through this frame, hence
 /// C-unwind) or returns false for nothrow variants, after `failed` recorded
-/// the call (not when a new-handler throws it: that is the handler's).
+/// the call. A new-handler that throws ends the call too: `failed` runs as
+/// its exception passes through this frame.
 fn out_of_memory(nothrow: bool, failed: impl FnOnce()) -> bool {
     let get = any_symbol(c"_ZSt15get_new_handlerv");
     if get != 0 {
@@ -24,8 +25,11 @@ fn out_of_memory(nothrow: bool, failed: impl FnOnce()) -> bool {
         let get: unsafe extern "C" fn() -> NewHandler = unsafe { core::mem::transmute(get) };
         // SAFETY: calling a function from libstdc++ with no arguments.
         if let Some(handler) = unsafe { get() } {
-            // SAFETY: the program's new-handler; may throw, which unwinds through us.
+            let on_throw = RecordIfUnwinding(Some(failed));
+            // SAFETY: the program's new-handler; may throw, which unwinds
+            // through us (running `on_throw`'s drop on the way).
             unsafe { handler() };
+            core::mem::forget(on_throw);
             return true;
         }
     }
@@ -42,6 +46,20 @@ fn out_of_memory(nothrow: bool, failed: impl FnOnce()) -> bool {
     }
     // SAFETY: no C++ runtime in the process to throw with: fail like an uncaught exception.
     unsafe { libc::abort() }
+}
+
+/// Records the failed call when dropped, which happens only while the
+/// new-handler's exception unwinds through `out_of_memory` (a normal return
+/// forgets it). The program's frames are still in place then (the C++
+/// runtime cleans up frames innermost first), so the stack is the call's.
+struct RecordIfUnwinding<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for RecordIfUnwinding<F> {
+    fn drop(&mut self) {
+        if let Some(failed) = self.0.take() {
+            failed();
+        }
+    }
 }
 
 #[inline(always)]
