@@ -70,6 +70,10 @@ pub struct ThreadState {
     /// The thread's alternate signal stack is the agent's side stack (the
     /// program set none): the program's `sigaltstack` queries see none.
     pub agent_altstack: bool,
+    /// A nothrow `operator new` of this thread handed its failure to the C++
+    /// runtime's own (`hooks/cxx.rs`): the function and call the inner
+    /// `operator new` records for.
+    pub delegated_new: Option<(trapline_trace::AllocFn, crate::arch::StartRegs)>,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -279,6 +283,7 @@ fn create(set_up: bool) -> *mut ThreadState {
         heap_role: crate::totals::ROLE_UNKNOWN,
         set_up: false,
         agent_altstack: false,
+        delegated_new: None,
     }));
     // The slot first: every hook the set-up below causes must find this
     // state (guard 1: nested).

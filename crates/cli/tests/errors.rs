@@ -435,6 +435,75 @@ fn failing_operator_new_still_throws_bad_alloc() {
     );
 }
 
+/// nothrow_new_handler.cpp: nothrow `operator new` returns NULL whatever the
+/// program's new-handler does. A handler that threw used to send its
+/// exception out of the nothrow operator and terminate the program (the
+/// agent now hands such a call to the C++ runtime's own nothrow operator,
+/// which catches, and records it for the program's call). Each call is one
+/// failed allocation, of the nothrow function, at the program's line.
+#[test]
+fn nothrow_new_returns_null_whatever_the_new_handler_does() {
+    let dir = TestDir::new("nothrow_new_handler");
+    let prog = compile_cpp(&dir, "nothrow_new_handler.cpp");
+    let expected_out = "new[] with a throwing handler: (nil)\n\
+                        aligned new with a throwing handler: (nil)\n\
+                        new with a handler that gives up: (nil) after 1 call\n";
+    let report = record_whole(&dir, &[], &prog, &[], expected_out);
+    assert!(report["errors"].as_array().is_some_and(|e| e.is_empty()));
+    assert_eq!(unfreed_summary(&report), (0, 0));
+    let src = "nothrow_new_handler.cpp";
+    let failures: Vec<_> = as_array(&report, "allocation_failures")
+        .iter()
+        .map(|f| {
+            let top = &stack_of(f, "stack")[0];
+            (
+                as_str(f, "function").to_owned(),
+                f["count"].as_u64().unwrap(),
+                f["min_size"].as_u64().unwrap(),
+                f["alignment"].as_u64().unwrap(),
+                top["function"].as_str().map(str::to_owned),
+                top.get("line").and_then(Value::as_u64),
+            )
+        })
+        .collect();
+    let huge = u64::MAX / 4;
+    let expected: Vec<_> = [
+        (
+            "operator new[](unsigned long, std::nothrow_t const&)",
+            0,
+            "THROWING-HANDLER",
+        ),
+        (
+            "operator new(unsigned long, std::align_val_t, std::nothrow_t const&)",
+            64,
+            "THROWING-HANDLER-ALIGNED",
+        ),
+        (
+            "operator new(unsigned long, std::nothrow_t const&)",
+            0,
+            "GIVING-UP-HANDLER",
+        ),
+    ]
+    .into_iter()
+    .map(|(function, align, marker)| {
+        (
+            function.to_owned(),
+            1,
+            huge,
+            align,
+            Some("main".to_owned()),
+            Some(marker_line(src, marker)),
+        )
+    })
+    .collect();
+    assert_eq!(
+        failures,
+        expected,
+        "{}",
+        pretty(&report["allocation_failures"])
+    );
+}
+
 /// errors.c's double free: the stack of the second free, and the allocation stack.
 fn assert_double_free_call_and_alloc_stacks(df: &Value) {
     let src = "errors.c";

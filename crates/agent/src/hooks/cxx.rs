@@ -9,6 +9,7 @@ use crate::next_alloc;
 use crate::record;
 use crate::sys::*;
 use core::ffi::c_void;
+use core::sync::atomic::{AtomicU32, Ordering};
 use trapline_trace::AllocFn;
 
 type NewHandler = Option<unsafe extern "C-unwind" fn()>;
@@ -19,19 +20,13 @@ type NewHandler = Option<unsafe extern "C-unwind" fn()>;
 /// the call. A new-handler that throws ends the call too: `failed` runs as
 /// its exception passes through this frame.
 fn out_of_memory(nothrow: bool, failed: impl FnOnce()) -> bool {
-    let get = any_symbol(c"_ZSt15get_new_handlerv");
-    if get != 0 {
-        // SAFETY: std::get_new_handler() from libstdc++.
-        let get: unsafe extern "C" fn() -> NewHandler = unsafe { core::mem::transmute(get) };
-        // SAFETY: calling a function from libstdc++ with no arguments.
-        if let Some(handler) = unsafe { get() } {
-            let on_throw = RecordIfUnwinding(Some(failed));
-            // SAFETY: the program's new-handler; may throw, which unwinds
-            // through us (running `on_throw`'s drop on the way).
-            unsafe { handler() };
-            core::mem::forget(on_throw);
-            return true;
-        }
+    if let Some(handler) = new_handler() {
+        let on_throw = RecordIfUnwinding(Some(failed));
+        // SAFETY: the program's new-handler; may throw, which unwinds
+        // through us (running `on_throw`'s drop on the way).
+        unsafe { handler() };
+        core::mem::forget(on_throw);
+        return true;
     }
     failed();
     if nothrow {
@@ -46,6 +41,81 @@ fn out_of_memory(nothrow: bool, failed: impl FnOnce()) -> bool {
     }
     // SAFETY: no C++ runtime in the process to throw with: fail like an uncaught exception.
     unsafe { libc::abort() }
+}
+
+/// The program's new-handler (`std::get_new_handler()`), if it set one.
+fn new_handler() -> NewHandler {
+    let get = any_symbol(c"_ZSt15get_new_handlerv");
+    if get == 0 {
+        return None;
+    }
+    // SAFETY: std::get_new_handler() from the C++ runtime.
+    let get: unsafe extern "C" fn() -> NewHandler = unsafe { core::mem::transmute(get) };
+    // SAFETY: calling a function of the C++ runtime with no arguments.
+    unsafe { get() }
+}
+
+/// Threads inside `delegate_nothrow`: while there are none, the operators
+/// skip the look at their thread's `delegated_new` (one load per call).
+static DELEGATING: AtomicU32 = AtomicU32::new(0);
+
+/// A nothrow `operator new` whose allocation failed while the program has a
+/// new-handler. The handler may throw, and then the nothrow operator must
+/// catch the exception and return NULL, which Rust cannot do with a C++
+/// exception. So the call goes to the C++ runtime's own nothrow operator,
+/// which calls the throwing `operator new` (our hook: the handler loop and
+/// its records run there) inside a `catch (...)`. The inner hook records
+/// for the program's call (`delegated_new`): the nothrow function, and the
+/// stack from the program's frame. `None`: no C++ runtime defines it.
+#[cold]
+fn delegate_nothrow(
+    size: usize,
+    align: usize,
+    func: AllocFn,
+    regs: StartRegs,
+) -> Option<*mut c_void> {
+    let name = match func {
+        AllocFn::NewNothrow => c"_ZnwmRKSt9nothrow_t",
+        AllocFn::NewArrayNothrow => c"_ZnamRKSt9nothrow_t",
+        AllocFn::NewAlignedNothrow => c"_ZnwmSt11align_val_tRKSt9nothrow_t",
+        AllocFn::NewArrayAlignedNothrow => c"_ZnamSt11align_val_tRKSt9nothrow_t",
+        _ => return None,
+    };
+    let real = next_symbol(name);
+    if real == 0 {
+        return None;
+    }
+    // `std::nothrow` is an empty tag: any address stands for it.
+    static NOTHROW: u8 = 0;
+    let tag: NoThrow = (&NOTHROW as *const u8).cast();
+    let ts = crate::thread::current();
+    ts.delegated_new = Some((func, regs));
+    DELEGATING.fetch_add(1, Ordering::AcqRel);
+    let p = if align == 0 {
+        // SAFETY: the C++ runtime's `operator new(size_t, nothrow_t const&)`
+        // (or its array form), which is noexcept.
+        let real: unsafe extern "C" fn(usize, NoThrow) -> *mut c_void =
+            unsafe { core::mem::transmute(real) };
+        unsafe { real(size, tag) }
+    } else {
+        // SAFETY: as above, with the alignment.
+        let real: unsafe extern "C" fn(usize, usize, NoThrow) -> *mut c_void =
+            unsafe { core::mem::transmute(real) };
+        unsafe { real(size, align, tag) }
+    };
+    DELEGATING.fetch_sub(1, Ordering::AcqRel);
+    // Unused if the program's own `operator new` got the inner call.
+    crate::thread::current().delegated_new = None;
+    Some(p)
+}
+
+/// The function and call to record for: the program's nothrow call when
+/// this is the inner call of `delegate_nothrow`.
+#[cold]
+fn delegated(func: AllocFn, regs: StartRegs) -> (AllocFn, StartRegs) {
+    crate::thread::current_if_any()
+        .and_then(|ts| ts.delegated_new.take())
+        .unwrap_or((func, regs))
 }
 
 /// Records the failed call when dropped, which happens only while the
@@ -70,6 +140,11 @@ fn new_impl(
     nothrow: bool,
     regs: crate::arch::StartRegs,
 ) -> *mut c_void {
+    let (func, regs) = if DELEGATING.load(Ordering::Relaxed) == 0 {
+        (func, regs)
+    } else {
+        delegated(func, regs)
+    };
     loop {
         let p = if align == 0 {
             next_alloc::malloc(size)
@@ -79,6 +154,11 @@ fn new_impl(
         if !p.is_null() {
             record::alloc(func, p, size, align, regs);
             return p.cast();
+        }
+        if nothrow && new_handler().is_some() {
+            if let Some(p) = delegate_nothrow(size, align, func, regs) {
+                return p;
+            }
         }
         let failed = || record::failed(func, size as u64, align as u64, regs);
         if !out_of_memory(nothrow, failed) {
