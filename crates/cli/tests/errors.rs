@@ -435,6 +435,29 @@ fn failing_operator_new_still_throws_bad_alloc() {
     );
 }
 
+/// A record of `leaks --format json`'s `allocation_failures`: function,
+/// count, (least, most bytes asked for), alignment, line of the call.
+type Failure = (String, u64, (u64, u64), u64, Option<u64>);
+
+fn failure_records(report: &Value) -> Vec<Failure> {
+    as_array(report, "allocation_failures")
+        .iter()
+        .map(|f| {
+            let top = &stack_of(f, "stack")[0];
+            (
+                as_str(f, "function").to_owned(),
+                f["count"].as_u64().unwrap(),
+                (
+                    f["min_size"].as_u64().unwrap(),
+                    f["max_size"].as_u64().unwrap(),
+                ),
+                f["alignment"].as_u64().unwrap(),
+                top.get("line").and_then(Value::as_u64),
+            )
+        })
+        .collect()
+}
+
 /// nothrow_new_handler.cpp: nothrow `operator new` returns NULL whatever the
 /// program's new-handler does. A handler that threw used to send its
 /// exception out of the nothrow operator and terminate the program (the
@@ -452,22 +475,9 @@ fn nothrow_new_returns_null_whatever_the_new_handler_does() {
     assert!(report["errors"].as_array().is_some_and(|e| e.is_empty()));
     assert_eq!(unfreed_summary(&report), (0, 0));
     let src = "nothrow_new_handler.cpp";
-    let failures: Vec<_> = as_array(&report, "allocation_failures")
-        .iter()
-        .map(|f| {
-            let top = &stack_of(f, "stack")[0];
-            (
-                as_str(f, "function").to_owned(),
-                f["count"].as_u64().unwrap(),
-                f["min_size"].as_u64().unwrap(),
-                f["alignment"].as_u64().unwrap(),
-                top["function"].as_str().map(str::to_owned),
-                top.get("line").and_then(Value::as_u64),
-            )
-        })
-        .collect();
+    let failures = failure_records(&report);
     let huge = u64::MAX / 4;
-    let expected: Vec<_> = [
+    let expected: Vec<Failure> = [
         (
             "operator new[](unsigned long, std::nothrow_t const&)",
             0,
@@ -486,14 +496,8 @@ fn nothrow_new_returns_null_whatever_the_new_handler_does() {
     ]
     .into_iter()
     .map(|(function, align, marker)| {
-        (
-            function.to_owned(),
-            1,
-            huge,
-            align,
-            Some("main".to_owned()),
-            Some(marker_line(src, marker)),
-        )
+        let line = Some(marker_line(src, marker));
+        (function.to_owned(), 1, (huge, huge), align, line)
     })
     .collect();
     assert_eq!(
@@ -630,24 +634,7 @@ fn failed_allocations_are_recorded_with_their_stacks() {
     let src = "alloc_failures.cpp";
     let m = |marker: &str| marker_line(src, marker);
     let half = u64::MAX / 2;
-    let failures: Vec<_> = as_array(&report, "allocation_failures")
-        .iter()
-        .map(|f| {
-            let top = &stack_of(f, "stack")[0];
-            (
-                as_str(f, "function").to_owned(),
-                f["count"].as_u64().unwrap(),
-                (
-                    f["min_size"].as_u64().unwrap(),
-                    f["max_size"].as_u64().unwrap(),
-                ),
-                f["alignment"].as_u64().unwrap(),
-                top.get("line").and_then(Value::as_u64),
-            )
-        })
-        .collect();
-    // (function, count, (least, most bytes), alignment, line of the call)
-    type Failure = (String, u64, (u64, u64), u64, Option<u64>);
+    let failures = failure_records(&report);
     let expected: Vec<Failure> = [
         ("malloc", 3, (half, half + 2), 0, "HUGE-MALLOC"),
         ("posix_memalign", 1, (64, 64), 3, "BAD-ALIGN"),
