@@ -444,7 +444,7 @@ struct LinkMapHead {
 /// An identity of the module that holds `addr` (its link map, or where an
 /// older C library lacks `_dl_find_object`, its load address) and its path
 /// ("" for the executable).
-fn module_of(addr: usize) -> Option<(usize, String)> {
+pub(crate) fn module_of(addr: usize) -> Option<(usize, String)> {
     if addr == 0 {
         return None;
     }

@@ -305,6 +305,38 @@ fn errors_cpp_blocks_of_a_librarys_own_operators_are_no_mismatch() {
     }
 }
 
+/// replaced_operators.cpp: a program that replaces operator new(size_t) and
+/// operator delete(void*) (to count, over malloc and free). C++'s default
+/// new[], nothrow new, sized delete, nothrow delete and delete[] call them,
+/// and do under trapline too: the agent's own forms went straight to the C
+/// library, so the program counted 2 news and no delete where it counts 4
+/// and 3 (and an arena behind the operators got an invalid free). No error;
+/// the one leak is a malloc by the program's operator new, called at LEAK.
+#[test]
+fn forms_a_program_did_not_replace_call_the_ones_it_did() {
+    let dir = TestDir::new("replaced_operators");
+    let prog = compile_cpp(&dir, "replaced_operators.cpp");
+    let report = record_whole(&dir, &[], &prog, &[], "news 4, deletes 3, leak kept\n");
+    assert_eq!(kinds(&report), Vec::<&str>::new(), "{}", pretty(&report));
+    assert_eq!(unfreed_summary(&report), (32, 1));
+    let src = "replaced_operators.cpp";
+    let records = as_array(&report, "records");
+    assert_eq!(records.len(), 1, "{}", pretty(&report));
+    assert_eq!(records[0]["kind"], json!("definitely_lost"));
+    assert_stack_top(
+        stack_of(&records[0], "stack"),
+        &[
+            (
+                "operator new(unsigned long)",
+                src,
+                marker_line(src, "NEW-MALLOC"),
+            ),
+            ("main", src, marker_line(src, "LEAK")),
+        ],
+        "the leak",
+    );
+}
+
 /// The error's stack is `caller` at marker `bad_line` of `src`, called from
 /// main at `CALL-<bad_line>`; its allocation stack starts in `caller` at
 /// marker `alloc_line`.

@@ -4,6 +4,7 @@
 //! record the block twice) and reproduces the standard's failure behaviour:
 //! call the new-handler and retry, or throw std::bad_alloc.
 
+use super::replaced_operators;
 use crate::arch::{with_caller_regs, StartRegs};
 use crate::next_alloc;
 use crate::record;
@@ -140,6 +141,9 @@ fn new_impl(
     nothrow: bool,
     regs: crate::arch::StartRegs,
 ) -> *mut c_void {
+    if replaced_operators::forwards(func) {
+        return replaced_operators::forward_new(func, size, align, nothrow);
+    }
     let (func, regs) = if DELEGATING.load(Ordering::Relaxed) == 0 {
         (func, regs)
     } else {
@@ -176,6 +180,11 @@ fn delete_impl(
     stated: record::Stated,
     regs: crate::arch::StartRegs,
 ) {
+    if replaced_operators::forwards(func) {
+        let size = stated.size.map(|s| s as usize);
+        replaced_operators::forward_delete(func, ptr, size, stated.align as usize);
+        return;
+    }
     if record::free_stating(func, ptr.cast(), stated, regs) {
         // SAFETY: live block (or bad frees passed on by request).
         unsafe { next_alloc::free(ptr.cast()) };

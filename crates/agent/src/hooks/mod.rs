@@ -8,6 +8,7 @@ pub mod exit;
 pub mod fds;
 pub mod maps;
 pub mod process;
+pub mod replaced_operators;
 pub mod sigmask;
 pub mod signals;
 pub mod sync;
