@@ -611,7 +611,8 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     }
     // The reachability scan (not from a fatal signal: it allocates and waits).
     let scan = (!signal && exit != ExitKind::Exec && crate::scan::at_exit_enabled())
-        .then(crate::scan::run_at_exit);
+        .then(crate::scan::run_at_exit)
+        .flatten();
     let time = clock::precise_now();
     out.push(
         &Event::SnapshotBegin {

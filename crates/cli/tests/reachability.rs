@@ -622,3 +622,42 @@ fn a_thread_running_on_a_heap_block_stack() {
         ((0, 0), (0, 0), (256 << 10, 1))
     );
 }
+
+/// seccomp_filter.c: a program whose seccomp filter forbids
+/// process_vm_readv, killing the process on it ("kill", systemd's
+/// `SystemCallFilter=@system-service`) or failing it ("errno", Docker's
+/// profile). The exit scan read roots with that call: the first kind died of
+/// SIGSYS at exit, the second read no roots and called every block lost.
+/// Now a filtered process reads its memory through /proc: the same verdicts
+/// as unfiltered, the global's block still reachable, the other lost.
+#[test]
+fn a_seccomp_filter_without_process_vm_readv_keeps_the_exit_scan() {
+    let dir = TestDir::new("seccomp_filter");
+    let prog = compile_c(&dir, "seccomp_filter.c");
+    let src = "seccomp_filter.c";
+    for how in ["kill", "errno"] {
+        let run = run(&dir, &[], &prog, &[how]);
+        assert_eq!(run.code(), 0, "{how}: {}", run.describe());
+        assert_eq!(run.stdout, format!("filtered ({how})\n"));
+        assert_no_events_lost_in_summary(&run);
+        let report = leaks(&dir.trace());
+        assert_complete(&report);
+        let scan = field(&report, "scan");
+        assert_eq!(as_str(scan, "trigger"), "exit", "{how}: {}", pretty(scan));
+        assert!(as_u64(scan, "root_bytes") > 4096, "{how}: {}", pretty(scan));
+        assert_eq!(
+            kind_totals(&report)[0],
+            (48, 1),
+            "{how}: {}",
+            pretty(&report)
+        );
+        assert_eq!(
+            bytes_blocks(record_at(&report, "definitely_lost", src, "LOST")),
+            (48, 1)
+        );
+        assert_eq!(
+            bytes_blocks(record_at(&report, "still_reachable", src, "KEPT")),
+            (32, 1)
+        );
+    }
+}

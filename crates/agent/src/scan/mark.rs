@@ -32,20 +32,64 @@ const INDIRECT: u8 = 3;
 
 /// Reads memory that may be unmapped (roots): process_vm_readv on the own
 /// process fails on an unmapped or unreadable page instead of faulting.
+///
+/// Under a seccomp filter that system call may be forbidden: systemd's
+/// `SystemCallFilter=@system-service` leaves it out (it is in `@debug`) and
+/// kills the process on it, which killed services at their exit scan;
+/// Docker's profile makes it fail, which would have read no roots and called
+/// every block lost. So a filtered process reads through its own
+/// `/proc/thread-self/mem` with `pread`, which any filter that lets the
+/// program read files allows; the kernel answers an unmapped page with an
+/// error there too.
 pub struct SafeReader {
     buf: Vec<u64>,
     pid: i32,
+    /// `/proc/thread-self/mem`, open when the process is under a seccomp filter.
+    mem: Option<std::fs::File>,
 }
 
 impl SafeReader {
-    pub fn new() -> SafeReader {
-        SafeReader {
+    /// `None`: the process is under a seccomp filter and its memory file
+    /// cannot be opened; no root could be read safely, so there is no scan.
+    pub fn new() -> Option<SafeReader> {
+        let mem = if under_seccomp_filter() {
+            // The thread's: once the main thread has left through
+            // pthread_exit, the process's names a zombie without memory.
+            Some(std::fs::File::open("/proc/thread-self/mem").ok()?)
+        } else {
+            None
+        };
+        Some(SafeReader {
             buf: vec![0u64; 8192],
             // The calling thread's tid, not the pid: once the main thread
             // has left through pthread_exit, the pid names its zombie, which
             // has no memory to read (every read failed: no roots).
             pid: crate::sys::gettid() as i32,
+            mem,
+        })
+    }
+
+    /// Reads up to `want` bytes at `at` into `buf`: the count, or 0 or less
+    /// when the first page cannot be read.
+    fn read(&mut self, at: u64, want: usize) -> isize {
+        if let Some(mem) = &self.mem {
+            use std::os::unix::fs::FileExt;
+            // SAFETY: `buf` has room for `want` bytes, which are plain words.
+            let bytes = unsafe {
+                core::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast::<u8>(), want)
+            };
+            return mem.read_at(bytes, at).map_or(-1, |n| n as isize);
         }
+        let local = libc::iovec {
+            iov_base: self.buf.as_mut_ptr().cast(),
+            iov_len: want,
+        };
+        let remote = libc::iovec {
+            iov_base: at as *mut libc::c_void,
+            iov_len: want,
+        };
+        // SAFETY: reads our own memory into `buf`, which has room for `want` bytes.
+        unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) }
     }
 
     /// Calls `f` with each aligned word of `[lo, hi)` that can be read;
@@ -56,16 +100,7 @@ impl SafeReader {
         let mut read = 0;
         while a < hi {
             let want = (hi - a).min((self.buf.len() * 8) as u64) as usize;
-            let local = libc::iovec {
-                iov_base: self.buf.as_mut_ptr().cast(),
-                iov_len: want,
-            };
-            let remote = libc::iovec {
-                iov_base: a as *mut libc::c_void,
-                iov_len: want,
-            };
-            // SAFETY: reads our own memory into `buf`, which has room for `want` bytes.
-            let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
+            let n = self.read(a, want);
             if n <= 0 {
                 // Skip the page that failed.
                 a = (a & !4095) + 4096;
@@ -80,6 +115,17 @@ impl SafeReader {
         }
         read
     }
+}
+
+/// Whether a seccomp filter limits the process's system calls (`Seccomp: 2`
+/// in /proc/self/status; filters are inherited and never removed).
+fn under_seccomp_filter() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .is_some_and(|mode| mode.trim() != "0")
+    })
 }
 
 /// Marking state of one scan.

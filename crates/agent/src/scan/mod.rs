@@ -158,7 +158,9 @@ pub fn periodic_tick() {
     }
     let outcome = run_locked(ScanTrigger::Periodic);
     SCAN_LOCK.unlock();
-    emit::to_writer(&outcome);
+    if let Some(outcome) = outcome {
+        emit::to_writer(&outcome);
+    }
 }
 
 /// The result of one scan, ready to be written.
@@ -181,8 +183,9 @@ impl Outcome {
     }
 }
 
-/// Runs a scan from the thread that is ending the process.
-pub fn run_at_exit() -> Outcome {
+/// Runs a scan from the thread that is ending the process (`None`: its
+/// memory cannot be read safely, `mark::SafeReader`).
+pub fn run_at_exit() -> Option<Outcome> {
     SCAN_LOCK.lock();
     let o = run_locked(ScanTrigger::Exit);
     SCAN_LOCK.unlock();
@@ -261,7 +264,8 @@ fn merge(ranges: &mut Vec<(u64, u64)>) {
 /// the heap's lock across a hundred stops is not one the scan stopped).
 const HEAP_BUSY_RETRIES: u32 = 100;
 
-fn run_locked(trigger: ScanTrigger) -> Outcome {
+fn run_locked(trigger: ScanTrigger) -> Option<Outcome> {
+    let mut reader = mark::SafeReader::new()?;
     let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
     let time = crate::clock::precise_now();
     let me = sys::gettid();
@@ -296,7 +300,6 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
         .collect();
     merge(&mut rodata);
     let scratch = world::Scratch::new();
-    let mut reader = mark::SafeReader::new();
 
     // 2. The live table, frozen.
     let pause_start = crate::clock::precise_now();
@@ -442,7 +445,7 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
             world.not_suspended
         ));
     }
-    Outcome {
+    Some(Outcome {
         scan,
         time,
         trigger,
@@ -450,5 +453,5 @@ fn run_locked(trigger: ScanTrigger) -> Outcome {
         verdicts,
         indirect,
         stats,
-    }
+    })
 }
