@@ -624,9 +624,8 @@ fn a_thread_running_on_a_heap_block_stack() {
 }
 
 /// seccomp_filter.c: a program whose seccomp filter forbids
-/// process_vm_readv, killing the process on it ("kill", systemd's
-/// `SystemCallFilter=@system-service`) or failing it ("errno", Docker's
-/// profile). The exit scan read roots with that call: the first kind died of
+/// process_vm_readv, killing the process on it ("kill", systemd's default
+/// action) or failing it ("errno"). The exit scan read roots with that call: the first kind died of
 /// SIGSYS at exit, the second read no roots and called every block lost.
 /// Now a filtered process reads its memory through /proc: the same verdicts
 /// as unfiltered, the global's block still reachable, the other lost.

@@ -33,11 +33,10 @@ const INDIRECT: u8 = 3;
 /// Reads memory that may be unmapped (roots): process_vm_readv on the own
 /// process fails on an unmapped or unreadable page instead of faulting.
 ///
-/// Under a seccomp filter that system call may be forbidden: systemd's
-/// `SystemCallFilter=@system-service` leaves it out (it is in `@debug`) and
-/// kills the process on it, which killed services at their exit scan;
-/// Docker's profile makes it fail, which would have read no roots and called
-/// every block lost. So a filtered process reads through its own
+/// Under a seccomp filter that system call may be forbidden (sandboxes that
+/// list what a program may call seldom include it): a filter that kills on
+/// it killed programs at their exit scan; one that fails it would have read
+/// no roots and called every block lost. So a filtered process reads through its own
 /// `/proc/thread-self/mem` with `pread`, which any filter that lets the
 /// program read files allows; the kernel answers an unmapped page with an
 /// error there too.
