@@ -381,7 +381,13 @@ pub fn own_stack_sp(sp: u64) -> u64 {
 
 /// Marks the calling thread as the agent's own: it never records.
 pub fn mark_agent_thread() {
-    let ts = current();
+    let ts = current_without_allocating();
+    // Without the set-up that allocates through the C library (its stack
+    // bounds and the exit key): the thread never records, and glibc's
+    // malloc there gave it an arena of its own (64 MiB of address space in
+    // the program's process, and one of the arenas the program's threads
+    // are spread over).
+    ts.set_up = true;
     ts.agent_thread = true;
     ts.guard = 1;
     crate::scan::note_agent_thread();
@@ -391,9 +397,12 @@ pub fn mark_agent_thread() {
 /// are all gone (`process_end`), becomes a program thread: the exit handlers
 /// it runs are the program's.
 pub fn adopt_for_program() {
-    let ts = current();
+    let ts = current_without_allocating();
     ts.agent_thread = false;
     ts.guard = 0;
+    // Its stack bounds, for the captures of the exit handlers it runs.
+    ts.set_up = false;
+    current();
 }
 
 impl ThreadState {

@@ -207,12 +207,20 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new() -> Scratch {
-        let threads = std::fs::read_dir("/proc/self/task").map_or(64, |d| d.count());
+        // getdents64 is called until the directory is read, so this bounds
+        // only the entries per call.
+        let mut dirents = vec![0u8; 16 << 10];
+        // Counted with getdents64 into the agent's own memory: std's
+        // read_dir is opendir, whose 32 KiB buffer came from the program's
+        // malloc heap.
+        let mut threads = 0;
+        crate::tasks::each(&mut dirents, |_| {
+            threads += 1;
+            true
+        });
         let cap = (2 * threads + 256).min(MAX_THREADS);
         Scratch {
-            // getdents64 is called until the directory is read, so this
-            // bounds only the entries per call.
-            dirents: vec![0u8; 16 << 10],
+            dirents,
             tids: Vec::with_capacity(cap),
             parked: Vec::with_capacity(cap),
             used: Vec::with_capacity(cap),
