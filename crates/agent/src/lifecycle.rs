@@ -294,10 +294,6 @@ pub fn init() {
         agent_path: own_path(),
     });
     crate::next_alloc::resolve();
-    CXX_FREERES.store(
-        sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv"),
-        Ordering::Relaxed,
-    );
     crate::hooks::process::resolve();
     crate::scan::init();
     crate::hooks::sync::init();
@@ -307,6 +303,18 @@ pub fn init() {
     crate::profile::init();
     crate::hooks::signals::install();
     modules::refresh();
+    // Only where libstdc++ is loaded: a lookup that fails makes dlsym
+    // allocate its message from the program's heap, and the freed chunks
+    // changed where the program's first blocks went.
+    if modules::all()
+        .iter()
+        .any(|m| m.path.contains("/libstdc++.so"))
+    {
+        CXX_FREERES.store(
+            sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv"),
+            Ordering::Relaxed,
+        );
+    }
     // Lookups that failed (`__gnu_cxx::__freeres` in a C program, functions
     // an older glibc lacks) must leave no message for the program's first
     // dlerror().

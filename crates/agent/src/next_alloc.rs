@@ -96,17 +96,20 @@ pub fn resolve() {
     // those are not recorded as the program's.
     let ts = crate::thread::current_without_allocating();
     ts.guard += 1;
-    // jemalloc's own functions only where malloc is not glibc's: the lookup
-    // would fail for nothing.
-    let standard = NEXT.iter().zip(NAMES).take(SDALLOCX);
-    let jemalloc = NEXT.iter().zip(NAMES).skip(SDALLOCX);
+    // C23's and jemalloc's own functions only where malloc is not glibc's:
+    // for glibc, free_sized is free (and the lookup fails before glibc
+    // 2.41); a failed lookup makes dlsym allocate its message from the
+    // program's heap, and the freed chunks changed where the program's
+    // first blocks went.
+    let standard = NEXT.iter().zip(NAMES).take(FREE_SIZED);
+    let others = NEXT.iter().zip(NAMES).skip(FREE_SIZED);
     for (next, name) in standard {
         next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
     }
     let malloc = NEXT[MALLOC].load(Ordering::Relaxed);
     let library = library_of(malloc);
     if library.is_some() {
-        for (next, name) in jemalloc {
+        for (next, name) in others {
             next.store(crate::sys::next_symbol(name), Ordering::Relaxed);
         }
         crate::allocator_maps::set_allocator(crate::modules::extent_of(malloc as u64));

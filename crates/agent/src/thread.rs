@@ -11,6 +11,7 @@ use crate::sys::{self, RawLock, SpinLock};
 use crate::unwind::{Bounds, Captured, StackCapture};
 use crate::writer::{self, Buffer};
 use core::cell::UnsafeCell;
+use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use trapline_trace::{ChunkContext, Encoder};
 
@@ -205,6 +206,11 @@ fn key() -> libc::pthread_key_t {
 }
 
 fn stack_bounds() -> Bounds {
+    if sys::gettid() == sys::getpid_raw() {
+        if let Some(bounds) = main_stack_bounds() {
+            return bounds;
+        }
+    }
     // SAFETY: pthread_getattr_np fills an attr we own and destroy.
     unsafe {
         let mut attr: libc::pthread_attr_t = core::mem::zeroed();
@@ -218,6 +224,40 @@ fn stack_bounds() -> Bounds {
         }
     }
     Bounds::range(0, 0)
+}
+
+extern "C" {
+    /// The loader's note of where the main thread's stack began (its
+    /// highest frame; argv and the environment lie above it).
+    static __libc_stack_end: *const c_void;
+}
+
+/// The main thread's stack as `pthread_getattr_np` works it out (up to the
+/// page after `__libc_stack_end`, down by the stack's size limit or to the
+/// mapping below), from /proc/self/maps read into the agent's own memory.
+/// glibc reads that file with `fopen` and `getline`, whose FILE, 4 KiB
+/// buffer and line came from the program's malloc heap and, freed, were
+/// what the program's next allocations of those sizes got: the program's
+/// heap was laid out differently from a run without the agent.
+fn main_stack_bounds() -> Option<Bounds> {
+    // SAFETY: a pointer-sized variable the loader sets before any code runs.
+    let stack_end = unsafe { __libc_stack_end } as u64;
+    let maps = crate::scan::maps::read();
+    let i = maps
+        .iter()
+        .position(|m| m.start <= stack_end && stack_end < m.end)?;
+    let below = if i == 0 { 0 } else { maps[i - 1].end };
+    let page = 4096;
+    let hi = (stack_end & !(page - 1)) + page;
+    // SAFETY: plain integers: all zeroes is valid.
+    let mut limit: libc::rlimit = unsafe { core::mem::zeroed() };
+    // SAFETY: getrlimit writes the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut limit) } != 0 {
+        return None;
+    }
+    let size = limit.rlim_cur.saturating_sub(maps[i].end - hi) & !(page - 1);
+    let size = size.min(hi - below);
+    Some(Bounds::range(hi - size, hi))
 }
 
 /// The calling thread's alternate signal stack, if it has one enabled.

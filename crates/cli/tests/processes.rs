@@ -1182,3 +1182,21 @@ fn a_thousand_short_processes_each_finish_their_trace() {
     );
     assert_eq!(dir.other_traces().len(), 2000, "{}", run.describe());
 }
+
+/// heap_layout.c: where a sequence of mallocs, frees, a realloc and a calloc
+/// land in the main thread's heap is the same with and without trapline.
+/// The agent keeps its own memory apart, but C library calls it made at
+/// start allocated through the program's heap (pthread_getattr_np's FILE
+/// and buffers for /proc/self/maps, dlsym's messages for names it looked
+/// up in vain), and their freed chunks were what the program's next blocks
+/// of those sizes got.
+#[test]
+fn the_main_heap_is_laid_out_as_without_trapline() {
+    let dir = TestDir::new("heap_layout");
+    let prog = compile_c(&dir, "heap_layout.c");
+    let native = output_of(std::process::Command::new(&prog), "native");
+    assert_eq!(native.code(), 0, "{}", native.describe());
+    let traced = run(&dir, &[], &prog, &[]);
+    assert_eq!(traced.code(), 0, "{}", traced.describe());
+    assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+}

@@ -15,7 +15,7 @@
 
 mod blocks;
 mod emit;
-mod maps;
+pub(crate) mod maps;
 mod mark;
 mod roots;
 pub(crate) mod world;
