@@ -124,6 +124,8 @@ static WORK: sys::Event = sys::Event::new();
 static SPACE: sys::Event = sys::Event::new();
 static DONE: sys::Event = sys::Event::new();
 static RUNNING: AtomicBool = AtomicBool::new(false);
+/// The writer thread's tid while it runs (0 before).
+static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 static STOP: AtomicBool = AtomicBool::new(false);
 static STOPPED: AtomicBool = AtomicBool::new(false);
 /// Trace file descriptor (-1 before the trace is opened).
@@ -468,6 +470,7 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     let mut last_sweep = 0u64;
     let mut last_read = 0u64;
     let me = sys::gettid();
+    WRITER_TID.store(me, Ordering::Release);
     loop {
         let seen = WORK.generation();
         drain(&mut scratch);
@@ -607,6 +610,45 @@ pub fn start(periodic: fn()) {
     if !ok {
         RUNNING.store(false, Ordering::Release);
         sys::warn("cannot start the writer thread; the trace is written at exit");
+    }
+}
+
+/// Stops the writer thread and waits until the kernel has let it go, for a
+/// system call that needs the process to have a single thread (`unshare`
+/// of a user namespace, `setns`: hooks/namespaces.rs). Returns whether it
+/// ran (then `resume` starts another). Buffers filled meanwhile wait in the
+/// queue.
+pub fn pause() -> bool {
+    if !RUNNING.load(Ordering::Acquire) {
+        return false;
+    }
+    let tid = WRITER_TID.load(Ordering::Acquire);
+    STOP.store(true, Ordering::Release);
+    WORK.notify_all();
+    let deadline = crate::clock::precise_now() + 5_000_000_000;
+    while !STOPPED.load(Ordering::Acquire) && crate::clock::precise_now() < deadline {
+        let seen = DONE.generation();
+        if STOPPED.load(Ordering::Acquire) {
+            break;
+        }
+        DONE.wait(seen, Some(5_000_000));
+    }
+    // The thread has left its loop; it is gone once the kernel no longer
+    // lists it (a detached thread is reaped as it exits).
+    while tid != 0 && !crate::tasks::has_ended(tid) && crate::clock::precise_now() < deadline {
+        // SAFETY: yielding the processor has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+    crate::scan::forget_agent_thread(tid);
+    true
+}
+
+/// Starts the writer again after `pause`.
+pub fn resume() {
+    let periodic = PERIODIC.load(Ordering::Acquire);
+    if periodic != 0 {
+        // SAFETY: PERIODIC holds the `fn()` an earlier `start` stored.
+        start(unsafe { core::mem::transmute::<usize, fn()>(periodic) });
     }
 }
 

@@ -1200,3 +1200,33 @@ fn the_main_heap_is_laid_out_as_without_trapline() {
     assert_eq!(traced.code(), 0, "{}", traced.describe());
     assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
 }
+
+/// namespaces.c: setns into a mount namespace and unshare of a user
+/// namespace need a process of one thread, and the agent's writer thread
+/// made every traced process one of two: both failed with EINVAL under
+/// trapline (`unshare -U` printed "unshare failed: Invalid argument"). The
+/// writer now stops around them and a new one starts after. The outcomes
+/// are the native ones, and the block allocated after them is in the
+/// trace, with nothing lost.
+#[test]
+fn calls_that_need_a_single_thread_work_as_without_trapline() {
+    let dir = TestDir::new("namespaces");
+    let prog = compile_c(&dir, "namespaces.c");
+    let native = output_of(std::process::Command::new(&prog), "native");
+    assert_eq!(native.code(), 0, "{}", native.describe());
+    let traced = run(&dir, &[], &prog, &[]);
+    assert_eq!(traced.code(), 0, "{}", traced.describe());
+    assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+    assert_no_events_lost_in_summary(&traced);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(unfreed_summary(&report), (24, 1), "{}", pretty(&report));
+    let record = &records(&report)[0];
+    let line = marker_line("namespaces.c", "AFTER");
+    assert_eq!(
+        stack_of(record, "stack")[0]["line"],
+        serde_json::json!(line),
+        "{}",
+        pretty(record)
+    );
+}

@@ -7,6 +7,7 @@ pub mod cxx;
 pub mod exit;
 pub mod fds;
 pub mod maps;
+pub mod namespaces;
 pub mod process;
 pub mod replaced_operators;
 pub mod sigmask;

@@ -107,6 +107,17 @@ pub fn note_agent_thread() {
     }
 }
 
+/// Forgets an agent thread that has ended (its tid may come back as a
+/// program thread's).
+pub fn forget_agent_thread(tid: u32) {
+    for (t, s) in AGENT_TIDS.iter().zip(&AGENT_STACKS) {
+        if tid != 0 && t.load(Ordering::Acquire) == tid {
+            s.store(0, Ordering::Release);
+            t.store(0, Ordering::Release);
+        }
+    }
+}
+
 /// Forgets the agent threads of the parent (fork child: only the caller
 /// survives) and frees the scan lock (the writer may have held it: it is
 /// released only after the shard locks that fork waits for).
