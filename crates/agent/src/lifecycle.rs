@@ -254,6 +254,7 @@ pub fn init() {
     }
     crate::heap::set_aside_reserve();
     crate::prepare_unwinder();
+    sys::note_stderr();
     set_fork_token();
     let ts = thread::current();
     ts.guard += 1;

@@ -1,7 +1,7 @@
 //! Thin wrappers over the C library: symbol lookup, locks that can be held across
 //! fork, membarrier, and raw output.
 
-use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
     let ts;
@@ -221,13 +221,47 @@ pub fn warn(msg: &str) {
     warn_parts(&[msg]);
 }
 
+/// What descriptor 2 was when the agent started (device, inode; both 0:
+/// not open then).
+static STDERR_DEV: AtomicU64 = AtomicU64::new(0);
+static STDERR_INO: AtomicU64 = AtomicU64::new(0);
+
+/// The identity of the file open on descriptor 2, if one is.
+fn stderr_identity() -> Option<(u64, u64)> {
+    // SAFETY: fstat fills the struct we own (all zeroes is a valid one).
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(2, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Notes what stderr is (the constructor), for `warn_parts`.
+pub fn note_stderr() {
+    let (dev, ino) = stderr_identity().unwrap_or((0, 0));
+    STDERR_DEV.store(dev, Ordering::Relaxed);
+    STDERR_INO.store(ino, Ordering::Relaxed);
+}
+
 /// `warn` of the concatenated parts, without allocating (async-signal-safe).
+/// Only while descriptor 2 is still the stderr the program started with: a
+/// daemon that closed it may have the number on a file or socket of its own
+/// now, which must not receive the agent's words. errno is kept.
 pub fn warn_parts(parts: &[&str]) {
+    let known = (
+        STDERR_DEV.load(Ordering::Relaxed),
+        STDERR_INO.load(Ordering::Relaxed),
+    );
+    if known == (0, 0) || stderr_identity() != Some(known) {
+        return;
+    }
+    // SAFETY: this thread's errno location.
+    let errno = unsafe { *libc::__errno_location() };
     write_all(2, b"trapline agent: ");
     for part in parts {
         write_all(2, part.as_bytes());
     }
     write_all(2, b"\n");
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 /// `n` in decimal, written into `buf` (no allocation).

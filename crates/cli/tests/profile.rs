@@ -535,3 +535,23 @@ fn traces_without_samples_and_unknown_threads_are_clear_errors() {
     );
     assert_eq!(bad_rate.code(), 2, "{}", bad_rate.describe());
 }
+
+/// stderr_reuse.c: a program that closed stderr and got descriptor 2 for a
+/// file of its own, then took the sampling signal. The agent's note that
+/// sampling stopped went to descriptor 2, into the program's file; it now
+/// writes only while descriptor 2 is still the stderr the program started
+/// with. The file holds the program's line alone.
+#[test]
+fn agent_diagnostics_never_go_to_a_reused_descriptor_2() {
+    let dir = TestDir::new("stderr_reuse");
+    let prog = compile_c(&dir, "stderr_reuse.c");
+    let data = dir.path().join("data.txt");
+    let data_arg = data.display().to_string();
+    let traced = run(&dir, &["--profile"], &prog, &[&data_arg]);
+    assert_eq!(traced.code(), 0, "{}", traced.describe());
+    assert_eq!(traced.stdout, "fd 2\n", "{}", traced.describe());
+    assert_eq!(
+        std::fs::read_to_string(&data).unwrap(),
+        "the program's own data\n"
+    );
+}
