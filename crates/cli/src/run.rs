@@ -95,6 +95,38 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Creates the (empty) trace file, after checking that it can hold one: a
+/// regular file, where a header can be written. A FIFO made trapline wait
+/// for a reader before the command ran; /dev/null took the top process's
+/// trace and, under /dev, its children's `null.<pid>` files; a /proc file
+/// opened and then failed every write, and the run went on losing every
+/// event.
+fn prepare_trace_file(path: &Path) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind, Write};
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let kind = meta.file_type();
+        let what = if kind.is_dir() {
+            Some("it is a directory")
+        } else if kind.is_fifo() {
+            Some("it is a FIFO, not a regular file")
+        } else if kind.is_char_device() || kind.is_block_device() {
+            Some("it is a device, not a regular file")
+        } else if kind.is_socket() {
+            Some("it is a socket, not a regular file")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            return Err(Error::new(ErrorKind::InvalidInput, what));
+        }
+    }
+    let mut file = std::fs::File::create(path)?;
+    // A write that succeeds, undone (the agent writes the header itself).
+    file.write_all(trapline_trace::format::MAGIC)?;
+    file.set_len(0)
+}
+
 fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("trapline run: {msg}");
     ExitCode::from(code)
@@ -367,7 +399,7 @@ pub fn main(args: RunArgs) -> ExitCode {
             .map(|d| d.join(&args.output))
             .unwrap_or_else(|_| args.output.clone())
     };
-    if let Err(e) = std::fs::File::create(&output) {
+    if let Err(e) = prepare_trace_file(&output) {
         return fail(
             EXIT_CANNOT_RUN,
             format!("cannot write the trace {}: {e}", output.display()),

@@ -99,6 +99,41 @@ fn run_output_in_missing_directory() {
     );
 }
 
+/// Outputs that are no place for a trace are refused before the command
+/// runs, each with its reason (status 125): a FIFO made trapline wait for a
+/// reader for ever; /dev/null took the trace, and the children's
+/// `null.<pid>` files went into /dev; a /proc file opened, failed every
+/// write, and the run lost every event.
+#[test]
+fn run_output_that_cannot_hold_a_trace_is_refused() {
+    let dir = TestDir::new("run_output_kinds");
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let fifo = fifo.display().to_string();
+    for (output, reason) in [
+        (fifo.as_str(), "it is a FIFO, not a regular file"),
+        ("/dev/null", "it is a device, not a regular file"),
+        ("/proc/version", "(os error"),
+        ("/", "it is a directory"),
+    ] {
+        let mut cmd = trapline_cmd(&["run", "-o", output, "--", "/bin/true"]);
+        cmd.current_dir(dir.path());
+        let finished = output_of(cmd, &format!("trapline run -o {output}"));
+        no_panic(&finished);
+        assert_eq!(finished.code(), 125, "{}", finished.describe());
+        let expected = format!("trapline run: cannot write the trace {output}: ");
+        assert!(
+            finished.stderr.starts_with(&expected) && finished.stderr.contains(reason),
+            "{}",
+            finished.describe()
+        );
+    }
+}
+
 #[test]
 fn run_static_binary_is_refused() {
     assert_refused("static_hello", &["-static"], "is statically linked");
