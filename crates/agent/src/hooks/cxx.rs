@@ -75,35 +75,12 @@ fn delegate_nothrow(
     func: AllocFn,
     regs: StartRegs,
 ) -> Option<*mut c_void> {
-    let name = match func {
-        AllocFn::NewNothrow => c"_ZnwmRKSt9nothrow_t",
-        AllocFn::NewArrayNothrow => c"_ZnamRKSt9nothrow_t",
-        AllocFn::NewAlignedNothrow => c"_ZnwmSt11align_val_tRKSt9nothrow_t",
-        AllocFn::NewArrayAlignedNothrow => c"_ZnamSt11align_val_tRKSt9nothrow_t",
-        _ => return None,
-    };
-    let real = next_symbol(name);
-    if real == 0 {
+    if !replaced_operators::runtime_has(func) {
         return None;
     }
-    // `std::nothrow` is an empty tag: any address stands for it.
-    static NOTHROW: u8 = 0;
-    let tag: NoThrow = (&NOTHROW as *const u8).cast();
-    let ts = crate::thread::current();
-    ts.delegated_new = Some((func, regs));
+    crate::thread::current().delegated_new = Some((func, regs));
     DELEGATING.fetch_add(1, Ordering::AcqRel);
-    let p = if align == 0 {
-        // SAFETY: the C++ runtime's `operator new(size_t, nothrow_t const&)`
-        // (or its array form), which is noexcept.
-        let real: unsafe extern "C" fn(usize, NoThrow) -> *mut c_void =
-            unsafe { core::mem::transmute(real) };
-        unsafe { real(size, tag) }
-    } else {
-        // SAFETY: as above, with the alignment.
-        let real: unsafe extern "C" fn(usize, usize, NoThrow) -> *mut c_void =
-            unsafe { core::mem::transmute(real) };
-        unsafe { real(size, align, tag) }
-    };
+    let p = replaced_operators::forward_new(func, size, align, true);
     DELEGATING.fetch_sub(1, Ordering::AcqRel);
     // Unused if the program's own `operator new` got the inner call.
     crate::thread::current().delegated_new = None;

@@ -166,6 +166,11 @@ fn runtime_form(func: AllocFn) -> usize {
     next_symbol(FORMS[index_of(func)].0)
 }
 
+/// Whether the C++ runtime defines its own form of `func` (for `forward_new`).
+pub fn runtime_has(func: AllocFn) -> bool {
+    runtime_form(func) != 0
+}
+
 /// `std::nothrow` is an empty tag: any address stands for it.
 static NOTHROW: u8 = 0;
 
@@ -189,6 +194,7 @@ fn rest(size: Option<usize>, align: usize, nothrow: bool) -> [usize; 3] {
 
 /// Calls the C++ runtime's `func` (an `operator new` form) for `size`; it may
 /// throw (hence C-unwind) when its chain ends in a throwing replacement.
+/// Also how a nothrow form hands a failure to the runtime (`hooks/cxx.rs`).
 #[cold]
 pub fn forward_new(func: AllocFn, size: usize, align: usize, nothrow: bool) -> *mut c_void {
     let real = runtime_form(func);
