@@ -45,6 +45,75 @@ pub struct SafeReader {
     pid: i32,
     /// `/proc/thread-self/mem`, open when the process is under a seccomp filter.
     mem: Option<std::fs::File>,
+    /// Which pages of large ranges hold data (`populated`).
+    pages: Pagemap,
+}
+
+/// Ranges at least this large are read only where their pages hold data.
+pub const SPARSE_FROM: u64 = 4 << 20;
+
+/// `/proc/thread-self/pagemap`: one word per page, whose bit 63 says the
+/// page is in memory and bit 62 that it is in swap. A page with neither
+/// was never written (anonymous memory reads as zeroes there), so it holds
+/// no pointer. A program that mapped 16 GiB of address space for a sparse
+/// array and touched two pages made the exit scan read all of it, 5 s
+/// (a terabyte would have been minutes), and map the zero page into every
+/// page table entry.
+struct Pagemap {
+    file: Option<std::fs::File>,
+    entries: Vec<u64>,
+}
+
+impl Pagemap {
+    fn open() -> Pagemap {
+        Pagemap {
+            file: std::fs::File::open("/proc/thread-self/pagemap").ok(),
+            entries: vec![0u64; 8192],
+        }
+    }
+
+    /// Calls `f(a, b)` for each run of pages of `[lo, hi)` (anonymous
+    /// memory) that are in memory or in swap, clipped to the range; the
+    /// whole range when the pagemap cannot be read.
+    fn populated(&mut self, lo: u64, hi: u64, mut f: impl FnMut(u64, u64)) {
+        use std::os::unix::fs::FileExt;
+        const PAGE: u64 = 4096;
+        const HOLDS_DATA: u64 = 3 << 62;
+        let Some(file) = &self.file else {
+            return f(lo, hi);
+        };
+        let (first, end) = (lo / PAGE, hi.div_ceil(PAGE));
+        let mut run: Option<u64> = None;
+        let mut page = first;
+        while page < end {
+            let n = (end - page).min(self.entries.len() as u64) as usize;
+            // SAFETY: plain words viewed as their bytes, within the vector.
+            let bytes = unsafe {
+                core::slice::from_raw_parts_mut(self.entries.as_mut_ptr().cast::<u8>(), n * 8)
+            };
+            let got = file.read_at(bytes, page * 8).unwrap_or(0) / 8;
+            if got == 0 {
+                // Unreadable from here: the rest as it is.
+                let from = run.unwrap_or(page * PAGE);
+                return f(from.max(lo), hi);
+            }
+            for (i, &entry) in self.entries[..got].iter().enumerate() {
+                let at = (page + i as u64) * PAGE;
+                match (entry & HOLDS_DATA != 0, run) {
+                    (true, None) => run = Some(at),
+                    (false, Some(start)) => {
+                        f(start.max(lo), at.min(hi));
+                        run = None;
+                    }
+                    _ => {}
+                }
+            }
+            page += got as u64;
+        }
+        if let Some(start) = run {
+            f(start.max(lo), hi);
+        }
+    }
 }
 
 impl SafeReader {
@@ -65,7 +134,22 @@ impl SafeReader {
             // has no memory to read (every read failed: no roots).
             pid: crate::sys::gettid() as i32,
             mem,
+            pages: Pagemap::open(),
         })
+    }
+
+    /// Calls `f(a, b)` for the parts of anonymous memory `[lo, hi)` that
+    /// may hold data: all of it when small, else its pages in memory or
+    /// swap (`Pagemap`).
+    pub fn populated(&mut self, lo: u64, hi: u64, mut f: impl FnMut(&mut Self, u64, u64)) {
+        if hi.saturating_sub(lo) < SPARSE_FROM {
+            return f(self, lo, hi);
+        }
+        let mut runs = Vec::new();
+        self.pages.populated(lo, hi, |a, b| runs.push((a, b)));
+        for (a, b) in runs {
+            f(self, a, b);
+        }
     }
 
     /// Reads up to `want` bytes at `at` into `buf`: the count, or 0 or less
@@ -270,13 +354,17 @@ impl<'a> Marker<'a> {
             return;
         }
         if self.is_readable(lo, hi) {
-            // SAFETY: a live block of the program, inside readable mappings,
-            // while every thread that could free it is stopped.
-            let words =
-                unsafe { core::slice::from_raw_parts(lo as *const u64, ((hi - lo) / 8) as usize) };
-            for &w in words {
-                f(self, w);
-            }
+            // A large block (a mmapped chunk) may be mostly untouched.
+            reader.populated(lo, hi, |_, a, b| {
+                // SAFETY: part of a live block of the program, inside
+                // readable mappings, while every thread that could free it
+                // is stopped.
+                let words =
+                    unsafe { core::slice::from_raw_parts(a as *const u64, ((b - a) / 8) as usize) };
+                for &w in words {
+                    f(self, w);
+                }
+            });
         } else {
             // Rare (part of the block is not readable): copy it through the reader.
             reader.for_each_word(lo, hi, |w| f(self, w));

@@ -410,7 +410,17 @@ fn run_locked(trigger: ScanTrigger) -> Option<Outcome> {
         }
     }
     for &(lo, hi) in &root_ranges {
-        root_bytes += reader.for_each_word(lo, hi, |w| marker.word(w, true));
+        // Large anonymous roots only where their pages hold data (a sparse
+        // reservation); file mappings whole (their pages may be in the file).
+        let anonymous = hi - lo >= mark::SPARSE_FROM
+            && maps::containing(&maps, lo).is_some_and(|i| !maps[i].file);
+        if anonymous {
+            reader.populated(lo, hi, |reader, a, b| {
+                root_bytes += reader.for_each_word(a, b, |w| marker.word(w, true));
+            });
+        } else {
+            root_bytes += reader.for_each_word(lo, hi, |w| marker.word(w, true));
+        }
         marker.propagate(&mut reader);
     }
     for &i in &loader_roots {
