@@ -59,17 +59,118 @@ pub const SPARSE_FROM: u64 = 4 << 20;
 /// array and touched two pages made the exit scan read all of it, 5 s
 /// (a terabyte would have been minutes), and map the zero page into every
 /// page table entry.
+///
+/// Since Linux 6.7 the `PAGEMAP_SCAN` ioctl returns the runs themselves,
+/// skipping unmapped page tables whole: a terabyte of reservation took 0.8 s
+/// to read word by word from the pagemap, and the ioctl also leaves out
+/// pages that only map the shared zero page (read, never written).
 struct Pagemap {
     file: Option<std::fs::File>,
     entries: Vec<u64>,
+    /// `PAGEMAP_SCAN` worked, or was not tried yet.
+    scan_supported: bool,
 }
+
+/// `struct pm_scan_arg` of linux/fs.h.
+#[repr(C)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+/// `struct page_region` of linux/fs.h.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+/// `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 impl Pagemap {
     fn open() -> Pagemap {
         Pagemap {
             file: std::fs::File::open("/proc/thread-self/pagemap").ok(),
             entries: vec![0u64; 8192],
+            scan_supported: true,
         }
+    }
+
+    /// `populated` through `PAGEMAP_SCAN`: false (nothing called) when the
+    /// kernel lacks it.
+    fn scan(&mut self, lo: u64, hi: u64, f: &mut impl FnMut(u64, u64)) -> bool {
+        use std::os::fd::AsRawFd;
+        let Some(file) = &self.file else {
+            return false;
+        };
+        const PAGE: u64 = 4096;
+        let mut regions = [PageRegion {
+            start: 0,
+            end: 0,
+            categories: 0,
+        }; 256];
+        let mut start = lo & !(PAGE - 1);
+        let end = hi.div_ceil(PAGE) * PAGE;
+        while start < end {
+            let mut arg = PmScanArg {
+                size: core::mem::size_of::<PmScanArg>() as u64,
+                flags: 0,
+                start,
+                end,
+                walk_end: 0,
+                vec: regions.as_mut_ptr() as u64,
+                vec_len: regions.len() as u64,
+                max_pages: 0,
+                // In memory or in swap, and not the shared zero page.
+                category_inverted: PAGE_IS_PFNZERO,
+                category_mask: PAGE_IS_PFNZERO,
+                category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+                return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            };
+            // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len`
+            // regions into `regions` and `walk_end` into `arg`.
+            let n = unsafe { libc::ioctl(file.as_raw_fd(), PAGEMAP_SCAN, &mut arg) };
+            if n < 0 {
+                if start == lo & !(PAGE - 1) {
+                    self.scan_supported = false;
+                    return false;
+                }
+                // Failed part way: the rest whole.
+                f(start.max(lo), hi);
+                return true;
+            }
+            for r in &regions[..n as usize] {
+                f(r.start.max(lo), r.end.min(hi));
+            }
+            if arg.walk_end <= start {
+                break;
+            }
+            start = arg.walk_end;
+        }
+        true
+    }
+
+    /// Whether the page of `addr` may hold data (anonymous memory).
+    fn holds_data(&mut self, addr: u64) -> bool {
+        let mut any = false;
+        self.populated(addr, addr + 8, |_, _| any = true);
+        any
     }
 
     /// Calls `f(a, b)` for each run of pages of `[lo, hi)` (anonymous
@@ -79,6 +180,12 @@ impl Pagemap {
         use std::os::unix::fs::FileExt;
         const PAGE: u64 = 4096;
         const HOLDS_DATA: u64 = 3 << 62;
+        if self.file.is_none() {
+            return f(lo, hi);
+        }
+        if self.scan_supported && self.scan(lo, hi, &mut f) {
+            return;
+        }
         let Some(file) = &self.file else {
             return f(lo, hi);
         };
@@ -136,6 +243,13 @@ impl SafeReader {
             mem,
             pages: Pagemap::open(),
         })
+    }
+
+    /// Whether the word at `addr` (anonymous memory) may be other than 0:
+    /// reading a never-written page maps the zero page, and page tables,
+    /// for nothing.
+    pub fn may_hold_data(&mut self, addr: u64) -> bool {
+        self.pages.holds_data(addr)
     }
 
     /// Calls `f(a, b)` for the parts of anonymous memory `[lo, hi)` that

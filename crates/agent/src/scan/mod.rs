@@ -384,6 +384,10 @@ fn run_locked(trigger: ScanTrigger) -> Option<Outcome> {
     }
     let next_block = |lo, hi| index.first_block_in(lo, hi);
     let mut read_word = |a: u64| {
+        // The arena probes look at every 64 MiB of anonymous memory.
+        if !reader.may_hold_data(a) {
+            return Some(0);
+        }
         let mut w = None;
         reader.for_each_word(a, a + 8, |x| w = Some(x));
         w
