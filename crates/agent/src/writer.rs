@@ -622,7 +622,6 @@ pub fn pause() -> bool {
     if !RUNNING.load(Ordering::Acquire) {
         return false;
     }
-    let tid = WRITER_TID.load(Ordering::Acquire);
     STOP.store(true, Ordering::Release);
     WORK.notify_all();
     let deadline = crate::clock::precise_now() + 5_000_000_000;
@@ -634,7 +633,10 @@ pub fn pause() -> bool {
         DONE.wait(seen, Some(5_000_000));
     }
     // The thread has left its loop; it is gone once the kernel no longer
-    // lists it (a detached thread is reaped as it exits).
+    // lists it (a detached thread is reaped as it exits). Its tid is read
+    // only now: a writer that had not run yet when the program called (it
+    // notes its tid first thing) has by the time it stopped.
+    let tid = WRITER_TID.load(Ordering::Acquire);
     while tid != 0 && !crate::tasks::has_ended(tid) && crate::clock::precise_now() < deadline {
         // SAFETY: yielding the processor has no preconditions.
         unsafe { libc::sched_yield() };
