@@ -234,6 +234,15 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
             ),
         ));
     }
+    if let Some(loader) = interpreter(&data).filter(|l| !is_glibc_loader(l)) {
+        return Err(fail(
+            EXIT_CANNOT_RUN,
+            format!(
+                "{} is started by the dynamic loader {loader}, not the GNU C library's: trapline's agent is built for glibc and that loader cannot load it (the program would not even start), so it cannot be traced (build it against glibc)",
+                path.display()
+            ),
+        ));
+    }
     if let Some(kind) = foreign_elf(&data) {
         return Err(fail(
             EXIT_CANNOT_RUN,
@@ -331,6 +340,34 @@ fn foreign_elf<'data, R: object::ReadRef<'data>>(data: R) -> Option<String> {
         Architecture::Unknown => "an unknown-architecture".to_owned(),
         other => format!("a {}-bit {other:?}", if file.is_64() { 64 } else { 32 }),
     })
+}
+
+/// The dynamic loader an ELF executable names (its PT_INTERP), if any.
+fn interpreter<'data, R: object::ReadRef<'data>>(data: R) -> Option<String> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    fn of<'data, H: FileHeader, R: object::ReadRef<'data>>(data: R) -> Option<String> {
+        let header = H::parse(data).ok()?;
+        let endian = header.endian().ok()?;
+        let phdrs = header.program_headers(endian, data).ok()?;
+        let interp = phdrs
+            .iter()
+            .find(|ph| ph.p_type(endian) == object::elf::PT_INTERP)?;
+        let bytes = interp.data(endian, data).ok()?;
+        let name = bytes.split(|&b| b == 0).next()?;
+        Some(String::from_utf8_lossy(name).into_owned())
+    }
+    match object::FileKind::parse(data) {
+        Ok(object::FileKind::Elf64) => of::<object::elf::FileHeader64<object::Endianness>, _>(data),
+        Ok(object::FileKind::Elf32) => of::<object::elf::FileHeader32<object::Endianness>, _>(data),
+        _ => None,
+    }
+}
+
+/// Whether `loader` (a PT_INTERP path) is glibc's: `ld-linux*.so.*` or
+/// `ld64.so.*` (musl's is `ld-musl-*.so.1`, Android's `linker64`).
+fn is_glibc_loader(loader: &str) -> bool {
+    let name = loader.rsplit('/').next().unwrap_or(loader);
+    name.starts_with("ld-linux") || name.starts_with("ld64.so") || name.starts_with("ld.so")
 }
 
 /// An ELF executable without a PT_INTERP program header starts without the

@@ -134,6 +134,20 @@ fn run_output_that_cannot_hold_a_trace_is_refused() {
     }
 }
 
+/// A program that another C library's loader starts (musl's,
+/// `/lib/ld-musl-x86_64.so.1`; here a program that merely names it, so the
+/// test needs no musl): that loader cannot load the glibc agent, and the
+/// program did not even start ("Error relocating libtrapline_agent.so"),
+/// exit 127. Now trapline refuses it and says why.
+#[test]
+fn run_program_of_another_c_library_is_refused() {
+    assert_refused(
+        "musl_loader",
+        &["-Wl,--dynamic-linker=/lib/ld-musl-x86_64.so.1"],
+        "is started by the dynamic loader /lib/ld-musl-x86_64.so.1, not the GNU C library's",
+    );
+}
+
 #[test]
 fn run_static_binary_is_refused() {
     assert_refused("static_hello", &["-static"], "is statically linked");
