@@ -9,6 +9,7 @@
 mod allocator_maps;
 mod arch;
 mod clock;
+mod exec_target;
 mod heap;
 mod hooks;
 mod lifecycle;

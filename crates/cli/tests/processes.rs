@@ -1230,3 +1230,38 @@ fn calls_that_need_a_single_thread_work_as_without_trapline() {
         pretty(record)
     );
 }
+
+/// A traced shell runs programs the agent cannot be loaded into: a 32-bit
+/// one (its loader printed "ERROR: ld.so: object ... cannot be preloaded
+/// (wrong ELF class: ELFCLASS64): ignored." on the program's stderr) and a
+/// musl one (musl's loader failed on the agent's glibc symbols: the program
+/// never started, 127), by path from a vfork child (dash) and by name
+/// through `env`'s execvp. The exec hooks now drop the agent from their
+/// LD_PRELOAD: each runs, untraced, exactly as without trapline.
+#[test]
+fn programs_that_cannot_take_the_agent_run_as_without_it() {
+    let dir = TestDir::new("foreign_children");
+    let prog32 = compile_c_with(&dir, "hello_name.c", "hello32", &["-m32"]);
+    let musl = compile(&dir, "musl-gcc", "hello_name.c", "hello_musl", &["-g"]);
+    let bin = prog32.parent().unwrap().display().to_string();
+    let script = format!(
+        "{} 2>&1; {} 2>&1; PATH={bin}:$PATH env hello32 2>&1; PATH={bin}:$PATH env hello_musl 2>&1",
+        prog32.display(),
+        musl.display()
+    );
+    let expected =
+        "hello from hello32\nhello from hello_musl\nhello from hello32\nhello from hello_musl\n";
+    let native = output_of(
+        {
+            let mut cmd = std::process::Command::new("/bin/sh");
+            cmd.args(["-c", &script]);
+            cmd
+        },
+        "native",
+    );
+    assert_eq!(native.stdout, expected, "{}", native.describe());
+    let traced = run(&dir, &[], std::path::Path::new("/bin/sh"), &["-c", &script]);
+    assert_eq!(traced.code(), 0, "{}", traced.describe());
+    assert_eq!(traced.stdout, expected, "{}", traced.describe());
+    assert_no_events_lost_in_summary(&traced);
+}

@@ -452,6 +452,9 @@ pub fn clear_scratch_registers() {
 /// Bytes below the stack pointer that leaf code may use (the System V red zone).
 pub const RED_ZONE: u64 = 128;
 
+/// The ELF `e_machine` of programs the agent can be loaded into (EM_X86_64).
+pub const ELF_MACHINE: u16 = 62;
+
 /// The variadic exec functions (execl, execle, execlp). Stable Rust cannot
 /// define C-variadic functions, and glibc's own versions call execve
 /// internally, past the agent's hook. Each trampoline spills the five

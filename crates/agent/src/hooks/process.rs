@@ -192,6 +192,17 @@ pub unsafe extern "C" fn execve(
         *const *const c_char,
         *const *const c_char,
     ) -> c_int = unsafe { core::mem::transmute(f) };
+    // SAFETY: execve's path is a C string (or null, which execve rejects).
+    let target = (!path.is_null()).then(|| unsafe { CStr::from_ptr(path) });
+    if target.is_some_and(|t| crate::exec_target::is_foreign_path(t, false)) {
+        let mut storage = crate::exec_target::EnvWithoutAgent::new();
+        let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
+        let finished = before_exec();
+        // SAFETY: the caller's arguments, the environment without the agent.
+        let r = unsafe { real_execve(path, argv, env) };
+        after_failed_exec(finished);
+        return r;
+    }
     if !lifecycle::owns_process() {
         // A vfork child shares our memory: touch nothing.
         // SAFETY: passing the caller's arguments through.
@@ -228,6 +239,17 @@ pub unsafe extern "C" fn execvpe(
         *const *const c_char,
         *const *const c_char,
     ) -> c_int = unsafe { core::mem::transmute(f) };
+    // SAFETY: execvpe's file is a C string (or null, which it rejects).
+    let target = (!file.is_null()).then(|| unsafe { CStr::from_ptr(file) });
+    if target.is_some_and(|t| crate::exec_target::is_foreign_path(t, true)) {
+        let mut storage = crate::exec_target::EnvWithoutAgent::new();
+        let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
+        let finished = before_exec();
+        // SAFETY: the caller's arguments, the environment without the agent.
+        let r = unsafe { real_fn(file, argv, env) };
+        after_failed_exec(finished);
+        return r;
+    }
     if !lifecycle::owns_process() {
         // SAFETY: pass-through in a vfork child.
         return unsafe { real_fn(file, argv, envp) };
@@ -260,6 +282,15 @@ pub unsafe extern "C" fn fexecve(
     // SAFETY: glibc's fexecve.
     let real_fn: unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int =
         unsafe { core::mem::transmute(f) };
+    if crate::exec_target::is_foreign_fd(fd) {
+        let mut storage = crate::exec_target::EnvWithoutAgent::new();
+        let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
+        let finished = before_exec();
+        // SAFETY: the caller's arguments, the environment without the agent.
+        let r = unsafe { real_fn(fd, argv, env) };
+        after_failed_exec(finished);
+        return r;
+    }
     if !lifecycle::owns_process() {
         // SAFETY: pass-through in a vfork child.
         return unsafe { real_fn(fd, argv, envp) };

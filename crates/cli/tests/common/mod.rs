@@ -195,7 +195,13 @@ impl Drop for TestDir {
 // ---------------------------------------------------------------------------
 // Compiling fixtures.
 
-fn compile(dir: &TestDir, compiler: &str, source: &str, out_name: &str, flags: &[&str]) -> PathBuf {
+pub fn compile(
+    dir: &TestDir,
+    compiler: &str,
+    source: &str,
+    out_name: &str,
+    flags: &[&str],
+) -> PathBuf {
     let src = fixture(source);
     let out = dir.path().join("bin").join(out_name);
     let output = Command::new(compiler)

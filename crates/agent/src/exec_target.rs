@@ -1,0 +1,246 @@
+//! Whether a program about to be executed can take the agent.
+//!
+//! A traced program's exec passes `LD_PRELOAD` with the agent on. The
+//! dynamic loader of a 32-bit program ignores the 64-bit agent but says so
+//! on the program's stderr ("ERROR: ld.so: object ... cannot be preloaded
+//! (wrong ELF class: ELFCLASS64): ignored."), and musl's loader fails on
+//! the agent's glibc symbols, so that the program never starts. For such a
+//! target the exec hooks (`hooks/process.rs`) drop the agent from
+//! `LD_PRELOAD`: it runs untraced, as it would have run without trapline.
+//!
+//! Everything here works without allocating, in stack buffers: shells
+//! (dash, bash for simple commands) exec from a vfork child, which shares
+//! the parent's memory. A script, a static program, a file that cannot be
+//! read or an environment too large for the buffers keeps the agent.
+
+use core::ffi::{c_char, CStr};
+
+/// Whether the program at `path` (the exec's own path, resolved against
+/// PATH for `execvp` when `search`) cannot take the agent.
+pub fn is_foreign_path(path: &CStr, search: bool) -> bool {
+    let name = path.to_bytes();
+    if name.is_empty() {
+        return false;
+    }
+    if !search || name.contains(&b'/') {
+        return is_foreign_at(path);
+    }
+    // SAFETY: getenv returns null or a C string of the environment.
+    let var = unsafe { libc::getenv(c"PATH".as_ptr()) };
+    let dirs: &[u8] = if var.is_null() {
+        b"/bin:/usr/bin"
+    } else {
+        // SAFETY: as above.
+        unsafe { CStr::from_ptr(var) }.to_bytes()
+    };
+    for dir in dirs.split(|&b| b == b':') {
+        let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+        let mut candidate = [0u8; 4096];
+        let len = dir.len() + 1 + name.len();
+        if len >= candidate.len() {
+            continue;
+        }
+        candidate[..dir.len()].copy_from_slice(dir);
+        candidate[dir.len()] = b'/';
+        candidate[dir.len() + 1..len].copy_from_slice(name);
+        let Ok(candidate) = CStr::from_bytes_until_nul(&candidate) else {
+            continue;
+        };
+        // SAFETY: a NUL-terminated path.
+        if unsafe { libc::access(candidate.as_ptr(), libc::X_OK) } == 0 {
+            return is_foreign_at(candidate);
+        }
+    }
+    false
+}
+
+/// `is_foreign_fd` of the regular file at `path`.
+fn is_foreign_at(path: &CStr) -> bool {
+    // SAFETY: a zeroed stat is valid.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a stat we own.
+    if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFREG
+    {
+        // Not a regular file (opening a FIFO or a device can do things).
+        return false;
+    }
+    // SAFETY: opening a regular file for reading.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    let foreign = is_foreign_fd(fd);
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    foreign
+}
+
+/// Reads `buf.len()` bytes at `offset` of `fd`; false if it cannot.
+fn read_at(fd: i32, buf: &mut [u8], offset: u64) -> bool {
+    // SAFETY: pread into a buffer we own, of its length.
+    let n = unsafe {
+        libc::pread(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            offset as libc::off_t,
+        )
+    };
+    n == buf.len() as isize
+}
+
+/// Whether `fd` (an open regular file) is a dynamically linked ELF program
+/// that glibc's loader for the agent's architecture does not start.
+pub fn is_foreign_fd(fd: i32) -> bool {
+    let mut header = [0u8; 64];
+    if !read_at(fd, &mut header, 0) || header[..4] != *b"\x7fELF" {
+        return false;
+    }
+    let class64 = header[4] == 2;
+    let le16 = |b: &[u8], at: usize| u64::from(u16::from_le_bytes([b[at], b[at + 1]]));
+    let le32 = |b: &[u8], at: usize| {
+        u64::from(u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]))
+    };
+    let le64 = |b: &[u8], at: usize| le32(b, at) | (le32(b, at + 4) << 32);
+    if header[5] != 1 {
+        // Big-endian: not this machine's.
+        return true;
+    }
+    let machine = le16(&header, 18);
+    let (phoff, phentsize, phnum) = if class64 {
+        (le64(&header, 32), le16(&header, 54), le16(&header, 56))
+    } else {
+        (le32(&header, 28), le16(&header, 42), le16(&header, 44))
+    };
+    let min = if class64 { 56 } else { 32 };
+    if phentsize < min || phentsize > 64 || phnum > 256 {
+        return false;
+    }
+    for i in 0..phnum {
+        let mut ph = [0u8; 64];
+        if !read_at(fd, &mut ph[..phentsize as usize], phoff + i * phentsize) {
+            return false;
+        }
+        if le32(&ph, 0) != 3 {
+            continue;
+        }
+        // PT_INTERP: the program is started by this loader.
+        let (offset, size) = if class64 {
+            (le64(&ph, 8), le64(&ph, 32))
+        } else {
+            (le32(&ph, 4), le32(&ph, 16))
+        };
+        let mut name = [0u8; 256];
+        let size = (size as usize).min(name.len());
+        if !read_at(fd, &mut name[..size], offset) {
+            return false;
+        }
+        let end = name[..size].iter().position(|&b| b == 0).unwrap_or(size);
+        return !class64
+            || machine != u64::from(crate::arch::ELF_MACHINE)
+            || !is_glibc_loader(&name[..end]);
+    }
+    // No PT_INTERP: static, no loader reads LD_PRELOAD.
+    false
+}
+
+/// Whether `loader` (a PT_INTERP path) is glibc's: `ld-linux*` or `ld64.so*`
+/// (`trapline run` refuses other loaders' programs with the same test).
+fn is_glibc_loader(loader: &[u8]) -> bool {
+    let name = loader.rsplit(|&b| b == b'/').next().unwrap_or(loader);
+    name.starts_with(b"ld-linux") || name.starts_with(b"ld64.so") || name.starts_with(b"ld.so")
+}
+
+/// Most entries an environment without the agent is built for.
+pub const MAX_ENTRIES: usize = 512;
+
+/// An environment without the agent, in caller-owned storage (no
+/// allocation: a vfork child may build it).
+pub struct EnvWithoutAgent {
+    entries: [*const c_char; MAX_ENTRIES + 1],
+    preload: [u8; 2048],
+}
+
+impl EnvWithoutAgent {
+    pub const fn new() -> EnvWithoutAgent {
+        EnvWithoutAgent {
+            entries: [core::ptr::null(); MAX_ENTRIES + 1],
+            preload: [0; 2048],
+        }
+    }
+
+    /// `envp` with the agent taken out of `LD_PRELOAD` (the variable
+    /// dropped if nothing else is in it) and without the entries `skip`
+    /// names; `None` when it does not fit (then `envp` is used as it is).
+    pub fn build(
+        &mut self,
+        envp: *const *const c_char,
+        skip: impl Fn(&[u8]) -> bool,
+    ) -> Option<*const *const c_char> {
+        if envp.is_null() {
+            return None;
+        }
+        let mut n = 0;
+        let mut i = 0;
+        loop {
+            // SAFETY: envp is a NULL-terminated array of C strings.
+            let e = unsafe { *envp.add(i) };
+            if e.is_null() {
+                break;
+            }
+            i += 1;
+            // SAFETY: as above.
+            let bytes = unsafe { CStr::from_ptr(e) }.to_bytes();
+            if skip(bytes) {
+                continue;
+            }
+            let entry = match bytes.strip_prefix(b"LD_PRELOAD=") {
+                Some(list) => match self.preload_without_agent(list) {
+                    Some(p) => p,
+                    None => continue,
+                },
+                None => e,
+            };
+            if n == MAX_ENTRIES {
+                return None;
+            }
+            self.entries[n] = entry;
+            n += 1;
+        }
+        self.entries[n] = core::ptr::null();
+        Some(self.entries.as_ptr())
+    }
+
+    /// `LD_PRELOAD=` with `list` minus the agent, in `preload`; `None` when
+    /// nothing is left.
+    fn preload_without_agent(&mut self, list: &[u8]) -> Option<*const c_char> {
+        const NAME: &[u8] = b"LD_PRELOAD=";
+        self.preload[..NAME.len()].copy_from_slice(NAME);
+        let mut at = NAME.len();
+        for lib in list.split(|&b| b == b':' || b == b' ') {
+            if lib.is_empty() || lib.windows(17).any(|w| w == b"libtrapline_agent") {
+                continue;
+            }
+            if at + lib.len() + 2 > self.preload.len() {
+                break;
+            }
+            if at > NAME.len() {
+                self.preload[at] = b':';
+                at += 1;
+            }
+            self.preload[at..at + lib.len()].copy_from_slice(lib);
+            at += lib.len();
+        }
+        if at == NAME.len() {
+            return None;
+        }
+        self.preload[at] = 0;
+        Some(self.preload.as_ptr().cast())
+    }
+}
