@@ -159,6 +159,21 @@ fn is_for_the_top_image(entry: &[u8]) -> bool {
         .any(|name| entry.starts_with(name.as_bytes()) && entry.get(name.len()) == Some(&b'='))
 }
 
+/// Executes (`exec`, given the environment) a program the agent cannot be
+/// loaded into, with `envp` minus the agent (`exec_target.rs`); no
+/// allocation (a vfork child may call it).
+fn exec_without_agent(
+    envp: *const *const c_char,
+    exec: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    let mut storage = crate::exec_target::EnvWithoutAgent::new();
+    let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
+    let finished = before_exec();
+    let r = exec(env);
+    after_failed_exec(finished);
+    r
+}
+
 fn before_exec() -> bool {
     if !lifecycle::is_initialized() || !lifecycle::owns_process() {
         return false;
@@ -195,13 +210,8 @@ pub unsafe extern "C" fn execve(
     // SAFETY: execve's path is a C string (or null, which execve rejects).
     let target = (!path.is_null()).then(|| unsafe { CStr::from_ptr(path) });
     if target.is_some_and(|t| crate::exec_target::is_foreign_path(t, false)) {
-        let mut storage = crate::exec_target::EnvWithoutAgent::new();
-        let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
-        let finished = before_exec();
         // SAFETY: the caller's arguments, the environment without the agent.
-        let r = unsafe { real_execve(path, argv, env) };
-        after_failed_exec(finished);
-        return r;
+        return exec_without_agent(envp, |env| unsafe { real_execve(path, argv, env) });
     }
     if !lifecycle::owns_process() {
         // A vfork child shares our memory: touch nothing.
@@ -242,13 +252,8 @@ pub unsafe extern "C" fn execvpe(
     // SAFETY: execvpe's file is a C string (or null, which it rejects).
     let target = (!file.is_null()).then(|| unsafe { CStr::from_ptr(file) });
     if target.is_some_and(|t| crate::exec_target::is_foreign_path(t, true)) {
-        let mut storage = crate::exec_target::EnvWithoutAgent::new();
-        let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
-        let finished = before_exec();
         // SAFETY: the caller's arguments, the environment without the agent.
-        let r = unsafe { real_fn(file, argv, env) };
-        after_failed_exec(finished);
-        return r;
+        return exec_without_agent(envp, |env| unsafe { real_fn(file, argv, env) });
     }
     if !lifecycle::owns_process() {
         // SAFETY: pass-through in a vfork child.
@@ -283,13 +288,8 @@ pub unsafe extern "C" fn fexecve(
     let real_fn: unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int =
         unsafe { core::mem::transmute(f) };
     if crate::exec_target::is_foreign_fd(fd) {
-        let mut storage = crate::exec_target::EnvWithoutAgent::new();
-        let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
-        let finished = before_exec();
         // SAFETY: the caller's arguments, the environment without the agent.
-        let r = unsafe { real_fn(fd, argv, env) };
-        after_failed_exec(finished);
-        return r;
+        return exec_without_agent(envp, |env| unsafe { real_fn(fd, argv, env) });
     }
     if !lifecycle::owns_process() {
         // SAFETY: pass-through in a vfork child.
