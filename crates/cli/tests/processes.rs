@@ -1265,3 +1265,52 @@ fn programs_that_cannot_take_the_agent_run_as_without_it() {
     assert_eq!(traced.stdout, expected, "{}", traced.describe());
     assert_no_events_lost_in_summary(&traced);
 }
+
+/// spawner.c starts children with posix_spawnp, which the C library runs
+/// past the exec hooks: a 32-bit one and a musl one, found along PATH, run
+/// untraced exactly as without trapline (no loader complaint, a musl child
+/// that starts), and a glibc one given an empty environment is traced all
+/// the same (it ran untraced: the agent was not in its LD_PRELOAD).
+#[test]
+fn posix_spawn_children_are_followed_or_left_alone_as_exec_does() {
+    let dir = TestDir::new("spawned_children");
+    let prog32 = compile_c_with(&dir, "hello_name.c", "hello32", &["-m32"]);
+    compile(&dir, "musl-gcc", "hello_name.c", "hello_musl", &["-g"]);
+    compile_c_with(&dir, "hello_name.c", "hello64", &[]);
+    let spawner = compile_c(&dir, "spawner.c");
+    let bin = prog32.parent().unwrap().display().to_string();
+    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+    let args = ["hello32", "hello_musl", "-e", "hello64"];
+    let native = output_of(
+        {
+            let mut cmd = std::process::Command::new(&spawner);
+            cmd.args(args).env("PATH", &path);
+            cmd
+        },
+        "native",
+    );
+    assert_eq!(
+        native.stdout,
+        "hello from hello32\nhello from hello_musl\nhello from hello64\n",
+        "{}",
+        native.describe()
+    );
+    assert_eq!(native.stderr, "");
+    let mut cmd = run_command(&dir, &[], &spawner, &args);
+    cmd.env("PATH", &path);
+    let traced = output_of(cmd, "traced");
+    assert_eq!(traced.code(), 0, "{}", traced.describe());
+    assert_eq!(
+        traced.stdout,
+        "hello from hello32\nhello from hello_musl\nhello from hello64 (agent preloaded)\n",
+        "{}",
+        traced.describe()
+    );
+    assert!(
+        !traced.stderr.contains("ERROR: ld.so"),
+        "{}",
+        traced.describe()
+    );
+    // The spawner's trace and the glibc child's.
+    assert_eq!(dir.other_traces().len(), 1, "{}", traced.describe());
+}

@@ -303,6 +303,94 @@ pub unsafe extern "C" fn fexecve(
     r
 }
 
+static REAL_POSIX_SPAWN: AtomicUsize = AtomicUsize::new(0);
+static REAL_POSIX_SPAWNP: AtomicUsize = AtomicUsize::new(0);
+
+type SpawnFn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    *const *const c_char,
+    *const *const c_char,
+) -> c_int;
+
+/// `posix_spawn` and `posix_spawnp` start the child inside the C library,
+/// which executes it past the exec hooks: the child got `envp` as it was.
+/// Here it gets what an exec hook gives: the agent kept in (or put back
+/// into) `LD_PRELOAD` when following, or taken out for a program that
+/// cannot take it (`exec_target.rs`). The trace of the caller goes on: the
+/// call starts another process, it does not replace this one.
+///
+/// `posix_spawn` and `posix_spawnp` start their child inside the C library,
+/// which executes it past the exec hooks: the child got `envp` as it was
+/// (a caller's own environment without `LD_PRELOAD` left it untraced; a
+/// 32-bit or musl program got the agent). Here it gets what an exec hook
+/// gives: the agent kept in (or put back into) `LD_PRELOAD` when following,
+/// or taken out for a program that cannot take it (`exec_target.rs`). The
+/// caller's trace goes on: the call starts another process.
+///
+/// The environment to start `path` with (`search`: found along PATH) is
+/// given to `spawn`.
+fn spawn_with(
+    search: bool,
+    path: *const c_char,
+    envp: *const *const c_char,
+    spawn: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    if path.is_null() || envp.is_null() || !lifecycle::owns_process() {
+        return spawn(envp);
+    }
+    // SAFETY: a C string (checked non-null).
+    let target = unsafe { CStr::from_ptr(path) };
+    if crate::exec_target::is_foreign_path(target, search) {
+        let mut storage = crate::exec_target::EnvWithoutAgent::new();
+        return spawn(storage.build(envp, is_for_the_top_image).unwrap_or(envp));
+    }
+    let (_keep, env) = env_with_agent(envp);
+    spawn(env.as_ptr())
+}
+
+/// # Safety
+/// posix_spawn's contract.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let f = real(&REAL_POSIX_SPAWN, c"posix_spawn");
+    // SAFETY: glibc's posix_spawn.
+    let real_fn: SpawnFn = unsafe { core::mem::transmute(f) };
+    spawn_with(false, path, envp, |env| {
+        // SAFETY: the caller's arguments (posix_spawn's contract), with `env`.
+        unsafe { real_fn(pid, path, actions, attr, argv, env) }
+    })
+}
+
+/// # Safety
+/// posix_spawnp's contract.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let f = real(&REAL_POSIX_SPAWNP, c"posix_spawnp");
+    // SAFETY: glibc's posix_spawnp.
+    let real_fn: SpawnFn = unsafe { core::mem::transmute(f) };
+    spawn_with(true, file, envp, |env| {
+        // SAFETY: the caller's arguments (posix_spawnp's contract), with `env`.
+        unsafe { real_fn(pid, file, actions, attr, argv, env) }
+    })
+}
+
 #[inline(always)]
 fn exit_now(status: c_int) -> ! {
     if lifecycle::owns_process() {
