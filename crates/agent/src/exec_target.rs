@@ -54,6 +54,41 @@ pub fn is_foreign_path(path: &CStr, search: bool) -> bool {
     false
 }
 
+/// `is_foreign_fd` of what `execveat(dirfd, path, ..., flags)` would run.
+pub fn is_foreign_at_dir(dirfd: i32, path: *const c_char, flags: i32) -> bool {
+    if path.is_null() {
+        return false;
+    }
+    // SAFETY: a C string (checked non-null: execveat's contract).
+    let name = unsafe { CStr::from_ptr(path) };
+    if name.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        return is_foreign_fd(dirfd);
+    }
+    // SAFETY: a zeroed stat is valid; a NUL-terminated path.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, 0) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFREG
+    {
+        return false;
+    }
+    // SAFETY: opening a regular file for reading.
+    let fd = unsafe {
+        libc::openat(
+            dirfd,
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    let foreign = is_foreign_fd(fd);
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    foreign
+}
+
 /// `is_foreign_fd` of the regular file at `path`.
 fn is_foreign_at(path: &CStr) -> bool {
     // SAFETY: a zeroed stat is valid.

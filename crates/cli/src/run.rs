@@ -680,7 +680,7 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
         );
     }
     if empty {
-        let not_loaded = "the agent was not loaded into it (a static, setuid or 32-bit program started by a script? a program that clears LD_PRELOAD?)";
+        let not_loaded = "the agent was not loaded into it (a static, setuid, 32-bit or musl program started by a script? a program that clears LD_PRELOAD?)";
         match killed_by {
             // SIGKILL, or a crash the agent's handler could not run for
             // (a stack overflow without an alternate stack), before the
@@ -748,7 +748,7 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
 
 /// The exec'd image after the last trace was not traced.
 const EXEC_UNTRACED: &str = "the process then replaced itself with a program the agent \
-     could not enter (a static, setuid or 32-bit program, or one that clears LD_PRELOAD): the \
+     could not enter (a static, setuid, 32-bit or musl program, or one that clears LD_PRELOAD): the \
      exit status is that program's";
 
 /// The command's process, image by image: indexes into `files` of its

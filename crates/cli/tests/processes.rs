@@ -963,7 +963,7 @@ fn the_run_summary_says_when_the_command_execs_an_untraced_program() {
     assert!(
         run.stderr.contains(
             "==trapline== the process then replaced itself with a program the agent could \
-             not enter (a static, setuid or 32-bit program, or one that clears LD_PRELOAD): \
+             not enter (a static, setuid, 32-bit or musl program, or one that clears LD_PRELOAD): \
              the exit status is that program's\n"
         ),
         "{}",
@@ -1313,4 +1313,30 @@ fn posix_spawn_children_are_followed_or_left_alone_as_exec_does() {
     );
     // The spawner's trace and the glibc child's.
     assert_eq!(dir.other_traces().len(), 1, "{}", traced.describe());
+}
+
+/// exec_at.c replaces itself through glibc's execveat, which no hook saw:
+/// with a 32-bit program, whose loader then complained about the agent on
+/// its stderr, and with a glibc one, which is followed like any exec'd
+/// image (its trace is the top trace's `.<pid>`).
+#[test]
+fn execveat_is_followed_like_the_other_execs() {
+    let dir = TestDir::new("exec_at");
+    let prog32 = compile_c_with(&dir, "hello_name.c", "hello32", &["-m32"]);
+    compile_c_with(&dir, "hello_name.c", "hello64", &[]);
+    let exec_at = compile_c(&dir, "exec_at.c");
+    let bin = prog32.parent().unwrap().display().to_string();
+    let to32 = run(&dir, &[], &exec_at, &[&bin, "hello32"]);
+    assert_eq!(to32.code(), 0, "{}", to32.describe());
+    assert_eq!(to32.stdout, "hello from hello32\n", "{}", to32.describe());
+    assert!(!to32.stderr.contains("ERROR: ld.so"), "{}", to32.describe());
+    let to64 = run(&dir, &[], &exec_at, &[&bin, "hello64"]);
+    assert_eq!(to64.code(), 0, "{}", to64.describe());
+    assert_eq!(
+        to64.stdout,
+        "hello from hello64 (agent preloaded)\n",
+        "{}",
+        to64.describe()
+    );
+    assert_eq!(dir.other_traces().len(), 1, "{}", to64.describe());
 }

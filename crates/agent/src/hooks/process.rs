@@ -33,6 +33,10 @@ pub fn resolve() {
     real(&REAL_QUICK_EXIT, c"quick_exit");
     real(&REAL_DLOPEN, c"dlopen");
     real(&REAL_DLCLOSE, c"dlclose");
+    // Looked up now, not in a vfork child, where dlsym must not run.
+    real(&REAL_POSIX_SPAWN, c"posix_spawn");
+    real(&REAL_POSIX_SPAWNP, c"posix_spawnp");
+    real(&REAL_EXECVEAT, c"execveat");
 }
 
 /// Writes module map changes to the trace.
@@ -299,6 +303,51 @@ pub unsafe extern "C" fn fexecve(
     let finished = before_exec();
     // SAFETY: as above.
     let r = unsafe { real_fn(fd, argv, env.as_ptr()) };
+    after_failed_exec(finished);
+    r
+}
+
+static REAL_EXECVEAT: AtomicUsize = AtomicUsize::new(0);
+
+/// # Safety
+/// execveat's contract (glibc 2.34's wrapper; `fexecve` uses the system call
+/// inside glibc, which its own hook covers).
+#[no_mangle]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    flags: c_int,
+) -> c_int {
+    let f = real(&REAL_EXECVEAT, c"execveat");
+    if f == 0 {
+        // SAFETY: setting errno through its thread-local location.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    }
+    // SAFETY: glibc's execveat.
+    let real_fn: unsafe extern "C" fn(
+        c_int,
+        *const c_char,
+        *const *const c_char,
+        *const *const c_char,
+        c_int,
+    ) -> c_int = unsafe { core::mem::transmute(f) };
+    if crate::exec_target::is_foreign_at_dir(dirfd, path, flags) {
+        // SAFETY: the caller's arguments, the environment without the agent.
+        return exec_without_agent(envp, |env| unsafe {
+            real_fn(dirfd, path, argv, env, flags)
+        });
+    }
+    if !lifecycle::owns_process() {
+        // SAFETY: pass-through in a vfork child.
+        return unsafe { real_fn(dirfd, path, argv, envp, flags) };
+    }
+    let (_keep, env) = env_with_agent(envp);
+    let finished = before_exec();
+    // SAFETY: glibc's execveat with the adjusted environment.
+    let r = unsafe { real_fn(dirfd, path, argv, env.as_ptr(), flags) };
     after_failed_exec(finished);
     r
 }
