@@ -70,6 +70,7 @@ pub fn is_foreign_at_dir(dirfd: i32, path: *const c_char, flags: i32) -> bool {
     if unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, 0) } != 0
         || st.st_mode & libc::S_IFMT != libc::S_IFREG
     {
+        // Not a regular file (opening a FIFO or a device can do things).
         return false;
     }
     // SAFETY: opening a regular file for reading.
@@ -91,29 +92,7 @@ pub fn is_foreign_at_dir(dirfd: i32, path: *const c_char, flags: i32) -> bool {
 
 /// `is_foreign_fd` of the regular file at `path`.
 fn is_foreign_at(path: &CStr) -> bool {
-    // SAFETY: a zeroed stat is valid.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a stat we own.
-    if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0
-        || st.st_mode & libc::S_IFMT != libc::S_IFREG
-    {
-        // Not a regular file (opening a FIFO or a device can do things).
-        return false;
-    }
-    // SAFETY: opening a regular file for reading.
-    let fd = unsafe {
-        libc::open(
-            path.as_ptr(),
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return false;
-    }
-    let foreign = is_foreign_fd(fd);
-    // SAFETY: closing the descriptor opened above.
-    unsafe { libc::close(fd) };
-    foreign
+    is_foreign_at_dir(libc::AT_FDCWD, path.as_ptr(), 0)
 }
 
 /// Reads `buf.len()` bytes at `offset` of `fd`; false if it cannot.
