@@ -205,8 +205,9 @@ fn key() -> libc::pthread_key_t {
     k
 }
 
-fn stack_bounds() -> Bounds {
-    if sys::gettid() == sys::getpid_raw() {
+/// The stack of the calling thread, whose tid is `tid`.
+fn stack_bounds(tid: u32) -> Bounds {
+    if tid == sys::getpid_raw() {
         if let Some(bounds) = main_stack_bounds() {
             return bounds;
         }
@@ -360,7 +361,7 @@ fn finish_set_up(ts: &mut ThreadState) {
     // SAFETY: the key exists; `p` is this thread's state, freed only by the
     // key's destructor.
     unsafe { libc::pthread_setspecific(key(), p as *const libc::c_void) };
-    ts.stack = stack_bounds();
+    ts.stack = stack_bounds(ts.tid);
     // A stack overflow then still ends the trace properly (side_stack.rs).
     // Handlers of the program's with SA_ONSTACK run there too, and their
     // captures continue past the signal frame onto this stack (6.4).
