@@ -46,8 +46,14 @@ pub fn is_foreign_path(path: &CStr, search: bool) -> bool {
         let Ok(candidate) = CStr::from_bytes_until_nul(&candidate) else {
             continue;
         };
+        // The first executable regular file, as execvp skips directories.
+        // SAFETY: a zeroed stat is valid; a NUL-terminated path.
+        let mut st: libc::stat = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
+        let regular = unsafe { libc::stat(candidate.as_ptr(), &mut st) } == 0
+            && st.st_mode & libc::S_IFMT == libc::S_IFREG;
         // SAFETY: a NUL-terminated path.
-        if unsafe { libc::access(candidate.as_ptr(), libc::X_OK) } == 0 {
+        if regular && unsafe { libc::access(candidate.as_ptr(), libc::X_OK) } == 0 {
             return is_foreign_at(candidate);
         }
     }
