@@ -9,6 +9,7 @@
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -276,6 +277,41 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
     Ok(())
 }
 
+/// A script (`#!`) runs in its interpreter, which is what the agent is
+/// loaded into: the interpreter must pass `check_preloadable` too (a musl
+/// interpreter failed on the agent and the script never ran; a static one
+/// ran it untraced).
+fn check_interpreter(script: &Path) -> Result<(), ExitCode> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(script)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let Some(line) = head[..n].strip_prefix(b"#!") else {
+        return Ok(());
+    };
+    let line = line.split(|&b| b == b'\n').next().unwrap_or(line);
+    let Some(interpreter) = line
+        .split(|&b| b == b' ' || b == b'\t')
+        .find(|w| !w.is_empty())
+    else {
+        return Ok(());
+    };
+    let interpreter = Path::new(std::ffi::OsStr::from_bytes(interpreter));
+    if !interpreter.is_file() {
+        // The kernel reports it when the script is run.
+        return Ok(());
+    }
+    check_preloadable(interpreter).map_err(|code| {
+        eprintln!(
+            "trapline run: {} is a script that {} runs",
+            script.display(),
+            interpreter.display()
+        );
+        code
+    })
+}
+
 /// The warning about an allocator linked into the executable under names of
 /// its own, repeated in the end-of-run summary.
 static PRIVATE_ALLOCATOR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -425,7 +461,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    if let Err(code) = check_preloadable(&program) {
+    if let Err(code) = check_preloadable(&program).and_then(|()| check_interpreter(&program)) {
         return code;
     }
     // The trace path must be writable before anything runs.

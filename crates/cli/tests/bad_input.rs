@@ -148,6 +148,29 @@ fn run_program_of_another_c_library_is_refused() {
     );
 }
 
+/// A script runs in its interpreter, which is what the agent is loaded
+/// into: a script whose interpreter is statically linked ran untraced (and
+/// one of musl's never started). Such a script is refused, with the reason
+/// and the interpreter named.
+#[test]
+fn run_script_whose_interpreter_cannot_take_the_agent_is_refused() {
+    let dir = TestDir::new("static_interpreter");
+    let interpreter = compile_c_with(&dir, "static_hello.c", "static_interp", &["-static"]);
+    let script = dir.path().join("script");
+    std::fs::write(&script, format!("#!{}\n", interpreter.display())).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    refused(&dir, &script, "is statically linked");
+    refused(
+        &dir,
+        &script,
+        &format!(
+            "{} is a script that {} runs",
+            script.display(),
+            interpreter.display()
+        ),
+    );
+}
+
 #[test]
 fn run_static_binary_is_refused() {
     assert_refused("static_hello", &["-static"], "is statically linked");
