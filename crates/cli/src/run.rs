@@ -302,13 +302,12 @@ fn check_interpreter(script: &Path) -> Result<(), ExitCode> {
         // The kernel reports it when the script is run.
         return Ok(());
     }
-    check_preloadable(interpreter).map_err(|code| {
+    check_preloadable(interpreter).inspect_err(|_| {
         eprintln!(
             "trapline run: {} is a script that {} runs",
             script.display(),
             interpreter.display()
         );
-        code
     })
 }
 
