@@ -337,6 +337,24 @@ fn forms_a_program_did_not_replace_call_the_ones_it_did() {
     );
 }
 
+/// throwing_new.cpp: the program's operator new always throws; C++'s
+/// default new[] and nothrow new[] call it, and under trapline its
+/// exception passes through the agent's forms on the way: new[] throws,
+/// nothrow new[] gives NULL, as natively.
+#[test]
+fn a_replaced_operator_new_that_throws_reaches_the_program_through_the_agent() {
+    let dir = TestDir::new("throwing_new");
+    let prog = compile_cpp(&dir, "throwing_new.cpp");
+    let report = record_whole(
+        &dir,
+        &[],
+        &prog,
+        &[],
+        "new[] threw bad_alloc\nnothrow new[] gave NULL\n",
+    );
+    assert_eq!(kinds(&report), Vec::<&str>::new(), "{}", pretty(&report));
+}
+
 /// The error's stack is `caller` at marker `bad_line` of `src`, called from
 /// main at `CALL-<bad_line>`; its allocation stack starts in `caller` at
 /// marker `alloc_line`.
