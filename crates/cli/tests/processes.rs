@@ -1340,3 +1340,19 @@ fn execveat_is_followed_like_the_other_execs() {
     );
     assert_eq!(dir.other_traces().len(), 1, "{}", to64.describe());
 }
+
+/// arena_count.c: a single-threaded program has no glibc arena heap of its
+/// own (the main arena is [heap]), traced or not. The agent's writer
+/// thread once called an allocating C library function at its start, and
+/// glibc gave it an arena: 64 MiB of address space in the program, and one
+/// of the arenas the program's threads are spread over.
+#[test]
+fn the_writer_thread_takes_no_arena_from_the_program() {
+    let dir = TestDir::new("arena_count");
+    let prog = compile_c(&dir, "arena_count.c");
+    let native = output_of(std::process::Command::new(&prog), "native");
+    assert_eq!(native.stdout, "0 arena heaps\n", "{}", native.describe());
+    let traced = run(&dir, &[], &prog, &[]);
+    assert_eq!(traced.code(), 0, "{}", traced.describe());
+    assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+}
