@@ -613,14 +613,28 @@ pub fn start(periodic: fn()) {
     }
 }
 
+/// Threads inside `pause` .. `resume`, and whether the writer ran when the
+/// first of them stopped it (`PAUSE_LOCK` guards both).
+static PAUSE_LOCK: sys::RawLock = sys::RawLock::new();
+static PAUSERS: AtomicU32 = AtomicU32::new(0);
+static PAUSED_RUNNING: AtomicBool = AtomicBool::new(false);
+
 /// Stops the writer thread and waits until the kernel has let it go, for a
 /// system call that needs the process to have a single thread (`unshare`
-/// of a user namespace, `setns`: hooks/namespaces.rs). Returns whether it
-/// ran (then `resume` starts another). Buffers filled meanwhile wait in the
-/// queue.
-pub fn pause() -> bool {
-    if !RUNNING.load(Ordering::Acquire) {
-        return false;
+/// of a user namespace, `setns`: hooks/namespaces.rs). Every `pause` is
+/// followed by a `resume`; with several threads in such calls at once, the
+/// first stops the writer and the last starts a new one (two writers at
+/// once would share the queue, the clock tick and the sweep). Buffers filled
+/// meanwhile wait in the queue.
+pub fn pause() {
+    let _g = PAUSE_LOCK.guard();
+    if PAUSERS.fetch_add(1, Ordering::AcqRel) > 0 {
+        return;
+    }
+    let running = RUNNING.load(Ordering::Acquire);
+    PAUSED_RUNNING.store(running, Ordering::Release);
+    if !running {
+        return;
     }
     STOP.store(true, Ordering::Release);
     WORK.notify_all();
@@ -642,11 +656,14 @@ pub fn pause() -> bool {
         unsafe { libc::sched_yield() };
     }
     crate::scan::forget_agent_thread(tid);
-    true
 }
 
-/// Starts the writer again after `pause`.
+/// Ends a `pause`: the last one starts the writer again if it ran.
 pub fn resume() {
+    let _g = PAUSE_LOCK.guard();
+    if PAUSERS.fetch_sub(1, Ordering::AcqRel) != 1 || !PAUSED_RUNNING.load(Ordering::Acquire) {
+        return;
+    }
     let periodic = PERIODIC.load(Ordering::Acquire);
     if periodic != 0 {
         // SAFETY: PERIODIC holds the `fn()` an earlier `start` stored.

@@ -23,13 +23,16 @@ const SINGLE_THREADED: c_int =
 
 /// Runs `call` with the writer thread stopped, keeping its errno.
 fn without_writer(call: impl FnOnce() -> c_int) -> c_int {
-    let paused = crate::writer::pause();
+    if !crate::lifecycle::owns_process() {
+        // A vfork child shares the parent's memory: its writer is the
+        // parent's, and the child is single-threaded anyway.
+        return call();
+    }
+    crate::writer::pause();
     let r = call();
     // SAFETY: this thread's errno location.
     let errno = unsafe { *libc::__errno_location() };
-    if paused {
-        crate::writer::resume();
-    }
+    crate::writer::resume();
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
     r
