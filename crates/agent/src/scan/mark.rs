@@ -104,6 +104,15 @@ const PAGE_IS_SWAPPED: u64 = 1 << 4;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 impl Pagemap {
+    /// No pagemap (an empty vector allocates nothing).
+    const fn none() -> Pagemap {
+        Pagemap {
+            file: None,
+            entries: Vec::new(),
+            scan_supported: false,
+        }
+    }
+
     fn open() -> Pagemap {
         Pagemap {
             file: std::fs::File::open("/proc/thread-self/pagemap").ok(),
@@ -255,15 +264,16 @@ impl SafeReader {
     /// Calls `f(a, b)` for the parts of anonymous memory `[lo, hi)` that
     /// may hold data: all of it when small, else its pages in memory or
     /// swap (`Pagemap`).
+    ///
+    /// It runs while the world is stopped, so it allocates nothing: the
+    /// pagemap is lent out of `self` for the walk (an empty one stands in).
     pub fn populated(&mut self, lo: u64, hi: u64, mut f: impl FnMut(&mut Self, u64, u64)) {
         if hi.saturating_sub(lo) < SPARSE_FROM {
             return f(self, lo, hi);
         }
-        let mut runs = Vec::new();
-        self.pages.populated(lo, hi, |a, b| runs.push((a, b)));
-        for (a, b) in runs {
-            f(self, a, b);
-        }
+        let mut pages = core::mem::replace(&mut self.pages, Pagemap::none());
+        pages.populated(lo, hi, |a, b| f(self, a, b));
+        self.pages = pages;
     }
 
     /// Reads up to `want` bytes at `at` into `buf`: the count, or 0 or less
