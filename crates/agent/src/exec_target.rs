@@ -16,8 +16,13 @@
 use core::ffi::{c_char, CStr};
 
 /// Whether the program at `path` (the exec's own path, resolved against
-/// PATH for `execvp` when `search`) cannot take the agent.
-pub fn is_foreign_path(path: &CStr, search: bool) -> bool {
+/// PATH for `execvp` when `search`; null: no) cannot take the agent.
+pub fn is_foreign_path(path: *const c_char, search: bool) -> bool {
+    if path.is_null() {
+        return false;
+    }
+    // SAFETY: a C string (checked non-null: the exec functions' contract).
+    let path = unsafe { CStr::from_ptr(path) };
     let name = path.to_bytes();
     if name.is_empty() {
         return false;

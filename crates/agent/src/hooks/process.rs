@@ -163,17 +163,31 @@ fn is_for_the_top_image(entry: &[u8]) -> bool {
         .any(|name| entry.starts_with(name.as_bytes()) && entry.get(name.len()) == Some(&b'='))
 }
 
-/// Executes (`exec`, given the environment) a program the agent cannot be
-/// loaded into, with `envp` minus the agent (`exec_target.rs`); no
-/// allocation (a vfork child may call it).
-fn exec_without_agent(
+/// Runs an exec (`exec`, given the environment) of a program that can take
+/// the agent or, when `foreign` (`exec_target.rs`), cannot: the environment
+/// keeps the agent (or has it taken out), and the trace is finished first
+/// (taken up again if the exec fails). A vfork child's exec of a program
+/// that can take the agent passes straight through: it shares our memory.
+/// The foreign path allocates nothing, so it serves vfork children too.
+fn exec_with(
+    foreign: bool,
     envp: *const *const c_char,
     exec: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    let mut storage = crate::exec_target::EnvWithoutAgent::new();
-    let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
+    if foreign {
+        let mut storage = crate::exec_target::EnvWithoutAgent::new();
+        let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
+        let finished = before_exec();
+        let r = exec(env);
+        after_failed_exec(finished);
+        return r;
+    }
+    if !lifecycle::owns_process() {
+        return exec(envp);
+    }
+    let (_keep, env) = env_with_agent(envp);
     let finished = before_exec();
-    let r = exec(env);
+    let r = exec(env.as_ptr());
     after_failed_exec(finished);
     r
 }
@@ -211,23 +225,9 @@ pub unsafe extern "C" fn execve(
         *const *const c_char,
         *const *const c_char,
     ) -> c_int = unsafe { core::mem::transmute(f) };
-    // SAFETY: execve's path is a C string (or null, which execve rejects).
-    let target = (!path.is_null()).then(|| unsafe { CStr::from_ptr(path) });
-    if target.is_some_and(|t| crate::exec_target::is_foreign_path(t, false)) {
-        // SAFETY: the caller's arguments, the environment without the agent.
-        return exec_without_agent(envp, |env| unsafe { real_execve(path, argv, env) });
-    }
-    if !lifecycle::owns_process() {
-        // A vfork child shares our memory: touch nothing.
-        // SAFETY: passing the caller's arguments through.
-        return unsafe { real_execve(path, argv, envp) };
-    }
-    let (_keep, env) = env_with_agent(envp);
-    let finished = before_exec();
-    // SAFETY: as above, with an environment that still preloads the agent.
-    let r = unsafe { real_execve(path, argv, env.as_ptr()) };
-    after_failed_exec(finished);
-    r
+    let foreign = crate::exec_target::is_foreign_path(path, false);
+    // SAFETY: the caller's arguments, with the environment `exec_with` gives.
+    exec_with(foreign, envp, |env| unsafe { real_execve(path, argv, env) })
 }
 
 /// # Safety
@@ -253,22 +253,9 @@ pub unsafe extern "C" fn execvpe(
         *const *const c_char,
         *const *const c_char,
     ) -> c_int = unsafe { core::mem::transmute(f) };
-    // SAFETY: execvpe's file is a C string (or null, which it rejects).
-    let target = (!file.is_null()).then(|| unsafe { CStr::from_ptr(file) });
-    if target.is_some_and(|t| crate::exec_target::is_foreign_path(t, true)) {
-        // SAFETY: the caller's arguments, the environment without the agent.
-        return exec_without_agent(envp, |env| unsafe { real_fn(file, argv, env) });
-    }
-    if !lifecycle::owns_process() {
-        // SAFETY: pass-through in a vfork child.
-        return unsafe { real_fn(file, argv, envp) };
-    }
-    let (_keep, env) = env_with_agent(envp);
-    let finished = before_exec();
-    // SAFETY: glibc's execvpe with the adjusted environment.
-    let r = unsafe { real_fn(file, argv, env.as_ptr()) };
-    after_failed_exec(finished);
-    r
+    let foreign = crate::exec_target::is_foreign_path(file, true);
+    // SAFETY: the caller's arguments, with the environment `exec_with` gives.
+    exec_with(foreign, envp, |env| unsafe { real_fn(file, argv, env) })
 }
 
 /// # Safety
@@ -291,20 +278,9 @@ pub unsafe extern "C" fn fexecve(
     // SAFETY: glibc's fexecve.
     let real_fn: unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int =
         unsafe { core::mem::transmute(f) };
-    if crate::exec_target::is_foreign_fd(fd) {
-        // SAFETY: the caller's arguments, the environment without the agent.
-        return exec_without_agent(envp, |env| unsafe { real_fn(fd, argv, env) });
-    }
-    if !lifecycle::owns_process() {
-        // SAFETY: pass-through in a vfork child.
-        return unsafe { real_fn(fd, argv, envp) };
-    }
-    let (_keep, env) = env_with_agent(envp);
-    let finished = before_exec();
-    // SAFETY: as above.
-    let r = unsafe { real_fn(fd, argv, env.as_ptr()) };
-    after_failed_exec(finished);
-    r
+    let foreign = crate::exec_target::is_foreign_fd(fd);
+    // SAFETY: the caller's arguments, with the environment `exec_with` gives.
+    exec_with(foreign, envp, |env| unsafe { real_fn(fd, argv, env) })
 }
 
 static REAL_EXECVEAT: AtomicUsize = AtomicUsize::new(0);
@@ -334,22 +310,11 @@ pub unsafe extern "C" fn execveat(
         *const *const c_char,
         c_int,
     ) -> c_int = unsafe { core::mem::transmute(f) };
-    if crate::exec_target::is_foreign_at_dir(dirfd, path, flags) {
-        // SAFETY: the caller's arguments, the environment without the agent.
-        return exec_without_agent(envp, |env| unsafe {
-            real_fn(dirfd, path, argv, env, flags)
-        });
-    }
-    if !lifecycle::owns_process() {
-        // SAFETY: pass-through in a vfork child.
-        return unsafe { real_fn(dirfd, path, argv, envp, flags) };
-    }
-    let (_keep, env) = env_with_agent(envp);
-    let finished = before_exec();
-    // SAFETY: glibc's execveat with the adjusted environment.
-    let r = unsafe { real_fn(dirfd, path, argv, env.as_ptr(), flags) };
-    after_failed_exec(finished);
-    r
+    let foreign = crate::exec_target::is_foreign_at_dir(dirfd, path, flags);
+    // SAFETY: the caller's arguments, with the environment `exec_with` gives.
+    exec_with(foreign, envp, |env| unsafe {
+        real_fn(dirfd, path, argv, env, flags)
+    })
 }
 
 static REAL_POSIX_SPAWN: AtomicUsize = AtomicUsize::new(0);
@@ -364,13 +329,6 @@ type SpawnFn = unsafe extern "C" fn(
     *const *const c_char,
 ) -> c_int;
 
-/// `posix_spawn` and `posix_spawnp` start the child inside the C library,
-/// which executes it past the exec hooks: the child got `envp` as it was.
-/// Here it gets what an exec hook gives: the agent kept in (or put back
-/// into) `LD_PRELOAD` when following, or taken out for a program that
-/// cannot take it (`exec_target.rs`). The trace of the caller goes on: the
-/// call starts another process, it does not replace this one.
-///
 /// `posix_spawn` and `posix_spawnp` start their child inside the C library,
 /// which executes it past the exec hooks: the child got `envp` as it was
 /// (a caller's own environment without `LD_PRELOAD` left it untraced; a
@@ -390,9 +348,7 @@ fn spawn_with(
     if path.is_null() || envp.is_null() || !lifecycle::owns_process() {
         return spawn(envp);
     }
-    // SAFETY: a C string (checked non-null).
-    let target = unsafe { CStr::from_ptr(path) };
-    if crate::exec_target::is_foreign_path(target, search) {
+    if crate::exec_target::is_foreign_path(path, search) {
         let mut storage = crate::exec_target::EnvWithoutAgent::new();
         return spawn(storage.build(envp, is_for_the_top_image).unwrap_or(envp));
     }
