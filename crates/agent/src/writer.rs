@@ -636,16 +636,7 @@ pub fn pause() {
     if !running {
         return;
     }
-    STOP.store(true, Ordering::Release);
-    WORK.notify_all();
-    let deadline = crate::clock::precise_now() + 5_000_000_000;
-    while !STOPPED.load(Ordering::Acquire) && crate::clock::precise_now() < deadline {
-        let seen = DONE.generation();
-        if STOPPED.load(Ordering::Acquire) {
-            break;
-        }
-        DONE.wait(seen, Some(5_000_000));
-    }
+    let deadline = stop_writer(5_000);
     // The thread has left its loop; it is gone once the kernel no longer
     // lists it (a detached thread is reaped as it exits). Its tid is read
     // only now: a writer that had not run yet when the program called (it
@@ -656,6 +647,22 @@ pub fn pause() {
         unsafe { libc::sched_yield() };
     }
     crate::scan::forget_agent_thread(tid);
+}
+
+/// Asks the running writer to write what is queued and leave its loop, and
+/// waits for that at most `timeout_ms`; returns the deadline.
+fn stop_writer(timeout_ms: u64) -> u64 {
+    STOP.store(true, Ordering::Release);
+    WORK.notify_all();
+    let deadline = crate::clock::precise_now() + timeout_ms * 1_000_000;
+    while !STOPPED.load(Ordering::Acquire) && crate::clock::precise_now() < deadline {
+        let seen = DONE.generation();
+        if STOPPED.load(Ordering::Acquire) {
+            break;
+        }
+        DONE.wait(seen, Some(5_000_000));
+    }
+    deadline
 }
 
 /// Ends a `pause`: the last one starts the writer again if it ran.
@@ -675,16 +682,7 @@ pub fn resume() {
 /// `timeout_ms`; then writes whatever is left from this thread and closes the file.
 pub fn finish(timeout_ms: u64) {
     if RUNNING.load(Ordering::Acquire) {
-        STOP.store(true, Ordering::Release);
-        WORK.notify_all();
-        let deadline = crate::clock::precise_now() + timeout_ms * 1_000_000;
-        while !STOPPED.load(Ordering::Acquire) && crate::clock::precise_now() < deadline {
-            let seen = DONE.generation();
-            if STOPPED.load(Ordering::Acquire) {
-                break;
-            }
-            DONE.wait(seen, Some(5_000_000));
-        }
+        stop_writer(timeout_ms);
     }
     let mut scratch = Vec::new();
     drain(&mut scratch);
