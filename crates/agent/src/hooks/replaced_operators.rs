@@ -24,61 +24,29 @@ use core::ffi::{c_void, CStr};
 use core::sync::atomic::{AtomicU32, Ordering};
 use trapline_trace::AllocFn;
 
-/// Every form: its mangled name, the form its default calls (an index in
-/// this table), and its function.
-const FORMS: [(&CStr, Option<usize>, AllocFn); 20] = [
-    (c"_Znwm", None, AllocFn::New),
-    (c"_ZnwmRKSt9nothrow_t", Some(0), AllocFn::NewNothrow),
-    (c"_ZnwmSt11align_val_t", None, AllocFn::NewAligned),
-    (
-        c"_ZnwmSt11align_val_tRKSt9nothrow_t",
-        Some(2),
-        AllocFn::NewAlignedNothrow,
-    ),
-    (c"_Znam", Some(0), AllocFn::NewArray),
-    (c"_ZnamRKSt9nothrow_t", Some(4), AllocFn::NewArrayNothrow),
-    (c"_ZnamSt11align_val_t", Some(2), AllocFn::NewArrayAligned),
-    (
-        c"_ZnamSt11align_val_tRKSt9nothrow_t",
-        Some(6),
-        AllocFn::NewArrayAlignedNothrow,
-    ),
-    (c"_ZdlPv", None, AllocFn::Delete),
-    (c"_ZdlPvm", Some(8), AllocFn::DeleteSized),
-    (c"_ZdlPvSt11align_val_t", None, AllocFn::DeleteAligned),
-    (
-        c"_ZdlPvmSt11align_val_t",
-        Some(10),
-        AllocFn::DeleteSizedAligned,
-    ),
-    (c"_ZdlPvRKSt9nothrow_t", Some(8), AllocFn::DeleteNothrow),
-    (
-        c"_ZdlPvSt11align_val_tRKSt9nothrow_t",
-        Some(10),
-        AllocFn::DeleteAlignedNothrow,
-    ),
-    (c"_ZdaPv", Some(8), AllocFn::DeleteArray),
-    (c"_ZdaPvm", Some(14), AllocFn::DeleteArraySized),
-    (
-        c"_ZdaPvSt11align_val_t",
-        Some(10),
-        AllocFn::DeleteArrayAligned,
-    ),
-    (
-        c"_ZdaPvmSt11align_val_t",
-        Some(16),
-        AllocFn::DeleteArraySizedAligned,
-    ),
-    (
-        c"_ZdaPvRKSt9nothrow_t",
-        Some(14),
-        AllocFn::DeleteArrayNothrow,
-    ),
-    (
-        c"_ZdaPvSt11align_val_tRKSt9nothrow_t",
-        Some(16),
-        AllocFn::DeleteArrayAlignedNothrow,
-    ),
+/// Every form (in `index_of`'s order): its mangled name, and the form its
+/// default calls (an index in this table).
+const FORMS: [(&CStr, Option<usize>); 20] = [
+    (c"_Znwm", None),
+    (c"_ZnwmRKSt9nothrow_t", Some(0)),
+    (c"_ZnwmSt11align_val_t", None),
+    (c"_ZnwmSt11align_val_tRKSt9nothrow_t", Some(2)),
+    (c"_Znam", Some(0)),
+    (c"_ZnamRKSt9nothrow_t", Some(4)),
+    (c"_ZnamSt11align_val_t", Some(2)),
+    (c"_ZnamSt11align_val_tRKSt9nothrow_t", Some(6)),
+    (c"_ZdlPv", None),
+    (c"_ZdlPvm", Some(8)),
+    (c"_ZdlPvSt11align_val_t", None),
+    (c"_ZdlPvmSt11align_val_t", Some(10)),
+    (c"_ZdlPvRKSt9nothrow_t", Some(8)),
+    (c"_ZdlPvSt11align_val_tRKSt9nothrow_t", Some(10)),
+    (c"_ZdaPv", Some(8)),
+    (c"_ZdaPvm", Some(14)),
+    (c"_ZdaPvSt11align_val_t", Some(10)),
+    (c"_ZdaPvmSt11align_val_t", Some(16)),
+    (c"_ZdaPvRKSt9nothrow_t", Some(14)),
+    (c"_ZdaPvSt11align_val_tRKSt9nothrow_t", Some(16)),
 ];
 
 /// Bit i: form i forwards. `KNOWN` once worked out (on the first operator
