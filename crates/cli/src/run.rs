@@ -226,23 +226,26 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
     // Read lazily: only the headers and the symbol tables are needed
     // (reading cc1 whole took 33 MB before every run).
     let data = object::read::ReadCache::new(file);
-    if is_static_elf(&data) {
-        return Err(fail(
-            EXIT_CANNOT_RUN,
-            format!(
-                "{} is statically linked: there is no dynamic loader to preload the agent into it, so it cannot be traced (rebuild it dynamically linked)",
-                path.display()
-            ),
-        ));
-    }
-    if let Some(loader) = interpreter(&data).filter(|l| !is_glibc_loader(l)) {
-        return Err(fail(
-            EXIT_CANNOT_RUN,
-            format!(
-                "{} is started by the dynamic loader {loader}, not the GNU C library's: trapline's agent is built for glibc and that loader cannot load it (the program would not even start), so it cannot be traced (build it against glibc)",
-                path.display()
-            ),
-        ));
+    match elf_start(&data) {
+        ElfStart::Static => {
+            return Err(fail(
+                EXIT_CANNOT_RUN,
+                format!(
+                    "{} is statically linked: there is no dynamic loader to preload the agent into it, so it cannot be traced (rebuild it dynamically linked)",
+                    path.display()
+                ),
+            ));
+        }
+        ElfStart::Loader(loader) if !is_glibc_loader(&loader) => {
+            return Err(fail(
+                EXIT_CANNOT_RUN,
+                format!(
+                    "{} is started by the dynamic loader {loader}, not the GNU C library's: trapline's agent is built for glibc and that loader cannot load it (the program would not even start), so it cannot be traced (build it against glibc)",
+                    path.display()
+                ),
+            ));
+        }
+        _ => {}
     }
     if let Some(kind) = foreign_elf(&data) {
         return Err(fail(
@@ -377,25 +380,42 @@ fn foreign_elf<'data, R: object::ReadRef<'data>>(data: R) -> Option<String> {
     })
 }
 
-/// The dynamic loader an ELF executable names (its PT_INTERP), if any.
-fn interpreter<'data, R: object::ReadRef<'data>>(data: R) -> Option<String> {
+/// How an ELF executable starts: by the dynamic loader it names (its
+/// PT_INTERP), or without one (static, or static-PIE: program headers but
+/// no PT_INTERP, so LD_PRELOAD never applies).
+enum ElfStart {
+    /// Not an ELF file this can read (a script, `#!`, is none: its
+    /// interpreter is checked on its own).
+    Unknown,
+    Static,
+    Loader(String),
+}
+
+fn elf_start<'data, R: object::ReadRef<'data>>(data: R) -> ElfStart {
     use object::read::elf::{FileHeader, ProgramHeader};
-    fn of<'data, H: FileHeader, R: object::ReadRef<'data>>(data: R) -> Option<String> {
+    fn of<'data, H: FileHeader, R: object::ReadRef<'data>>(data: R) -> Option<ElfStart> {
         let header = H::parse(data).ok()?;
         let endian = header.endian().ok()?;
         let phdrs = header.program_headers(endian, data).ok()?;
-        let interp = phdrs
+        if phdrs.is_empty() {
+            return None;
+        }
+        let Some(interp) = phdrs
             .iter()
-            .find(|ph| ph.p_type(endian) == object::elf::PT_INTERP)?;
+            .find(|ph| ph.p_type(endian) == object::elf::PT_INTERP)
+        else {
+            return Some(ElfStart::Static);
+        };
         let bytes = interp.data(endian, data).ok()?;
         let name = bytes.split(|&b| b == 0).next()?;
-        Some(String::from_utf8_lossy(name).into_owned())
+        Some(ElfStart::Loader(String::from_utf8_lossy(name).into_owned()))
     }
     match object::FileKind::parse(data) {
         Ok(object::FileKind::Elf64) => of::<object::elf::FileHeader64<object::Endianness>, _>(data),
         Ok(object::FileKind::Elf32) => of::<object::elf::FileHeader32<object::Endianness>, _>(data),
         _ => None,
     }
+    .unwrap_or(ElfStart::Unknown)
 }
 
 /// Whether `loader` (a PT_INTERP path) is glibc's: `ld-linux*.so.*` or
@@ -403,33 +423,6 @@ fn interpreter<'data, R: object::ReadRef<'data>>(data: R) -> Option<String> {
 fn is_glibc_loader(loader: &str) -> bool {
     let name = loader.rsplit('/').next().unwrap_or(loader);
     name.starts_with("ld-linux") || name.starts_with("ld64.so") || name.starts_with("ld.so")
-}
-
-/// An ELF executable without a PT_INTERP program header starts without the
-/// dynamic loader (static, or static-PIE), so LD_PRELOAD never applies.
-/// (A script, `#!`, is none: its interpreter is checked when it runs.)
-fn is_static_elf<'data, R: object::ReadRef<'data>>(data: R) -> bool {
-    use object::read::elf::{FileHeader, ProgramHeader};
-    fn no_interp<'data, H: FileHeader, R: object::ReadRef<'data>>(data: R) -> Option<bool> {
-        let header = H::parse(data).ok()?;
-        let endian = header.endian().ok()?;
-        let phdrs = header.program_headers(endian, data).ok()?;
-        Some(
-            !phdrs.is_empty()
-                && !phdrs
-                    .iter()
-                    .any(|ph| ph.p_type(endian) == object::elf::PT_INTERP),
-        )
-    }
-    match object::FileKind::parse(data) {
-        Ok(object::FileKind::Elf64) => {
-            no_interp::<object::elf::FileHeader64<object::Endianness>, _>(data).unwrap_or(false)
-        }
-        Ok(object::FileKind::Elf32) => {
-            no_interp::<object::elf::FileHeader32<object::Endianness>, _>(data).unwrap_or(false)
-        }
-        _ => false,
-    }
 }
 
 fn preload_value(agent: &Path) -> OsString {
