@@ -508,6 +508,16 @@ fn failure_records(report: &Value) -> Vec<Failure> {
         .collect()
 }
 
+/// Asserts that the report's failed-allocation records are `expected`.
+fn assert_failure_records(report: &Value, expected: &[Failure]) {
+    assert_eq!(
+        failure_records(report),
+        expected,
+        "{}",
+        pretty(&report["allocation_failures"])
+    );
+}
+
 /// nothrow_new_handler.cpp: nothrow `operator new` returns NULL whatever the
 /// program's new-handler does. A handler that threw used to send its
 /// exception out of the nothrow operator and terminate the program (the
@@ -525,7 +535,6 @@ fn nothrow_new_returns_null_whatever_the_new_handler_does() {
     assert!(report["errors"].as_array().is_some_and(|e| e.is_empty()));
     assert_eq!(unfreed_summary(&report), (0, 0));
     let src = "nothrow_new_handler.cpp";
-    let failures = failure_records(&report);
     let huge = u64::MAX / 4;
     let expected: Vec<Failure> = [
         (
@@ -550,12 +559,7 @@ fn nothrow_new_returns_null_whatever_the_new_handler_does() {
         (function.to_owned(), 1, (huge, huge), align, line)
     })
     .collect();
-    assert_eq!(
-        failures,
-        expected,
-        "{}",
-        pretty(&report["allocation_failures"])
-    );
+    assert_failure_records(&report, &expected);
 }
 
 /// errors.c's double free: the stack of the second free, and the allocation stack.
@@ -684,7 +688,6 @@ fn failed_allocations_are_recorded_with_their_stacks() {
     let src = "alloc_failures.cpp";
     let m = |marker: &str| marker_line(src, marker);
     let half = u64::MAX / 2;
-    let failures = failure_records(&report);
     let expected: Vec<Failure> = [
         ("malloc", 3, (half, half + 2), 0, "HUGE-MALLOC"),
         ("posix_memalign", 1, (64, 64), 3, "BAD-ALIGN"),
@@ -715,12 +718,7 @@ fn failed_allocations_are_recorded_with_their_stacks() {
     .into_iter()
     .map(|(f, n, sizes, align, marker)| (f.to_owned(), n, sizes, align, Some(m(marker))))
     .collect();
-    assert_eq!(
-        failures,
-        expected,
-        "{}",
-        pretty(&report["allocation_failures"])
-    );
+    assert_failure_records(&report, &expected);
 
     let stats = stats(&dir.trace());
     let failed: Vec<_> = as_array(&stats, "calls")

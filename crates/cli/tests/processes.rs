@@ -1194,11 +1194,18 @@ fn a_thousand_short_processes_each_finish_their_trace() {
 fn the_main_heap_is_laid_out_as_without_trapline() {
     let dir = TestDir::new("heap_layout");
     let prog = compile_c(&dir, "heap_layout.c");
-    let native = output_of(std::process::Command::new(&prog), "native");
+    run_like_native(&dir, &prog);
+}
+
+/// Runs `prog` natively, then traced: both exit 0 and print the same; the
+/// traced run is returned.
+fn run_like_native(dir: &TestDir, prog: &std::path::Path) -> Finished {
+    let native = output_of(std::process::Command::new(prog), "native");
     assert_eq!(native.code(), 0, "{}", native.describe());
-    let traced = run(&dir, &[], &prog, &[]);
+    let traced = run(dir, &[], prog, &[]);
     assert_eq!(traced.code(), 0, "{}", traced.describe());
     assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+    traced
 }
 
 /// namespaces.c: setns into a mount namespace and unshare of a user
@@ -1212,11 +1219,7 @@ fn the_main_heap_is_laid_out_as_without_trapline() {
 fn calls_that_need_a_single_thread_work_as_without_trapline() {
     let dir = TestDir::new("namespaces");
     let prog = compile_c(&dir, "namespaces.c");
-    let native = output_of(std::process::Command::new(&prog), "native");
-    assert_eq!(native.code(), 0, "{}", native.describe());
-    let traced = run(&dir, &[], &prog, &[]);
-    assert_eq!(traced.code(), 0, "{}", traced.describe());
-    assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+    let traced = run_like_native(&dir, &prog);
     assert_no_events_lost_in_summary(&traced);
     let report = leaks(&dir.trace());
     assert_complete(&report);
@@ -1350,9 +1353,6 @@ fn execveat_is_followed_like_the_other_execs() {
 fn the_writer_thread_takes_no_arena_from_the_program() {
     let dir = TestDir::new("arena_count");
     let prog = compile_c(&dir, "arena_count.c");
-    let native = output_of(std::process::Command::new(&prog), "native");
-    assert_eq!(native.stdout, "0 arena heaps\n", "{}", native.describe());
-    let traced = run(&dir, &[], &prog, &[]);
-    assert_eq!(traced.code(), 0, "{}", traced.describe());
-    assert_eq!(traced.stdout, native.stdout, "{}", traced.describe());
+    let traced = run_like_native(&dir, &prog);
+    assert_eq!(traced.stdout, "0 arena heaps\n", "{}", traced.describe());
 }
