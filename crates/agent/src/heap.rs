@@ -53,12 +53,16 @@ impl AgentHeap {
     /// Fork prepare/parent/child: the heap stays consistent across fork.
     pub fn lock(&self) {
         self.lock.lock();
+        RESERVE_GROW.lock();
     }
     pub fn unlock(&self) {
+        RESERVE_GROW.unlock();
         self.lock.unlock();
     }
     pub fn reset_lock(&self) {
         self.lock.reset();
+        RESERVE_GROW.reset();
+        RESERVE_FREE.lock.reset();
     }
 }
 
@@ -165,58 +169,76 @@ pub fn mapping_count() -> usize {
 /// process has no mapping left (the kernel's `vm.max_map_count`, reached by
 /// a program with very many threads), the memory comes from the reserve.
 pub fn map(len: usize) -> *mut u8 {
-    let p = map_own(len);
-    if p.is_null() {
-        MAPPINGS_REFUSED.store(true, Ordering::Relaxed);
-        reserve_take(len)
-    } else {
-        MAPPINGS_REFUSED.store(false, Ordering::Relaxed);
-        p
-    }
+    map_keeping(len, 0)
 }
 
-/// The last mapping the agent asked for was refused (the process is at its
-/// limit of mappings, or out of address space): its memory came from the
-/// reserve.
-static MAPPINGS_REFUSED: AtomicBool = AtomicBool::new(false);
+/// As `map`, but leaves the reserve's last `keep` bytes alone. Once the
+/// process has reached its limit of mappings, the reserve comes first: a
+/// mapping of the agent's would take a slot the program needs (natively a
+/// program with room for 20 thread stacks starts 20 threads; under the
+/// agent, whose memory per thread is a few more mappings, it could start
+/// only a few of them).
+fn map_keeping(len: usize, keep: usize) -> *mut u8 {
+    if AT_MAPPING_LIMIT.load(Ordering::Relaxed) {
+        let p = reserve_take(len, keep);
+        if !p.is_null() {
+            return p;
+        }
+    }
+    let p = map_own(len);
+    if !p.is_null() {
+        return p;
+    }
+    AT_MAPPING_LIMIT.store(true, Ordering::Relaxed);
+    reserve_take(len, keep)
+}
 
-/// Reserve kept back from new threads, for the tables and caches of the
-/// threads that run.
-const RESERVE_KEPT: usize = 8 << 20;
-/// What a new thread's agent state takes (two captures with their id
-/// caches, a buffer, the rest), promised out of the reserve when a thread
-/// is let start while mappings are refused.
-const THREAD_STATE: usize = 512 << 10;
-/// Reserve bytes promised to threads let start while mappings were refused
-/// (never given back: an overestimate, on the safe side).
-static PROMISED: AtomicUsize = AtomicUsize::new(0);
+/// Set when a mapping of the agent's was refused (the process reached
+/// `vm.max_map_count`, or its address space); never cleared.
+static AT_MAPPING_LIMIT: AtomicBool = AtomicBool::new(false);
 
-/// Whether a new thread's agent state can still be had: the process can
-/// make mappings, or the reserve holds enough. Without this, a program
-/// whose threads start threads without end reached the limit of mappings,
-/// each new thread's state came from the reserve, and once that was gone
-/// the agent's next allocation failed and aborted the program. Now its
-/// `pthread_create` fails with `EAGAIN` a little before the kernel's
-/// limit would have made it fail natively.
+/// Whether the process has reached its limit of mappings: the agent then
+/// makes none it can do without (a thread's side stack, its guard page).
+pub fn at_mapping_limit() -> bool {
+    AT_MAPPING_LIMIT.load(Ordering::Relaxed)
+}
+
+/// Notes that the process could make no more mappings (a mapping, or a
+/// split of one, was refused).
+pub fn note_mapping_refused() {
+    AT_MAPPING_LIMIT.store(true, Ordering::Relaxed);
+}
+
+/// Reserve left to the threads that run (their tables, caches and next
+/// buffers) and to the exit scan when a new thread's state would have to
+/// come from it: half of it. A new thread's state takes about 420 KiB, so
+/// about 300 threads can start past the limit of mappings.
+fn reserve_kept() -> usize {
+    RESERVE_LEN.load(Ordering::Relaxed) / 2
+}
+
+/// Zeroed memory for a new thread's agent state (its captures and first
+/// buffer), taken by the thread that creates it, or null. Like the agent
+/// heap's own allocation of `layout` (a `Box` of it is freed by the global
+/// allocator), except that when the process can make no more mappings it
+/// never takes the reserve's last `reserve_kept()` bytes: the creator then
+/// makes `pthread_create` fail with `EAGAIN`, which is what the C library
+/// answers when it cannot map a thread's stack, and the threads that run
+/// keep what they need.
 ///
-/// Each thread let start then is promised its share of the reserve first:
-/// a program with thousands of threads starting threads at once let them
-/// all through one check before any took its memory.
-pub fn room_for_a_thread() -> bool {
-    if !MAPPINGS_REFUSED.load(Ordering::Relaxed) {
-        return true;
+/// Without this, a program whose threads start threads without end (a
+/// thread bomb) reached the limit of mappings, each new thread's state came
+/// from the reserve, and once that was gone the agent's next allocation
+/// failed and Rust's allocation-failure handler aborted the program.
+pub fn alloc_for_new_thread(layout: Layout) -> *mut u8 {
+    if class(layout).is_some() {
+        // SAFETY: callers pass sized, non-zero layouts.
+        return unsafe { crate::AGENT_HEAP.alloc_zeroed(layout) };
     }
-    let start = RESERVE_START.load(Ordering::Acquire);
-    if start == 0 {
-        return false;
+    if layout.align() > PAGE {
+        return core::ptr::null_mut();
     }
-    let limit = start + RESERVE_LEN - RESERVE_KEPT;
-    PROMISED
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |promised| {
-            let used = RESERVE_NEXT.load(Ordering::Relaxed);
-            (used + promised + THREAD_STATE <= limit).then_some(promised + THREAD_STATE)
-        })
-        .is_ok()
+    map_keeping(large_len(layout), reserve_kept())
 }
 
 /// A mapping of its own, or null: for memory whose protection changes (a
@@ -264,6 +286,7 @@ pub fn unmap(p: *mut u8, len: usize) {
         // SAFETY: our own reserve pages, no longer used: dropped, not unmapped
         // (unmapping part of the reserve would need a mapping more).
         unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
+        reserve_give_back(p, len);
         return;
     }
     unregister(p as usize);
@@ -275,15 +298,36 @@ pub fn unmap(p: *mut u8, len: usize) {
 /// exec, after which a failed exec continues): freed mappings are kept.
 pub static KEEP_MAPPINGS: AtomicBool = AtomicBool::new(false);
 
-/// Address space set aside when the agent starts, one mapping that costs
-/// nothing until used (MAP_NORESERVE): the agent's memory once the process
-/// can make no more mappings. Without it the agent's next allocation failed
-/// there and Rust's allocation-failure handler aborted the program, which
-/// natively would only have seen `pthread_create` fail. Pages are handed out
-/// once (freed ones are dropped, not reused): it is an emergency supply.
-const RESERVE_LEN: usize = 64 << 20;
+/// Address space set aside when the agent starts: the agent's memory once
+/// the process can make no more mappings. Without it the agent's next
+/// allocation failed there and Rust's allocation-failure handler aborted the
+/// program, which natively would only have seen `pthread_create` fail.
+///
+/// One mapping without access (so it is charged to no commit limit, even
+/// with `vm.overcommit_memory=2`), of which a prefix is made writable as it
+/// is handed out: `mprotect` of the pages just past a writable prefix of the
+/// same mapping moves the boundary between two areas and needs no mapping
+/// more (the first megabyte is made writable at once, so that the split
+/// happens while the process can still make mappings). Freed blocks give
+/// their pages back to the system and are reused for requests of the same
+/// length (`reserve_take`).
+///
+/// 256 MiB of address space: at the limit of mappings the agent still
+/// needs memory for the threads that run (buffers, the writer's queue), and
+/// at exit for the reachability scan, whose copy of `/proc/self/maps`
+/// alone is about 10 MB when the process has 65,530 mappings. 64 MiB under
+/// a limit of address space (`ulimit -v`), which the reserve counts
+/// against.
+const RESERVE_LEN_MAX: usize = 256 << 20;
+const RESERVE_LEN_LIMITED: usize = 64 << 20;
+/// Made writable at a time, and at once.
+const RESERVE_STEP: usize = 1 << 20;
 static RESERVE_START: AtomicUsize = AtomicUsize::new(0);
+static RESERVE_LEN: AtomicUsize = AtomicUsize::new(0);
 static RESERVE_NEXT: AtomicUsize = AtomicUsize::new(0);
+/// End of the writable prefix; grown under `RESERVE_GROW`.
+static RESERVE_WRITABLE: AtomicUsize = AtomicUsize::new(0);
+static RESERVE_GROW: SpinLock = SpinLock::new();
 
 /// Sets the reserve aside (the constructor; once per process: fork children
 /// inherit it).
@@ -291,32 +335,174 @@ pub fn set_aside_reserve() {
     if RESERVE_START.load(Ordering::Acquire) != 0 {
         return;
     }
-    let p = mmap_anonymous(RESERVE_LEN, libc::MAP_NORESERVE);
-    if !p.is_null() {
-        register(p as usize, RESERVE_LEN);
-        RESERVE_NEXT.store(p as usize, Ordering::Relaxed);
-        RESERVE_START.store(p as usize, Ordering::Release);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid out-pointer.
+    let limited = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0
+        && limit.rlim_cur != libc::RLIM_INFINITY;
+    let len = if limited {
+        RESERVE_LEN_LIMITED
+    } else {
+        RESERVE_LEN_MAX
+    };
+    // SAFETY: an anonymous private mapping has no preconditions.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return;
     }
+    let p = p as usize;
+    register(p, len);
+    RESERVE_LEN.store(len, Ordering::Relaxed);
+    RESERVE_NEXT.store(p, Ordering::Relaxed);
+    RESERVE_WRITABLE.store(p, Ordering::Relaxed);
+    RESERVE_START.store(p, Ordering::Release);
+    reserve_make_writable(p + RESERVE_STEP);
+}
+
+/// Makes the reserve writable up to at least `end`; false if the kernel
+/// refused (a commit limit).
+fn reserve_make_writable(end: usize) -> bool {
+    if RESERVE_WRITABLE.load(Ordering::Acquire) >= end {
+        return true;
+    }
+    // Waited for: another thread's `mprotect` ends (fork handlers take this
+    // lock with the heap's, so a fork child never inherits it held).
+    RESERVE_GROW.lock();
+    let from = RESERVE_WRITABLE.load(Ordering::Relaxed);
+    let reserve_end = RESERVE_START.load(Ordering::Relaxed) + RESERVE_LEN.load(Ordering::Relaxed);
+    let to = ((end + RESERVE_STEP - 1) & !(RESERVE_STEP - 1)).min(reserve_end);
+    // SAFETY: pages of the reserve's own mapping, not yet handed out.
+    let ok = from >= end
+        || unsafe {
+            libc::mprotect(
+                from as *mut libc::c_void,
+                to - from,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        } == 0;
+    if ok && from < to {
+        RESERVE_WRITABLE.store(to, Ordering::Release);
+    }
+    RESERVE_GROW.unlock();
+    ok
+}
+
+/// Whether the agent's memory at `p` came from the reserve: at the limit of
+/// mappings, pools keep only such memory, and free what lies in mappings
+/// of its own, whose slots the program needs (`AT_MAPPING_LIMIT`).
+pub fn is_reserve_memory(p: *const u8) -> bool {
+    in_reserve(p as *mut u8)
 }
 
 fn in_reserve(p: *mut u8) -> bool {
     let start = RESERVE_START.load(Ordering::Acquire);
-    start != 0 && (p as usize).wrapping_sub(start) < RESERVE_LEN
+    start != 0 && (p as usize).wrapping_sub(start) < RESERVE_LEN.load(Ordering::Relaxed)
 }
 
-fn reserve_take(len: usize) -> *mut u8 {
+/// Reserve blocks given back (their pages dropped, so they read zero again),
+/// for later requests (the smallest block that holds one, split): a program
+/// at its limit of mappings whose threads come and go would otherwise drain
+/// the reserve with the states of threads long gone. Neighbouring blocks
+/// are not merged.
+struct ReserveFree {
+    lock: SpinLock,
+    blocks: UnsafeCell<[(usize, usize); RESERVE_FREE_SLOTS]>,
+}
+const RESERVE_FREE_SLOTS: usize = 256;
+// SAFETY: `blocks` is only accessed with `lock` held.
+unsafe impl Sync for ReserveFree {}
+static RESERVE_FREE: ReserveFree = ReserveFree {
+    lock: SpinLock::new(),
+    blocks: UnsafeCell::new([(0, 0); RESERVE_FREE_SLOTS]),
+};
+/// Bytes in `RESERVE_FREE`.
+static RESERVE_FREED: AtomicUsize = AtomicUsize::new(0);
+/// Bounded: a fork child may inherit the lock held; a busy table only means
+/// a block is not reused (or not kept for reuse).
+const RESERVE_FREE_SPINS: u32 = 1000;
+
+/// Runs `f` on the table of given-back blocks, or returns None if it is busy.
+fn with_reserve_free<R>(
+    f: impl FnOnce(&mut [(usize, usize); RESERVE_FREE_SLOTS]) -> R,
+) -> Option<R> {
+    if !RESERVE_FREE.lock.try_lock_for(RESERVE_FREE_SPINS) {
+        return None;
+    }
+    // SAFETY: guarded by the lock.
+    let r = f(unsafe { &mut *RESERVE_FREE.blocks.get() });
+    RESERVE_FREE.lock.unlock();
+    Some(r)
+}
+
+/// Keeps a reserve block for reuse (its pages already dropped).
+fn reserve_give_back(p: *mut u8, len: usize) {
+    let len = (len + PAGE - 1) & !(PAGE - 1);
+    with_reserve_free(|blocks| {
+        if let Some(slot) = blocks.iter_mut().find(|b| b.1 == 0) {
+            *slot = (p as usize, len);
+            RESERVE_FREED.fetch_add(len, Ordering::Relaxed);
+        }
+    });
+}
+
+/// `len` bytes of the reserve (a block given back of that length, or fresh
+/// pages), leaving at least `keep` bytes of it to later requests; or null.
+fn reserve_take(len: usize, keep: usize) -> *mut u8 {
     let start = RESERVE_START.load(Ordering::Acquire);
     if start == 0 {
         return core::ptr::null_mut();
     }
+    let end = start + RESERVE_LEN.load(Ordering::Relaxed);
     let len = (len + PAGE - 1) & !(PAGE - 1);
-    let taken = RESERVE_NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
-        (next + len <= start + RESERVE_LEN).then_some(next + len)
-    });
-    match taken {
-        Ok(p) => p as *mut u8,
-        Err(_) => core::ptr::null_mut(),
+    let fresh_left = || end.saturating_sub(RESERVE_NEXT.load(Ordering::Relaxed));
+    if RESERVE_FREED.load(Ordering::Relaxed) != 0 {
+        let reused = with_reserve_free(|blocks| {
+            let left = fresh_left() + RESERVE_FREED.load(Ordering::Relaxed);
+            if left < len + keep {
+                return None;
+            }
+            // The smallest block that holds `len`; the rest of it stays.
+            let slot = blocks
+                .iter_mut()
+                .filter(|b| b.1 >= len)
+                .min_by_key(|b| b.1)?;
+            let p = slot.0;
+            *slot = if slot.1 == len {
+                (0, 0)
+            } else {
+                (slot.0 + len, slot.1 - len)
+            };
+            RESERVE_FREED.fetch_sub(len, Ordering::Relaxed);
+            Some(p as *mut u8)
+        });
+        if let Some(Some(p)) = reused {
+            return p;
+        }
     }
+    let taken = RESERVE_NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+        let left = end.saturating_sub(next) + RESERVE_FREED.load(Ordering::Relaxed);
+        (next + len <= end && left >= len + keep).then_some(next + len)
+    });
+    let Ok(p) = taken else {
+        return core::ptr::null_mut();
+    };
+    if reserve_make_writable(p + len) {
+        return p as *mut u8;
+    }
+    // Refused (a commit limit): handed back if nothing was taken since.
+    let _ = RESERVE_NEXT.compare_exchange(p + len, p, Ordering::Relaxed, Ordering::Relaxed);
+    core::ptr::null_mut()
 }
 
 fn large_len(layout: Layout) -> usize {
@@ -391,5 +577,66 @@ unsafe impl GlobalAlloc for AgentHeap {
             }
             p
         }
+    }
+}
+
+/// A zeroed `T` in a box of the agent heap, or None when there is no memory
+/// for it. `for_new_thread`: taken as `alloc_for_new_thread` takes it. The
+/// agent's fallible allocations (a thread's state and buffers) use this
+/// where `Box::new` would abort the program.
+pub fn try_box_zeroed<T>(for_new_thread: bool) -> Option<Box<core::mem::MaybeUninit<T>>> {
+    let layout = Layout::new::<T>();
+    debug_assert!(layout.size() > 0);
+    let p = if for_new_thread {
+        alloc_for_new_thread(layout)
+    } else {
+        // SAFETY: a sized, non-zero layout.
+        unsafe { crate::AGENT_HEAP.alloc_zeroed(layout) }
+    };
+    // SAFETY: `p` is a block of `layout` made the way the global allocator
+    // (the agent heap) makes one, so the box frees it there; all-zero bytes
+    // are a valid `MaybeUninit`.
+    (!p.is_null()).then(|| unsafe { Box::from_raw(p.cast::<core::mem::MaybeUninit<T>>()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reserve hands out writable, zeroed pages; a freed block is reused
+    /// (whole, or split for a smaller request) instead of dropped; and a
+    /// request that would leave less than `keep` is refused.
+    #[test]
+    fn the_reserve_reuses_freed_blocks_and_keeps_what_it_is_told_to() {
+        set_aside_reserve();
+        let start = RESERVE_START.load(Ordering::Acquire);
+        assert_ne!(start, 0);
+        let total = RESERVE_LEN.load(Ordering::Relaxed);
+
+        // Past the first writable megabyte: made writable as handed out.
+        let a = reserve_take(3 << 20, 0);
+        assert!(!a.is_null());
+        // SAFETY: 3 MiB of the reserve, ours.
+        unsafe {
+            assert_eq!(*a.add((3 << 20) - 1), 0);
+            core::ptr::write_bytes(a, 7, 3 << 20);
+        }
+        unmap(a, 3 << 20);
+        assert_eq!(RESERVE_FREED.load(Ordering::Relaxed), 3 << 20);
+
+        // The freed block, split: its first page, then the next two.
+        let b = reserve_take(PAGE, 0);
+        assert_eq!(b, a);
+        // SAFETY: a page of the reserve, ours; given back, it reads zero.
+        assert_eq!(unsafe { *b }, 0);
+        let c = reserve_take(2 * PAGE, 0);
+        assert_eq!(c as usize, a as usize + PAGE);
+        assert_eq!(RESERVE_FREED.load(Ordering::Relaxed), (3 << 20) - 3 * PAGE);
+
+        // Nothing may be taken that would leave less than `keep`.
+        let used = RESERVE_NEXT.load(Ordering::Relaxed) - start;
+        let left = total - used + RESERVE_FREED.load(Ordering::Relaxed);
+        assert!(reserve_take(PAGE, left).is_null());
+        assert!(!reserve_take(PAGE, left - PAGE).is_null());
     }
 }

@@ -33,6 +33,9 @@ static FINISHING_FOR_EXEC: AtomicBool = AtomicBool::new(false);
 static FINISHING_TID: AtomicU32 = AtomicU32::new(0);
 /// The finish has written the trace to its end record.
 static TRACE_DONE: AtomicBool = AtomicBool::new(false);
+/// Notified when `TRACE_DONE` is set or a finish is called off (a failed
+/// exec): the threads in `wait_for_trace_done` sleep on it.
+static FINISH_CHANGED: sys::Event = sys::Event::new();
 /// The first thread to call `exit` (0: none): the others wait (`enter_exit`).
 static EXITING_TID: AtomicU32 = AtomicU32::new(0);
 /// Most a thread's `_exit` waits for another thread's finish to complete.
@@ -704,6 +707,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         });
     }
     TRACE_DONE.store(true, Ordering::Release);
+    FINISH_CHANGED.notify_all();
     if let Some(t) = ts.as_mut() {
         t.guard -= 1;
     }
@@ -714,6 +718,7 @@ fn restart_trace() {
     TRACE_DONE.store(false, Ordering::Release);
     FINISHING_FOR_EXEC.store(false, Ordering::Release);
     FINISHING.store(false, Ordering::Release);
+    FINISH_CHANGED.notify_all();
     if open_trace(false) {
         writer::submit_first(header_buffer());
         writer::start(periodic);
@@ -761,12 +766,22 @@ pub fn wait_while_another_finishes() {
 }
 
 /// Waits, at most `OTHER_FINISH_WAIT_NS`, while `still` holds and the
-/// trace is not yet written to its end record. Sleeps of 1 ms, which
-/// signals interrupt: the exit scan parks a waiting thread like any other.
+/// trace is not yet written to its end record: asleep on `FINISH_CHANGED`,
+/// which signals interrupt (the exit scan parks a waiting thread like any
+/// other). It polled every millisecond before, and a program with 13,000
+/// threads waiting there kept both cores busy waking them: the finishing
+/// thread got a sliver of a core and a 2 s program took minutes to exit.
 fn wait_for_trace_done(still: impl Fn() -> bool) {
     let deadline = clock::monotonic_ns() + OTHER_FINISH_WAIT_NS;
-    while still() && !TRACE_DONE.load(Ordering::Acquire) && clock::monotonic_ns() < deadline {
-        sys::sleep_ns(1_000_000);
+    loop {
+        let seen = FINISH_CHANGED.generation();
+        let now = clock::monotonic_ns();
+        if !still() || TRACE_DONE.load(Ordering::Acquire) || now >= deadline {
+            return;
+        }
+        // Bounded: `still` can turn false without a notification (the
+        // finishing thread's own conditions).
+        FINISH_CHANGED.wait(seen, Some((deadline - now).min(100_000_000)));
     }
 }
 

@@ -40,7 +40,13 @@ pub struct SideStack {
 impl SideStack {
     /// Maps a side stack (without one, `run` runs in place).
     pub fn new() -> SideStack {
-        let mut base = crate::heap::map_own(SIZE + GUARD);
+        // Two mappings (the stack and its guard page) the program would
+        // need once it is at its limit: none then.
+        let mut base = if crate::heap::at_mapping_limit() {
+            core::ptr::null_mut()
+        } else {
+            crate::heap::map_own(SIZE + GUARD)
+        };
         // SAFETY: the first page of our own fresh mapping.
         if !base.is_null() && unsafe { libc::mprotect(base.cast(), GUARD, libc::PROT_NONE) } != 0 {
             // No guard page (the split needs a mapping more, and the process
@@ -48,11 +54,19 @@ impl SideStack {
             crate::heap::unmap(base, SIZE + GUARD);
             base = core::ptr::null_mut();
         }
+        if base.is_null() {
+            crate::heap::note_mapping_refused();
+        }
         SideStack {
             base,
             in_use: Cell::new(false),
             outer_sp: Cell::new(0),
         }
+    }
+
+    /// Whether there is a side stack (none when its mapping was refused).
+    pub fn exists(&self) -> bool {
+        !self.base.is_null()
     }
 
     /// Whether `sp` lies in the side stack's mapping.

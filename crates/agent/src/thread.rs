@@ -141,6 +141,13 @@ fn take_spare() -> Option<Spare> {
 /// Keeps `spare` for a later thread; dropped (unmapped), outside the lock,
 /// if the pool is full or busy.
 fn keep_spare(spare: Spare) {
+    if crate::heap::at_mapping_limit() {
+        let id_cache = spare.captures[0].id_cache_ptr();
+        if !crate::heap::is_reserve_memory(id_cache) {
+            // Its mappings' slots go back to the program.
+            return;
+        }
+    }
     let mut spare = Some(spare);
     with_spares(|slots| {
         if let Some(slot) = slots.iter_mut().find(|s| s.is_none()) {
@@ -148,6 +155,47 @@ fn keep_spare(spare: Spare) {
         }
     });
     drop(spare);
+}
+
+/// What a thread's agent state needs of the agent's memory (its captures,
+/// rule caches and side stack, and a buffer), taken by the thread that
+/// creates it before `pthread_create`: when there is none, that
+/// `pthread_create` fails with `EAGAIN` (`heap::alloc_for_new_thread`),
+/// instead of the new thread's first allocation failing and aborting the
+/// program.
+pub struct Provision {
+    spare: Spare,
+    buffer: Box<Buffer>,
+}
+
+impl Provision {
+    /// A spare, or new parts, and a buffer; None if the agent has no memory
+    /// for them.
+    pub fn take() -> Option<Provision> {
+        let spare = match take_spare() {
+            Some(spare) => spare,
+            None => Spare {
+                captures: [
+                    StackCapture::try_new_for_thread()?,
+                    StackCapture::try_new_for_thread()?,
+                ],
+                rules: crate::unwind::RuleCaches::new(),
+            },
+        };
+        match writer::try_take_buffer(0, true) {
+            Some(buffer) => Some(Provision { spare, buffer }),
+            None => {
+                keep_spare(spare);
+                None
+            }
+        }
+    }
+
+    /// Gives back what was not used (the thread was not created).
+    pub fn give_back(self) {
+        keep_spare(self.spare);
+        writer::submit(self.buffer, false);
+    }
 }
 
 /// Set once the process trace is finished: hooks stop recording.
@@ -183,8 +231,13 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
         unsafe { sys::sigaltstack(&sys::ALTSTACK_DISABLED, core::ptr::null_mut()) };
     }
     let ThreadState {
-        captures, rules, ..
+        captures,
+        mut rules,
+        ..
     } = *state;
+    if crate::heap::at_mapping_limit() {
+        rules.release_side_stack();
+    }
     keep_spare(Spare { captures, rules });
 }
 
@@ -284,8 +337,12 @@ pub fn altstack_of(ss: Option<&libc::stack_t>) -> Bounds {
 /// A new state for the calling thread. With `set_up`, also does the set-up
 /// that calls C library functions which allocate (`finish_set_up`): only
 /// where the program cannot be inside its own allocator (see `current`).
-fn create(set_up: bool) -> *mut ThreadState {
-    let (captures, rules) = match take_spare() {
+fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
+    let (spare, buffer) = match provision {
+        Some(Provision { spare, buffer }) => (Some(spare), Some(buffer)),
+        None => (take_spare(), None),
+    };
+    let (captures, rules) = match spare {
         Some(Spare {
             mut captures,
             rules,
@@ -300,14 +357,19 @@ fn create(set_up: bool) -> *mut ThreadState {
             crate::unwind::RuleCaches::new(),
         ),
     };
+    let tid = sys::gettid();
+    let buffer = buffer.map(|mut b| {
+        b.reset(tid, writer::GEN.load(Ordering::Relaxed));
+        b
+    });
     let ts = Box::into_raw(Box::new(ThreadState {
         guard: 1, // the set-up below may allocate through the hooks
-        tid: sys::gettid(),
+        tid,
         agent_thread: false,
         counted_running: false,
         busy: AtomicU32::new(0),
         steal: AtomicU32::new(0),
-        buf: UnsafeCell::new(None),
+        buf: UnsafeCell::new(buffer),
         last_time: 0,
         captures,
         #[cfg(feature = "cache-audit")]
@@ -381,13 +443,28 @@ fn finish_set_up(ts: &mut ThreadState) {
 #[inline]
 pub fn current() -> &'static mut ThreadState {
     let p = crate::arch::thread_slot() as *mut ThreadState;
-    let p = if p.is_null() { create(true) } else { p };
+    let p = if p.is_null() { create(true, None) } else { p };
     // SAFETY: only this thread uses its state mutably (stealers only touch `buf` while holding `steal` with the owner outside `emit`).
     let ts = unsafe { &mut *p };
     if !ts.set_up {
         finish_set_up(ts);
     }
     ts
+}
+
+/// The state of a thread the agent's `pthread_create` started, made from
+/// what its creator took for it (`Provision`).
+pub fn begin(provision: Provision) -> &'static mut ThreadState {
+    let p = crate::arch::thread_slot() as *mut ThreadState;
+    if p.is_null() {
+        // SAFETY: as in `current`.
+        let ts = unsafe { &mut *create(true, Some(provision)) };
+        return ts;
+    }
+    // A state already (a hook ran before the wrapper: a sanitizer's or a
+    // library's thread-start hook): the provision goes back to the pool.
+    provision.give_back();
+    current()
 }
 
 /// This thread's state, created on first use without calling C library
@@ -401,7 +478,7 @@ pub fn current() -> &'static mut ThreadState {
 #[inline]
 pub fn current_without_allocating() -> &'static mut ThreadState {
     let p = crate::arch::thread_slot() as *mut ThreadState;
-    let p = if p.is_null() { create(false) } else { p };
+    let p = if p.is_null() { create(false, None) } else { p };
     // SAFETY: as in `current`.
     unsafe { &mut *p }
 }
@@ -611,8 +688,7 @@ impl ThreadState {
         };
         if needs_new {
             let old = slot.take();
-            let fresh = writer::take_buffer(self.tid);
-            *slot = Some(fresh);
+            *slot = writer::try_take_buffer(self.tid, false);
             if let Some(old) = old {
                 // Submitting may wait for the writer; release our lock so a
                 // stealer is never blocked behind us.
@@ -627,12 +703,14 @@ impl ThreadState {
             // A stealer took the fresh buffer while we were submitting the
             // old one (the periodic sweep runs on the writer thread that the
             // submit just woke): the event still needs a place.
-            *slot = Some(writer::take_buffer(self.tid));
+            *slot = writer::try_take_buffer(self.tid, false);
         }
-        if let Some(b) = slot.as_mut() {
-            if !b.push(time, f) {
-                writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
-            }
+        // No buffer: the agent had no memory for one (the process is at its
+        // limit of mappings and the reserve is spent). The event is lost,
+        // and counted, rather than the program aborted.
+        let pushed = slot.as_mut().is_some_and(|b| b.push(time, f));
+        if !pushed {
+            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
         self.unlock_buf();
     }

@@ -49,7 +49,7 @@ pub fn on_create(regs: StartRegs) -> u64 {
 }
 
 /// In the new thread, before its start routine.
-pub fn on_thread_begin(parent_tid: u32, create_id: u64) {
+pub fn on_thread_begin(parent_tid: u32, create_id: u64, provision: crate::thread::Provision) {
     let tid = sys::gettid();
     {
         let _g = TIDS.lock.guard();
@@ -60,7 +60,7 @@ pub fn on_thread_begin(parent_tid: u32, create_id: u64) {
             // SAFETY: pthread_self has no preconditions.
             .insert(unsafe { libc::pthread_self() }, tid);
     }
-    let ts = crate::thread::current();
+    let ts = crate::thread::begin(provision);
     ts.counted_running = true;
     crate::process_end::program_thread_started();
     if let Entry::Record(ts) = record::enter() {

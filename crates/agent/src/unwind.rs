@@ -103,6 +103,19 @@ impl RuleCaches {
         }
     }
 
+    /// Unmaps the side stack, for caches kept for a later thread once the
+    /// process is at its limit of mappings: its two mappings go back to the
+    /// program, and the next thread runs without one, as every thread
+    /// started at the limit does.
+    pub fn release_side_stack(&mut self) {
+        if self.side().exists() {
+            // SAFETY: from Box::into_raw in `new`; the thread that used it
+            // has left it (its alternate stack was disabled).
+            drop(unsafe { Box::from_raw(self.side) });
+            self.side = Box::into_raw(Box::new(SideStack::new()));
+        }
+    }
+
     /// The thread's side stack.
     pub fn side(&self) -> &SideStack {
         // SAFETY: created in `new`, freed only in `drop`.
@@ -256,18 +269,39 @@ impl StackCapture {
     /// took 140 KiB of the calling thread's stack (the first hooked call of
     /// a thread creates two), which overflowed threads with small stacks.
     pub fn new() -> Box<Self> {
-        let mut capture = Box::<Self>::new_zeroed();
+        Self::build(Box::new_zeroed(), Box::new_zeroed())
+    }
+
+    /// As `new`, for a thread about to be created (its creator calls this),
+    /// or None when the agent has no memory for it
+    /// (`heap::alloc_for_new_thread`).
+    pub fn try_new_for_thread() -> Option<Box<Self>> {
+        let capture = crate::heap::try_box_zeroed::<Self>(true)?;
+        let ids = crate::heap::try_box_zeroed(true)?;
+        Some(Self::build(capture, ids))
+    }
+
+    fn build(
+        mut capture: Box<core::mem::MaybeUninit<Self>>,
+        ids: Box<core::mem::MaybeUninit<[(stacks::StackHash, u32, u32); ID_CACHE]>>,
+    ) -> Box<Self> {
         let p = capture.as_mut_ptr();
-        // SAFETY: zero is a valid value of every field but two: all are
-        // integers, bools, or arrays and tuples of them, except `id_cache`
-        // (a box) and `prev_slot` (an Option), which are written here before
-        // the value is used. The id cache's entries are integers too.
+        // SAFETY: both boxes are zeroed. Zero is a valid value of every
+        // field but two: all are integers, bools, or arrays and tuples of
+        // them, except `id_cache` (a box) and `prev_slot` (an Option), which
+        // are written here before the value is used. The id cache's entries
+        // are integers too.
         unsafe {
-            core::ptr::addr_of_mut!((*p).id_cache).write(Box::new_zeroed().assume_init());
+            core::ptr::addr_of_mut!((*p).id_cache).write(ids.assume_init());
             core::ptr::addr_of_mut!((*p).prev_slot).write(None);
             (*core::ptr::addr_of_mut!((*p).prev_sp))[0] = u64::MAX;
             capture.assume_init()
         }
+    }
+
+    /// Where the id cache lies (the capture's largest part).
+    pub fn id_cache_ptr(&self) -> *const u8 {
+        self.id_cache.as_ptr().cast()
     }
 
     /// Forgets the previous stack (after fork, or when the stack memory may be gone).

@@ -51,6 +51,28 @@ impl Buffer {
         })
     }
 
+    /// As `new`, or None when the agent has no memory for it
+    /// (`heap::try_box_zeroed`).
+    fn try_new(for_new_thread: bool) -> Option<Box<Buffer>> {
+        let data = crate::heap::try_box_zeroed::<[u8; BUFFER_SIZE]>(for_new_thread)?;
+        let b = crate::heap::try_box_zeroed::<Buffer>(false)?;
+        // SAFETY: zeroed bytes are a valid byte array.
+        let data: Box<[u8]> = unsafe { data.assume_init() };
+        Some(Box::write(
+            b,
+            Buffer {
+                data,
+                len: 0,
+                events: 0,
+                first_time: 0,
+                last_time: 0,
+                tid: 0,
+                ctx: ChunkContext::default(),
+                gen: 0,
+            },
+        ))
+    }
+
     pub fn reset(&mut self, tid: u32, gen: u32) {
         self.len = 0;
         self.events = 0;
@@ -234,11 +256,33 @@ fn with_queue<R>(f: impl FnOnce(&mut Queue) -> R) -> R {
     f(unsafe { &mut *SHARED.q.get() })
 }
 
+/// Puts a written or empty buffer on the free list; at the limit of
+/// mappings, one in a mapping of its own is unmapped instead (its slot goes
+/// back to the program; later buffers come from the reserve).
+fn recycle(b: Box<Buffer>) {
+    if crate::heap::at_mapping_limit() && !crate::heap::is_reserve_memory(b.data.as_ptr()) {
+        drop(b);
+    } else {
+        with_queue(|q| q.free.push(b));
+    }
+}
+
 /// A fresh buffer for thread `tid`.
 pub fn take_buffer(tid: u32) -> Box<Buffer> {
     let mut b = with_queue(|q| q.free.pop()).unwrap_or_else(Buffer::new);
     b.reset(tid, GEN.load(Ordering::Relaxed));
     b
+}
+
+/// As `take_buffer`, or None when there is no buffer to reuse and no memory
+/// for a new one; `for_new_thread`: a new one is taken as
+/// `heap::alloc_for_new_thread` takes memory. For program threads, whose
+/// event is then counted as lost instead of the allocation failure
+/// aborting the program.
+pub fn try_take_buffer(tid: u32, for_new_thread: bool) -> Option<Box<Buffer>> {
+    let mut b = with_queue(|q| q.free.pop()).or_else(|| Buffer::try_new(for_new_thread))?;
+    b.reset(tid, GEN.load(Ordering::Relaxed));
+    Some(b)
 }
 
 /// Queues a filled buffer for writing. With `wait`, blocks while the queue is
@@ -251,7 +295,7 @@ pub fn submit(b: Box<Buffer>, wait: bool) {
         return;
     }
     if b.events == 0 {
-        with_queue(|q| q.free.push(b));
+        recycle(b);
         return;
     }
     let size = b.data.len();
@@ -403,7 +447,7 @@ pub fn drain(scratch: &mut Vec<u8>) {
     }) {
         write_one(&b, scratch);
         IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-        with_queue(|q| q.free.push(b));
+        recycle(b);
         // Room for one buffer: one waiting producer. Waking them all made
         // every written buffer wake every waiting thread (3,000 threads
         // ending at once took 16 s instead of 0.2).

@@ -2,6 +2,7 @@
 //! a wrapper that records `ThreadStart` before the program's start routine.
 
 use crate::arch::start_regs;
+use crate::thread::Provision;
 use crate::threads;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -48,6 +49,7 @@ struct Start {
     arg: *mut c_void,
     parent_tid: u32,
     create_id: u64,
+    provision: Provision,
 }
 
 extern "C" fn thread_main(p: *mut c_void) -> *mut c_void {
@@ -58,8 +60,9 @@ extern "C" fn thread_main(p: *mut c_void) -> *mut c_void {
         arg,
         parent_tid,
         create_id,
+        provision,
     } = *start;
-    threads::on_thread_begin(parent_tid, create_id);
+    threads::on_thread_begin(parent_tid, create_id, provision);
     routine(arg)
 }
 
@@ -79,23 +82,27 @@ pub unsafe extern "C" fn pthread_create(
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { real(thread, attr, routine, arg) };
     }
-    if !crate::heap::room_for_a_thread() {
+    // The new thread's agent state, taken here so that a lack of memory
+    // for it is this call's failure (thread.rs, `Provision`).
+    let Some(provision) = Provision::take() else {
         // What the C library answers when it cannot map a thread's stack.
         return libc::EAGAIN;
-    }
+    };
     let create_id = threads::on_create(regs);
     let start = Box::into_raw(Box::new(Start {
         routine,
         arg,
         parent_tid: crate::sys::gettid(),
         create_id,
+        provision,
     }));
     // SAFETY: the caller's thread/attr, our wrapper and its argument.
     let rc = unsafe { real(thread, attr, thread_main, start.cast()) };
     if rc != 0 {
         // No thread took ownership of `start`.
         // SAFETY: `start` came from Box::into_raw above and was not handed over.
-        drop(unsafe { Box::from_raw(start) });
+        let start = unsafe { Box::from_raw(start) };
+        start.provision.give_back();
     }
     rc
 }
