@@ -4,7 +4,7 @@
  * kernel's limit of mappings (vm.max_map_count) within a second, with
  * about 13,000 threads. Natively it exits 0 in 2.4 to 4.3 s.
  *
- *   gcc -O2 -pthread bench/thread_bomb.c -o /tmp/thread_bomb
+ *   gcc -O2 -pthread bench/src/thread_bomb.c -o /tmp/thread_bomb
  *   for i in $(seq 10); do target/release/trapline run -o /dev/shm/bomb.trace -- /tmp/thread_bomb; echo $?; done
  *
  * Under the agent of 474663d (2026-11-26) it aborted (exit 134) in
