@@ -172,19 +172,8 @@ pub fn map(len: usize) -> *mut u8 {
     map_keeping(len, 0)
 }
 
-/// As `map`, but leaves the reserve's last `keep` bytes alone. Once the
-/// process has reached its limit of mappings, the reserve comes first: a
-/// mapping of the agent's would take a slot the program needs (natively a
-/// program with room for 20 thread stacks starts 20 threads; under the
-/// agent, whose memory per thread is a few more mappings, it could start
-/// only a few of them).
+/// As `map`, but leaves the reserve's last `keep` bytes alone.
 fn map_keeping(len: usize, keep: usize) -> *mut u8 {
-    if AT_MAPPING_LIMIT.load(Ordering::Relaxed) {
-        let p = reserve_take(len, keep);
-        if !p.is_null() {
-            return p;
-        }
-    }
     let p = map_own(len);
     if !p.is_null() {
         return p;
@@ -399,8 +388,9 @@ fn reserve_make_writable(end: usize) -> bool {
 }
 
 /// Whether the agent's memory at `p` came from the reserve: at the limit of
-/// mappings, pools keep only such memory, and free what lies in mappings
-/// of its own, whose slots the program needs (`AT_MAPPING_LIMIT`).
+/// mappings, the pool of spare thread states keeps only such memory, and
+/// frees what lies in mappings of its own, whose slots the program needs
+/// (`AT_MAPPING_LIMIT`).
 pub fn is_reserve_memory(p: *const u8) -> bool {
     in_reserve(p as *mut u8)
 }
