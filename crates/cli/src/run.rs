@@ -478,28 +478,36 @@ pub fn main(args: RunArgs) -> ExitCode {
     cmd.args(&args.command[1..])
         .env("LD_PRELOAD", preload_value(&agent))
         .env("TRAPLINE_OUTPUT", &output)
-        .env("TRAPLINE_ROLE", "top")
-        .env("TRAPLINE_FOLLOW", if args.no_follow { "0" } else { "1" })
-        .env(
+        .env("TRAPLINE_ROLE", "top");
+    // Options at the agent's default are left out of the command's
+    // environment (and an inherited value removed): the program then sees
+    // two variables of trapline's, `LD_PRELOAD` and `TRAPLINE_OUTPUT`, where
+    // it saw eight.
+    let options = [
+        ("TRAPLINE_FOLLOW", args.no_follow.then(|| "0".to_string())),
+        (
             "TRAPLINE_PASS_INVALID",
-            if args.pass_invalid_frees { "1" } else { "0" },
-        )
-        .env("TRAPLINE_FREERES", if args.no_freeres { "0" } else { "1" })
-        .env(
+            args.pass_invalid_frees.then(|| "1".to_string()),
+        ),
+        ("TRAPLINE_FREERES", args.no_freeres.then(|| "0".to_string())),
+        (
             "TRAPLINE_RELEASE_STACKS",
-            if args.no_release_stacks { "0" } else { "1" },
-        )
-        .env("TRAPLINE_SCAN", if args.no_scan { "0" } else { "1" })
-        .env(
+            args.no_release_stacks.then(|| "0".to_string()),
+        ),
+        ("TRAPLINE_SCAN", args.no_scan.then(|| "0".to_string())),
+        (
             "TRAPLINE_SCAN_EVERY",
-            args.scan_every.map_or("0".to_string(), |s| {
-                ((s * 1000.0).round() as u64).to_string()
-            }),
-        );
-    match args.profile {
-        Some(hz) => cmd.env("TRAPLINE_PROFILE", hz.to_string()),
-        None => cmd.env_remove("TRAPLINE_PROFILE"),
-    };
+            args.scan_every
+                .map(|s| ((s * 1000.0).round() as u64).to_string()),
+        ),
+        ("TRAPLINE_PROFILE", args.profile.map(|hz| hz.to_string())),
+    ];
+    for (name, value) in options {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
     // An inherited SIG_IGN for SIGPIPE reaches the command through the
     // agent, since Rust's runtime and Command lose it (csrc/inherited_sigpipe.c).
     cmd.env_remove(INHERITED_SIGPIPE);

@@ -1356,3 +1356,44 @@ fn the_writer_thread_takes_no_arena_from_the_program() {
     let traced = run_like_native(&dir, &prog);
     assert_eq!(traced.stdout, "0 arena heaps\n", "{}", traced.describe());
 }
+
+/// The traced program's environment holds two variables of trapline's,
+/// `LD_PRELOAD` and `TRAPLINE_OUTPUT`: options at their defaults are left
+/// out (it held eight), and a value inherited from trapline's own
+/// environment (a `TRAPLINE_PASS_INVALID=1` left from another run) is
+/// removed, not passed on. Options that are given are still there.
+#[test]
+fn the_traced_environment_holds_only_what_the_agent_needs() {
+    let dir = TestDir::new("traced_environment");
+    let env_of = |flags: &[&str]| {
+        let mut cmd = run_command(&dir, flags, Path::new("/usr/bin/env"), &[]);
+        cmd.env_clear()
+            .env("TRAPLINE_AGENT", agent())
+            .env("TRAPLINE_PASS_INVALID", "1")
+            .env("KEPT", "yes");
+        let run = output_of(cmd, "trapline run env");
+        assert_eq!(run.code(), 0, "{}", run.describe());
+        let mut vars: Vec<String> = run
+            .stdout
+            .lines()
+            .map(|l| l.split('=').next().unwrap_or_default().to_string())
+            .collect();
+        vars.sort();
+        vars
+    };
+    assert_eq!(
+        env_of(&[]),
+        ["KEPT", "LD_PRELOAD", "TRAPLINE_AGENT", "TRAPLINE_OUTPUT"]
+    );
+    assert_eq!(
+        env_of(&["--no-scan", "--pass-invalid-frees"]),
+        [
+            "KEPT",
+            "LD_PRELOAD",
+            "TRAPLINE_AGENT",
+            "TRAPLINE_OUTPUT",
+            "TRAPLINE_PASS_INVALID",
+            "TRAPLINE_SCAN"
+        ]
+    );
+}
