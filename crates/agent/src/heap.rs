@@ -178,7 +178,7 @@ fn map_keeping(len: usize, keep: usize) -> *mut u8 {
     if !p.is_null() {
         return p;
     }
-    AT_MAPPING_LIMIT.store(true, Ordering::Relaxed);
+    note_mapping_refused();
     reserve_take(len, keep)
 }
 
@@ -233,21 +233,21 @@ pub fn alloc_for_new_thread(layout: Layout) -> *mut u8 {
 /// A mapping of its own, or null: for memory whose protection changes (a
 /// guard page would split the reserve's mapping).
 pub fn map_own(len: usize) -> *mut u8 {
-    let p = mmap_anonymous(len, 0);
+    let p = mmap_anonymous(len, libc::PROT_READ | libc::PROT_WRITE, 0);
     if !p.is_null() {
         register(p as usize, len);
     }
     p
 }
 
-/// A private anonymous read-write mapping of `len` bytes, or null.
-fn mmap_anonymous(len: usize, extra_flags: i32) -> *mut u8 {
+/// A private anonymous mapping of `len` bytes with protection `prot`, or null.
+fn mmap_anonymous(len: usize, prot: i32, extra_flags: i32) -> *mut u8 {
     // SAFETY: an anonymous private mapping has no preconditions.
     let p = unsafe {
         libc::mmap(
             core::ptr::null_mut(),
             len,
-            libc::PROT_READ | libc::PROT_WRITE,
+            prot,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
             -1,
             0,
@@ -298,8 +298,8 @@ pub static KEEP_MAPPINGS: AtomicBool = AtomicBool::new(false);
 /// same mapping moves the boundary between two areas and needs no mapping
 /// more (the first megabyte is made writable at once, so that the split
 /// happens while the process can still make mappings). Freed blocks give
-/// their pages back to the system and are reused for requests of the same
-/// length (`reserve_take`).
+/// their pages back to the system and are reused, whole or split
+/// (`reserve_take`).
 ///
 /// 256 MiB of address space: at the limit of mappings the agent still
 /// needs memory for the threads that run (buffers, the writer's queue), and
@@ -336,18 +336,8 @@ pub fn set_aside_reserve() {
     } else {
         RESERVE_LEN_MAX
     };
-    // SAFETY: an anonymous private mapping has no preconditions.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
+    let p = mmap_anonymous(len, libc::PROT_NONE, libc::MAP_NORESERVE);
+    if p.is_null() {
         return;
     }
     let p = p as usize;
@@ -370,7 +360,7 @@ fn reserve_make_writable(end: usize) -> bool {
     RESERVE_GROW.lock();
     let from = RESERVE_WRITABLE.load(Ordering::Relaxed);
     let reserve_end = RESERVE_START.load(Ordering::Relaxed) + RESERVE_LEN.load(Ordering::Relaxed);
-    let to = ((end + RESERVE_STEP - 1) & !(RESERVE_STEP - 1)).min(reserve_end);
+    let to = round_up(end, RESERVE_STEP).min(reserve_end);
     // SAFETY: pages of the reserve's own mapping, not yet handed out.
     let ok = from >= end
         || unsafe {
@@ -387,15 +377,11 @@ fn reserve_make_writable(end: usize) -> bool {
     ok
 }
 
-/// Whether the agent's memory at `p` came from the reserve: at the limit of
-/// mappings, the pool of spare thread states keeps only such memory, and
-/// frees what lies in mappings of its own, whose slots the program needs
-/// (`AT_MAPPING_LIMIT`).
-pub fn is_reserve_memory(p: *const u8) -> bool {
-    in_reserve(p as *mut u8)
-}
-
-fn in_reserve(p: *mut u8) -> bool {
+/// Whether the agent's memory at `p` came from the reserve: freed, it is
+/// kept for reuse; and at the limit of mappings, the pool of spare thread
+/// states keeps only such memory, and frees what lies in mappings of its
+/// own, whose slots the program needs (`AT_MAPPING_LIMIT`).
+pub fn in_reserve(p: *const u8) -> bool {
     let start = RESERVE_START.load(Ordering::Acquire);
     start != 0 && (p as usize).wrapping_sub(start) < RESERVE_LEN.load(Ordering::Relaxed)
 }
@@ -437,7 +423,7 @@ fn with_reserve_free<R>(
 
 /// Keeps a reserve block for reuse (its pages already dropped).
 fn reserve_give_back(p: *mut u8, len: usize) {
-    let len = (len + PAGE - 1) & !(PAGE - 1);
+    let len = round_up(len, PAGE);
     with_reserve_free(|blocks| {
         if let Some(slot) = blocks.iter_mut().find(|b| b.1 == 0) {
             *slot = (p as usize, len);
@@ -454,7 +440,7 @@ fn reserve_take(len: usize, keep: usize) -> *mut u8 {
         return core::ptr::null_mut();
     }
     let end = start + RESERVE_LEN.load(Ordering::Relaxed);
-    let len = (len + PAGE - 1) & !(PAGE - 1);
+    let len = round_up(len, PAGE);
     let fresh_left = || end.saturating_sub(RESERVE_NEXT.load(Ordering::Relaxed));
     if RESERVE_FREED.load(Ordering::Relaxed) != 0 {
         let reused = with_reserve_free(|blocks| {
@@ -495,8 +481,13 @@ fn reserve_take(len: usize, keep: usize) -> *mut u8 {
     core::ptr::null_mut()
 }
 
+/// `x` rounded up to a multiple of `to`, a power of two.
+fn round_up(x: usize, to: usize) -> usize {
+    (x + to - 1) & !(to - 1)
+}
+
 fn large_len(layout: Layout) -> usize {
-    (layout.size() + PAGE - 1) & !(PAGE - 1)
+    round_up(layout.size(), PAGE)
 }
 
 // SAFETY: blocks are carved from private mappings, never overlap, are aligned

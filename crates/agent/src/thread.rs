@@ -143,7 +143,7 @@ fn take_spare() -> Option<Spare> {
 fn keep_spare(spare: Spare) {
     if crate::heap::at_mapping_limit() {
         let id_cache = spare.captures[0].id_cache_ptr();
-        if !crate::heap::is_reserve_memory(id_cache) {
+        if !crate::heap::in_reserve(id_cache) {
             // Its mappings' slots go back to the program.
             return;
         }
@@ -458,8 +458,7 @@ pub fn begin(provision: Provision) -> &'static mut ThreadState {
     let p = crate::arch::thread_slot() as *mut ThreadState;
     if p.is_null() {
         // SAFETY: as in `current`.
-        let ts = unsafe { &mut *create(true, Some(provision)) };
-        return ts;
+        return unsafe { &mut *create(true, Some(provision)) };
     }
     // A state already (a hook ran before the wrapper: a sanitizer's or a
     // library's thread-start hook): the provision goes back to the pool.

@@ -39,16 +39,7 @@ pub struct Buffer {
 
 impl Buffer {
     fn new() -> Box<Buffer> {
-        Box::new(Buffer {
-            data: vec![0u8; BUFFER_SIZE].into_boxed_slice(),
-            len: 0,
-            events: 0,
-            first_time: 0,
-            last_time: 0,
-            tid: 0,
-            ctx: ChunkContext::default(),
-            gen: 0,
-        })
+        Box::new(Buffer::empty(vec![0u8; BUFFER_SIZE].into_boxed_slice()))
     }
 
     /// As `new`, or None when the agent has no memory for it
@@ -58,19 +49,21 @@ impl Buffer {
         let b = crate::heap::try_box_zeroed::<Buffer>(false)?;
         // SAFETY: zeroed bytes are a valid byte array.
         let data: Box<[u8]> = unsafe { data.assume_init() };
-        Some(Box::write(
-            b,
-            Buffer {
-                data,
-                len: 0,
-                events: 0,
-                first_time: 0,
-                last_time: 0,
-                tid: 0,
-                ctx: ChunkContext::default(),
-                gen: 0,
-            },
-        ))
+        Some(Box::write(b, Buffer::empty(data)))
+    }
+
+    /// A buffer holding no event, over `data`.
+    fn empty(data: Box<[u8]>) -> Buffer {
+        Buffer {
+            data,
+            len: 0,
+            events: 0,
+            first_time: 0,
+            last_time: 0,
+            tid: 0,
+            ctx: ChunkContext::default(),
+            gen: 0,
+        }
     }
 
     pub fn reset(&mut self, tid: u32, gen: u32) {
