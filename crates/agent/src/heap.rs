@@ -377,6 +377,18 @@ fn reserve_make_writable(end: usize) -> bool {
     ok
 }
 
+/// Bytes of the reserve never handed out (its tail): what a large request
+/// the kernel refuses can still get (the scan's estimate of its room under
+/// `ulimit -v`, which the reserve already counts against).
+pub fn reserve_unused() -> usize {
+    let start = RESERVE_START.load(Ordering::Acquire);
+    if start == 0 {
+        return 0;
+    }
+    (start + RESERVE_LEN.load(Ordering::Relaxed))
+        .saturating_sub(RESERVE_NEXT.load(Ordering::Relaxed))
+}
+
 /// Whether the agent's memory at `p` came from the reserve: freed, it is
 /// kept for reuse; and at the limit of mappings, the pool of spare thread
 /// states keeps only such memory, and frees what lies in mappings of its

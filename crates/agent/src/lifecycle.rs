@@ -622,9 +622,15 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         }
     }
     // The reachability scan (not from a fatal signal: it allocates and waits).
-    let scan = (!signal && exit != ExitKind::Exec && crate::scan::at_exit_enabled())
-        .then(crate::scan::run_at_exit)
-        .flatten();
+    // A skipped scan leaves the snapshot unjudged, as with --no-scan.
+    let (scan, skipped) =
+        match (!signal && exit != ExitKind::Exec && crate::scan::at_exit_enabled())
+            .then(crate::scan::run_at_exit)
+        {
+            Some(Ok(o)) => (Some(o), None),
+            Some(Err(s)) => (None, Some(s)),
+            None => (None, None),
+        };
     let time = clock::precise_now();
     out.push(
         &Event::SnapshotBegin {
@@ -661,6 +667,12 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         });
     }
     out.push(&Event::SnapshotEnd { blocks, bytes }, None);
+    if let Some(mut s) = skipped {
+        // After the snapshot, among the last records, where the end-of-run
+        // summary reads (stats::summary_from_tail).
+        s.time = clock::precise_now();
+        crate::scan::emit_skipped(&s, &mut out);
+    }
     FINISHED.store(true, Ordering::Release);
     if signal {
         thread::steal_all_into(100_000, |b| {

@@ -24,7 +24,7 @@ use crate::report::{
 };
 pub use crate::report::{BytesBlocks, HeapUsage};
 use crate::suppressions::Suppression;
-pub use crate::verdicts::{HistoryPoint, ScanReport, SiteHistory};
+pub use crate::verdicts::{HistoryPoint, ScanReport, SiteHistory, SkippedScan};
 use crate::verdicts::{ScanCollector, Totals};
 
 /// Loss record kind for blocks from the exit snapshot.
@@ -46,6 +46,11 @@ pub struct LeaksReport {
     /// The reachability scan the records come from; null when the trace
     /// holds none (the process did not reach exit, or ran with `--no-scan`).
     pub scan: Option<ScanReport>,
+    /// Reachability scans that were due and did not run, because their
+    /// memory would have passed a limit that ends or fails the program (a
+    /// cgroup's, `ulimit -v`): a skipped exit scan leaves the records
+    /// unjudged, as with `--no-scan` (format version 8; empty before).
+    pub scans_skipped: Vec<SkippedScan>,
     /// The suppressions that hid records, with what they hid.
     pub suppressions: Vec<SuppressionMatch>,
     /// With `--history`: per allocation site with lost blocks, how each scan
@@ -590,6 +595,7 @@ pub fn analyze_with<R: Read + Seek>(
         },
         records,
         scan,
+        scans_skipped: pass.scans.take_skipped(),
         suppressions: matches,
         history,
         errors,
@@ -766,6 +772,7 @@ pub fn render_text(r: &LeaksReport) -> String {
     if let Some(scan) = &r.scan {
         scan_text(&mut out, &p, scan);
     }
+    skipped_scans_text(&mut out, &p, &r.scans_skipped);
     for (i, rec) in r.records.iter().enumerate() {
         let (amount, what) = match rec.kind {
             KIND_UNFREED_AT_EXIT | KIND_LIVE_AT_END_OF_TRACE => (thousands(rec.bytes), what),
@@ -842,6 +849,41 @@ fn kind_text(kind: &str) -> &'static str {
         "indirectly_lost" => "are indirectly lost",
         "possibly_lost" => "are possibly lost",
         _ => "are still reachable",
+    }
+}
+
+/// Periodic scans skipped that text reports name one by one; the rest are counted.
+const SKIPPED_SCANS_NAMED: usize = 3;
+
+fn skipped_scans_text(out: &mut String, p: &str, skipped: &[SkippedScan]) {
+    let periodic = skipped.iter().filter(|s| s.trigger == "periodic").count();
+    let mut named = 0;
+    for s in skipped {
+        if s.trigger == "periodic" {
+            named += 1;
+            if named > SKIPPED_SCANS_NAMED {
+                continue;
+            }
+        }
+        writeln!(out, "{p}WARNING: {}", s.text).unwrap();
+        if s.trigger == "exit" {
+            writeln!(
+                out,
+                "{p}The blocks below are unjudged, as with `trapline run --no-scan`."
+            )
+            .unwrap();
+        }
+    }
+    if periodic > SKIPPED_SCANS_NAMED {
+        writeln!(
+            out,
+            "{p}WARNING: {} more periodic scans were skipped (the JSON report lists them)",
+            periodic - SKIPPED_SCANS_NAMED
+        )
+        .unwrap();
+    }
+    if !skipped.is_empty() {
+        writeln!(out, "{p}").unwrap();
     }
 }
 

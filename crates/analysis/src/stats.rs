@@ -19,6 +19,7 @@ use crate::report::{
     command_text, footer_text, prefix, seconds, thousands, BytesBlocks, Facts, ProcessReport,
     TraceStatus,
 };
+use crate::verdicts::SkippedScan;
 
 /// The `trapline stats` report (its JSON form is the stable schema).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -47,6 +48,9 @@ pub struct StatsReport {
     /// blocks a fork child inherited, which no event of its trace allocated);
     /// null when the trace has no exit snapshot (then only `live_at_end` is known).
     pub unfreed_at_exit: Option<BytesBlocks>,
+    /// Reachability scans that were due and did not run (their memory would
+    /// have passed a limit that ends or fails the program; see `leaks`).
+    pub scans_skipped: Vec<SkippedScan>,
     /// `allocation_calls` per second of run time; null for a zero duration.
     pub allocations_per_second: Option<f64>,
     /// Allocation errors detected.
@@ -161,7 +165,10 @@ impl RunSummary {
             errors: s.errors,
             failed_allocations: s.failed_allocations,
             events_lost: s.events_lost,
-            warnings: crate::report::status_warnings(&s.trace),
+            warnings: skipped_exit_scan(&s.scans_skipped)
+                .into_iter()
+                .chain(crate::report::status_warnings(&s.trace))
+                .collect(),
             allocators: Allocators {
                 shadowed_by: s.trace.allocator_shadowed_by.clone(),
                 library: s.trace.allocator_library.clone(),
@@ -169,6 +176,15 @@ impl RunSummary {
             process: s.process.clone(),
         }
     }
+}
+
+/// The summary's line about an exit scan that did not run.
+fn skipped_exit_scan(skipped: &[SkippedScan]) -> Option<String> {
+    let s = skipped.iter().find(|s| s.trigger == "exit")?;
+    Some(format!(
+        "WARNING: {}; `trapline leaks` lists the blocks unfreed at exit unjudged",
+        s.text
+    ))
 }
 
 /// Most chunks read back from the end of the file looking for the records
@@ -187,6 +203,7 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         return Ok(None);
     }
     let (mut totals, mut end_lost, mut unfreed, mut exit) = (None, None, None, None);
+    let mut skipped = Vec::new();
     for entry in index.chunks.iter().rev().take(SUMMARY_TAIL_CHUNKS) {
         let chunk = index.read_chunk(input, entry)?;
         for ev in chunk.events() {
@@ -209,6 +226,7 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
                 Event::SnapshotEnd { blocks, bytes } => {
                     unfreed = Some(BytesBlocks { bytes, blocks })
                 }
+                ev @ Event::ScanSkipped { .. } => skipped.extend(SkippedScan::from_event(&ev)),
                 _ => {}
             }
         }
@@ -221,7 +239,10 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     };
     let (allocators, mut process) = first_chunk_facts(input, &index)?;
     process.exit = exit;
-    let warnings = allocators.warnings();
+    let warnings = skipped_exit_scan(&skipped)
+        .into_iter()
+        .chain(allocators.warnings())
+        .collect();
     Ok(Some(RunSummary {
         allocation_calls: t.allocation_calls,
         release_calls: t.release_calls,
@@ -312,6 +333,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     };
 
     let mut agent_totals = None;
+    let mut scans_skipped = Vec::new();
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
         // Only the ids matter here: keep the frames out of the facts.
@@ -367,6 +389,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
                 lifecycle.peak_alive = lifecycle.peak_alive.max(alive);
             }
             Event::ThreadEnd { .. } => lifecycle.ended += 1,
+            ev @ Event::ScanSkipped { .. } => scans_skipped.extend(SkippedScan::from_event(ev)),
             _ => {}
         }
         if heap.live_bytes > peak.bytes {
@@ -407,6 +430,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             blocks: heap.live.len() as u64,
         },
         unfreed_at_exit: facts.exit_snapshot_totals(),
+        scans_skipped,
         allocations_per_second: (duration_ns > 0)
             .then(|| allocation_calls as f64 / seconds(duration_ns)),
         errors,
@@ -523,6 +547,9 @@ pub fn render_text(r: &StatsReport) -> String {
             thousands(u.blocks)
         )
         .unwrap();
+    }
+    for skipped in &r.scans_skipped {
+        writeln!(out, "{p}  {}", skipped.text).unwrap();
     }
     let rate = r
         .allocations_per_second

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use trapline_trace::{AllocFn, Event, ScanStats, ScanTrigger, Verdict};
+use trapline_trace::{AllocFn, Event, ScanSkipReason, ScanStats, ScanTrigger, Verdict};
 
 use crate::report::{seconds, BytesBlocks, FrameReport};
 
@@ -97,6 +97,7 @@ impl BlockHistory {
 pub(crate) struct ScanCollector {
     scans: BTreeMap<u32, ScanFacts>,
     blocks: Option<HashMap<u64, BlockHistory>>,
+    skipped: Vec<SkippedScan>,
 }
 
 impl ScanCollector {
@@ -105,10 +106,14 @@ impl ScanCollector {
         ScanCollector {
             scans: BTreeMap::new(),
             blocks: history.then(HashMap::new),
+            skipped: Vec::new(),
         }
     }
 
     pub fn observe(&mut self, ev: &Event) {
+        if let Some(s) = SkippedScan::from_event(ev) {
+            self.skipped.push(s);
+        }
         match ev {
             Event::ScanBegin {
                 time,
@@ -150,6 +155,13 @@ impl ScanCollector {
             }
             _ => {}
         }
+    }
+
+    /// The scans that were due and did not run, in time order.
+    pub fn take_skipped(&mut self) -> Vec<SkippedScan> {
+        let mut v = std::mem::take(&mut self.skipped);
+        v.sort_by_key(|s| s.time_ns);
+        v
     }
 
     /// Numbers of the scans read whole (begin and end), in order.
@@ -274,6 +286,76 @@ pub struct ScanReport {
     pub blocks: u64,
     /// Their bytes.
     pub bytes: u64,
+}
+
+/// A reachability scan that was due and did not run (`ScanSkipped`): its
+/// memory would have passed a limit that ends or fails the program.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SkippedScan {
+    /// `"exit"` or `"periodic"`.
+    pub trigger: &'static str,
+    /// When it was due, nanoseconds since the start of the process.
+    pub time_ns: u64,
+    /// `"cgroup_memory_limit"`, `"commit_limit"`, `"address_space_limit"`,
+    /// `"data_limit"`, `"system_memory"` or `"memory_unreadable"`.
+    pub reason: &'static str,
+    /// What the scan would have needed (the agent's estimate, with margin).
+    pub needed_bytes: u64,
+    /// What the limit left when the scan was due.
+    pub available_bytes: u64,
+    /// The limit (0 for `memory_unreadable`).
+    pub limit_bytes: u64,
+    /// The same in a sentence, for text reports.
+    #[serde(skip)]
+    pub text: String,
+}
+
+impl SkippedScan {
+    /// The report of a `ScanSkipped` event.
+    pub fn from_event(ev: &Event) -> Option<SkippedScan> {
+        let Event::ScanSkipped {
+            time,
+            trigger,
+            reason,
+            needed,
+            available,
+            limit,
+        } = *ev
+        else {
+            return None;
+        };
+        let when = match trigger {
+            ScanTrigger::Exit => "at exit".to_string(),
+            ScanTrigger::Periodic => format!("at {:.3} s", seconds(time)),
+        };
+        let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1 << 20) as f64);
+        let text = if reason == ScanSkipReason::MemoryUnreadable {
+            format!(
+                "no reachability scan {when}: blocked by {}; {}",
+                reason.limit_text(),
+                reason.consequence_text()
+            )
+        } else {
+            format!(
+                "no reachability scan {when}: it would have needed about {}, and {} ({}) \
+                 left {}; {}",
+                mib(needed),
+                reason.limit_text(),
+                mib(limit),
+                mib(available),
+                reason.consequence_text()
+            )
+        };
+        Some(SkippedScan {
+            trigger: trigger.name(),
+            time_ns: time,
+            reason: reason.name(),
+            needed_bytes: needed,
+            available_bytes: available,
+            limit_bytes: limit,
+            text,
+        })
+    }
 }
 
 /// One snapshot of a site's history.

@@ -548,6 +548,9 @@ pub fn main(args: RunArgs) -> ExitCode {
             )
         }
     };
+    // What the kernel's OOM killer had done before the command ran: a
+    // SIGKILL it sends while the command runs is then named as its.
+    let _ = OOM_KILLS_AT_START.set(oom_kills());
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -1011,12 +1014,43 @@ const UNFLUSHED_EXIT: &str = "the program exited, yet its trace has no end recor
      called exit()), or the agent could not write its last chunks (its message above says \
      why); what it did since the agent's last flush (at most about 200 ms) is missing";
 
+/// The kernel's count of processes its OOM killer ended, system-wide
+/// (`oom_kill` of `/proc/vmstat`, Linux 4.13; a memory cgroup's kills count
+/// too); `None` where it cannot be read.
+fn oom_kills() -> Option<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
+    let line = vmstat.lines().find(|l| l.starts_with("oom_kill "))?;
+    line["oom_kill ".len()..].trim().parse().ok()
+}
+
+static OOM_KILLS_AT_START: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+
+/// Why a SIGKILL came, when the OOM killer ended processes while the
+/// command ran (most likely the command: it is the one that grew).
+fn oom_kill_note() -> Option<String> {
+    let before = (*OOM_KILLS_AT_START.get()?)?;
+    let killed = oom_kills()?.checked_sub(before).filter(|&n| n > 0)?;
+    let processes = if killed == 1 {
+        "a process".to_string()
+    } else {
+        format!("{killed} processes")
+    };
+    Some(format!(
+        "the kernel's OOM killer ended {processes} while the command ran (/proc/vmstat), most \
+         likely this one: its memory cgroup or the system ran out of memory. Under trapline a \
+         program also holds the agent's table (about 26 bytes per live block) and its buffers"
+    ))
+}
+
 /// Why a trace has no end record although the program died of `signal`,
 /// which the agent's handler normally records before it lets the program die.
 fn unflushed_death(signal: i32) -> String {
     let name = Signal::try_from(signal).map_or("a signal", |s| s.as_str());
     let why = match Signal::try_from(signal) {
-        Ok(Signal::SIGKILL) => "SIGKILL cannot be caught".to_string(),
+        Ok(Signal::SIGKILL) => match oom_kill_note() {
+            Some(note) => format!("SIGKILL cannot be caught; {note}"),
+            None => "SIGKILL cannot be caught".to_string(),
+        },
         Ok(Signal::SIGSEGV | Signal::SIGBUS) => {
             "perhaps a stack overflow on an alternate signal stack of the program's own too \
              small for the agent's handler, or a handler of the program's that ended it"

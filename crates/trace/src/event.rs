@@ -7,7 +7,7 @@
 //! previous address in the chunk, zig-zag encoded, because consecutive blocks
 //! tend to sit close together.
 
-use crate::scan::{ScanStats, ScanTrigger, Verdict};
+use crate::scan::{ScanSkipReason, ScanStats, ScanTrigger, Verdict};
 use crate::varint::{get_u64, put_u64, unzigzag, zigzag, MAX_VARINT_LEN};
 
 mod locks;
@@ -563,6 +563,19 @@ pub enum Event {
         scan: u32,
         stats: ScanStats,
     },
+    /// A scan that was due did not run (format version 8): its memory would
+    /// have passed a limit that ends or fails the program (`reason`). A
+    /// skipped exit scan leaves the exit snapshot unjudged. `needed` is the
+    /// agent's estimate of the scan's memory, `available` what the limit
+    /// left, `limit` the limit itself (all bytes; 0 for `MemoryUnreadable`).
+    ScanSkipped {
+        time: u64,
+        trigger: ScanTrigger,
+        reason: ScanSkipReason,
+        needed: u64,
+        available: u64,
+        limit: u64,
+    },
     /// The process forked; the child writes its own trace.
     Fork {
         time: u64,
@@ -651,6 +664,7 @@ impl Event {
             | Event::Error { time, .. }
             | Event::SnapshotBegin { time, .. }
             | Event::ScanBegin { time, .. }
+            | Event::ScanSkipped { time, .. }
             | Event::Fork { time, .. }
             | Event::End { time, .. }
             | Event::ProfileStart { time, .. }
@@ -692,6 +706,8 @@ pub(crate) mod tag {
     pub const SCAN_BEGIN: u8 = 35;
     pub const SCAN_BLOCK: u8 = 36;
     pub const SCAN_END: u8 = 37;
+    /// Format version 8.
+    pub const SCAN_SKIPPED: u8 = 38;
     pub const FORK: u8 = 48;
     pub const END: u8 = 49;
     pub const RUN_TOTALS: u8 = 50;
@@ -1163,6 +1179,22 @@ impl<'a> Encoder<'a> {
                 self.u64(stats.root_bytes)?;
                 self.u64(stats.blocks)?;
                 self.u64(stats.bytes)
+            }
+            Event::ScanSkipped {
+                time,
+                trigger,
+                reason,
+                needed,
+                available,
+                limit,
+            } => {
+                self.byte(tag::SCAN_SKIPPED)?;
+                self.time(ctx, *time)?;
+                self.byte(*trigger as u8)?;
+                self.byte(*reason as u8)?;
+                self.u64(*needed)?;
+                self.u64(*available)?;
+                self.u64(*limit)
             }
             Event::Fork { time, child_pid } => {
                 self.byte(tag::FORK)?;
@@ -1638,6 +1670,21 @@ impl<'a> Decoder<'a> {
                     bytes: self.u64()?,
                 };
                 Event::ScanEnd { scan, stats }
+            }
+            tag::SCAN_SKIPPED => {
+                let time = self.time()?;
+                let trigger = ScanTrigger::from_u8(self.byte()?)
+                    .ok_or(DecodeError::Invalid("scan trigger"))?;
+                let reason = ScanSkipReason::from_u8(self.byte()?)
+                    .ok_or(DecodeError::Invalid("scan skip reason"))?;
+                Event::ScanSkipped {
+                    time,
+                    trigger,
+                    reason,
+                    needed: self.u64()?,
+                    available: self.u64()?,
+                    limit: self.u64()?,
+                }
             }
             tag::FORK => {
                 let time = self.time()?;

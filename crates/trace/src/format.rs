@@ -25,7 +25,7 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// `MismatchedSize` and `MismatchedAlignment`, whose `Error` event ends with
 /// what the release gave, and `AllocFailed`, tag 20; older files are read
 /// unchanged).
-pub const FORMAT_VERSION: u16 = 7;
+pub const FORMAT_VERSION: u16 = 8;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

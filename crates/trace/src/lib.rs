@@ -22,4 +22,4 @@ pub use event::{
     Segment, SnapshotKind,
 };
 pub use format::{Chunk, ChunkHeader, TraceError, TraceReader, FORMAT_VERSION};
-pub use scan::{ScanStats, ScanTrigger, Verdict};
+pub use scan::{ScanSkipReason, ScanStats, ScanTrigger, Verdict};

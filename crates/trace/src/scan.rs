@@ -1,5 +1,5 @@
-//! Types of the reachability-scan events (tags 35-37): when a scan ran, the
-//! verdict on each live block, and what the scan cost.
+//! Types of the reachability-scan events (tags 35-38): when a scan ran, the
+//! verdict on each live block, what the scan cost, and why a scan did not run.
 
 /// Why a reachability scan ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,4 +87,87 @@ pub struct ScanStats {
     pub blocks: u64,
     /// Their bytes.
     pub bytes: u64,
+}
+
+/// Why a reachability scan did not run (`ScanSkipped`, format version 8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ScanSkipReason {
+    /// The scan's memory would have passed the memory limit of the
+    /// process's control group: the kernel's OOM killer would have ended
+    /// the program.
+    CgroupMemory = 1,
+    /// It would have passed the system's commit limit
+    /// (`vm.overcommit_memory=2`): the agent's allocation would have failed.
+    CommitLimit = 2,
+    /// It would have passed the process's limit of address space (`ulimit -v`).
+    AddressSpaceLimit = 3,
+    /// It would have passed the process's limit of data (`ulimit -d`).
+    DataLimit = 4,
+    /// It would have taken more than the memory the system has available
+    /// (`MemAvailable` and free swap): the OOM killer would have chosen.
+    SystemMemory = 5,
+    /// The process's memory could not be read without the risk of a fault
+    /// (a seccomp filter, and `/proc/thread-self/mem` could not be opened).
+    MemoryUnreadable = 6,
+}
+
+impl ScanSkipReason {
+    /// Every reason, in format order.
+    pub const ALL: [ScanSkipReason; 6] = [
+        ScanSkipReason::CgroupMemory,
+        ScanSkipReason::CommitLimit,
+        ScanSkipReason::AddressSpaceLimit,
+        ScanSkipReason::DataLimit,
+        ScanSkipReason::SystemMemory,
+        ScanSkipReason::MemoryUnreadable,
+    ];
+
+    /// Decodes the format value.
+    pub fn from_u8(value: u8) -> Option<ScanSkipReason> {
+        ScanSkipReason::ALL
+            .get(usize::from(value).wrapping_sub(1))
+            .copied()
+    }
+
+    /// The name used in JSON reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanSkipReason::CgroupMemory => "cgroup_memory_limit",
+            ScanSkipReason::CommitLimit => "commit_limit",
+            ScanSkipReason::AddressSpaceLimit => "address_space_limit",
+            ScanSkipReason::DataLimit => "data_limit",
+            ScanSkipReason::SystemMemory => "system_memory",
+            ScanSkipReason::MemoryUnreadable => "memory_unreadable",
+        }
+    }
+
+    /// What passing the limit would have done, for text reports.
+    pub fn consequence_text(self) -> &'static str {
+        match self {
+            ScanSkipReason::CgroupMemory | ScanSkipReason::SystemMemory => {
+                "the kernel's OOM killer could have ended the program"
+            }
+            ScanSkipReason::CommitLimit
+            | ScanSkipReason::AddressSpaceLimit
+            | ScanSkipReason::DataLimit => {
+                "the scan's allocation could have failed and ended the program"
+            }
+            ScanSkipReason::MemoryUnreadable => "reading it could have crashed the program",
+        }
+    }
+
+    /// What the limit is, for text reports ("the memory limit of its cgroup").
+    pub fn limit_text(self) -> &'static str {
+        match self {
+            ScanSkipReason::CgroupMemory => "the memory limit of the process's cgroup",
+            ScanSkipReason::CommitLimit => "the system's commit limit (vm.overcommit_memory=2)",
+            ScanSkipReason::AddressSpaceLimit => "the process's address-space limit (ulimit -v)",
+            ScanSkipReason::DataLimit => "the process's data limit (ulimit -d)",
+            ScanSkipReason::SystemMemory => "the memory the system had available",
+            ScanSkipReason::MemoryUnreadable => {
+                "a seccomp filter (the process's memory could not be read safely)"
+            }
+        }
+    }
 }

@@ -240,3 +240,38 @@ fn run_totals_of_older_agents_decode() {
     assert_eq!(&new[1..6], &old[1..]);
     assert_eq!(new[6], 0);
 }
+
+/// A skipped scan's trigger and reason are checked like every other enum.
+#[test]
+fn scan_skipped_with_unknown_values_is_invalid() {
+    let mut raw = Vec::new();
+    encode_to_vec(
+        &mut raw,
+        &mut ChunkContext::default(),
+        &Event::ScanSkipped {
+            time: 5,
+            trigger: trapline_trace::ScanTrigger::Exit,
+            reason: trapline_trace::ScanSkipReason::CommitLimit,
+            needed: 1,
+            available: 2,
+            limit: 3,
+        },
+    );
+    // Tag, time (one byte), trigger, reason, then the three sizes.
+    assert_eq!(raw, [38, 5, 1, 2, 1, 2, 3]);
+    for (at, value, what) in [
+        (2, 0, "scan trigger"),
+        (2, 3, "scan trigger"),
+        (3, 0, "scan skip reason"),
+        (3, 7, "scan skip reason"),
+    ] {
+        let mut bad = raw.clone();
+        bad[at] = value;
+        let r: Vec<_> = Decoder::new(&bad).collect();
+        assert_eq!(
+            r,
+            vec![Err(DecodeError::Invalid(what))],
+            "byte {at} = {value}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! Writing a scan's verdicts: `ScanBegin`, one `ScanBlock` per live block
-//! (with its stack's definition when this trace file lacks it), `ScanEnd`.
+//! (with its stack's definition when this trace file lacks it), `ScanEnd`;
+//! or `ScanSkipped` for a scan that did not run.
 
-use super::Outcome;
+use super::{Outcome, Skipped};
 use crate::record::ensure_stack_in;
 use crate::writer::{self, Buffer};
 use core::sync::atomic::Ordering;
@@ -51,6 +52,21 @@ pub fn emit(o: &Outcome, sink: &mut dyn Sink) {
     );
 }
 
+/// Writes why a scan did not run.
+pub fn emit_skipped(s: &Skipped, sink: &mut dyn Sink) {
+    sink.push(
+        &Event::ScanSkipped {
+            time: s.time,
+            trigger: s.trigger,
+            reason: s.reason,
+            needed: s.needed,
+            available: s.available,
+            limit: s.limit,
+        },
+        Some(s.time),
+    );
+}
+
 /// Agent buffers queued to the writer without waiting (the periodic scan
 /// runs on the writer thread itself).
 struct Queued {
@@ -74,11 +90,15 @@ impl Sink for Queued {
     }
 }
 
-/// Writes a periodic scan's outcome through the writer's queue.
-pub fn to_writer(o: &Outcome) {
+/// Writes a periodic scan's outcome, or why it did not run, through the
+/// writer's queue.
+pub fn to_writer(o: &Result<Outcome, Skipped>) {
     let mut q = Queued {
         buf: writer::take_buffer(0),
     };
-    emit(o, &mut q);
+    match o {
+        Ok(o) => emit(o, &mut q),
+        Err(s) => emit_skipped(s, &mut q),
+    }
     writer::submit(q.buf, false);
 }

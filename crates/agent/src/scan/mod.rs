@@ -15,18 +15,19 @@
 
 mod blocks;
 mod emit;
+mod headroom;
 pub(crate) mod maps;
 mod mark;
 mod roots;
 pub(crate) mod world;
 
-pub use emit::{emit, Sink};
+pub use emit::{emit, emit_skipped, Sink};
 
 use crate::arch::CALLEE_SAVED;
 use crate::live::{self, Packed};
 use crate::sys::{self, RawLock};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use trapline_trace::{ScanStats, ScanTrigger, Verdict};
+use trapline_trace::{ScanSkipReason, ScanStats, ScanTrigger, Verdict};
 
 /// `trapline run --scan-every SECS` (milliseconds here; 0 = off).
 pub const ENV_SCAN_EVERY: &str = "TRAPLINE_SCAN_EVERY";
@@ -169,9 +170,17 @@ pub fn periodic_tick() {
     }
     let outcome = run_locked(ScanTrigger::Periodic);
     SCAN_LOCK.unlock();
-    if let Some(outcome) = outcome {
-        emit::to_writer(&outcome);
-    }
+    emit::to_writer(&outcome);
+}
+
+/// A scan that was due and did not run (`Event::ScanSkipped`).
+pub struct Skipped {
+    pub time: u64,
+    pub trigger: ScanTrigger,
+    pub reason: ScanSkipReason,
+    pub needed: u64,
+    pub available: u64,
+    pub limit: u64,
 }
 
 /// The result of one scan, ready to be written.
@@ -194,9 +203,8 @@ impl Outcome {
     }
 }
 
-/// Runs a scan from the thread that is ending the process (`None`: its
-/// memory cannot be read safely, `mark::SafeReader`).
-pub fn run_at_exit() -> Option<Outcome> {
+/// Runs a scan from the thread that is ending the process.
+pub fn run_at_exit() -> Result<Outcome, Skipped> {
     SCAN_LOCK.lock();
     let o = run_locked(ScanTrigger::Exit);
     SCAN_LOCK.unlock();
@@ -275,13 +283,34 @@ fn merge(ranges: &mut Vec<(u64, u64)>) {
 /// the heap's lock across a hundred stops is not one the scan stopped).
 const HEAP_BUSY_RETRIES: u32 = 100;
 
-fn run_locked(trigger: ScanTrigger) -> Option<Outcome> {
-    let mut reader = mark::SafeReader::new()?;
+/// Live blocks now, one shard lock at a time (the scan's memory estimate).
+fn live_blocks() -> u64 {
+    live::shards().iter().map(|s| s.locked().len() as u64).sum()
+}
+
+fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
+    let skipped = |reason, needed, available, limit| Skipped {
+        time: crate::clock::precise_now(),
+        trigger,
+        reason,
+        needed,
+        available,
+        limit,
+    };
+    let Some(mut reader) = mark::SafeReader::new() else {
+        return Err(skipped(ScanSkipReason::MemoryUnreadable, 0, 0, 0));
+    };
+    // 1. Facts that allocate.
+    let maps = maps::read();
+    // The scan's memory, checked against the limits that would kill or
+    // fail the program before it is taken (headroom.rs).
+    let mapped = maps.iter().map(|m| m.end - m.start).sum();
+    if let Err(s) = headroom::check(headroom::needed(live_blocks(), maps.len()), mapped) {
+        return Err(skipped(s.reason, s.needed, s.available, s.limit));
+    }
     let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
     let time = crate::clock::precise_now();
     let me = sys::gettid();
-    // 1. Facts that allocate.
-    let maps = maps::read();
     let loader = loader_ranges();
     let mut excluded = agent_module_ranges();
     // The allocator library's own mappings (its metadata names every block
@@ -470,7 +499,7 @@ fn run_locked(trigger: ScanTrigger) -> Option<Outcome> {
             world.not_suspended
         ));
     }
-    Some(Outcome {
+    Ok(Outcome {
         scan,
         time,
         trigger,

@@ -6,7 +6,8 @@
 use trapline_trace::event::{segment_flags, MAX_STACK_FRAMES};
 use trapline_trace::{
     AllocFn, Chunk, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, RunTotals,
-    ScanStats, ScanTrigger, Segment, SnapshotKind, TraceBuilder, TraceError, TraceReader, Verdict,
+    ScanSkipReason, ScanStats, ScanTrigger, Segment, SnapshotKind, TraceBuilder, TraceError,
+    TraceReader, Verdict,
 };
 
 /// xorshift64*: small, deterministic, good enough to drive mutations.
@@ -403,6 +404,14 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
                 bytes: u64::MAX,
             },
         },
+        Event::ScanSkipped {
+            time: base_time,
+            trigger: ScanTrigger::Exit,
+            reason: ScanSkipReason::CgroupMemory,
+            needed: 262_144_000,
+            available: 110_000_000,
+            limit: 440_401_920,
+        },
         Event::SnapshotEnd {
             blocks: 1,
             bytes: 16,
@@ -411,6 +420,18 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             blocks: 0,
             bytes: 0,
         },
+    ];
+    for reason in ScanSkipReason::ALL {
+        v.push(Event::ScanSkipped {
+            time: base_time,
+            trigger: ScanTrigger::Periodic,
+            reason,
+            needed: u64::MAX,
+            available: 0,
+            limit: u64::MAX,
+        });
+    }
+    v.extend([
         Event::SnapshotEnd {
             blocks: u64::MAX,
             bytes: u64::MAX,
@@ -462,7 +483,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             peak_bytes: u64::MAX,
             peak_time: u64::MAX,
         }),
-    ];
+    ]);
     let exits = [
         ExitKind::Code(0),
         ExitKind::Code(1),

@@ -1,0 +1,266 @@
+//! End-to-end: memory limits. A reachability scan whose memory would pass a
+//! limit that ends or fails the program is skipped, said so in every
+//! report, and the program ends as it does natively (docs/design.md 15.1,
+//! "Room for the scan"); a program the OOM killer ends is named as such.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+/// The fixture: holds BLOCKS blocks; with a second argument, lowers its
+/// address-space limit to what it uses plus that many MiB.
+const FIXTURE: &str = "scan_room.c";
+
+const BLOCKS: u64 = 2_000_000;
+
+/// The one skipped scan of a report.
+fn only_skipped_scan(report: &Value) -> &Value {
+    let skipped = as_array(report, "scans_skipped");
+    assert_eq!(skipped.len(), 1, "{}", pretty(report));
+    &skipped[0]
+}
+
+/// The program's blocks, unjudged: one record of exactly BLOCKS blocks
+/// allocated in main at the marked line.
+fn assert_unjudged_blocks(report: &Value) {
+    assert!(field(report, "scan").is_null(), "{}", pretty(report));
+    let held: Vec<&Value> = records(report)
+        .iter()
+        .filter(|r| as_u64(r, "blocks") == BLOCKS)
+        .collect();
+    assert_eq!(held.len(), 1, "{}", pretty(field(report, "records")));
+    assert_eq!(as_str(held[0], "kind"), "unfreed_at_exit");
+    assert_eq!(as_u64(held[0], "bytes"), 24 * BLOCKS);
+    let line = marker_line(FIXTURE, "BLOCKS");
+    assert_stack_top(
+        stack_of(held[0], "stack"),
+        &[("main", FIXTURE, line)],
+        "the held blocks",
+    );
+}
+
+/// `sh -c 'ulimit -v KIB; exec trapline run ...'`: the agent starts under
+/// a limit of address space (its reserve is then 64 MiB).
+fn under_address_space_limit(dir: &TestDir, prog: &Path, room_mib: u64) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("ulimit -v 16000000 && exec \"$@\"")
+        .arg("sh")
+        .arg(trapline())
+        .args(["run", "-o"])
+        .arg(dir.trace())
+        .arg("--")
+        .arg(prog)
+        .arg(BLOCKS.to_string())
+        .arg(room_mib.to_string())
+        .current_dir(dir.path())
+        .env("TRAPLINE_AGENT", agent());
+    cmd
+}
+
+/// Before the scan checked its room, its allocation failed under the
+/// program's lowered limit and Rust's allocation-failure handler aborted
+/// the program (exit 134 where it returned 0).
+#[test]
+fn an_exit_scan_that_would_pass_the_address_space_limit_is_skipped() {
+    let dir = TestDir::new("scan_skipped_rlimit_as");
+    let prog = compile_c(&dir, FIXTURE);
+    let run = output_of(under_address_space_limit(&dir, &prog, 8), "trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let limit: u64 = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("limit="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no limit printed\n{}", run.describe()));
+    assert_no_events_lost_in_summary(&run);
+    assert!(
+        run.stderr
+            .contains("WARNING: no reachability scan at exit: it would have needed about")
+            && run
+                .stderr
+                .contains("the process's address-space limit (ulimit -v)"),
+        "{}",
+        run.describe()
+    );
+
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let skipped = only_skipped_scan(&report);
+    assert_eq!(as_str(skipped, "trigger"), "exit");
+    assert_eq!(as_str(skipped, "reason"), "address_space_limit");
+    assert_eq!(as_u64(skipped, "limit_bytes"), limit);
+    let (needed, available) = (
+        as_u64(skipped, "needed_bytes"),
+        as_u64(skipped, "available_bytes"),
+    );
+    assert!(
+        needed >= 50 * BLOCKS && available < needed,
+        "{}",
+        pretty(skipped)
+    );
+    assert_unjudged_blocks(&report);
+    let text = leaks_text(&dir.trace(), &[]);
+    assert!(
+        text.contains("The blocks below are unjudged, as with `trapline run --no-scan`."),
+        "{text}"
+    );
+
+    let stats = stats(&dir.trace());
+    let skipped = as_array(&stats, "scans_skipped");
+    assert_eq!(skipped.len(), 1, "{}", pretty(&stats));
+    assert_eq!(as_str(&skipped[0], "reason"), "address_space_limit");
+}
+
+/// Without the limit lowered, the same program is scanned.
+#[test]
+fn the_same_program_with_room_is_scanned() {
+    let dir = TestDir::new("scan_with_room");
+    let prog = compile_c(&dir, FIXTURE);
+    let run = output_of(under_address_space_limit(&dir, &prog, 4096), "trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert!(
+        !run.stderr.contains("no reachability scan"),
+        "{}",
+        run.describe()
+    );
+    let report = leaks(&dir.trace());
+    assert!(as_array(&report, "scans_skipped").is_empty());
+    assert_eq!(as_str(field(&report, "scan"), "trigger"), "exit");
+    assert_eq!(as_u64(field(&report, "scan"), "blocks"), BLOCKS + 1);
+}
+
+/// A memory cgroup of the kernel's first version (the one this machine and
+/// CI have) or its second, made for one test and removed after it.
+struct MemoryGroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemoryGroup {
+    /// A new group limited to `limit` bytes, if this process may make one
+    /// (root, and a memory controller mounted).
+    fn new(name: &str, limit: u64) -> Option<MemoryGroup> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        for line in mounts.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let dash = fields.iter().position(|&f| f == "-")?;
+            let (point, fs, opts) = (fields[4], fields[dash + 1], fields[dash + 3]);
+            let (file, v1) = if fs == "cgroup" && opts.split(',').any(|o| o == "memory") {
+                ("memory.limit_in_bytes", true)
+            } else if fs == "cgroup2"
+                && std::fs::read_to_string(format!("{point}/cgroup.subtree_control"))
+                    .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+            {
+                ("memory.max", false)
+            } else {
+                continue;
+            };
+            let dir = Path::new(point).join(format!("{name}-{}", std::process::id()));
+            if std::fs::create_dir(&dir).is_err() {
+                continue;
+            }
+            let group = MemoryGroup { dir };
+            if v1 {
+                // No swap for the group: the limit is the limit.
+                let _ = std::fs::write(group.dir.join("memory.swappiness"), "0");
+            } else {
+                let _ = std::fs::write(group.dir.join("memory.swap.max"), "0");
+            }
+            if std::fs::write(group.dir.join(file), limit.to_string()).is_ok() {
+                return Some(group);
+            }
+        }
+        None
+    }
+
+    /// `sh -c 'echo $$ > GROUP/cgroup.procs && exec CMD...'`.
+    fn run_inside(&self, cmd: &Command) -> Command {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec \"$@\"",
+                self.dir.display()
+            ))
+            .arg("sh")
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        if let Some(d) = cmd.get_current_dir() {
+            sh.current_dir(d);
+        }
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => sh.env(k, v),
+                None => sh.env_remove(k),
+            };
+        }
+        sh
+    }
+}
+
+impl Drop for MemoryGroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// In a cgroup limited to what the program and the agent's table use, plus
+/// less than a scan needs, the exit scan got the program killed by the OOM
+/// killer (status 137 where it returned 0).
+#[test]
+fn an_exit_scan_that_would_pass_the_cgroup_limit_is_skipped() {
+    // Measured peaks (2 million blocks): the program 80 MB natively, 133 MB
+    // traced without a scan, 215 MB with the scan.
+    const LIMIT: u64 = 180 << 20;
+    let Some(group) = MemoryGroup::new("trapline-scan-test", LIMIT) else {
+        eprintln!("no memory cgroup can be made here (not root, or no memory controller): not run");
+        return;
+    };
+    let dir = TestDir::new("scan_skipped_cgroup");
+    let prog = compile_c(&dir, FIXTURE);
+    let cmd = run_command(&dir, &[], &prog, &[&BLOCKS.to_string()]);
+    let run = output_of(group.run_inside(&cmd), "trapline run in a cgroup");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, format!("held {BLOCKS}\n"));
+    assert_no_events_lost_in_summary(&run);
+    assert!(
+        run.stderr
+            .contains("the memory limit of the process's cgroup"),
+        "{}",
+        run.describe()
+    );
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let skipped = only_skipped_scan(&report);
+    assert_eq!(as_str(skipped, "reason"), "cgroup_memory_limit");
+    assert_eq!(as_u64(skipped, "limit_bytes"), LIMIT);
+    assert_unjudged_blocks(&report);
+}
+
+/// A program the OOM killer ends: `trapline run` says who sent the SIGKILL
+/// (the kernel's count of OOM kills rose while the command ran) instead of
+/// only "SIGKILL cannot be caught".
+#[test]
+fn a_program_the_oom_killer_ends_is_named_as_such() {
+    // Far less than the program's 80 MB.
+    let Some(group) = MemoryGroup::new("trapline-oom-test", 40 << 20) else {
+        eprintln!("no memory cgroup can be made here (not root, or no memory controller): not run");
+        return;
+    };
+    let dir = TestDir::new("oom_killed");
+    let prog = compile_c(&dir, FIXTURE);
+    let cmd = run_command(&dir, &[], &prog, &[&BLOCKS.to_string()]);
+    let run = output_of(group.run_inside(&cmd), "trapline run in a cgroup");
+    assert_eq!(run.code(), 128 + 9, "{}", run.describe());
+    assert!(
+        run.stderr.contains(
+            "the program died of signal 9 (SIGKILL) before the agent could finish the trace: \
+             SIGKILL cannot be caught; the kernel's OOM killer ended a process while the \
+             command ran (/proc/vmstat), most likely this one"
+        ),
+        "{}",
+        run.describe()
+    );
+}
