@@ -335,6 +335,13 @@ impl SkippedScan {
                 reason.limit_text(),
                 reason.consequence_text()
             )
+        } else if reason == ScanSkipReason::AllocationFailed {
+            format!(
+                "no reachability scan {when}: it needed about {} and {}; {}",
+                mib(needed),
+                reason.limit_text(),
+                reason.consequence_text()
+            )
         } else {
             format!(
                 "no reachability scan {when}: it would have needed about {}, and {} ({}) \

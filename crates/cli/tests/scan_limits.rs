@@ -115,6 +115,39 @@ fn an_exit_scan_that_would_pass_the_address_space_limit_is_skipped() {
     assert_eq!(as_str(&skipped[0], "reason"), "address_space_limit");
 }
 
+/// With the room check off, the scan's allocations themselves fail under
+/// the lowered limit: the scan gives way (the agent of 773f685 aborted the
+/// program there, exit 134).
+#[test]
+fn a_scan_refused_its_memory_gives_way() {
+    let dir = TestDir::new("scan_refused_memory");
+    let prog = compile_c(&dir, FIXTURE);
+    let mut cmd = under_address_space_limit(&dir, &prog, 8);
+    cmd.env("TRAPLINE_SCAN_CHECK", "0");
+    let run = output_of(cmd, "trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout.lines().last(), Some("held 2000000"));
+    assert_no_events_lost_in_summary(&run);
+    assert!(
+        run.stderr
+            .contains("no reachability scan at exit: it needed about 115 MiB and the agent was refused the memory"),
+        "{}",
+        run.describe()
+    );
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let skipped = only_skipped_scan(&report);
+    assert_eq!(as_str(skipped, "reason"), "allocation_failed");
+    assert_eq!(
+        (
+            as_u64(skipped, "available_bytes"),
+            as_u64(skipped, "limit_bytes")
+        ),
+        (0, 0)
+    );
+    assert_unjudged_blocks(&report);
+}
+
 /// Without the limit lowered, the same program is scanned.
 #[test]
 fn the_same_program_with_room_is_scanned() {

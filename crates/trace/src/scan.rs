@@ -110,17 +110,21 @@ pub enum ScanSkipReason {
     /// The process's memory could not be read without the risk of a fault
     /// (a seccomp filter, and `/proc/thread-self/mem` could not be opened).
     MemoryUnreadable = 6,
+    /// The agent heap was refused the scan's memory although the limits
+    /// left room for it when checked (the program grew in between).
+    AllocationFailed = 7,
 }
 
 impl ScanSkipReason {
     /// Every reason, in format order.
-    pub const ALL: [ScanSkipReason; 6] = [
+    pub const ALL: [ScanSkipReason; 7] = [
         ScanSkipReason::CgroupMemory,
         ScanSkipReason::CommitLimit,
         ScanSkipReason::AddressSpaceLimit,
         ScanSkipReason::DataLimit,
         ScanSkipReason::SystemMemory,
         ScanSkipReason::MemoryUnreadable,
+        ScanSkipReason::AllocationFailed,
     ];
 
     /// Decodes the format value.
@@ -139,6 +143,7 @@ impl ScanSkipReason {
             ScanSkipReason::DataLimit => "data_limit",
             ScanSkipReason::SystemMemory => "system_memory",
             ScanSkipReason::MemoryUnreadable => "memory_unreadable",
+            ScanSkipReason::AllocationFailed => "allocation_failed",
         }
     }
 
@@ -154,6 +159,7 @@ impl ScanSkipReason {
                 "the scan's allocation could have failed and ended the program"
             }
             ScanSkipReason::MemoryUnreadable => "reading it could have crashed the program",
+            ScanSkipReason::AllocationFailed => "the scan gave way rather than fail the program",
         }
     }
 
@@ -167,6 +173,10 @@ impl ScanSkipReason {
             ScanSkipReason::SystemMemory => "the memory the system had available",
             ScanSkipReason::MemoryUnreadable => {
                 "a seccomp filter (the process's memory could not be read safely)"
+            }
+            ScanSkipReason::AllocationFailed => {
+                "the agent was refused the memory (the program grew after the room check, \
+                 or TRAPLINE_SCAN_CHECK=0 turned the check off)"
             }
         }
     }

@@ -25,12 +25,42 @@ pub fn want_huge_pages<T>(v: &Vec<T>) {
     }
 }
 
-/// `n` copies of `value`, in memory backed by huge pages where possible.
-pub fn huge_vec<T: Copy>(n: usize, value: T) -> Vec<T> {
-    let mut v = Vec::with_capacity(n);
+/// Room for `n` elements, or `None` when the agent heap cannot have it: the
+/// scan's large buffers are taken fallibly, so that memory refused after
+/// the scan checked its room (another thread grew meanwhile) skips the scan
+/// instead of aborting the program in Rust's allocation-failure handler.
+pub fn try_with_capacity<T>(n: usize) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
     want_huge_pages(&v);
+    Some(v)
+}
+
+/// `n` copies of `value`, in memory backed by huge pages where possible.
+pub fn try_huge_vec<T: Copy>(n: usize, value: T) -> Option<Vec<T>> {
+    let mut v = try_with_capacity(n)?;
     v.resize(n, value);
-    v
+    Some(v)
+}
+
+/// `n` zeroed elements from fresh zeroed memory, untouched until written
+/// (as `vec![0; n]`, but fallible).
+pub fn try_zeroed_vec<T: Copy + Default>(n: usize) -> Option<Vec<T>> {
+    if n == 0 || core::mem::size_of::<T>() == 0 {
+        return Some(vec![T::default(); n]);
+    }
+    let layout = core::alloc::Layout::array::<T>(n).ok()?;
+    // SAFETY: a non-zero-sized layout; the global allocator's zeroed
+    // memory, handed to a Vec with that same layout (capacity n).
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return None;
+        }
+        let v = Vec::from_raw_parts(p, n, n);
+        want_huge_pages(&v);
+        Some(v)
+    }
 }
 
 /// A gap between blocks larger than this starts a new region.
@@ -60,14 +90,14 @@ pub struct BlockIndex {
 }
 
 impl BlockIndex {
-    /// Sorts `blocks` (a copy of the live table) and builds the tables.
-    pub fn new(mut blocks: Vec<Packed>) -> BlockIndex {
-        radix_sort(&mut blocks);
+    /// Sorts `blocks` (a copy of the live table) and builds the tables;
+    /// `None` when the memory for them is refused.
+    pub fn new(mut blocks: Vec<Packed>) -> Option<BlockIndex> {
+        radix_sort(&mut blocks)?;
         let start = |k: usize| blocks[k].addr();
         let mut regions = Vec::new();
         // About one entry per block: reserved up front, on huge pages.
-        let mut granules = Vec::with_capacity(2 * blocks.len() + 64);
-        want_huge_pages(&granules);
+        let mut granules = try_with_capacity(2 * blocks.len() + 64)?;
         let mut i = 0;
         while i < blocks.len() {
             let first = i;
@@ -104,13 +134,13 @@ impl BlockIndex {
         }
         let lo = regions.first().map_or(u64::MAX, |r| r.lo);
         let hi = regions.iter().map(|r| r.hi).max().unwrap_or(0);
-        BlockIndex {
+        Some(BlockIndex {
             blocks,
             regions,
             granules,
             lo,
             hi,
-        }
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -167,14 +197,15 @@ impl BlockIndex {
 /// (heap addresses share their high bits). Several times faster than a
 /// comparison sort at ten million blocks, which matters: the program is
 /// stopped meanwhile.
-fn radix_sort(blocks: &mut Vec<Packed>) {
+/// `None`: no memory for the scratch copy (`blocks` unchanged).
+fn radix_sort(blocks: &mut Vec<Packed>) -> Option<()> {
     const BITS: u64 = 12;
     const BUCKETS: usize = 1 << BITS;
     const PASSES: usize = 4;
     let n = blocks.len();
     if n < 1 << 16 {
         blocks.sort_unstable_by_key(Packed::addr);
-        return;
+        return Some(());
     }
     let digit = |p: &Packed, pass: usize| {
         (((p.addr() >> 3) >> (BITS * pass as u64)) as usize) & (BUCKETS - 1)
@@ -185,7 +216,7 @@ fn radix_sort(blocks: &mut Vec<Packed>) {
             c[digit(p, pass)] += 1;
         }
     }
-    let mut other = huge_vec(n, Packed::EMPTY);
+    let mut other = try_huge_vec(n, Packed::EMPTY)?;
     let (mut src, mut dst) = (blocks, &mut other);
     let mut swapped = false;
     // On the heap: the scan may run on a small stack.
@@ -211,6 +242,7 @@ fn radix_sort(blocks: &mut Vec<Packed>) {
         // The sorted data is in `other`: hand that buffer over.
         core::mem::swap(src, dst);
     }
+    Some(())
 }
 
 fn end(b: &Packed) -> u64 {

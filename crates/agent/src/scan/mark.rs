@@ -26,6 +26,8 @@ use super::blocks::BlockIndex;
 use trapline_trace::Verdict;
 
 const UNREACHED: u8 = 0;
+// The state array starts as zeroed memory (`Marker::new`).
+const _: () = assert!(UNREACHED == 0);
 const POSSIBLE: u8 = 1;
 const REACHABLE: u8 = 2;
 const INDIRECT: u8 = 3;
@@ -351,32 +353,31 @@ pub struct Marker<'a> {
 }
 
 impl<'a> Marker<'a> {
-    /// Allocates everything marking needs (called before threads stop).
+    /// Allocates everything marking needs (called before threads stop);
+    /// `None` when the memory is refused.
     pub fn new(
         index: &'a BlockIndex,
         readable: &'a [(u64, u64)],
         rodata: &'a [(u64, u64)],
-    ) -> Marker<'a> {
+    ) -> Option<Marker<'a>> {
         let n = index.len();
         // Zeroed memory from fresh mappings, touched as marking goes: on
         // huge pages, so that scattered writes (cliques' indirect bytes) do
-        // not fault in a 4 KiB page each.
-        let state = vec![UNREACHED; n];
-        let indirect = vec![0; n];
-        super::blocks::want_huge_pages(&state);
-        super::blocks::want_huge_pages(&indirect);
-        Marker {
+        // not fault in a 4 KiB page each. UNREACHED is 0.
+        let state = super::blocks::try_zeroed_vec::<u8>(n)?;
+        let indirect = super::blocks::try_zeroed_vec::<u64>(n)?;
+        Some(Marker {
             index,
             state,
             // Each block is pushed at most twice while marking from the roots
             // (unreached -> possible -> reachable) and once per clique pass,
             // so the stack never grows while threads are stopped.
-            stack: Vec::with_capacity(2 * n + 1),
+            stack: super::blocks::try_with_capacity(2 * n + 1)?,
             indirect,
             readable,
             last_readable: 0,
             rodata,
-        }
+        })
     }
 
     #[inline]
