@@ -14,7 +14,7 @@
 use crate::sys::SpinLock;
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 const MIN_SHIFT: u32 = 4; // 16 bytes
                           // Above a page, blocks are mapped and unmapped on their own, so memory of
@@ -183,8 +183,18 @@ fn map_keeping(len: usize, keep: usize) -> *mut u8 {
 }
 
 /// Set when a mapping of the agent's was refused (the process reached
-/// `vm.max_map_count`, or its address space); never cleared.
+/// `vm.max_map_count`, or its address space); cleared after a second
+/// without another refusal (`forget_mapping_limit_when_quiet`).
 static AT_MAPPING_LIMIT: AtomicBool = AtomicBool::new(false);
+/// Writer sweeps (200 ms apart) since the last refusal.
+static SWEEPS_SINCE_REFUSAL: AtomicU32 = AtomicU32::new(0);
+/// Sweeps without a refusal after which the agent again makes the mappings
+/// it can do without: a program that came near its limit once (a burst of
+/// threads) gets side stacks for its later threads again. If it is still
+/// at the limit, the next refusal sets the flag again; the mappings the
+/// agent competes for with the program are then at most one side stack's
+/// pair a second.
+const QUIET_SWEEPS: u32 = 5;
 
 /// Whether the process has reached its limit of mappings: the agent then
 /// makes none it can do without (a thread's side stack, its guard page).
@@ -195,7 +205,18 @@ pub fn at_mapping_limit() -> bool {
 /// Notes that the process could make no more mappings (a mapping, or a
 /// split of one, was refused).
 pub fn note_mapping_refused() {
+    SWEEPS_SINCE_REFUSAL.store(0, Ordering::Relaxed);
     AT_MAPPING_LIMIT.store(true, Ordering::Relaxed);
+}
+
+/// The writer's sweep: clears the limit flag after `QUIET_SWEEPS` sweeps
+/// without a refusal.
+pub fn forget_mapping_limit_when_quiet() {
+    if AT_MAPPING_LIMIT.load(Ordering::Relaxed)
+        && SWEEPS_SINCE_REFUSAL.fetch_add(1, Ordering::Relaxed) + 1 >= QUIET_SWEEPS
+    {
+        AT_MAPPING_LIMIT.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Reserve left to the threads that run (their tables, caches and next
@@ -599,6 +620,26 @@ mod tests {
     /// The reserve hands out writable, zeroed pages; a freed block is reused
     /// (whole, or split for a smaller request) instead of dropped; and a
     /// request that would leave less than `keep` is refused.
+    #[test]
+    fn the_mapping_limit_is_forgotten_after_a_quiet_second() {
+        note_mapping_refused();
+        for _ in 1..QUIET_SWEEPS {
+            forget_mapping_limit_when_quiet();
+            assert!(at_mapping_limit());
+        }
+        // A refusal starts the count again.
+        note_mapping_refused();
+        for _ in 1..QUIET_SWEEPS {
+            forget_mapping_limit_when_quiet();
+        }
+        assert!(at_mapping_limit());
+        forget_mapping_limit_when_quiet();
+        assert!(!at_mapping_limit());
+        // Quiet sweeps without the flag change nothing.
+        forget_mapping_limit_when_quiet();
+        assert!(!at_mapping_limit());
+    }
+
     #[test]
     fn the_reserve_reuses_freed_blocks_and_keeps_what_it_is_told_to() {
         set_aside_reserve();

@@ -247,6 +247,7 @@ fn open_trace(top: bool) -> bool {
 fn periodic() {
     thread::steal_all(1000);
     crate::scan::periodic_tick();
+    crate::heap::forget_mapping_limit_when_quiet();
 }
 
 /// The library constructor: configuration, trace file, writer thread.
