@@ -344,7 +344,7 @@ impl SkippedScan {
             )
         } else {
             format!(
-                "no reachability scan {when}: it would have needed about {}, and {} ({}) \
+                "no reachability scan {when}: it would have needed about {}, and {}, {}, \
                  left {}; {}",
                 mib(needed),
                 reason.limit_text(),
