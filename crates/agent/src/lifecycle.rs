@@ -25,6 +25,12 @@ pub const ENV_IGNORE_SIGPIPE: &str = "TRAPLINE_IGNORE_SIGPIPE";
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static FINISHING: AtomicBool = AtomicBool::new(false);
+
+/// Whether a thread is finishing the trace (exit, exec, a fatal signal):
+/// periodic work that writes events (a scan) must not start any more.
+pub fn finishing() -> bool {
+    FINISHING.load(Ordering::Acquire)
+}
 /// `finish` is at work for an exec (a signal it lets go is raised again
 /// should the exec fail).
 static FINISHING_FOR_EXEC: AtomicBool = AtomicBool::new(false);

@@ -772,7 +772,7 @@ pub fn render_text(r: &LeaksReport) -> String {
     if let Some(scan) = &r.scan {
         scan_text(&mut out, &p, scan);
     }
-    skipped_scans_text(&mut out, &p, &r.scans_skipped);
+    skipped_scans_text(&mut out, &p, &r.scans_skipped, r.scan.is_some());
     for (i, rec) in r.records.iter().enumerate() {
         let (amount, what) = match rec.kind {
             KIND_UNFREED_AT_EXIT | KIND_LIVE_AT_END_OF_TRACE => (thousands(rec.bytes), what),
@@ -855,7 +855,9 @@ fn kind_text(kind: &str) -> &'static str {
 /// Periodic scans skipped that text reports name one by one; the rest are counted.
 const SKIPPED_SCANS_NAMED: usize = 3;
 
-fn skipped_scans_text(out: &mut String, p: &str, skipped: &[SkippedScan]) {
+/// `judged`: the records come from a scan that ran (a periodic one, when
+/// the exit scan was skipped).
+fn skipped_scans_text(out: &mut String, p: &str, skipped: &[SkippedScan], judged: bool) {
     let periodic = skipped.iter().filter(|s| s.trigger == "periodic").count();
     let mut named = 0;
     for s in skipped {
@@ -866,7 +868,13 @@ fn skipped_scans_text(out: &mut String, p: &str, skipped: &[SkippedScan]) {
             }
         }
         writeln!(out, "{p}WARNING: {}", s.text).unwrap();
-        if s.trigger == "exit" {
+        if s.trigger == "exit" && judged {
+            writeln!(
+                out,
+                "{p}The records below are the last scan's that ran (above), not the exit's."
+            )
+            .unwrap();
+        } else if s.trigger == "exit" {
             writeln!(
                 out,
                 "{p}The blocks below are unjudged, as with `trapline run --no-scan`."

@@ -182,7 +182,8 @@ impl RunSummary {
 fn skipped_exit_scan(skipped: &[SkippedScan]) -> Option<String> {
     let s = skipped.iter().find(|s| s.trigger == "exit")?;
     Some(format!(
-        "WARNING: {}; `trapline leaks` lists the blocks unfreed at exit unjudged",
+        "WARNING: {}; `trapline leaks` shows the last scan that ran, or without one the \
+         blocks unfreed at exit, unjudged",
         s.text
     ))
 }

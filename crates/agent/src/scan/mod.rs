@@ -164,7 +164,13 @@ pub fn note_exit_here() {
 /// The writer's periodic hook: runs a scan every `--scan-every` seconds.
 pub fn periodic_tick() {
     let every = EVERY_MS.load(Ordering::Relaxed);
-    if every == 0 || crate::thread::FINISHED.load(Ordering::Acquire) {
+    // Not once the process is finishing: a periodic scan (or its skip)
+    // written after the exit scan's attempt would come after it in the
+    // trace, and `leaks` takes the last scan for the exit's.
+    if every == 0
+        || crate::thread::FINISHED.load(Ordering::Acquire)
+        || crate::lifecycle::finishing()
+    {
         return;
     }
     let now = crate::clock::precise_now() / 1_000_000;
@@ -174,6 +180,11 @@ pub fn periodic_tick() {
     }
     LAST_MS.store(now, Ordering::Relaxed);
     if !SCAN_LOCK.try_lock_for(1) {
+        return;
+    }
+    if crate::lifecycle::finishing() {
+        // The exit began while this tick waited for the lock.
+        SCAN_LOCK.unlock();
         return;
     }
     let outcome = run_locked(ScanTrigger::Periodic);
