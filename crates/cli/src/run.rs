@@ -550,7 +550,7 @@ pub fn main(args: RunArgs) -> ExitCode {
     };
     // What the kernel's OOM killer had done before the command ran: a
     // SIGKILL it sends while the command runs is then named as its.
-    let _ = OOM_KILLS_AT_START.set(oom_kills());
+    let _ = OOM_KILLS_AT_START.set(OomKills::now());
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -1014,22 +1014,58 @@ const UNFLUSHED_EXIT: &str = "the program exited, yet its trace has no end recor
      called exit()), or the agent could not write its last chunks (its message above says \
      why); what it did since the agent's last flush (at most about 200 ms) is missing";
 
-/// The kernel's count of processes its OOM killer ended, system-wide
-/// (`oom_kill` of `/proc/vmstat`, Linux 4.13; a memory cgroup's kills count
-/// too); `None` where it cannot be read.
-fn oom_kills() -> Option<u64> {
+/// What the kernel's OOM killer has done: in the memory cgroup that
+/// trapline and the command share (which names the limit), and system-wide
+/// (`oom_kill` of `/proc/vmstat`, Linux 4.13, which counts a cgroup's kills
+/// too).
+struct OomKills {
+    group: Option<(trapline_memlimits::Group, u64)>,
+    system: Option<u64>,
+}
+
+impl OomKills {
+    fn now() -> OomKills {
+        let group = trapline_memlimits::Group::of_this_process()
+            .and_then(|g| g.oom_kills().map(|n| (g, n)));
+        OomKills {
+            group,
+            system: vmstat_oom_kills(),
+        }
+    }
+}
+
+fn vmstat_oom_kills() -> Option<u64> {
     let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
     let line = vmstat.lines().find(|l| l.starts_with("oom_kill "))?;
     line["oom_kill ".len()..].trim().parse().ok()
 }
 
-static OOM_KILLS_AT_START: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+static OOM_KILLS_AT_START: std::sync::OnceLock<OomKills> = std::sync::OnceLock::new();
 
 /// Why a SIGKILL came, when the OOM killer ended processes while the
-/// command ran (most likely the command: it is the one that grew).
+/// command ran: the cgroup's, with its limit, when its count rose (then
+/// it was the command or another process of the group), else the system's
+/// (most likely the command: it is the one that grew).
 fn oom_kill_note() -> Option<String> {
-    let before = (*OOM_KILLS_AT_START.get()?)?;
-    let killed = oom_kills()?.checked_sub(before).filter(|&n| n > 0)?;
+    let before = OOM_KILLS_AT_START.get()?;
+    let agent = "Under trapline a program also holds the agent's table (about 26 bytes per \
+                 live block) and its buffers";
+    if let Some((group, n)) = &before.group {
+        if group.oom_kills().is_some_and(|now| now > *n) {
+            let limit = group
+                .limit()
+                .map(|l| format!(" of {} MiB", l >> 20))
+                .unwrap_or_default();
+            return Some(format!(
+                "the OOM killer of the memory cgroup {} (limit{limit}) ended a process of the \
+                 group while the command ran: the command reached the group's limit. {agent}",
+                group.path
+            ));
+        }
+    }
+    let killed = vmstat_oom_kills()?
+        .checked_sub(before.system?)
+        .filter(|&n| n > 0)?;
     let processes = if killed == 1 {
         "a process".to_string()
     } else {
@@ -1037,8 +1073,7 @@ fn oom_kill_note() -> Option<String> {
     };
     Some(format!(
         "the kernel's OOM killer ended {processes} while the command ran (/proc/vmstat), most \
-         likely this one: its memory cgroup or the system ran out of memory. Under trapline a \
-         program also holds the agent's table (about 26 bytes per live block) and its buffers"
+         likely this one: its memory cgroup or the system ran out of memory. {agent}"
     ))
 }
 

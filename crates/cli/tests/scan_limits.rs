@@ -214,6 +214,14 @@ impl MemoryGroup {
         None
     }
 
+    /// The group as `/proc/self/cgroup` names it (below the mount's root).
+    fn path(&self) -> String {
+        format!(
+            "/{}",
+            self.dir.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        )
+    }
+
     /// `sh -c 'echo $$ > GROUP/cgroup.procs && exec CMD...'`.
     fn run_inside(&self, cmd: &Command) -> Command {
         let mut sh = Command::new("sh");
@@ -290,11 +298,13 @@ fn a_program_the_oom_killer_ends_is_named_as_such() {
     let run = output_of(group.run_inside(&cmd), "trapline run in a cgroup");
     assert_eq!(run.code(), 128 + 9, "{}", run.describe());
     assert!(
-        run.stderr.contains(
+        run.stderr.contains(&format!(
             "the program died of signal 9 (SIGKILL) before the agent could finish the trace: \
-             SIGKILL cannot be caught; the kernel's OOM killer ended a process while the \
-             command ran (/proc/vmstat), most likely this one"
-        ),
+             SIGKILL cannot be caught; the OOM killer of the memory cgroup {} (limit of 40 \
+             MiB) ended a process of the group while the command ran: the command reached \
+             the group's limit.",
+            group.path()
+        )),
         "{}",
         run.describe()
     );
