@@ -183,18 +183,16 @@ fn map_keeping(len: usize, keep: usize) -> *mut u8 {
 }
 
 /// Set when a mapping of the agent's was refused (the process reached
-/// `vm.max_map_count`, or its address space); cleared after a second
-/// without another refusal (`forget_mapping_limit_when_quiet`).
+/// `vm.max_map_count`, or its address space); cleared when the process is
+/// well below its limit again (`forget_mapping_limit_when_below`).
 static AT_MAPPING_LIMIT: AtomicBool = AtomicBool::new(false);
-/// Writer sweeps (200 ms apart) since the last refusal.
-static SWEEPS_SINCE_REFUSAL: AtomicU32 = AtomicU32::new(0);
-/// Sweeps without a refusal after which the agent again makes the mappings
-/// it can do without: a program that came near its limit once (a burst of
-/// threads) gets side stacks for its later threads again. If it is still
-/// at the limit, the next refusal sets the flag again; the mappings the
-/// agent competes for with the program are then at most one side stack's
-/// pair a second.
-const QUIET_SWEEPS: u32 = 5;
+/// Writer sweeps (200 ms apart) since the limit was last looked at.
+static SWEEPS_SINCE_LOOK: AtomicU32 = AtomicU32::new(0);
+/// Sweeps between two looks at the process's mappings while the flag is
+/// set: counting them reads `/proc/self/maps` (about 10 ms at 65,530).
+const SWEEPS_BETWEEN_LOOKS: u32 = 5;
+/// Free slots below the kernel's limit at which the flag is cleared.
+const SLOTS_BELOW_LIMIT: usize = 1024;
 
 /// Whether the process has reached its limit of mappings: the agent then
 /// makes none it can do without (a thread's side stack, its guard page).
@@ -205,18 +203,86 @@ pub fn at_mapping_limit() -> bool {
 /// Notes that the process could make no more mappings (a mapping, or a
 /// split of one, was refused).
 pub fn note_mapping_refused() {
-    SWEEPS_SINCE_REFUSAL.store(0, Ordering::Relaxed);
     AT_MAPPING_LIMIT.store(true, Ordering::Relaxed);
 }
 
-/// The writer's sweep: clears the limit flag after `QUIET_SWEEPS` sweeps
-/// without a refusal.
-pub fn forget_mapping_limit_when_quiet() {
-    if AT_MAPPING_LIMIT.load(Ordering::Relaxed)
-        && SWEEPS_SINCE_REFUSAL.fetch_add(1, Ordering::Relaxed) + 1 >= QUIET_SWEEPS
+/// The writer's sweep: once a second while the limit flag is set, counts
+/// the process's mappings and clears the flag when at least
+/// `SLOTS_BELOW_LIMIT` are free, so that a program that came near its
+/// limit once (a burst of threads) gets side stacks for its later threads
+/// again. A program still near it keeps the flag: the agent makes no
+/// mapping of its own there, and clearing it on a timer had the agent take
+/// the slots the program's threads freed.
+pub fn forget_mapping_limit_when_below() {
+    if !AT_MAPPING_LIMIT.load(Ordering::Relaxed)
+        || SWEEPS_SINCE_LOOK.fetch_add(1, Ordering::Relaxed) + 1 < SWEEPS_BETWEEN_LOOKS
     {
-        AT_MAPPING_LIMIT.store(false, Ordering::Relaxed);
+        return;
     }
+    SWEEPS_SINCE_LOOK.store(0, Ordering::Relaxed);
+    if let (Some(limit), Some(count)) = (max_map_count(), mapping_count_now()) {
+        if count + SLOTS_BELOW_LIMIT <= limit {
+            AT_MAPPING_LIMIT.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The kernel's limit of mappings per process (`vm.max_map_count`).
+fn max_map_count() -> Option<usize> {
+    let mut digits = [0u8; 32];
+    let mut n = 0;
+    let mut value = 0usize;
+    read_file(c"/proc/sys/vm/max_map_count", &mut digits, |chunk| {
+        for &b in chunk {
+            if b.is_ascii_digit() {
+                value = value
+                    .saturating_mul(10)
+                    .saturating_add(usize::from(b - b'0'));
+                n += 1;
+            }
+        }
+    })?;
+    (n > 0).then_some(value)
+}
+
+/// The process's mappings now: the lines of `/proc/self/maps` (up to 6 MB
+/// of text at the limit, counted through a buffer on the stack).
+fn mapping_count_now() -> Option<usize> {
+    let mut buf = [0u8; 16384];
+    let mut lines = 0;
+    read_file(c"/proc/self/maps", &mut buf, |chunk| {
+        lines += chunk.iter().filter(|&&b| b == b'\n').count()
+    })?;
+    Some(lines)
+}
+
+/// Reads a file through `buf`, handing each chunk to `f`, with the system
+/// calls themselves: nothing is allocated, since this runs when the agent
+/// heap may have nothing left (at the limit of mappings).
+fn read_file(path: &core::ffi::CStr, buf: &mut [u8], mut f: impl FnMut(&[u8])) -> Option<()> {
+    // SAFETY: a NUL-terminated path; the descriptor is ours until closed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let ok = loop {
+        // SAFETY: reading into our own buffer, at most its length.
+        let n = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) };
+        if n <= 0 {
+            break n == 0;
+        }
+        f(&buf[..n as usize]);
+    };
+    // SAFETY: closing our own descriptor (the system call: `close` is the agent's hook).
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    ok.then_some(())
 }
 
 /// Reserve left to the threads that run (their tables, caches and next
@@ -615,33 +681,52 @@ pub fn try_box_zeroed<T>(for_new_thread: bool) -> Option<Box<core::mem::MaybeUni
 
 #[cfg(test)]
 mod tests {
+    /// The tests count and map the process's memory: one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     use super::*;
 
     /// The reserve hands out writable, zeroed pages; a freed block is reused
     /// (whole, or split for a smaller request) instead of dropped; and a
     /// request that would leave less than `keep` is refused.
+    /// This test process is far below its limit: the flag goes at the
+    /// sweep that looks, the fifth, not before.
     #[test]
-    fn the_mapping_limit_is_forgotten_after_a_quiet_second() {
+    fn the_mapping_limit_is_forgotten_when_the_process_is_below_it() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         note_mapping_refused();
-        for _ in 1..QUIET_SWEEPS {
-            forget_mapping_limit_when_quiet();
+        SWEEPS_SINCE_LOOK.store(0, Ordering::Relaxed);
+        for _ in 1..SWEEPS_BETWEEN_LOOKS {
+            forget_mapping_limit_when_below();
             assert!(at_mapping_limit());
         }
-        // A refusal starts the count again.
-        note_mapping_refused();
-        for _ in 1..QUIET_SWEEPS {
-            forget_mapping_limit_when_quiet();
-        }
-        assert!(at_mapping_limit());
-        forget_mapping_limit_when_quiet();
-        assert!(!at_mapping_limit());
-        // Quiet sweeps without the flag change nothing.
-        forget_mapping_limit_when_quiet();
+        forget_mapping_limit_when_below();
         assert!(!at_mapping_limit());
     }
 
     #[test]
+    fn the_mappings_are_counted_as_the_kernel_counts_them() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let before = mapping_count_now().unwrap();
+        assert!(before > 10 && before.abs_diff(maps.lines().count()) < 8);
+        // Two pages of different protections are two mappings more.
+        let p = mmap_anonymous(2 * PAGE, libc::PROT_READ | libc::PROT_WRITE, 0);
+        assert!(!p.is_null());
+        // SAFETY: the second page of our own fresh mapping.
+        assert_eq!(
+            unsafe { libc::mprotect(p.add(PAGE).cast(), PAGE, libc::PROT_READ) },
+            0
+        );
+        assert_eq!(mapping_count_now().unwrap(), before + 2);
+        // SAFETY: our own mapping, unused.
+        unsafe { libc::munmap(p.cast(), 2 * PAGE) };
+        assert!(max_map_count().unwrap() > before);
+    }
+
+    #[test]
     fn the_reserve_reuses_freed_blocks_and_keeps_what_it_is_told_to() {
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         set_aside_reserve();
         let start = RESERVE_START.load(Ordering::Acquire);
         assert_ne!(start, 0);

@@ -253,7 +253,7 @@ fn open_trace(top: bool) -> bool {
 fn periodic() {
     thread::steal_all(1000);
     crate::scan::periodic_tick();
-    crate::heap::forget_mapping_limit_when_quiet();
+    crate::heap::forget_mapping_limit_when_below();
 }
 
 /// The library constructor: configuration, trace file, writer thread.
