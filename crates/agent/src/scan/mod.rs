@@ -3,7 +3,9 @@
 //! (definitely, indirectly or possibly lost, or still reachable).
 //!
 //! Order of a scan (docs/design.md, section "Reachability scan"):
-//! 1. read /proc/self/maps and the module list (may allocate);
+//! 1. read /proc/self/maps and the module list (may allocate), and check
+//!    that the scan's memory fits under the limits that would end or fail
+//!    the program (headroom.rs; if not, the scan is `Skipped`);
 //! 2. lock every shard of the live table, copy and sort it, allocate all
 //!    marking state (the agent heap may be used: no thread is stopped yet);
 //! 3. stop every other program thread (world.rs); from here nothing
