@@ -139,7 +139,9 @@ pub fn load<T: Report, E: std::fmt::Display>(
     if status.events == 0 {
         let why = match &status.stopped {
             Some(s) => s.reason.clone(),
-            None => "the file ends after its header (the process was killed before the agent wrote anything?)"
+            None => "the file ends after its header (the process was killed before the agent \
+                     wrote anything, or it is still running and its first chunk is not written \
+                     yet: try again)"
                 .to_string(),
         };
         return Err(fail(
