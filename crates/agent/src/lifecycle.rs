@@ -771,6 +771,39 @@ fn wait_for_other_finish() {
     });
 }
 
+/// How long a thread whose fatal signal came while another finished the
+/// trace waits, once the trace is written, for the process to end before
+/// its signal takes its course (`wait_out_fault_during_finish`).
+const FAULT_WAIT_NS: u64 = 10_000_000_000;
+
+/// A fatal signal of this thread's own (a fault, `abort`) while another
+/// thread finishes the trace. Natively that thread's exit would have ended
+/// this one first: it runs on only because the finish (the exit scan, the
+/// snapshot, the flush) takes longer than the `exit_group` it stands in
+/// for, or it faults on what the finish did (the C library's freeres). So
+/// it waits, its signal held, for the trace to be written and the exit to
+/// end it. If the process goes on (an exec that failed), or
+/// `FAULT_WAIT_NS` pass after the trace is done, the signal takes its
+/// course. Returns false, at once, when no other thread is finishing.
+///
+/// Before, it died of its signal then and there: a thread that faulted
+/// after the program's last exit handler ended the process with SIGSEGV
+/// where natively it exited 0, and the trace had no end record
+/// (`fault_in_finish.c`).
+pub fn wait_out_fault_during_finish() -> bool {
+    let me = sys::gettid();
+    let other = || FINISHING.load(Ordering::Acquire) && FINISHING_TID.load(Ordering::Acquire) != me;
+    if !other() || !owns_process() {
+        return false;
+    }
+    wait_for_trace_done(other);
+    let until = clock::monotonic_ns() + FAULT_WAIT_NS;
+    while other() && clock::monotonic_ns() < until {
+        sys::sleep_ns(10_000_000);
+    }
+    true
+}
+
 /// From the `pthread_create` hook: while another thread finishes the trace
 /// (for an exit or an exec, after every exit handler of the program),
 /// threads that would start more threads wait until the trace is written.

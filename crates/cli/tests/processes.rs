@@ -1410,3 +1410,29 @@ fn the_traced_environment_holds_only_what_the_agent_needs() {
         ]
     );
 }
+
+/// fault_in_finish.c: a thread that faults during the agent's finish (its
+/// sleep cut short by the exit scan) is one the exit would natively have
+/// ended asleep. The process exits 0 as natively, with a complete trace,
+/// instead of dying of SIGSEGV (139) without an end record.
+#[test]
+fn a_thread_that_faults_during_the_finish_does_not_end_the_process() {
+    let dir = TestDir::new("fault_in_finish");
+    let prog = compile_c(&dir, "fault_in_finish.c");
+    for round in 0..3 {
+        let run = run(&dir, &[], &prog, &[]);
+        assert_eq!(run.code(), 0, "round {round}: {}", run.describe());
+        assert_eq!(run.stdout, "exiting\n");
+        assert_no_events_lost_in_summary(&run);
+        let report = leaks(&dir.trace());
+        assert_complete(&report);
+        assert_eq!(process_exit(&report), &json!({"code": 0}));
+        // The scan ran (it is what cut the sleep short) and judged every block.
+        let scan = &report["scan"];
+        assert_eq!(scan["trigger"], json!("exit"), "{}", pretty(&report));
+        assert_eq!(
+            as_u64(scan, "blocks"),
+            as_u64(&report["summary"]["unfreed_at_exit"], "blocks")
+        );
+    }
+}

@@ -108,7 +108,9 @@ pub(crate) extern "C" fn on_fatal_signal(
         unsafe { *libc::__errno_location() = saved_errno };
         return;
     }
-    lifecycle::finish(ExitKind::Signal(sig), lifecycle::Ending::Signal);
+    if !lifecycle::wait_out_fault_during_finish() {
+        lifecycle::finish(ExitKind::Signal(sig), lifecycle::Ending::Signal);
+    }
     // SAFETY: restoring the default action and re-raising; the signal is blocked
     // in this handler, so it is delivered (and kills) when the handler returns.
     unsafe {
