@@ -681,14 +681,11 @@ pub fn try_box_zeroed<T>(for_new_thread: bool) -> Option<Box<core::mem::MaybeUni
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The tests count and map the process's memory: one at a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    use super::*;
-
-    /// The reserve hands out writable, zeroed pages; a freed block is reused
-    /// (whole, or split for a smaller request) instead of dropped; and a
-    /// request that would leave less than `keep` is refused.
     /// This test process is far below its limit: the flag goes at the
     /// sweep that looks, the fifth, not before.
     #[test]
@@ -732,6 +729,9 @@ mod tests {
         assert!(max_map_count().unwrap() > before);
     }
 
+    /// The reserve hands out writable, zeroed pages; a freed block is reused
+    /// (whole, or split for a smaller request) instead of dropped; and a
+    /// request that would leave less than `keep` is refused.
     #[test]
     fn the_reserve_reuses_freed_blocks_and_keeps_what_it_is_told_to() {
         let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
