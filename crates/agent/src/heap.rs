@@ -411,13 +411,7 @@ pub fn set_aside_reserve() {
     if RESERVE_START.load(Ordering::Acquire) != 0 {
         return;
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid out-pointer.
-    let limited = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0
-        && limit.rlim_cur != libc::RLIM_INFINITY;
+    let limited = crate::sys::soft_limit(libc::RLIMIT_AS).is_some_and(|l| l != libc::RLIM_INFINITY);
     let len = if limited {
         RESERVE_LEN_LIMITED
     } else {

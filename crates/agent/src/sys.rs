@@ -186,6 +186,17 @@ pub fn write_all(fd: i32, mut bytes: &[u8]) -> bool {
     true
 }
 
+/// The soft limit of `resource` (`RLIM_INFINITY` when unlimited), or None
+/// if it cannot be read.
+pub fn soft_limit(resource: libc::__rlimit_resource_t) -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we own.
+    (unsafe { libc::getrlimit(resource, &mut limit) } == 0).then_some(limit.rlim_cur)
+}
+
 /// The kernel thread id of the calling thread.
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.

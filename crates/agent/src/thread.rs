@@ -303,13 +303,8 @@ fn main_stack_bounds() -> Option<Bounds> {
     let below = if i == 0 { 0 } else { maps[i - 1].end };
     let page = 4096;
     let hi = (stack_end & !(page - 1)) + page;
-    // SAFETY: plain integers: all zeroes is valid.
-    let mut limit: libc::rlimit = unsafe { core::mem::zeroed() };
-    // SAFETY: getrlimit writes the struct we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut limit) } != 0 {
-        return None;
-    }
-    let size = limit.rlim_cur.saturating_sub(maps[i].end - hi) & !(page - 1);
+    let limit = sys::soft_limit(libc::RLIMIT_STACK)?;
+    let size = limit.saturating_sub(maps[i].end - hi) & !(page - 1);
     let size = size.min(hi - below);
     Some(Bounds::range(hi - size, hi))
 }

@@ -404,16 +404,7 @@ pub fn move_trace_fd() {
 /// look (they get the same numbers as without trapline) and rarely `dup2`
 /// onto; below the soft limit on open files.
 fn high_fd_floor() -> i32 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit fills the struct we own.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-        limit.rlim_cur
-    } else {
-        1024
-    };
+    let soft = sys::soft_limit(libc::RLIMIT_NOFILE).unwrap_or(1024);
     soft.saturating_sub(24).min(1000) as i32
 }
 

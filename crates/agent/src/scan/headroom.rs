@@ -91,13 +91,7 @@ fn tightest(needed: u64, room: &[(ScanSkipReason, u64, u64)]) -> Result<(), Shor
 
 /// A resource limit in bytes (`None`: unlimited).
 fn rlimit(resource: libc::__rlimit_resource_t) -> Option<u64> {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given.
-    let ok = unsafe { libc::getrlimit(resource, &mut r) } == 0;
-    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+    crate::sys::soft_limit(resource).filter(|&l| l != libc::RLIM_INFINITY)
 }
 
 /// Room under the system's limits: the memory available, and the commit
