@@ -25,12 +25,6 @@ pub const ENV_IGNORE_SIGPIPE: &str = "TRAPLINE_IGNORE_SIGPIPE";
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 static FINISHING: AtomicBool = AtomicBool::new(false);
-
-/// Whether a thread is finishing the trace (exit, exec, a fatal signal):
-/// periodic work that writes events (a scan) must not start any more.
-pub fn finishing() -> bool {
-    FINISHING.load(Ordering::Acquire)
-}
 /// `finish` is at work for an exec (a signal it lets go is raised again
 /// should the exec fail).
 static FINISHING_FOR_EXEC: AtomicBool = AtomicBool::new(false);
@@ -766,9 +760,18 @@ pub fn resume_after_failed_exec() {
 /// does not wait for itself.
 fn wait_for_other_finish() {
     let me = sys::gettid();
-    wait_for_trace_done(|| {
-        FINISHING.load(Ordering::Acquire) && FINISHING_TID.load(Ordering::Acquire) != me
-    });
+    wait_for_trace_done(|| another_is_finishing(me));
+}
+
+/// Whether a thread is finishing the trace (exit, exec, a fatal signal):
+/// periodic work that writes events (a scan) must not start any more.
+pub fn finishing() -> bool {
+    FINISHING.load(Ordering::Acquire)
+}
+
+/// Whether a thread other than `me` is finishing the trace.
+fn another_is_finishing(me: u32) -> bool {
+    finishing() && FINISHING_TID.load(Ordering::Acquire) != me
 }
 
 /// How long a thread whose fatal signal came while another finished the
@@ -792,13 +795,12 @@ const FAULT_WAIT_NS: u64 = 10_000_000_000;
 /// (`fault_in_finish.c`).
 pub fn wait_out_fault_during_finish() -> bool {
     let me = sys::gettid();
-    let other = || FINISHING.load(Ordering::Acquire) && FINISHING_TID.load(Ordering::Acquire) != me;
-    if !other() || !owns_process() {
+    if !another_is_finishing(me) || !owns_process() {
         return false;
     }
-    wait_for_trace_done(other);
+    wait_for_trace_done(|| another_is_finishing(me));
     let until = clock::monotonic_ns() + FAULT_WAIT_NS;
-    while other() && clock::monotonic_ns() < until {
+    while another_is_finishing(me) && clock::monotonic_ns() < until {
         sys::sleep_ns(10_000_000);
     }
     true
