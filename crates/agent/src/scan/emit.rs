@@ -58,10 +58,10 @@ pub fn emit_skipped(s: &Skipped, sink: &mut dyn Sink) {
         &Event::ScanSkipped {
             time: s.time,
             trigger: s.trigger,
-            reason: s.reason,
-            needed: s.needed,
-            available: s.available,
-            limit: s.limit,
+            reason: s.why.reason,
+            needed: s.why.needed,
+            available: s.why.available,
+            limit: s.why.limit,
         },
         Some(s.time),
     );

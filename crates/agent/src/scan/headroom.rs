@@ -20,13 +20,25 @@
 use trapline_memlimits as memlimits;
 use trapline_trace::ScanSkipReason;
 
-/// A scan that does not fit: what it needs, what the tightest limit leaves.
+/// Why a scan cannot run: what it needs, and what the tightest limit leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shortfall {
     pub reason: ScanSkipReason,
     pub needed: u64,
     pub available: u64,
     pub limit: u64,
+}
+
+impl Shortfall {
+    /// A reason that is no limit (memory unreadable, an allocation refused).
+    pub fn without_limit(reason: ScanSkipReason, needed: u64) -> Shortfall {
+        Shortfall {
+            reason,
+            needed,
+            available: 0,
+            limit: 0,
+        }
+    }
 }
 
 /// Bytes a scan of `blocks` live blocks takes at its peak, with room to

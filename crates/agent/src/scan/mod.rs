@@ -198,10 +198,7 @@ pub fn periodic_tick() {
 pub struct Skipped {
     pub time: u64,
     pub trigger: ScanTrigger,
-    pub reason: ScanSkipReason,
-    pub needed: u64,
-    pub available: u64,
-    pub limit: u64,
+    pub why: headroom::Shortfall,
 }
 
 /// The result of one scan, ready to be written.
@@ -310,16 +307,14 @@ fn live_blocks() -> u64 {
 }
 
 fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
-    let skipped = |reason, needed, available, limit| Skipped {
+    let skipped = |why| Skipped {
         time: crate::clock::precise_now(),
         trigger,
-        reason,
-        needed,
-        available,
-        limit,
+        why,
     };
     let Some(mut reader) = mark::SafeReader::new() else {
-        return Err(skipped(ScanSkipReason::MemoryUnreadable, 0, 0, 0));
+        let why = headroom::Shortfall::without_limit(ScanSkipReason::MemoryUnreadable, 0);
+        return Err(skipped(why));
     };
     // 1. Facts that allocate.
     let maps = maps::read();
@@ -327,8 +322,8 @@ fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
     // fail the program before it is taken (headroom.rs).
     let mapped = maps.iter().map(|m| m.end - m.start).sum();
     if CHECK_ROOM.load(Ordering::Relaxed) {
-        if let Err(s) = headroom::check(headroom::needed(live_blocks(), maps.len()), mapped) {
-            return Err(skipped(s.reason, s.needed, s.available, s.limit));
+        if let Err(why) = headroom::check(headroom::needed(live_blocks(), maps.len()), mapped) {
+            return Err(skipped(why));
         }
     }
     let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
@@ -375,24 +370,25 @@ fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
     }
     // Memory refused here, after the check above (the program grew in
     // between), skips the scan as the check would have.
-    let refused = |needed| {
-        let s = skipped(ScanSkipReason::AllocationFailed, needed, 0, 0);
-        Err(s)
+    let refused = || {
+        let needed = headroom::needed(count as u64, maps.len());
+        let why = headroom::Shortfall::without_limit(ScanSkipReason::AllocationFailed, needed);
+        Err(skipped(why))
     };
     let Some(mut copy) = blocks::try_with_capacity(count) else {
-        return refused(headroom::needed(count as u64, maps.len()));
+        return refused();
     };
     for g in &mut guards {
         g.copy_packed(&mut copy);
     }
     let copied = crate::clock::precise_now();
     let Some(index) = blocks::BlockIndex::new(copy) else {
-        return refused(headroom::needed(count as u64, maps.len()));
+        return refused();
     };
     let sorted = crate::clock::precise_now();
     let loader_roots = loader_blocks(&index.blocks, &loader);
     let Some(mut marker) = mark::Marker::new(&index, &readable, &rodata) else {
-        return refused(headroom::needed(count as u64, maps.len()));
+        return refused();
     };
     let mut agent_maps = Vec::with_capacity(crate::heap::mapping_count() + 256);
     excluded.reserve(agent_maps.capacity() + 8);
