@@ -1029,15 +1029,9 @@ impl OomKills {
             .and_then(|g| g.oom_kills().map(|n| (g, n)));
         OomKills {
             group,
-            system: vmstat_oom_kills(),
+            system: trapline_memlimits::system_oom_kills(),
         }
     }
-}
-
-fn vmstat_oom_kills() -> Option<u64> {
-    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
-    let line = vmstat.lines().find(|l| l.starts_with("oom_kill "))?;
-    line["oom_kill ".len()..].trim().parse().ok()
 }
 
 static OOM_KILLS_AT_START: std::sync::OnceLock<OomKills> = std::sync::OnceLock::new();
@@ -1063,7 +1057,7 @@ fn oom_kill_note() -> Option<String> {
             ));
         }
     }
-    let killed = vmstat_oom_kills()?
+    let killed = trapline_memlimits::system_oom_kills()?
         .checked_sub(before.system?)
         .filter(|&n| n > 0)?;
     let processes = if killed == 1 {

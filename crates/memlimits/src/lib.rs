@@ -66,18 +66,28 @@ impl Group {
         } else {
             "memory.oom_control"
         };
-        let text = read(&format!("{}/{file}", self.dir))?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))?
-            .trim()
-            .parse()
-            .ok()
+        oom_kill_count(&read(&format!("{}/{file}", self.dir))?)
     }
 
     /// The tightest limit of the group (and v2's ancestors), if any.
     pub fn limit(&self) -> Option<u64> {
         self.room().map(|r| r.limit)
     }
+}
+
+/// How many processes the kernel's OOM killer has ended, system-wide
+/// (`/proc/vmstat`, Linux 4.13; a memory cgroup's kills count too).
+pub fn system_oom_kills() -> Option<u64> {
+    oom_kill_count(&read("/proc/vmstat")?)
+}
+
+/// The value of the "oom_kill N" line of a kernel counter file.
+fn oom_kill_count(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The memory groups `/proc/self/cgroup` names, v1's memory hierarchy first.
@@ -403,5 +413,14 @@ mod tests {
             })
         );
         assert_eq!(SystemMemory::parse("MemTotal: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_the_kernel_counter_files() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(oom_kill_count(v1), Some(3));
+        let v2 = "low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(oom_kill_count(v2), Some(2));
+        assert_eq!(oom_kill_count("oom_kill_disable 0\n"), None);
     }
 }
