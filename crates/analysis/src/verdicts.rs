@@ -329,30 +329,27 @@ impl SkippedScan {
             ScanTrigger::Periodic => format!("at {:.3} s", seconds(time)),
         };
         let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1 << 20) as f64);
-        let text = if reason == ScanSkipReason::MemoryUnreadable {
-            format!(
-                "no reachability scan {when}: blocked by {}; {}",
-                reason.limit_text(),
-                reason.consequence_text()
-            )
-        } else if reason == ScanSkipReason::AllocationFailed {
-            format!(
-                "no reachability scan {when}: it needed about {} and {}; {}",
-                mib(needed),
-                reason.limit_text(),
-                reason.consequence_text()
-            )
-        } else {
-            format!(
-                "no reachability scan {when}: it would have needed about {}, and {}, {}, \
-                 left {}; {}",
+        let what = match reason {
+            ScanSkipReason::MemoryUnreadable => format!("blocked by {}", reason.limit_text()),
+            ScanSkipReason::AllocationFailed => {
+                format!(
+                    "it needed about {} and {}",
+                    mib(needed),
+                    reason.limit_text()
+                )
+            }
+            _ => format!(
+                "it would have needed about {}, and {}, {}, left {}",
                 mib(needed),
                 reason.limit_text(),
                 mib(limit),
-                mib(available),
-                reason.consequence_text()
-            )
+                mib(available)
+            ),
         };
+        let text = format!(
+            "no reachability scan {when}: {what}; {}",
+            reason.consequence_text()
+        );
         Some(SkippedScan {
             trigger: trigger.name(),
             time_ns: time,
