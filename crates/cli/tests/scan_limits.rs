@@ -179,8 +179,19 @@ struct MemoryGroup {
 
 impl MemoryGroup {
     /// A new group limited to `limit` bytes, if this process may make one
-    /// (root, and a memory controller mounted).
+    /// (root, and a memory controller mounted); if not, says that the test
+    /// does not run.
     fn new(name: &str, limit: u64) -> Option<MemoryGroup> {
+        let group = MemoryGroup::make(name, limit);
+        if group.is_none() {
+            eprintln!(
+                "no memory cgroup can be made here (not root, or no memory controller): not run"
+            );
+        }
+        group
+    }
+
+    fn make(name: &str, limit: u64) -> Option<MemoryGroup> {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
         for line in mounts.lines() {
             let fields: Vec<&str> = line.split(' ').collect();
@@ -258,7 +269,6 @@ impl Drop for MemoryGroup {
 #[test]
 fn an_exit_scan_that_would_pass_the_cgroup_limit_is_skipped() {
     let Some(group) = MemoryGroup::new("trapline-scan-test", CGROUP_LIMIT) else {
-        eprintln!("no memory cgroup can be made here (not root, or no memory controller): not run");
         return;
     };
     let dir = TestDir::new("scan_skipped_cgroup");
@@ -289,7 +299,6 @@ fn an_exit_scan_that_would_pass_the_cgroup_limit_is_skipped() {
 fn a_program_the_oom_killer_ends_is_named_as_such() {
     // Far less than the program's 80 MB.
     let Some(group) = MemoryGroup::new("trapline-oom-test", 40 << 20) else {
-        eprintln!("no memory cgroup can be made here (not root, or no memory controller): not run");
         return;
     };
     let dir = TestDir::new("oom_killed");
@@ -317,7 +326,6 @@ fn a_program_the_oom_killer_ends_is_named_as_such() {
 #[test]
 fn periodic_scans_that_would_pass_the_cgroup_limit_are_skipped() {
     let Some(group) = MemoryGroup::new("trapline-periodic-test", CGROUP_LIMIT) else {
-        eprintln!("no memory cgroup can be made here (not root, or no memory controller): not run");
         return;
     };
     let dir = TestDir::new("scan_skipped_periodic");
