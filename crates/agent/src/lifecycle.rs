@@ -624,14 +624,19 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     }
     // The reachability scan (not from a fatal signal: it allocates and waits).
     // A skipped scan leaves the snapshot unjudged, as with --no-scan.
-    let (scan, skipped) =
-        match (!signal && exit != ExitKind::Exec && crate::scan::at_exit_enabled())
-            .then(crate::scan::run_at_exit)
-        {
-            Some(Ok(o)) => (Some(o), None),
-            Some(Err(s)) => (None, Some(s)),
-            None => (None, None),
-        };
+    let scanning = !signal && exit != ExitKind::Exec && crate::scan::at_exit_enabled();
+    // From here the program's other threads stay stopped until the trace is
+    // written, where they can be (scan::ExitHold).
+    let mut hold = if scanning {
+        crate::scan::ExitHold::stop()
+    } else {
+        crate::scan::ExitHold::none()
+    };
+    let (scan, skipped) = match scanning.then(|| crate::scan::run_at_exit(&mut hold)) {
+        Some(Ok(o)) => (Some(o), None),
+        Some(Err(s)) => (None, Some(s)),
+        None => (None, None),
+    };
     let time = clock::precise_now();
     out.push(
         &Event::SnapshotBegin {
@@ -721,6 +726,8 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     }
     TRACE_DONE.store(true, Ordering::Release);
     FINISH_CHANGED.notify_all();
+    // The threads kept stopped stay so while the exit ends the process.
+    hold.release_at_end();
     if let Some(t) = ts.as_mut() {
         t.guard -= 1;
     }

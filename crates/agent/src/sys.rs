@@ -86,6 +86,8 @@ fn try_acquire(state: &AtomicU32, spins: u32) -> bool {
             return true;
         }
         if i % 64 == 63 {
+            // The holder may be a thread the exit keeps stopped.
+            crate::scan::world::let_go_if_held();
             // SAFETY: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
         } else {
@@ -133,6 +135,8 @@ impl RawLock {
                 return;
             }
         }
+        // The holder may be a thread the exit keeps stopped.
+        crate::scan::world::let_go_if_held();
         while self.state.swap(2, Ordering::Acquire) != 0 {
             futex_wait(&self.state, 2, None);
         }
@@ -470,6 +474,8 @@ impl SpinLock {
             if spins < 64 {
                 core::hint::spin_loop();
             } else {
+                // The holder may be a thread the exit keeps stopped.
+                crate::scan::world::let_go_if_held();
                 // SAFETY: sched_yield has no preconditions.
                 unsafe { libc::sched_yield() };
             }

@@ -201,8 +201,19 @@ impl Provision {
 /// Set once the process trace is finished: hooks stop recording.
 pub static FINISHED: AtomicBool = AtomicBool::new(false);
 
+/// Threads between leaving the registry and handing over their last buffer
+/// (`on_thread_exit`): their events are in no place `steal_all` looks, so
+/// the exit does not hold the world stopped while one is (scan/world.rs).
+static EXITING: AtomicU32 = AtomicU32::new(0);
+
+/// How many threads are handing over their last buffer now.
+pub fn exiting_threads() -> u32 {
+    EXITING.load(Ordering::Acquire)
+}
+
 unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     let ts = p as *mut ThreadState;
+    EXITING.fetch_add(1, Ordering::AcqRel);
     // glibc cleared the key's value before calling this; a hook that runs
     // from here on (a later destructor) makes a new state.
     crate::arch::set_thread_slot(core::ptr::null_mut());
@@ -223,6 +234,7 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     if let Some(b) = state.take_buffer() {
         writer::submit(b, true);
     }
+    EXITING.fetch_sub(1, Ordering::AcqRel);
     if state.agent_altstack {
         // The side stack goes with the state (to another thread, or
         // unmapped): a signal arriving later in the thread's exit must not
@@ -766,6 +778,8 @@ pub fn reset_in_child() {
     REGISTRY.lock.reset();
     KEY_LOCK.reset();
     SPARE_POOL.lock.reset();
+    // Threads of the parent that were on their way out are gone.
+    EXITING.store(0, Ordering::Relaxed);
     // SAFETY: single-threaded child.
     let reg = unsafe { &mut *REGISTRY.reg.get() };
     // Other threads' states are gone with their threads; their memory is leaked

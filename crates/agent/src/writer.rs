@@ -466,12 +466,22 @@ const TICK_EVERY_NS: u64 = 1_000_000;
 /// The periodic sweep: partly filled buffers, the process-end check (7.4).
 const SWEEP_EVERY_NS: u64 = 200_000_000;
 
+/// The writer thread is created but has not yet noted itself as the
+/// agent's: a stop of the world would park it like a program thread.
+static STARTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether a writer thread is starting and not yet known as the agent's.
+pub fn starting() -> bool {
+    STARTING.load(Ordering::Acquire)
+}
+
 static PERIODIC: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
 extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     // Before anything allocates: a scan from here on leaves this thread
     // running (one that stopped it inside the agent heap had to wait for it).
     crate::scan::note_agent_thread();
+    STARTING.store(false, Ordering::Release);
     // Then: this thread's own allocations (TLS setup) must never be recorded.
     crate::thread::mark_agent_thread();
     // SAFETY: naming our own thread; the name fits in 16 bytes.
@@ -597,6 +607,7 @@ fn set_signal_mask(how: libc::c_int, mask: u64) -> u64 {
 /// the signals of `WRITER_BLOCKED` blocked from its first instruction: it
 /// inherits them from this thread, which blocks them for the moment.
 pub fn start(periodic: fn()) {
+    STARTING.store(true, Ordering::Release);
     PERIODIC.store(periodic as *const () as usize, Ordering::Release);
     STOP.store(false, Ordering::Release);
     STOPPED.store(false, Ordering::Release);
@@ -625,6 +636,7 @@ pub fn start(periodic: fn()) {
     };
     set_signal_mask(libc::SIG_SETMASK, creator_mask);
     if !ok {
+        STARTING.store(false, Ordering::Release);
         RUNNING.store(false, Ordering::Release);
         sys::warn("cannot start the writer thread; the trace is written at exit");
     }
@@ -666,13 +678,23 @@ pub fn pause() {
     crate::scan::forget_agent_thread(tid);
 }
 
+/// How long the finish waits for the writer with the program's threads held
+/// stopped before it lets them go.
+const LET_GO_AFTER_NS: u64 = 2_000_000_000;
+
 /// Asks the running writer to write what is queued and leave its loop, and
 /// waits for that at most `timeout_ms`; returns the deadline.
 fn stop_writer(timeout_ms: u64) -> u64 {
     STOP.store(true, Ordering::Release);
     WORK.notify_all();
     let deadline = crate::clock::precise_now() + timeout_ms * 1_000_000;
+    let started = crate::clock::precise_now();
     while !STOPPED.load(Ordering::Acquire) && crate::clock::precise_now() < deadline {
+        if crate::clock::precise_now() > started + LET_GO_AFTER_NS {
+            // The exit's stopped threads (scan::ExitHold) may be what the
+            // writer waits for.
+            crate::scan::world::let_go_if_held();
+        }
         let seen = DONE.generation();
         if STOPPED.load(Ordering::Acquire) {
             break;
@@ -731,6 +753,8 @@ pub fn reset_for_new_file() {
 /// In a fork child: drop the parent's queue and file, start a new generation.
 pub fn reset_in_child() {
     crate::totals::make_inexact();
+    // A writer the parent was starting is not the child's.
+    STARTING.store(false, Ordering::Relaxed);
     SHARED.lock.reset();
     // The writer thread may have been writing when the parent forked.
     FD_LOCK.reset();

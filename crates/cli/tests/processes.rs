@@ -1411,6 +1411,62 @@ fn the_traced_environment_holds_only_what_the_agent_needs() {
     );
 }
 
+/// held_at_exit.c: the threads that the exit natively ends stay stopped
+/// from the exit scan until the process ends. Before, they ran again after
+/// the scan while the agent finished the trace: the sleeper, whose sleep
+/// the scan's signal cut short, printed "sleeper woke", and the worker
+/// recorded allocations after the scan.
+#[test]
+fn threads_stay_stopped_from_the_exit_scan_to_the_end() {
+    let dir = TestDir::new("held_at_exit");
+    let prog = compile_c(&dir, "held_at_exit.c");
+    for round in 0..3 {
+        let run = run(&dir, &[], &prog, &[]);
+        assert_eq!(run.code(), 0, "round {round}: {}", run.describe());
+        assert_eq!(run.stdout, "exiting\n", "round {round}: {}", run.describe());
+        assert_no_events_lost_in_summary(&run);
+        let report = leaks(&dir.trace());
+        assert_complete(&report);
+        let scan = &report["scan"];
+        assert_eq!(scan["trigger"], json!("exit"), "{}", pretty(&report));
+        assert_eq!(as_u64(scan, "threads_not_suspended"), 0);
+
+        // The worker's last event comes before the scan began.
+        let file = std::fs::File::open(dir.trace()).expect("trace");
+        let mut reader =
+            trapline_trace::TraceReader::new(std::io::BufReader::new(file)).expect("header");
+        let (mut main_tid, mut scan_time) = (0, None);
+        let mut worker_last = 0u64;
+        let mut worker_events = 0u64;
+        while let Some(chunk) = reader.next_chunk().expect("chunk") {
+            let tid = chunk.header.tid;
+            for ev in chunk.events() {
+                match ev.expect("event") {
+                    trapline_trace::Event::Process(p) => main_tid = p.pid,
+                    trapline_trace::Event::ScanBegin { time, .. } => scan_time = Some(time),
+                    trapline_trace::Event::Alloc { time, .. }
+                    | trapline_trace::Event::Free { time, .. }
+                        if tid != main_tid && main_tid != 0 =>
+                    {
+                        worker_last = worker_last.max(time);
+                        worker_events += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let scan_time = scan_time.expect("ScanBegin");
+        assert!(
+            worker_events > 2000,
+            "round {round}: {worker_events} worker events"
+        );
+        assert!(
+            worker_last <= scan_time,
+            "round {round}: the worker recorded at {worker_last} ns, after the exit scan began at {scan_time} ns"
+        );
+    }
+}
+
 /// fault_in_finish.c: a thread that faults during the agent's finish (its
 /// sleep cut short by the exit scan) is one the exit would natively have
 /// ended asleep. The process exits 0 as natively, with a complete trace,

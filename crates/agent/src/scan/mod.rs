@@ -189,7 +189,7 @@ pub fn periodic_tick() {
         SCAN_LOCK.unlock();
         return;
     }
-    let outcome = run_locked(ScanTrigger::Periodic);
+    let outcome = run_locked(ScanTrigger::Periodic, &mut ExitHold::none());
     SCAN_LOCK.unlock();
     emit::to_writer(&outcome);
 }
@@ -222,9 +222,9 @@ impl Outcome {
 }
 
 /// Runs a scan from the thread that is ending the process.
-pub fn run_at_exit() -> Result<Outcome, Skipped> {
+pub fn run_at_exit(hold: &mut ExitHold) -> Result<Outcome, Skipped> {
     SCAN_LOCK.lock();
-    let o = run_locked(ScanTrigger::Exit);
+    let o = run_locked(ScanTrigger::Exit, hold);
     SCAN_LOCK.unlock();
     o
 }
@@ -306,7 +306,92 @@ fn live_blocks() -> u64 {
     live::shards().iter().map(|s| s.locked().len() as u64).sum()
 }
 
-fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
+/// Stops the world (world.rs) with no thread inside the agent heap.
+fn stop_outside_heap(scratch: world::Scratch, agent_tids: &[u32], insist: bool) -> world::World {
+    let mut world = world::stop(scratch, agent_tids, insist);
+    for _ in 0..HEAP_BUSY_RETRIES {
+        if !crate::heap::busy() {
+            break;
+        }
+        world::resume(&world);
+        drop(world);
+        sys::sleep_ns(1_000_000);
+        world = world::stop(world::Scratch::new(), agent_tids, insist);
+    }
+    world
+}
+
+/// The agent's own threads but the caller.
+fn other_agent_tids() -> Vec<u32> {
+    let me = sys::gettid();
+    AGENT_TIDS
+        .iter()
+        .map(|t| t.load(Ordering::Acquire))
+        .filter(|&t| t != 0 && t != me)
+        .collect()
+}
+
+/// The program's other threads, kept stopped from the exit scan to the end
+/// of the trace, as natively the exit would have ended them by then: what
+/// they would do meanwhile (print, fault, allocate) does not happen. Held
+/// only when every thread parked outside the agent and none is handing
+/// over its last buffer, so the finish needs nothing a stopped thread
+/// holds; a wait for one of the agent's locks lets them go all the same
+/// (world::let_go_if_held).
+pub struct ExitHold {
+    world: Option<world::World>,
+}
+
+impl ExitHold {
+    /// No thread stopped (no scan at exit, or the stop did not qualify).
+    pub fn none() -> ExitHold {
+        ExitHold { world: None }
+    }
+
+    /// Stops the other threads for the exit, and holds them if it may.
+    pub fn stop() -> ExitHold {
+        // A writer thread that has not yet noted itself as the agent's would
+        // be stopped and held like the program's threads, and the finish
+        // would wait for it (a short-lived process, 1 exit in about 40).
+        let deadline = crate::clock::precise_now() + 100_000_000;
+        while crate::writer::starting() {
+            if crate::clock::precise_now() > deadline {
+                return ExitHold::none();
+            }
+            // SAFETY: yielding the processor has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+        // After a periodic scan that is under way: one stopper at a time.
+        // None starts after this (the process is finishing).
+        SCAN_LOCK.lock();
+        let w = stop_outside_heap(world::Scratch::new(), &other_agent_tids(), true);
+        SCAN_LOCK.unlock();
+        if w.inside == 0 && !crate::heap::busy() && crate::thread::exiting_threads() == 0 {
+            world::hold();
+            ExitHold { world: Some(w) }
+        } else {
+            world::resume(&w);
+            ExitHold::none()
+        }
+    }
+
+    /// Lets the held threads go and waits until they left their handlers.
+    fn resume(&mut self) {
+        if let Some(w) = self.world.take() {
+            world::resume(&w);
+        }
+    }
+
+    /// The trace is written: the held threads stay parked while the exit
+    /// ends the process (world::release_at_end).
+    pub fn release_at_end(&mut self) {
+        if self.world.take().is_some() {
+            world::release_at_end();
+        }
+    }
+}
+
+fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skipped> {
     let skipped = |why| Skipped {
         time: crate::clock::precise_now(),
         trigger,
@@ -334,11 +419,7 @@ fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
     // The allocator library's own mappings (its metadata names every block
     // it handed out): malloc's memory, like glibc's arena heaps.
     crate::allocator_maps::allocator_ranges(&mut excluded);
-    let agent_tids: Vec<u32> = AGENT_TIDS
-        .iter()
-        .map(|t| t.load(Ordering::Acquire))
-        .filter(|&t| t != 0 && t != me)
-        .collect();
+    let agent_tids = other_agent_tids();
     for s in &AGENT_STACKS {
         let sp = s.load(Ordering::Acquire);
         if let Some(i) = maps::containing(&maps, sp).filter(|_| sp != 0) {
@@ -405,16 +486,20 @@ fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
     // writer thread in its first allocation. Then the threads are let go
     // and stopped again a millisecond later.
     let prepared = crate::clock::precise_now();
-    let mut world = world::stop(scratch, &agent_tids);
-    for _ in 0..HEAP_BUSY_RETRIES {
-        if !crate::heap::busy() {
-            break;
-        }
-        world::resume(&world);
-        drop(world);
-        sys::sleep_ns(1_000_000);
-        world = world::stop(world::Scratch::new(), &agent_tids);
+    // An exit's world may be held stopped already (`ExitHold`), unless a
+    // thread that waited for a lock meanwhile let it go.
+    if !world::held() {
+        hold.resume();
     }
+    let own_stop = hold.world.is_none();
+    let mut stopped_here = None;
+    let world = match &hold.world {
+        Some(w) => {
+            drop(scratch);
+            w
+        }
+        None => stopped_here.insert(stop_outside_heap(scratch, &agent_tids, false)),
+    };
     let stopped = crate::clock::precise_now();
 
     // 4. Roots and marking. No allocation from here to `resume`.
@@ -493,8 +578,10 @@ fn run_locked(trigger: ScanTrigger) -> Result<Outcome, Skipped> {
     let marked = crate::clock::precise_now();
     marker.cliques(&mut reader);
 
-    // 5. Let go.
-    world::resume(&world);
+    // 5. Let go (a held world only once the trace is finished).
+    if own_stop {
+        world::resume(world);
+    }
     drop(guards);
     let resumed = crate::clock::precise_now();
     let pause_ns = resumed.saturating_sub(pause_start);

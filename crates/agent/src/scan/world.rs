@@ -30,23 +30,49 @@ const SIGNALLED: u32 = 1;
 const PARKED: u32 = 2;
 const LEFT: u32 = 3;
 const GONE: u32 = 4;
+/// The signal found the thread inside the agent and it did not park: the
+/// stopper signals it again (`INSIST_OUTSIDE`).
+const INSIDE: u32 = 5;
+
+/// How long an exit's stop keeps signalling a thread that is inside the
+/// agent before letting it park there.
+const INSIST_NS: u64 = 100_000_000;
 
 #[repr(C)]
 struct Slot {
     tid: AtomicU32,
     state: AtomicU32,
     sp: AtomicU64,
+    /// The thread parked inside the agent (a recorded call under way).
+    inside: AtomicU32,
 }
 
 /// The slot table, mapped once and never unmapped: a handler that runs late
 /// (its signal was pending past a scan) may still look into it.
 static TABLE: AtomicPtr<Slot> = AtomicPtr::new(core::ptr::null_mut());
-/// While 0, parked threads wait; set to 1 to release them.
-static RELEASE: AtomicU32 = AtomicU32::new(1);
+/// While `HOLD`, parked threads wait; `GO` releases them; `LINGER` releases
+/// them after `LINGER_NS` (`release_at_end`).
+static RELEASE: AtomicU32 = AtomicU32::new(GO);
+const HOLD: u32 = 0;
+const GO: u32 = 1;
+const LINGER: u32 = 2;
+/// How long threads held through the finish stay parked once the trace is
+/// written: the exit ends them well before that, unless it waits for one
+/// of them (a stdio lock it held when it stopped).
+const LINGER_NS: u64 = 1_000_000_000;
 /// A scan filled slots it could not note in its list (more threads than
 /// the list held): the next one clears the whole table first.
 static TABLE_DIRTY: AtomicBool = AtomicBool::new(false);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// While set, a thread the signal finds inside the agent does not park
+/// (`INSIDE`) and is signalled again: an exit's stop wants every thread
+/// parked where it holds nothing of the agent's, so that the world can
+/// stay stopped through the finish (`hold`).
+static INSIST_OUTSIDE: AtomicBool = AtomicBool::new(false);
+/// The world is held stopped through the finish of the trace. Any agent
+/// thread that would wait for a lock meanwhile lets it go (`let_go_held`):
+/// the holder may be a stopped thread.
+static HELD: AtomicBool = AtomicBool::new(false);
 
 /// The signal that parks threads: one of the real-time signals, chosen near
 /// the top where programs rarely look.
@@ -75,6 +101,9 @@ pub struct World {
     /// Threads of the process seen, the scanning thread included.
     pub threads: u32,
     pub not_suspended: u32,
+    /// Threads parked inside the agent: they may hold its locks or their
+    /// buffer, so the world cannot be held through the finish.
+    pub inside: u32,
 }
 
 fn table() -> Option<&'static [Slot]> {
@@ -120,6 +149,7 @@ fn insert(slots: &[Slot], tid: u32) -> Option<(&Slot, usize)> {
         }
         if t == 0 {
             slots[i].sp.store(0, Ordering::Relaxed);
+            slots[i].inside.store(0, Ordering::Relaxed);
             slots[i].state.store(SIGNALLED, Ordering::Relaxed);
             slots[i].tid.store(tid, Ordering::Release);
             return Some((&slots[i], i));
@@ -140,12 +170,19 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc:
         let slots = unsafe { core::slice::from_raw_parts(p, SLOTS) };
         if let Some(slot) = lookup(slots, sys::gettid()) {
             if slot.state.load(Ordering::Acquire) == SIGNALLED {
+                let inside = inside_agent();
+                if inside && INSIST_OUTSIDE.load(Ordering::Acquire) {
+                    slot.state.store(INSIDE, Ordering::Release);
+                    sys::futex_wake(&slot.state, 1);
+                    // SAFETY: as above.
+                    unsafe { *libc::__errno_location() = saved_errno };
+                    return;
+                }
+                slot.inside.store(u32::from(inside), Ordering::Relaxed);
                 slot.sp.store(sp, Ordering::Relaxed);
                 slot.state.store(PARKED, Ordering::Release);
                 sys::futex_wake(&slot.state, 1);
-                while RELEASE.load(Ordering::Acquire) == 0 {
-                    sys::futex_wait(&RELEASE, 0, None);
-                }
+                wait_for_release();
                 slot.state.store(LEFT, Ordering::Release);
                 sys::futex_wake(&slot.state, 1);
             }
@@ -153,6 +190,13 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc:
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = saved_errno };
+}
+
+/// Whether the interrupted code of this thread is inside a recorded call
+/// (or any other part of the agent that raised the guard), where it may
+/// hold the agent's locks or its own buffer.
+fn inside_agent() -> bool {
+    crate::thread::current_if_any().is_some_and(|t| !t.agent_thread && t.guard > 0)
 }
 
 /// Installs the park handler if the signal is free (default, ignored, or
@@ -240,7 +284,9 @@ fn now_ns() -> u64 {
 }
 
 /// Stops every thread but the caller and `skip` (the agent's own threads).
-pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
+/// With `insist_outside`, a thread is parked only outside the agent while
+/// it leaves it within `INSIST_NS` (see `World::inside`).
+pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
     let Scratch {
         mut dirents,
         mut tids,
@@ -258,6 +304,7 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
         _scratch: (Vec::new(), Vec::new()),
         threads: 1,
         not_suspended: 0,
+        inside: 0,
     };
     let usable = install();
     let Some(slots) = table() else {
@@ -275,9 +322,14 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
             s.state.store(EMPTY, Ordering::Relaxed);
         }
     }
-    RELEASE.store(0, Ordering::Release);
+    RELEASE.store(HOLD, Ordering::Release);
+    let insist = insist_outside && usable;
+    INSIST_OUTSIDE.store(insist, Ordering::Release);
+    let insist_until = now_ns() + INSIST_NS;
     let mut seen = 0usize;
-    for _round in 0..64 {
+    let mut round = 0;
+    loop {
+        round += 1;
         list_tasks(&mut dirents, &mut tids);
         let mut new = 0;
         for &tid in &tids {
@@ -307,7 +359,34 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
                 slot.state.store(GONE, Ordering::Release);
             }
         }
-        if new == 0 || !usable {
+        // Threads the signal found inside the agent: signal them again, a
+        // little later, when they have most likely left it; past the
+        // deadline they park where they are (a thread blocked inside the
+        // agent, as on a full queue, does not leave it soon).
+        let mut again = 0;
+        if insist {
+            if now_ns() >= insist_until {
+                INSIST_OUTSIDE.store(false, Ordering::Release);
+            }
+            for &i in &used {
+                let slot = &slots[i as usize];
+                if slot.state.load(Ordering::Acquire) != INSIDE {
+                    continue;
+                }
+                if again == 0 {
+                    sys::sleep_ns(20_000);
+                }
+                again += 1;
+                slot.state.store(SIGNALLED, Ordering::Release);
+                let tid = slot.tid.load(Ordering::Relaxed);
+                // SAFETY: tgkill on a thread of our own process.
+                let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, park_signal()) };
+                if r != 0 {
+                    slot.state.store(GONE, Ordering::Release);
+                }
+            }
+        }
+        if (new == 0 && again == 0) || !usable || (round >= 64 && again == 0) {
             break;
         }
         let deadline = now_ns() + PARK_DEADLINE_NS;
@@ -337,6 +416,7 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
             }
         }
     }
+    INSIST_OUTSIDE.store(false, Ordering::Release);
     let mut visit = |s: &Slot| {
         let tid = s.tid.load(Ordering::Acquire);
         if tid == 0 {
@@ -344,6 +424,7 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
         }
         match s.state.load(Ordering::Acquire) {
             PARKED => {
+                world.inside += s.inside.load(Ordering::Relaxed);
                 if parked.len() < parked.capacity() {
                     parked.push(Parked {
                         tid,
@@ -372,9 +453,77 @@ pub fn stop(scratch: Scratch, skip: &[u32]) -> World {
     world
 }
 
+/// Keeps the stopped threads stopped after the scan, through the finish of
+/// the trace, as the exit would natively have ended them by then. Whatever
+/// of the agent's the finish waits for must then not be held by a stopped
+/// thread: the world is held only when none parked inside the agent, and
+/// any wait for one of the agent's locks lets it go (`let_go_held`).
+pub fn hold() {
+    HELD.store(true, Ordering::Release);
+}
+
+/// Whether the world is held stopped now (`hold`).
+#[inline]
+pub fn held() -> bool {
+    HELD.load(Ordering::Relaxed)
+}
+
+/// Lets the held threads run again, without waiting: a thread that waits
+/// for one of the agent's locks (sys.rs) calls this, since the holder may
+/// be stopped. `resume` then finds the threads gone from their handlers.
+#[inline]
+pub fn let_go_if_held() {
+    if held() {
+        let_go_held();
+    }
+}
+
+#[cold]
+fn let_go_held() {
+    if HELD.swap(false, Ordering::AcqRel) {
+        RELEASE.store(GO, Ordering::Release);
+        sys::futex_wake(&RELEASE, i32::MAX);
+    }
+}
+
+/// In the park handler: waits until the stopper lets the thread go.
+fn wait_for_release() {
+    let mut until = 0;
+    loop {
+        match RELEASE.load(Ordering::Acquire) {
+            GO => return,
+            HOLD => sys::futex_wait(&RELEASE, HOLD, None),
+            _ => {
+                let now = now_ns();
+                if until == 0 {
+                    until = now + LINGER_NS;
+                }
+                if now >= until {
+                    return;
+                }
+                sys::futex_wait(&RELEASE, LINGER, Some(until - now));
+            }
+        }
+    }
+}
+
+/// The trace is written and the process is ending: the held threads stay
+/// parked until the exit ends them, as natively it would have ended them
+/// running, or at most `LINGER_NS` if the process goes on (what is left of
+/// the exit may wait for one of them). Does not wait for them.
+pub fn release_at_end() {
+    HELD.store(false, Ordering::Release);
+    // Their slots stay filled: a later stop (there is none in an ending
+    // process) clears the whole table first.
+    TABLE_DIRTY.store(true, Ordering::Release);
+    RELEASE.store(LINGER, Ordering::Release);
+    sys::futex_wake(&RELEASE, i32::MAX);
+}
+
 /// Lets the stopped threads go, and waits until each has left its handler.
 pub fn resume(world: &World) {
-    RELEASE.store(1, Ordering::Release);
+    HELD.store(false, Ordering::Release);
+    RELEASE.store(GO, Ordering::Release);
     sys::futex_wake(&RELEASE, i32::MAX);
     let Some(slots) = table() else { return };
     for p in &world.parked {
