@@ -91,6 +91,16 @@ fn put(start: u64, end: u64, caller: u64) {
     OVERFLOW.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Mappings that may be the allocator library's and were not kept (the
+/// table was full): the scan read them as roots. 0 for the C library's
+/// malloc, whose memory the scan knows without this table.
+pub fn not_kept() -> u64 {
+    if ALLOCATOR_HI.load(Ordering::Relaxed) == 0 {
+        return 0;
+    }
+    OVERFLOW.load(Ordering::Relaxed)
+}
+
 /// `[start, start + len)` was unmapped: kept ranges lose that part.
 pub fn note_unmap(start: u64, len: u64) {
     let end = start.saturating_add(len);

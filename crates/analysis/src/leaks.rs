@@ -917,6 +917,14 @@ fn scan_text(out: &mut String, p: &str, scan: &ScanReport) {
         )
         .unwrap();
     }
+    if scan.mappings_not_excluded > 0 {
+        writeln!(
+            out,
+            "{p}WARNING: {} mappings of the allocator or the agent read as roots (their tables were full): missed leaks possible",
+            thousands(scan.mappings_not_excluded)
+        )
+        .unwrap();
+    }
     writeln!(out, "{p}").unwrap();
 }
 

@@ -197,6 +197,7 @@ impl ScanCollector {
             root_bytes: st.root_bytes,
             blocks: st.blocks,
             bytes: st.bytes,
+            mappings_not_excluded: st.mappings_not_excluded,
         })
     }
 
@@ -286,6 +287,10 @@ pub struct ScanReport {
     pub blocks: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// Mappings of the allocator library's metadata or of the agent that
+    /// were read as roots because their tables were full: blocks they point
+    /// to counted as reachable, so leaks may have been missed.
+    pub mappings_not_excluded: u64,
 }
 
 /// A reachability scan that was due and did not run (`ScanSkipped`): its

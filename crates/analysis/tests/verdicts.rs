@@ -41,6 +41,7 @@ fn scan_end(scan: u32, blocks: u64, bytes: u64) -> Event {
             root_bytes: 65536,
             blocks,
             bytes,
+            mappings_not_excluded: 0,
         },
     }
 }

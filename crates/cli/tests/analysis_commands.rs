@@ -162,7 +162,7 @@ fn truncated_trace_still_reports_with_a_warning() {
 fn unusable_files_exit_1_naming_the_file() {
     let not = write("not.trace", b"definitely not a trace file");
     let mut newer = trace(true);
-    newer[8] = 9;
+    newer[8..10].copy_from_slice(&(trapline_trace::FORMAT_VERSION + 1).to_le_bytes());
     let newer = write("newer.trace", &newer);
     let empty = write("empty.trace", &trace(false)[..16]);
     let missing = std::env::temp_dir().join("trapline-no-such-file.trace");

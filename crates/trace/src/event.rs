@@ -708,6 +708,9 @@ pub(crate) mod tag {
     pub const SCAN_END: u8 = 37;
     /// Format version 8.
     pub const SCAN_SKIPPED: u8 = 38;
+    /// `ScanEnd` with `mappings_not_excluded` (format version 9; written
+    /// only when it is not 0).
+    pub const SCAN_END_WITH_MAPPINGS: u8 = 39;
     pub const FORK: u8 = 48;
     pub const END: u8 = 49;
     pub const RUN_TOTALS: u8 = 50;
@@ -1171,14 +1174,23 @@ impl<'a> Encoder<'a> {
                 self.u64(*indirect_bytes)
             }
             Event::ScanEnd { scan, stats } => {
-                self.byte(tag::SCAN_END)?;
+                let with_mappings = stats.mappings_not_excluded != 0;
+                self.byte(if with_mappings {
+                    tag::SCAN_END_WITH_MAPPINGS
+                } else {
+                    tag::SCAN_END
+                })?;
                 self.u64(u64::from(*scan))?;
                 self.u64(stats.pause_ns)?;
                 self.u64(u64::from(stats.threads))?;
                 self.u64(u64::from(stats.threads_not_suspended))?;
                 self.u64(stats.root_bytes)?;
                 self.u64(stats.blocks)?;
-                self.u64(stats.bytes)
+                self.u64(stats.bytes)?;
+                if with_mappings {
+                    self.u64(stats.mappings_not_excluded)?;
+                }
+                Ok(())
             }
             Event::ScanSkipped {
                 time,
@@ -1659,7 +1671,7 @@ impl<'a> Decoder<'a> {
                     indirect_bytes: self.u64()?,
                 }
             }
-            tag::SCAN_END => {
+            tag::SCAN_END | tag::SCAN_END_WITH_MAPPINGS => {
                 let scan = self.u32("scan number")?;
                 let stats = ScanStats {
                     pause_ns: self.u64()?,
@@ -1668,6 +1680,11 @@ impl<'a> Decoder<'a> {
                     root_bytes: self.u64()?,
                     blocks: self.u64()?,
                     bytes: self.u64()?,
+                    mappings_not_excluded: if t == tag::SCAN_END_WITH_MAPPINGS {
+                        self.u64()?
+                    } else {
+                        0
+                    },
                 };
                 Event::ScanEnd { scan, stats }
             }

@@ -23,9 +23,10 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// `xallocx`, `sdallocx` and `dallocx`, and C23's `free_sized` and
 /// `free_aligned_sized`, as allocation functions 31-37; 7 the error kinds
 /// `MismatchedSize` and `MismatchedAlignment`, whose `Error` event ends with
-/// what the release gave, and `AllocFailed`, tag 20; older files are read
-/// unchanged).
-pub const FORMAT_VERSION: u16 = 8;
+/// what the release gave, and `AllocFailed`, tag 20; 8 `ScanSkipped`, tag
+/// 38; 9 `ScanEnd` with the mappings the scan could not leave out of its
+/// roots, tag 39; older files are read unchanged).
+pub const FORMAT_VERSION: u16 = 9;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

@@ -87,6 +87,11 @@ pub struct ScanStats {
     pub blocks: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// Mappings of the allocator library's metadata or of the agent's own
+    /// memory that the scan could not leave out of its roots (their tables
+    /// were full): the blocks they point to counted as reachable, so leaks
+    /// may have been missed (format version 9; 0 before).
+    pub mappings_not_excluded: u64,
 }
 
 /// Why a reachability scan did not run (`ScanSkipped`, format version 8).

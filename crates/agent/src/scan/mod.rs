@@ -616,11 +616,19 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         root_bytes,
         blocks: index.len() as u64,
         bytes,
+        mappings_not_excluded: crate::allocator_maps::not_kept()
+            + crate::heap::UNREGISTERED.load(Ordering::Relaxed),
     };
     if world.not_suspended > 0 {
         sys::warn(&format!(
             "reachability scan: {} threads not suspended: false leaks possible",
             world.not_suspended
+        ));
+    }
+    if stats.mappings_not_excluded > 0 {
+        sys::warn(&format!(
+            "reachability scan: {} mappings of the allocator or the agent read as roots (their tables were full): missed leaks possible",
+            stats.mappings_not_excluded
         ));
     }
     Ok(Outcome {

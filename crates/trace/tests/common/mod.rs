@@ -386,6 +386,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
                 root_bytes: 1 << 20,
                 blocks: 2,
                 bytes: 16,
+                mappings_not_excluded: 0,
             },
         },
         Event::ScanBegin {
@@ -402,6 +403,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
                 root_bytes: u64::MAX,
                 blocks: u64::MAX,
                 bytes: u64::MAX,
+                mappings_not_excluded: u64::MAX,
             },
         },
         Event::ScanSkipped {
