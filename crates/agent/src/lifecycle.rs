@@ -305,6 +305,7 @@ pub fn init() {
     crate::hooks::threads::resolve();
     crate::hooks::sigmask::resolve();
     crate::hooks::fds::resolve();
+    crate::hooks::eintr::resolve();
     crate::profile::init();
     crate::hooks::signals::install();
     modules::refresh();

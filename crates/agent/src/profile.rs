@@ -373,6 +373,9 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ucontext: *mut l
         crate::hooks::signals::on_fatal_signal(sig, info, ucontext);
         return;
     }
+    // A sleep or wait this signal cut short is retried by its hook (eintr.rs).
+    // SAFETY: the kernel's context for this signal.
+    unsafe { crate::arch::note_agent_eintr(ucontext) };
     if ACTIVE.load(Ordering::Relaxed) && !FINISHED.load(Ordering::Relaxed) {
         // A signal stands for the periods since the previous one, but only
         // those near it are fairly charged to where it lands: when the kernel

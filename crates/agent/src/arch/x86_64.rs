@@ -416,6 +416,67 @@ pub fn set_thread_slot(value: *mut u8) {
     }
 }
 
+// A second initial-exec word: how many times one of the agent's own signals
+// (the scan's park signal, the profiler's) made a system call of this
+// thread fail with EINTR (hooks/eintr.rs retries such calls).
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl trapline_agent_eintr",
+    ".hidden trapline_agent_eintr",
+    ".type trapline_agent_eintr, @object",
+    ".size trapline_agent_eintr, 8",
+    "trapline_agent_eintr:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// This thread's count of system calls an agent signal made fail with EINTR.
+#[inline(always)]
+pub fn agent_eintr_count() -> u64 {
+    let v: u64;
+    // SAFETY: reads this thread's own TLS word, as `thread_slot`.
+    unsafe {
+        core::arch::asm!(
+            "mov {v}, qword ptr [rip + trapline_agent_eintr@GOTTPOFF]",
+            "mov {v}, qword ptr fs:[{v}]",
+            v = out(reg) v,
+            options(nostack, preserves_flags, readonly),
+        );
+    }
+    v
+}
+
+/// In a handler of one of the agent's signals: counts the interruption if
+/// it made the system call the thread was in fail with EINTR (the kernel
+/// then put -EINTR in the saved rax; a call it restarts has its number
+/// there again, with rip moved back onto the `syscall` instruction).
+///
+/// # Safety
+/// `ucontext` must be the context pointer the kernel passed to the handler.
+#[inline(always)]
+pub unsafe fn note_agent_eintr(ucontext: *const libc::c_void) {
+    if ucontext.is_null() {
+        return;
+    }
+    // SAFETY: the caller passes the kernel's ucontext_t for this signal.
+    let rax = unsafe { (*(ucontext as *const libc::ucontext_t)).uc_mcontext.gregs }
+        [libc::REG_RAX as usize];
+    if rax != -(libc::EINTR as i64) {
+        return;
+    }
+    // SAFETY: this thread's own TLS word; the interrupted code (a hook
+    // waiting in the system call) does not touch it meanwhile.
+    unsafe {
+        core::arch::asm!(
+            "mov {t}, qword ptr [rip + trapline_agent_eintr@GOTTPOFF]",
+            "add qword ptr fs:[{t}], 1",
+            t = out(reg) _,
+            options(nostack),
+        );
+    }
+}
+
 /// Zeroes caller-saved registers the agent's code leaves copies of program
 /// addresses in (the event buffer's last address, table entries copied
 /// through vector registers): a conservative scan would take such a stale

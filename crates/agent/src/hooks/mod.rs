@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod cxx;
+pub mod eintr;
 pub mod exit;
 pub mod fds;
 pub mod maps;

@@ -23,6 +23,33 @@ fn real(slot: &AtomicUsize, name: &core::ffi::CStr) -> MaskFn {
     unsafe { core::mem::transmute::<usize, MaskFn>(f) }
 }
 
+/// A copy of `set` without the agent's signals, if it has any of them (a
+/// mask a call would block them with, or a set of signals to wait for).
+///
+/// # Safety
+/// `set` is null or points to a valid sigset_t.
+pub unsafe fn agent_signals_removed(set: *const libc::sigset_t) -> Option<libc::sigset_t> {
+    if set.is_null() {
+        return None;
+    }
+    let signals = [
+        crate::profile::protected_signal(),
+        crate::scan::park_signal_in_use(),
+    ];
+    // SAFETY: `set` is a valid sigset_t (the caller's contract).
+    let has = |sig: c_int| sig != 0 && unsafe { libc::sigismember(set, sig) } == 1;
+    if !signals.iter().any(|&sig| has(sig)) {
+        return None;
+    }
+    // SAFETY: as above; the copy is ours.
+    let mut copy = unsafe { *set };
+    for sig in signals.into_iter().filter(|&sig| sig != 0) {
+        // SAFETY: a valid set and signal number.
+        unsafe { libc::sigdelset(&mut copy, sig) };
+    }
+    Some(copy)
+}
+
 /// Calls `real` with `set` minus the agent's signals when it would block them.
 ///
 /// # Safety
@@ -33,23 +60,12 @@ unsafe fn without_agent_signals(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> c_int {
-    let sampling = crate::profile::protected_signal();
-    let park = crate::scan::park_signal_in_use();
     // SAFETY: `set` is null or a valid sigset_t (the caller's contract).
-    let blocks = |sig: c_int| sig != 0 && unsafe { libc::sigismember(set, sig) } == 1;
-    if set.is_null() || how == libc::SIG_UNBLOCK || !(blocks(sampling) || blocks(park)) {
+    match unsafe { agent_signals_removed(set) }.filter(|_| how != libc::SIG_UNBLOCK) {
+        // SAFETY: the caller's arguments, the set without the agent's signals.
+        Some(copy) => unsafe { real(how, &copy, old) },
         // SAFETY: pass-through.
-        return unsafe { real(how, set, old) };
-    }
-    // SAFETY: copying the caller's set into one we own, then passing it on.
-    unsafe {
-        let mut copy = *set;
-        for sig in [sampling, park] {
-            if sig != 0 {
-                libc::sigdelset(&mut copy, sig);
-            }
-        }
-        real(how, &copy, old)
+        None => unsafe { real(how, set, old) },
     }
 }
 

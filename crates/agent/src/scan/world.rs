@@ -158,9 +158,12 @@ fn insert(slots: &[Slot], tid: u32) -> Option<(&Slot, usize)> {
     }
 }
 
-extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: errno is thread-local; saved and restored around the handler.
     let saved_errno = unsafe { *libc::__errno_location() };
+    // A sleep or wait this signal cut short is retried by its hook (eintr.rs).
+    // SAFETY: the kernel's context for this signal.
+    unsafe { crate::arch::note_agent_eintr(ctx) };
     // Interrupted on the agent's side stack: the thread's own stack is live
     // from where the agent left it.
     let sp = crate::thread::own_stack_sp(crate::arch::stack_pointer());
