@@ -111,8 +111,16 @@ fn agents(error: c_int, before: u64) -> bool {
 #[derive(Clone, Copy)]
 struct Deadline(u64);
 
+/// The monotonic clock through the vDSO: no shared state (the trace clock
+/// publishes its readings), for busy pollers that call with short timeouts.
 fn now_ns() -> u64 {
-    crate::clock::precise_now()
+    let mut t = timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 impl Deadline {
@@ -121,7 +129,11 @@ impl Deadline {
     }
 
     fn after_ms(ms: c_int) -> Option<Deadline> {
-        (ms >= 0).then(|| Deadline::after_ns(ms as u64 * 1_000_000))
+        match ms {
+            // A poll that does not wait has nothing left to wait for.
+            0 => Some(Deadline(0)),
+            _ => (ms > 0).then(|| Deadline::after_ns(ms as u64 * 1_000_000)),
+        }
     }
 
     /// # Safety
