@@ -388,7 +388,55 @@ impl ExitHold {
     }
 }
 
+/// A scan of an empty table: nothing to judge, so no roots to read. A
+/// process that frees everything (`/bin/true`, a clean C program) spent
+/// about 0.3 ms of its exit reading roots and marking for nothing: a
+/// third of what the agent added to a fork+exec of /bin/true.
+fn empty_scan(trigger: ScanTrigger, hold: &ExitHold) -> Option<Outcome> {
+    let start = crate::clock::precise_now();
+    // Under every shard lock, so that no block arrives while it is decided.
+    let mut guards: Vec<_> = live::shards().iter().map(|s| s.locked()).collect();
+    if guards.iter_mut().any(|g| g.len() != 0) {
+        return None;
+    }
+    let threads = hold.world.as_ref().map_or_else(
+        || {
+            let mut dirents = vec![0u8; 4096];
+            let mut n = 0;
+            crate::tasks::each(&mut dirents, |_| {
+                n += 1;
+                true
+            });
+            n
+        },
+        |w| w.threads,
+    );
+    let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
+    let time = crate::clock::precise_now();
+    drop(guards);
+    Some(Outcome {
+        scan,
+        time,
+        trigger,
+        blocks: Vec::new(),
+        verdicts: Vec::new(),
+        indirect: Vec::new(),
+        stats: ScanStats {
+            pause_ns: crate::clock::precise_now().saturating_sub(start),
+            threads: threads.max(1),
+            threads_not_suspended: 0,
+            root_bytes: 0,
+            blocks: 0,
+            bytes: 0,
+            mappings_not_excluded: 0,
+        },
+    })
+}
+
 fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skipped> {
+    if let Some(empty) = empty_scan(trigger, hold) {
+        return Ok(empty);
+    }
     let skipped = |why| Skipped {
         time: crate::clock::precise_now(),
         trigger,
