@@ -160,6 +160,12 @@ fn clean_c_reports_nothing() {
     );
     assert_eq!(records(&report).len(), 0, "{}", pretty(&report));
     assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+    // An empty heap at exit: the scan judged nothing and read no roots
+    // (design.md 15.1, step 0; it read about 100 KB before).
+    let scan = &report["scan"];
+    assert_eq!(scan["trigger"], json!("exit"), "{}", pretty(&report));
+    assert_eq!(as_u64(scan, "blocks"), 0);
+    assert_eq!(as_u64(scan, "root_bytes"), 0, "{}", pretty(scan));
 }
 
 /// threads64.c: 64 threads, 640,000 malloc/free pairs, and 1 + 2 + ... + 64
