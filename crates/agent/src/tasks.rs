@@ -45,6 +45,16 @@ pub fn each(buf: &mut [u8], mut f: impl FnMut(u32) -> bool) {
     unsafe { libc::syscall(libc::SYS_close, fd) };
 }
 
+/// How many tasks the process has (`buf` as for `each`).
+pub fn count(buf: &mut [u8]) -> u32 {
+    let mut n = 0;
+    each(buf, |_| {
+        n += 1;
+        true
+    });
+    n
+}
+
 /// Whether task `tid` of this process has ended: it is a zombie (a main
 /// thread that left through pthread_exit stays listed as one until the
 /// whole process ends), it is being reaped, or it is no longer listed.

@@ -111,17 +111,9 @@ fn agents(error: c_int, before: u64) -> bool {
 #[derive(Clone, Copy)]
 struct Deadline(u64);
 
-/// The monotonic clock through the vDSO: no shared state (the trace clock
-/// publishes its readings), for busy pollers that call with short timeouts.
-fn now_ns() -> u64 {
-    let mut t = timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
+/// The monotonic clock itself: no shared state (the trace clock publishes
+/// its readings), for busy pollers that call with short timeouts.
+use crate::clock::monotonic_ns as now_ns;
 
 impl Deadline {
     fn after_ns(ns: u64) -> Deadline {
@@ -182,27 +174,27 @@ impl Mask {
     }
 }
 
-/// Calls `call` (which returns -1 and sets errno on failure) again while it
-/// fails with EINTR from the agent's signals.
-fn retried(mut call: impl FnMut() -> c_int) -> c_int {
+/// Calls `call` again while the error `error_of` reads from its result is
+/// EINTR from the agent's signals.
+fn retried_while(mut call: impl FnMut() -> c_int, error_of: impl Fn(c_int) -> c_int) -> c_int {
     loop {
         let before = crate::arch::agent_eintr_count();
         let r = call();
-        if r != -1 || !agents(errno(), before) {
+        if !agents(error_of(r), before) {
             return r;
         }
     }
 }
 
+/// Calls `call` (which returns -1 and sets errno on failure) again while it
+/// fails with EINTR from the agent's signals.
+fn retried(call: impl FnMut() -> c_int) -> c_int {
+    retried_while(call, |r| if r == -1 { errno() } else { 0 })
+}
+
 /// `retried` for calls that return the error number instead.
-fn retried_returning_error(mut call: impl FnMut() -> c_int) -> c_int {
-    loop {
-        let before = crate::arch::agent_eintr_count();
-        let r = call();
-        if !agents(r, before) {
-            return r;
-        }
-    }
+fn retried_returning_error(call: impl FnMut() -> c_int) -> c_int {
+    retried_while(call, |r| r)
 }
 
 /// `retried` for a call with a relative timeout in milliseconds (negative:

@@ -399,18 +399,10 @@ fn empty_scan(trigger: ScanTrigger, hold: &ExitHold) -> Option<Outcome> {
     if guards.iter_mut().any(|g| g.len() != 0) {
         return None;
     }
-    let threads = hold.world.as_ref().map_or_else(
-        || {
-            let mut dirents = vec![0u8; 4096];
-            let mut n = 0;
-            crate::tasks::each(&mut dirents, |_| {
-                n += 1;
-                true
-            });
-            n
-        },
-        |w| w.threads,
-    );
+    let threads = hold
+        .world
+        .as_ref()
+        .map_or_else(|| crate::tasks::count(&mut vec![0u8; 4096]), |w| w.threads);
     let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
     let time = crate::clock::precise_now();
     drop(guards);

@@ -260,11 +260,7 @@ impl Scratch {
         // Counted with getdents64 into the agent's own memory: std's
         // read_dir is opendir, whose 32 KiB buffer came from the program's
         // malloc heap.
-        let mut threads = 0;
-        crate::tasks::each(&mut dirents, |_| {
-            threads += 1;
-            true
-        });
+        let threads = crate::tasks::count(&mut dirents) as usize;
         let cap = (2 * threads + 256).min(MAX_THREADS);
         Scratch {
             dirents,
@@ -284,6 +280,16 @@ impl Scratch {
 
 fn now_ns() -> u64 {
     crate::clock::precise_now()
+}
+
+/// Sends the park signal to `tid`, whose slot is `slot`; a thread already
+/// gone is marked so.
+fn signal(slot: &Slot, pid: u32, tid: u32) {
+    // SAFETY: tgkill on a thread of our own process.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, park_signal()) };
+    if r != 0 {
+        slot.state.store(GONE, Ordering::Release);
+    }
 }
 
 /// Stops every thread but the caller and `skip` (the agent's own threads).
@@ -353,13 +359,8 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
             }
             seen += 1;
             new += 1;
-            if !usable {
-                continue;
-            }
-            // SAFETY: tgkill on a thread of our own process.
-            let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, park_signal()) };
-            if r != 0 {
-                slot.state.store(GONE, Ordering::Release);
+            if usable {
+                signal(slot, pid, tid);
             }
         }
         // Threads the signal found inside the agent: signal them again, a
@@ -381,12 +382,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
                 }
                 again += 1;
                 slot.state.store(SIGNALLED, Ordering::Release);
-                let tid = slot.tid.load(Ordering::Relaxed);
-                // SAFETY: tgkill on a thread of our own process.
-                let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, park_signal()) };
-                if r != 0 {
-                    slot.state.store(GONE, Ordering::Release);
-                }
+                signal(slot, pid, slot.tid.load(Ordering::Relaxed));
             }
         }
         if (new == 0 && again == 0) || !usable || (round >= 64 && again == 0) {
