@@ -15,6 +15,10 @@
 #               no stack captured (feature `layer-no-stacks`)
 #   no-release  the real agent, `--no-release-stacks`: allocation stacks only
 #   full        the real agent, as `trapline run` runs by default
+#   offcore-sim (only when named in VARIANTS) an agent whose thread copies
+#               the new part of a changed stack instead of unwinding it
+#               (feature `offcore-sim`; its stacks are wrong): the bound on
+#               what unwinding on the writer's core could give (design.md 14)
 # cc1: prints each variant's median and minimum wall time and their ratios to
 # native. On a shared VM whose speed drifts from run to run, the minimum
 # is the steadier of the two (noise only ever adds time).
@@ -27,6 +31,7 @@
 #   SQLITE_C=FILE        cc1: the file to compile (default: the registry's sqlite3.c)
 #   MICRO_N=5000000      micro: malloc+free pairs per run
 #   NO_BUILD=1           use the agents already built in bench/work/layers
+#   VARIANTS="native forward no-stacks no-release full"   which to run, in order
 #
 # cc1: about 2.5 minutes per round; micro: about 3 seconds per round.
 set -euo pipefail
@@ -43,6 +48,7 @@ case $WORKLOAD in
     *) echo "bench/layers.sh: WORKLOAD must be cc1 or micro, not '$WORKLOAD'" >&2; exit 2 ;;
 esac
 MICRO_N=${MICRO_N:-5000000}
+VARIANTS=${VARIANTS:-native forward no-stacks no-release full}
 
 log() { printf '[bench layers] %s\n' "$*" >&2; }
 
@@ -65,7 +71,9 @@ if [[ -z ${NO_BUILD:-} ]]; then
     (cd "$ROOT" && cargo build --release -q >&2)
     cp "$ROOT/target/release/trapline" "$WORK/trapline"
     cp "$ROOT/target/release/libtrapline_agent.so" "$WORK/full.so"
-    for feature in layer-forward layer-no-stacks; do
+    features=(layer-forward layer-no-stacks)
+    [[ " $VARIANTS " == *" offcore-sim "* ]] && features+=(offcore-sim)
+    for feature in "${features[@]}"; do
         (cd "$ROOT" && CARGO_TARGET_DIR=$WORK/target-$feature \
             cargo build --release -q -p trapline-agent --features "$feature" >&2)
         cp "$WORK/target-$feature/release/libtrapline_agent.so" "$WORK/$feature.so"
@@ -86,6 +94,8 @@ run_variant() {
         no-stacks) TRAPLINE_AGENT=$WORK/layer-no-stacks.so "${tl[@]}" -- "${cmd[@]}" ;;
         no-release) TRAPLINE_AGENT=$WORK/full.so "${tl[@]}" --no-release-stacks -- "${cmd[@]}" ;;
         full) TRAPLINE_AGENT=$WORK/full.so "${tl[@]}" -- "${cmd[@]}" ;;
+        offcore-sim) TRAPLINE_AGENT=$WORK/offcore-sim.so "${tl[@]}" -- "${cmd[@]}" ;;
+        *) log "unknown variant $1"; return 2 ;;
     esac
 }
 
@@ -94,7 +104,7 @@ run_variant() {
 measure_rounds() {
     local variant start out
     for round in $(seq "$ROUNDS"); do
-        for variant in native forward no-stacks no-release full; do
+        for variant in $VARIANTS; do
             if [[ $WORKLOAD == cc1 ]]; then
                 start=$EPOCHREALTIME
                 run_variant "$variant" >/dev/null 2>&1 || log "$variant exited with $?"
