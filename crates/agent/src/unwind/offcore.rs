@@ -23,6 +23,11 @@
 //! trace buffers they would fill (the same stream of stores into lines not
 //! in the cache). The ring is written without synchronisation: these
 //! features measure single-threaded programs only.
+//!
+//! What they found (design.md 14): a copy is nearly always enough, but it
+//! costs the thread about a third of the walk it replaces, and a prototype
+//! of the other side (the branch `experiment/offcore-writer`) made cc1 no
+//! faster than the agent.
 
 use super::{frames_at_or_above, Bounds, StackCapture};
 use crate::arch::StartRegs;
@@ -61,6 +66,9 @@ fn copy(start: StartRegs, len: usize, c: usize) {
         let dst = BUF.0.get().cast::<u8>().add(at);
         core::ptr::copy_nonoverlapping(header.as_ptr().cast::<u8>(), dst, COPY_HEADER);
         core::ptr::copy_nonoverlapping(start.sp as *const u8, dst.add(COPY_HEADER), len);
+        // Nothing reads the ring: without this the compiler drops the
+        // stores, and with them the cost being measured.
+        core::hint::black_box(dst);
     }
     AT.store((at + COPY_HEADER + len) as u64, Ordering::Relaxed);
 }
@@ -92,7 +100,9 @@ impl StackCapture {
     ) -> Option<super::Captured> {
         const SIM_LIMIT: u64 = 1024;
         let c = self.copy_join(self.prev_n, start, bounds);
-        if c == 0 || self.prev_id == 0 {
+        // A remembered stack cut at its outer end is walked again when it
+        // gets shallower (capture_changed): the thread's business.
+        if c == 0 || self.prev_id == 0 || self.prev_truncated {
             return None;
         }
         let bytes = self.prev[c - 1].sp - start.sp;
