@@ -39,6 +39,11 @@ mod writer;
 pub(crate) static AGENT_HEAP: heap::AgentHeap = heap::AgentHeap::new();
 
 extern "C" fn constructor() {
+    // Not in the crate's unit-test binary: that would record the test
+    // harness itself, into a trace file left in the source tree.
+    if cfg!(test) {
+        return;
+    }
     lifecycle::init();
 }
 

@@ -27,9 +27,9 @@
 //! the park signal as its own, and one that blocks every signal while it
 //! waits could not be stopped.
 //!
-//! Calls inside the C library that do not go through its exported symbols
-//! are not seen, nor raw system calls; System V IPC waits (msgrcv, semop)
-//! and sockets with a receive timeout are not trapped.
+//! Sockets with a timeout and System V IPC waits are in `ipc.rs`. Calls
+//! inside the C library that do not go through its exported symbols are
+//! not seen, nor raw system calls, nor a timed `connect`.
 
 use crate::sys::cached_next_symbol as next;
 use core::ffi::{c_int, c_uint};
@@ -79,6 +79,7 @@ pub fn resolve() {
     ] {
         next(slot, name);
     }
+    ipc::resolve();
 }
 
 /// The C library's function of `name` as an `F`, if it has one.
@@ -90,6 +91,8 @@ macro_rules! real {
         (f != 0).then(|| unsafe { core::mem::transmute::<usize, $ty>(f) })
     }};
 }
+
+mod ipc;
 
 fn errno() -> c_int {
     // SAFETY: errno is this thread's.
@@ -176,7 +179,7 @@ impl Mask {
 
 /// Calls `call` again while the error `error_of` reads from its result is
 /// EINTR from the agent's signals.
-fn retried_while(mut call: impl FnMut() -> c_int, error_of: impl Fn(c_int) -> c_int) -> c_int {
+fn retried_while<T: Copy>(mut call: impl FnMut() -> T, error_of: impl Fn(T) -> c_int) -> T {
     loop {
         let before = crate::arch::agent_eintr_count();
         let r = call();

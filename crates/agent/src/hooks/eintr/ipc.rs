@@ -1,0 +1,391 @@
+//! Sockets with a timeout, and System V IPC waits: the rest of signal(7)'s
+//! list of calls that fail with EINTR after any handler, SA_RESTART or not.
+//!
+//! A socket call blocks without a timeout unless `SO_RCVTIMEO` (receiving,
+//! accepting) or `SO_SNDTIMEO` (sending) is set; without one the kernel
+//! restarts it after the agent's handlers (SA_RESTART), so only timed
+//! sockets reach the slow path here. The socket call has no timeout
+//! argument to shorten, and calling it again would start the socket's whole
+//! timeout anew (under periodic scans a call would then never time out).
+//! So after the agent's interruption the hook waits for the socket with
+//! `poll`, until the socket's timeout counted from the interruption, and
+//! calls again once it is ready; if the wait runs out, the call fails with
+//! EAGAIN, as the kernel's timeout would. The call can thus last up to
+//! twice its timeout (the time before the interruption, then a whole
+//! timeout), never longer, however often it is interrupted.
+//!
+//! `connect` is left out: after a timed connect was interrupted, `poll`
+//! reports an unconnected local socket ready at once, and the kernel's
+//! answer to a repeated connect depends on the protocol.
+//!
+//! System V IPC: `semop`, `msgrcv` and `msgsnd` have no timeout and are
+//! called again; `semtimedop` again with what is left of its timeout.
+
+use super::{
+    agents, errno, next, retried, retried_timespec, retried_while, set_errno, Deadline, REAL_POLL,
+};
+use core::ffi::c_int;
+use core::sync::atomic::AtomicUsize;
+use libc::{msghdr, size_t, sockaddr, socklen_t, ssize_t, timespec};
+
+static REAL_RECV: AtomicUsize = AtomicUsize::new(0);
+static REAL_RECVFROM: AtomicUsize = AtomicUsize::new(0);
+static REAL_RECVMSG: AtomicUsize = AtomicUsize::new(0);
+static REAL_SEND: AtomicUsize = AtomicUsize::new(0);
+static REAL_SENDTO: AtomicUsize = AtomicUsize::new(0);
+static REAL_SENDMSG: AtomicUsize = AtomicUsize::new(0);
+static REAL_ACCEPT: AtomicUsize = AtomicUsize::new(0);
+static REAL_ACCEPT4: AtomicUsize = AtomicUsize::new(0);
+static REAL_SEMOP: AtomicUsize = AtomicUsize::new(0);
+static REAL_SEMTIMEDOP: AtomicUsize = AtomicUsize::new(0);
+static REAL_MSGRCV: AtomicUsize = AtomicUsize::new(0);
+static REAL_MSGSND: AtomicUsize = AtomicUsize::new(0);
+
+/// Resolves the real functions (from the constructor, while dlsym is safe).
+pub fn resolve() {
+    for (slot, name) in [
+        (&REAL_RECV, c"recv"),
+        (&REAL_RECVFROM, c"recvfrom"),
+        (&REAL_RECVMSG, c"recvmsg"),
+        (&REAL_SEND, c"send"),
+        (&REAL_SENDTO, c"sendto"),
+        (&REAL_SENDMSG, c"sendmsg"),
+        (&REAL_ACCEPT, c"accept"),
+        (&REAL_ACCEPT4, c"accept4"),
+        (&REAL_SEMOP, c"semop"),
+        (&REAL_SEMTIMEDOP, c"semtimedop"),
+        (&REAL_MSGRCV, c"msgrcv"),
+        (&REAL_MSGSND, c"msgsnd"),
+    ] {
+        next(slot, name);
+    }
+}
+
+/// Which way a socket call goes: the timeout it obeys, and what `poll`
+/// waits for.
+#[derive(Clone, Copy)]
+enum Way {
+    /// recv, recvfrom, recvmsg, accept, accept4: `SO_RCVTIMEO`, readable.
+    In,
+    /// send, sendto, sendmsg: `SO_SNDTIMEO`, writable.
+    Out,
+}
+
+/// The socket's timeout for `way` in nanoseconds; None if it has none (or
+/// `fd` is no socket).
+fn socket_timeout(fd: c_int, way: Way) -> Option<u64> {
+    let option = match way {
+        Way::In => libc::SO_RCVTIMEO,
+        Way::Out => libc::SO_SNDTIMEO,
+    };
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut len = core::mem::size_of::<libc::timeval>() as socklen_t;
+    // SAFETY: reading a socket option into a local of its size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            (&mut tv as *mut libc::timeval).cast(),
+            &mut len,
+        )
+    };
+    let ns = (tv.tv_sec.max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(tv.tv_usec.max(0) as u64 * 1000);
+    (r == 0 && ns > 0).then_some(ns)
+}
+
+/// Waits until `fd` is ready for `way` or `deadline` passes (false), the
+/// agent's own interruptions retried. An error of poll counts as ready:
+/// the call that follows reports it.
+fn ready_by(fd: c_int, way: Way, deadline: Deadline) -> bool {
+    type F = unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
+    let events = match way {
+        Way::In => libc::POLLIN,
+        Way::Out => libc::POLLOUT,
+    };
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let poll = next(&REAL_POLL, c"poll");
+    let r = retried(|| {
+        let left = deadline.left_ms();
+        if left == 0 {
+            return 0;
+        }
+        match poll {
+            // SAFETY: one valid pollfd.
+            0 => unsafe { libc::syscall(libc::SYS_poll, &mut pfd, 1, left) as c_int },
+            // SAFETY: the C library's poll, with its signature, on one valid pollfd.
+            f => unsafe { core::mem::transmute::<usize, F>(f)(&mut pfd, 1, left) },
+        }
+    });
+    r != 0
+}
+
+/// A socket call (`call` returns -1 and sets errno on failure) that the
+/// agent's signals must not cut short. The common case is one call and a
+/// compare.
+#[inline(always)]
+fn socket_call(fd: c_int, way: Way, mut call: impl FnMut() -> ssize_t) -> ssize_t {
+    let before = crate::arch::agent_eintr_count();
+    let r = call();
+    if r != -1 || !agents(errno(), before) {
+        return r;
+    }
+    interrupted_socket_call(fd, way, &mut call)
+}
+
+/// `socket_call` after the agent's interruption.
+#[cold]
+#[inline(never)]
+fn interrupted_socket_call(fd: c_int, way: Way, call: &mut dyn FnMut() -> ssize_t) -> ssize_t {
+    let Some(timeout) = socket_timeout(fd, way) else {
+        // No timeout (set since the call began, or a kernel that does not
+        // restart): the call again, as SA_RESTART would have.
+        return retried_ssize(call);
+    };
+    let deadline = Deadline::after_ns(timeout);
+    loop {
+        if !ready_by(fd, way, deadline) {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let before = crate::arch::agent_eintr_count();
+        let r = call();
+        if r != -1 || !agents(errno(), before) {
+            return r;
+        }
+    }
+}
+
+/// `retried` for calls that return a size.
+fn retried_ssize(call: &mut dyn FnMut() -> ssize_t) -> ssize_t {
+    retried_while(call, |r| if r == -1 { errno() } else { 0 })
+}
+
+/// # Safety
+/// recv's contract.
+#[no_mangle]
+pub unsafe extern "C" fn recv(
+    fd: c_int,
+    buf: *mut libc::c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *mut libc::c_void, size_t, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_RECV, c"recv", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, 0, 0) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::In, || unsafe { f(fd, buf, n, flags) })
+}
+
+/// # Safety
+/// recvfrom's contract.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut libc::c_void,
+    n: size_t,
+    flags: c_int,
+    from: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(
+        c_int,
+        *mut libc::c_void,
+        size_t,
+        c_int,
+        *mut sockaddr,
+        *mut socklen_t,
+    ) -> ssize_t;
+    let Some(f) = real!(REAL_RECVFROM, c"recvfrom", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe {
+            libc::syscall(libc::SYS_recvfrom, fd, buf, n, flags, from, len) as ssize_t
+        };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::In, || unsafe { f(fd, buf, n, flags, from, len) })
+}
+
+/// # Safety
+/// recvmsg's contract.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_RECVMSG, c"recvmsg", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::In, || unsafe { f(fd, msg, flags) })
+}
+
+/// # Safety
+/// send's contract.
+#[no_mangle]
+pub unsafe extern "C" fn send(
+    fd: c_int,
+    buf: *const libc::c_void,
+    n: size_t,
+    flags: c_int,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *const libc::c_void, size_t, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_SEND, c"send", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, 0, 0) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::Out, || unsafe { f(fd, buf, n, flags) })
+}
+
+/// # Safety
+/// sendto's contract.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const libc::c_void,
+    n: size_t,
+    flags: c_int,
+    to: *const sockaddr,
+    len: socklen_t,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(
+        c_int,
+        *const libc::c_void,
+        size_t,
+        c_int,
+        *const sockaddr,
+        socklen_t,
+    ) -> ssize_t;
+    let Some(f) = real!(REAL_SENDTO, c"sendto", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_sendto, fd, buf, n, flags, to, len) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::Out, || unsafe { f(fd, buf, n, flags, to, len) })
+}
+
+/// # Safety
+/// sendmsg's contract.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *const msghdr, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_SENDMSG, c"sendmsg", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::Out, || unsafe { f(fd, msg, flags) })
+}
+
+/// # Safety
+/// accept's contract.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    type F = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+    let Some(f) = real!(REAL_ACCEPT, c"accept", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_accept, fd, addr, len) as c_int };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::In, || unsafe { f(fd, addr, len) as ssize_t }) as c_int
+}
+
+/// # Safety
+/// accept4's contract.
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    type F = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
+    let Some(f) = real!(REAL_ACCEPT4, c"accept4", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_accept4, fd, addr, len, flags) as c_int };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::In, || unsafe {
+        f(fd, addr, len, flags) as ssize_t
+    }) as c_int
+}
+
+/// # Safety
+/// semop's contract.
+#[no_mangle]
+pub unsafe extern "C" fn semop(id: c_int, ops: *mut libc::sembuf, n: size_t) -> c_int {
+    type F = unsafe extern "C" fn(c_int, *mut libc::sembuf, size_t) -> c_int;
+    let Some(f) = real!(REAL_SEMOP, c"semop", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_semop, id, ops, n) as c_int };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    retried(|| unsafe { f(id, ops, n) })
+}
+
+/// # Safety
+/// semtimedop's contract.
+#[no_mangle]
+pub unsafe extern "C" fn semtimedop(
+    id: c_int,
+    ops: *mut libc::sembuf,
+    n: size_t,
+    timeout: *const timespec,
+) -> c_int {
+    type F = unsafe extern "C" fn(c_int, *mut libc::sembuf, size_t, *const timespec) -> c_int;
+    let Some(f) = real!(REAL_SEMTIMEDOP, c"semtimedop", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_semtimedop, id, ops, n, timeout) as c_int };
+    };
+    // SAFETY: forwarding the caller's arguments; the timeout is the
+    // caller's, then what is left of it.
+    unsafe { retried_timespec(timeout, |t| f(id, ops, n, t)) }
+}
+
+/// # Safety
+/// msgrcv's contract.
+#[no_mangle]
+pub unsafe extern "C" fn msgrcv(
+    id: c_int,
+    msg: *mut libc::c_void,
+    size: size_t,
+    kind: libc::c_long,
+    flags: c_int,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *mut libc::c_void, size_t, libc::c_long, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_MSGRCV, c"msgrcv", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_msgrcv, id, msg, size, kind, flags) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    retried_ssize(&mut || unsafe { f(id, msg, size, kind, flags) })
+}
+
+/// # Safety
+/// msgsnd's contract.
+#[no_mangle]
+pub unsafe extern "C" fn msgsnd(
+    id: c_int,
+    msg: *const libc::c_void,
+    size: size_t,
+    flags: c_int,
+) -> c_int {
+    type F = unsafe extern "C" fn(c_int, *const libc::c_void, size_t, c_int) -> c_int;
+    let Some(f) = real!(REAL_MSGSND, c"msgsnd", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_msgsnd, id, msg, size, flags) as c_int };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    retried(|| unsafe { f(id, msg, size, flags) })
+}
