@@ -29,7 +29,7 @@
 //!
 //! Sockets with a timeout and System V IPC waits are in `ipc.rs`. Calls
 //! inside the C library that do not go through its exported symbols are
-//! not seen, nor raw system calls, nor a timed `connect`.
+//! not seen, nor raw system calls.
 
 use crate::sys::cached_next_symbol as next;
 use core::ffi::{c_int, c_uint};

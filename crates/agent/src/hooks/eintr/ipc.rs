@@ -14,9 +14,17 @@
 //! twice its timeout (the time before the interruption, then a whole
 //! timeout), never longer, however often it is interrupted.
 //!
-//! `connect` is left out: after a timed connect was interrupted, `poll`
-//! reports an unconnected local socket ready at once, and the kernel's
-//! answer to a repeated connect depends on the protocol.
+//! `connect` cannot wait with `poll` (an unconnected local socket is
+//! reported ready at once), so after the agent's interruption a timed
+//! connect is called again until the socket's timeout has passed from the
+//! interruption, and then fails as the kernel's timeout would: EAGAIN for a
+//! local socket, EINPROGRESS otherwise. Linux makes a repeated connect on a
+//! TCP socket whose handshake is under way wait for that handshake (and
+//! answer 0, or its error), and a local connect that was waiting for room
+//! in the listener's queue had not begun; a repeated TCP connect that times
+//! out answers EALREADY, which the hook turns back into the EINPROGRESS of
+//! the program's one call. Each call blocks for at most the timeout, so
+//! the whole lasts at most three times it.
 //!
 //! System V IPC: `semop`, `msgrcv` and `msgsnd` have no timeout and are
 //! called again; `semtimedop` again with what is left of its timeout.
@@ -36,6 +44,7 @@ static REAL_SENDTO: AtomicUsize = AtomicUsize::new(0);
 static REAL_SENDMSG: AtomicUsize = AtomicUsize::new(0);
 static REAL_ACCEPT: AtomicUsize = AtomicUsize::new(0);
 static REAL_ACCEPT4: AtomicUsize = AtomicUsize::new(0);
+static REAL_CONNECT: AtomicUsize = AtomicUsize::new(0);
 static REAL_SEMOP: AtomicUsize = AtomicUsize::new(0);
 static REAL_SEMTIMEDOP: AtomicUsize = AtomicUsize::new(0);
 static REAL_MSGRCV: AtomicUsize = AtomicUsize::new(0);
@@ -52,6 +61,7 @@ pub fn resolve() {
         (&REAL_SENDMSG, c"sendmsg"),
         (&REAL_ACCEPT, c"accept"),
         (&REAL_ACCEPT4, c"accept4"),
+        (&REAL_CONNECT, c"connect"),
         (&REAL_SEMOP, c"semop"),
         (&REAL_SEMTIMEDOP, c"semtimedop"),
         (&REAL_MSGRCV, c"msgrcv"),
@@ -319,6 +329,72 @@ pub unsafe extern "C" fn accept4(
     socket_call(fd, Way::In, || unsafe {
         f(fd, addr, len, flags) as ssize_t
     }) as c_int
+}
+
+/// # Safety
+/// connect's contract.
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    type F = unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int;
+    let Some(f) = real!(REAL_CONNECT, c"connect", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_connect, fd, addr, len) as c_int };
+    };
+    let before = crate::arch::agent_eintr_count();
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { f(fd, addr, len) };
+    if r != -1 || !agents(errno(), before) {
+        return r;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    interrupted_connect(fd, &mut || unsafe { f(fd, addr, len) })
+}
+
+/// `connect` after the agent's interruption (see the module's comment).
+#[cold]
+#[inline(never)]
+fn interrupted_connect(fd: c_int, call: &mut dyn FnMut() -> c_int) -> c_int {
+    let Some(timeout) = socket_timeout(fd, Way::Out) else {
+        return retried(call);
+    };
+    let deadline = Deadline::after_ns(timeout);
+    let timed_out = if socket_family(fd) == Some(libc::AF_UNIX) {
+        libc::EAGAIN
+    } else {
+        libc::EINPROGRESS
+    };
+    loop {
+        if deadline.left_ns() == 0 {
+            set_errno(timed_out);
+            return -1;
+        }
+        let before = crate::arch::agent_eintr_count();
+        let r = call();
+        if r == -1 && errno() == libc::EALREADY {
+            // A repeated TCP connect whose wait ran out.
+            set_errno(timed_out);
+            return -1;
+        }
+        if r != -1 || !agents(errno(), before) {
+            return r;
+        }
+    }
+}
+
+/// The address family of socket `fd`.
+fn socket_family(fd: c_int) -> Option<c_int> {
+    // SAFETY: sockaddr_storage is plain data, valid zeroed.
+    let mut addr: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    let mut len = core::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: writing at most `len` bytes into a local of that size.
+    let r = unsafe {
+        libc::getsockname(
+            fd,
+            (&mut addr as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(c_int::from(addr.ss_family))
 }
 
 /// # Safety
