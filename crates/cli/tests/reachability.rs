@@ -688,7 +688,7 @@ fn sparse_mappings_are_read_where_they_hold_data() {
     assert!(root_bytes < 64 << 20, "{root_bytes} root bytes");
 }
 
-/// interrupted_waits.c under periodic scans: eighteen sleeps, waits and
+/// interrupted_waits.c under periodic scans: twenty sleeps, waits and
 /// socket calls that natively end by their timeouts still do, and two
 /// System V waits end when another thread releases them, although each
 /// scan's park signal interrupts every one of them; the thread waiting for
@@ -696,9 +696,9 @@ fn sparse_mappings_are_read_where_they_hold_data() {
 /// program's own SIGUSR1 interrupts still fails with EINTR. With the agent
 /// of 43e268f each of the first twelve failed with EINTR or ended early,
 /// and sigtimedwait returned the park signal; with that of 37a1fd9 the
-/// socket calls (with SO_RCVTIMEO or SO_SNDTIMEO; connect to a local and
-/// a TCP listener whose queue is full), semtimedop, semop and msgrcv failed
-/// with EINTR.
+/// socket calls (with SO_RCVTIMEO or SO_SNDTIMEO, read and write on such
+/// sockets, connect to a local and a TCP listener whose queue is full),
+/// semtimedop, semop and msgrcv failed with EINTR.
 #[test]
 fn waits_interrupted_by_the_scans_are_resumed() {
     let dir = TestDir::new("interrupted_waits");
@@ -726,7 +726,15 @@ fn waits_interrupted_by_the_scans_are_resumed() {
     .iter()
     .map(|name| format!("{name}: timed out\n"))
     .chain(["semop", "msgrcv"].map(|name| format!("{name}: released\n")))
-    .chain(["connect (local)", "connect (TCP)"].map(|name| format!("{name}: timed out\n")))
+    .chain(
+        [
+            "connect (local)",
+            "connect (TCP)",
+            "read (socket)",
+            "write (socket)",
+        ]
+        .map(|name| format!("{name}: timed out\n")),
+    )
     .chain(["ppoll: interrupted by SIGUSR1\n".to_string()])
     .collect();
     assert_eq!(run.stdout, expected, "{}", run.describe());

@@ -2,7 +2,9 @@
 //! list of calls that fail with EINTR after any handler, SA_RESTART or not.
 //!
 //! A socket call blocks without a timeout unless `SO_RCVTIMEO` (receiving,
-//! accepting) or `SO_SNDTIMEO` (sending) is set; without one the kernel
+//! accepting) or `SO_SNDTIMEO` (sending) is set; `read`, `readv`, `write`
+//! and `writev` on a socket are socket calls too (for other descriptors
+//! the kernel restarts them, and the hook only checks a count); without one the kernel
 //! restarts it after the agent's handlers (SA_RESTART), so only timed
 //! sockets reach the slow path here. The socket call has no timeout
 //! argument to shorten, and calling it again would start the socket's whole
@@ -36,6 +38,10 @@ use core::ffi::c_int;
 use core::sync::atomic::AtomicUsize;
 use libc::{msghdr, size_t, sockaddr, socklen_t, ssize_t, timespec};
 
+static REAL_READ: AtomicUsize = AtomicUsize::new(0);
+static REAL_READV: AtomicUsize = AtomicUsize::new(0);
+static REAL_WRITE: AtomicUsize = AtomicUsize::new(0);
+static REAL_WRITEV: AtomicUsize = AtomicUsize::new(0);
 static REAL_RECV: AtomicUsize = AtomicUsize::new(0);
 static REAL_RECVFROM: AtomicUsize = AtomicUsize::new(0);
 static REAL_RECVMSG: AtomicUsize = AtomicUsize::new(0);
@@ -53,6 +59,10 @@ static REAL_MSGSND: AtomicUsize = AtomicUsize::new(0);
 /// Resolves the real functions (from the constructor, while dlsym is safe).
 pub fn resolve() {
     for (slot, name) in [
+        (&REAL_READ, c"read"),
+        (&REAL_READV, c"readv"),
+        (&REAL_WRITE, c"write"),
+        (&REAL_WRITEV, c"writev"),
         (&REAL_RECV, c"recv"),
         (&REAL_RECVFROM, c"recvfrom"),
         (&REAL_RECVMSG, c"recvmsg"),
@@ -178,6 +188,58 @@ fn interrupted_socket_call(fd: c_int, way: Way, call: &mut dyn FnMut() -> ssize_
 /// `retried` for calls that return a size.
 fn retried_ssize(call: &mut dyn FnMut() -> ssize_t) -> ssize_t {
     retried_while(call, |r| if r == -1 { errno() } else { 0 })
+}
+
+/// # Safety
+/// read's contract.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut libc::c_void, n: size_t) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *mut libc::c_void, size_t) -> ssize_t;
+    let Some(f) = real!(REAL_READ, c"read", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_read, fd, buf, n) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::In, || unsafe { f(fd, buf, n) })
+}
+
+/// # Safety
+/// readv's contract.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_READV, c"readv", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_readv, fd, iov, n) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::In, || unsafe { f(fd, iov, n) })
+}
+
+/// # Safety
+/// write's contract.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const libc::c_void, n: size_t) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *const libc::c_void, size_t) -> ssize_t;
+    let Some(f) = real!(REAL_WRITE, c"write", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_write, fd, buf, n) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::Out, || unsafe { f(fd, buf, n) })
+}
+
+/// # Safety
+/// writev's contract.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_WRITEV, c"writev", F) else {
+        // SAFETY: the system call with the caller's arguments.
+        return unsafe { libc::syscall(libc::SYS_writev, fd, iov, n) as ssize_t };
+    };
+    // SAFETY: forwarding the caller's arguments.
+    socket_call(fd, Way::Out, || unsafe { f(fd, iov, n) })
 }
 
 /// # Safety
