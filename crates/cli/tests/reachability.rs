@@ -688,6 +688,48 @@ fn sparse_mappings_are_read_where_they_hold_data() {
     assert!(root_bytes < 64 << 20, "{root_bytes} root bytes");
 }
 
+/// fortified_waits.c, built as Debian builds its packages
+/// (`-D_FORTIFY_SOURCE=2`), under periodic scans: its read, recv, recvfrom,
+/// poll and ppoll reach the C library as `__read_chk` and the like, which
+/// do not pass through the hooks of the plain functions; each still ends by
+/// its timeout. With the agent of 68b2352 all five failed with EINTR.
+#[test]
+fn fortified_waits_interrupted_by_the_scans_are_resumed() {
+    let dir = TestDir::new("fortified_waits");
+    let prog = compile_c_with(
+        &dir,
+        "fortified_waits.c",
+        "fortified_waits",
+        &["-O2", "-D_FORTIFY_SOURCE=2", "-pthread"],
+    );
+    // The program does call the checking variants (else this tests nothing).
+    let symbols = std::process::Command::new("nm")
+        .arg("-D")
+        .arg(&prog)
+        .output()
+        .expect("nm");
+    let symbols = String::from_utf8_lossy(&symbols.stdout);
+    for name in [
+        "__read_chk",
+        "__recv_chk",
+        "__recvfrom_chk",
+        "__poll_chk",
+        "__ppoll_chk",
+    ] {
+        assert!(symbols.contains(name), "{name} not called:\n{symbols}");
+    }
+    let run = run(&dir, &["--scan-every", "0.05"], &prog, &["1"]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let expected: String = ["read", "recv", "recvfrom", "poll", "ppoll"]
+        .iter()
+        .map(|name| format!("{name}: timed out\n"))
+        .collect();
+    assert_eq!(run.stdout, expected, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    let scans = as_u64(&report["scan"], "snapshots");
+    assert!(scans >= 3, "{scans} scans: {}", pretty(&report["scan"]));
+}
+
 /// interrupted_waits.c under periodic scans: twenty sleeps, waits and
 /// socket calls that natively end by their timeouts still do, and two
 /// System V waits end when another thread releases them, although each

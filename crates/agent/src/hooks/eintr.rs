@@ -42,6 +42,8 @@ static REAL_NANOSLEEP: AtomicUsize = AtomicUsize::new(0);
 static REAL_CLOCK_NANOSLEEP: AtomicUsize = AtomicUsize::new(0);
 static REAL_POLL: AtomicUsize = AtomicUsize::new(0);
 static REAL_PPOLL: AtomicUsize = AtomicUsize::new(0);
+static REAL_POLL_CHK: AtomicUsize = AtomicUsize::new(0);
+static REAL_PPOLL_CHK: AtomicUsize = AtomicUsize::new(0);
 static REAL_SELECT: AtomicUsize = AtomicUsize::new(0);
 static REAL_PSELECT: AtomicUsize = AtomicUsize::new(0);
 static REAL_EPOLL_WAIT: AtomicUsize = AtomicUsize::new(0);
@@ -63,6 +65,8 @@ pub fn resolve() {
         (&REAL_CLOCK_NANOSLEEP, c"clock_nanosleep"),
         (&REAL_POLL, c"poll"),
         (&REAL_PPOLL, c"ppoll"),
+        (&REAL_POLL_CHK, c"__poll_chk"),
+        (&REAL_PPOLL_CHK, c"__ppoll_chk"),
         (&REAL_SELECT, c"select"),
         (&REAL_PSELECT, c"pselect"),
         (&REAL_EPOLL_WAIT, c"epoll_wait"),
@@ -372,6 +376,58 @@ pub unsafe extern "C" fn ppoll(
     unsafe {
         let mask = Mask::of(mask);
         retried_timespec(tmo, |t| f(fds, n, t, mask.ptr()))
+    }
+}
+
+/// `poll` as a program built with `_FORTIFY_SOURCE` calls it (the size of
+/// `fds` checked first), which does not pass through `poll`.
+///
+/// # Safety
+/// poll's contract; `fds_len` is the size of the array at `fds`.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fds_len: libc::size_t,
+) -> c_int {
+    type F = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int, libc::size_t) -> c_int;
+    let Some(f) = real!(REAL_POLL_CHK, c"__poll_chk", F) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: the caller's arguments (its checked size included).
+    retried_ms(timeout, |t| unsafe { f(fds, n, t, fds_len) })
+}
+
+/// `ppoll` as a program built with `_FORTIFY_SOURCE` calls it.
+///
+/// # Safety
+/// ppoll's contract; `fds_len` is the size of the array at `fds`.
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    tmo: *const timespec,
+    mask: *const sigset_t,
+    fds_len: libc::size_t,
+) -> c_int {
+    type F = unsafe extern "C" fn(
+        *mut pollfd,
+        nfds_t,
+        *const timespec,
+        *const sigset_t,
+        libc::size_t,
+    ) -> c_int;
+    let Some(f) = real!(REAL_PPOLL_CHK, c"__ppoll_chk", F) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: the caller's pointers (ppoll's contract); the mask without the
+    // agent's signals.
+    unsafe {
+        let mask = Mask::of(mask);
+        retried_timespec(tmo, |t| f(fds, n, t, mask.ptr(), fds_len))
     }
 }
 

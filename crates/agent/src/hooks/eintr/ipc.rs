@@ -42,6 +42,9 @@ static REAL_READ: AtomicUsize = AtomicUsize::new(0);
 static REAL_READV: AtomicUsize = AtomicUsize::new(0);
 static REAL_WRITE: AtomicUsize = AtomicUsize::new(0);
 static REAL_WRITEV: AtomicUsize = AtomicUsize::new(0);
+static REAL_READ_CHK: AtomicUsize = AtomicUsize::new(0);
+static REAL_RECV_CHK: AtomicUsize = AtomicUsize::new(0);
+static REAL_RECVFROM_CHK: AtomicUsize = AtomicUsize::new(0);
 static REAL_RECV: AtomicUsize = AtomicUsize::new(0);
 static REAL_RECVFROM: AtomicUsize = AtomicUsize::new(0);
 static REAL_RECVMSG: AtomicUsize = AtomicUsize::new(0);
@@ -63,6 +66,9 @@ pub fn resolve() {
         (&REAL_READV, c"readv"),
         (&REAL_WRITE, c"write"),
         (&REAL_WRITEV, c"writev"),
+        (&REAL_READ_CHK, c"__read_chk"),
+        (&REAL_RECV_CHK, c"__recv_chk"),
+        (&REAL_RECVFROM_CHK, c"__recvfrom_chk"),
         (&REAL_RECV, c"recv"),
         (&REAL_RECVFROM, c"recvfrom"),
         (&REAL_RECVMSG, c"recvmsg"),
@@ -240,6 +246,78 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) ->
     };
     // SAFETY: forwarding the caller's arguments.
     socket_call(fd, Way::Out, || unsafe { f(fd, iov, n) })
+}
+
+/// `read` as a program built with `_FORTIFY_SOURCE` calls it (the size of
+/// the buffer checked first), which does not pass through `read`; likewise
+/// the two below.
+///
+/// # Safety
+/// read's contract; `buf_len` is the size of the buffer at `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut libc::c_void,
+    n: size_t,
+    buf_len: size_t,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *mut libc::c_void, size_t, size_t) -> ssize_t;
+    let Some(f) = real!(REAL_READ_CHK, c"__read_chk", F) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwarding the caller's arguments (its checked size included).
+    socket_call(fd, Way::In, || unsafe { f(fd, buf, n, buf_len) })
+}
+
+/// # Safety
+/// recv's contract; `buf_len` is the size of the buffer at `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut libc::c_void,
+    n: size_t,
+    buf_len: size_t,
+    flags: c_int,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(c_int, *mut libc::c_void, size_t, size_t, c_int) -> ssize_t;
+    let Some(f) = real!(REAL_RECV_CHK, c"__recv_chk", F) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwarding the caller's arguments (its checked size included).
+    socket_call(fd, Way::In, || unsafe { f(fd, buf, n, buf_len, flags) })
+}
+
+/// # Safety
+/// recvfrom's contract; `buf_len` is the size of the buffer at `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut libc::c_void,
+    n: size_t,
+    buf_len: size_t,
+    flags: c_int,
+    from: *mut sockaddr,
+    len: *mut socklen_t,
+) -> ssize_t {
+    type F = unsafe extern "C" fn(
+        c_int,
+        *mut libc::c_void,
+        size_t,
+        size_t,
+        c_int,
+        *mut sockaddr,
+        *mut socklen_t,
+    ) -> ssize_t;
+    let Some(f) = real!(REAL_RECVFROM_CHK, c"__recvfrom_chk", F) else {
+        set_errno(libc::ENOSYS);
+        return -1;
+    };
+    // SAFETY: forwarding the caller's arguments (its checked size included).
+    socket_call(fd, Way::In, || unsafe {
+        f(fd, buf, n, buf_len, flags, from, len)
+    })
 }
 
 /// # Safety
