@@ -181,13 +181,30 @@ impl Mask {
     }
 }
 
+/// One call of `call`: its result, or None when the error `error_of` reads
+/// from it is EINTR from the agent's signals.
+#[inline(always)]
+fn unless_agents<T: Copy>(mut call: impl FnMut() -> T, error_of: impl Fn(T) -> c_int) -> Option<T> {
+    let before = crate::arch::agent_eintr_count();
+    let r = call();
+    (!agents(error_of(r), before)).then_some(r)
+}
+
+/// The error of a call that returns -1 and sets errno on failure (0 if it
+/// did not fail).
+fn failure<T: PartialEq + From<i8>>(r: T) -> c_int {
+    if r == T::from(-1) {
+        errno()
+    } else {
+        0
+    }
+}
+
 /// Calls `call` again while the error `error_of` reads from its result is
 /// EINTR from the agent's signals.
 fn retried_while<T: Copy>(mut call: impl FnMut() -> T, error_of: impl Fn(T) -> c_int) -> T {
     loop {
-        let before = crate::arch::agent_eintr_count();
-        let r = call();
-        if !agents(error_of(r), before) {
+        if let Some(r) = unless_agents(&mut call, &error_of) {
             return r;
         }
     }
@@ -195,8 +212,8 @@ fn retried_while<T: Copy>(mut call: impl FnMut() -> T, error_of: impl Fn(T) -> c
 
 /// Calls `call` (which returns -1 and sets errno on failure) again while it
 /// fails with EINTR from the agent's signals.
-fn retried(call: impl FnMut() -> c_int) -> c_int {
-    retried_while(call, |r| if r == -1 { errno() } else { 0 })
+fn retried<T: Copy + PartialEq + From<i8>>(call: impl FnMut() -> T) -> T {
+    retried_while(call, failure)
 }
 
 /// `retried` for calls that return the error number instead.

@@ -31,9 +31,7 @@
 //! System V IPC: `semop`, `msgrcv` and `msgsnd` have no timeout and are
 //! called again; `semtimedop` again with what is left of its timeout.
 
-use super::{
-    agents, errno, next, retried, retried_timespec, retried_while, set_errno, Deadline, REAL_POLL,
-};
+use super::{errno, failure, next, retried, retried_timespec, set_errno, unless_agents, Deadline};
 use core::ffi::c_int;
 use core::sync::atomic::AtomicUsize;
 use libc::{msghdr, size_t, sockaddr, socklen_t, ssize_t, timespec};
@@ -125,11 +123,10 @@ fn socket_timeout(fd: c_int, way: Way) -> Option<u64> {
     (r == 0 && ns > 0).then_some(ns)
 }
 
-/// Waits until `fd` is ready for `way` or `deadline` passes (false), the
-/// agent's own interruptions retried. An error of poll counts as ready:
-/// the call that follows reports it.
+/// Waits until `fd` is ready for `way` or `deadline` passes (false),
+/// through the `poll` hook (which retries the agent's own interruptions).
+/// An error of poll counts as ready: the call that follows reports it.
 fn ready_by(fd: c_int, way: Way, deadline: Deadline) -> bool {
-    type F = unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
     let events = match way {
         Way::In => libc::POLLIN,
         Way::Out => libc::POLLOUT,
@@ -139,20 +136,9 @@ fn ready_by(fd: c_int, way: Way, deadline: Deadline) -> bool {
         events,
         revents: 0,
     };
-    let poll = next(&REAL_POLL, c"poll");
-    let r = retried(|| {
-        let left = deadline.left_ms();
-        if left == 0 {
-            return 0;
-        }
-        match poll {
-            // SAFETY: one valid pollfd.
-            0 => unsafe { libc::syscall(libc::SYS_poll, &mut pfd, 1, left) as c_int },
-            // SAFETY: the C library's poll, with its signature, on one valid pollfd.
-            f => unsafe { core::mem::transmute::<usize, F>(f)(&mut pfd, 1, left) },
-        }
-    });
-    r != 0
+    let left = deadline.left_ms();
+    // SAFETY: one valid pollfd.
+    left != 0 && unsafe { super::poll(&mut pfd, 1, left) } != 0
 }
 
 /// A socket call (`call` returns -1 and sets errno on failure) that the
@@ -160,12 +146,10 @@ fn ready_by(fd: c_int, way: Way, deadline: Deadline) -> bool {
 /// compare.
 #[inline(always)]
 fn socket_call(fd: c_int, way: Way, mut call: impl FnMut() -> ssize_t) -> ssize_t {
-    let before = crate::arch::agent_eintr_count();
-    let r = call();
-    if r != -1 || !agents(errno(), before) {
-        return r;
+    match unless_agents(&mut call, failure) {
+        Some(r) => r,
+        None => interrupted_socket_call(fd, way, &mut call),
     }
-    interrupted_socket_call(fd, way, &mut call)
 }
 
 /// `socket_call` after the agent's interruption.
@@ -175,7 +159,7 @@ fn interrupted_socket_call(fd: c_int, way: Way, call: &mut dyn FnMut() -> ssize_
     let Some(timeout) = socket_timeout(fd, way) else {
         // No timeout (set since the call began, or a kernel that does not
         // restart): the call again, as SA_RESTART would have.
-        return retried_ssize(call);
+        return retried(call);
     };
     let deadline = Deadline::after_ns(timeout);
     loop {
@@ -183,17 +167,10 @@ fn interrupted_socket_call(fd: c_int, way: Way, call: &mut dyn FnMut() -> ssize_
             set_errno(libc::EAGAIN);
             return -1;
         }
-        let before = crate::arch::agent_eintr_count();
-        let r = call();
-        if r != -1 || !agents(errno(), before) {
+        if let Some(r) = unless_agents(&mut *call, failure) {
             return r;
         }
     }
-}
-
-/// `retried` for calls that return a size.
-fn retried_ssize(call: &mut dyn FnMut() -> ssize_t) -> ssize_t {
-    retried_while(call, |r| if r == -1 { errno() } else { 0 })
 }
 
 /// # Safety
@@ -480,14 +457,12 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: the system call with the caller's arguments.
         return unsafe { libc::syscall(libc::SYS_connect, fd, addr, len) as c_int };
     };
-    let before = crate::arch::agent_eintr_count();
     // SAFETY: forwarding the caller's arguments.
-    let r = unsafe { f(fd, addr, len) };
-    if r != -1 || !agents(errno(), before) {
-        return r;
+    let mut call = || unsafe { f(fd, addr, len) };
+    match unless_agents(&mut call, failure) {
+        Some(r) => r,
+        None => interrupted_connect(fd, &mut call),
     }
-    // SAFETY: forwarding the caller's arguments.
-    interrupted_connect(fd, &mut || unsafe { f(fd, addr, len) })
 }
 
 /// `connect` after the agent's interruption (see the module's comment).
@@ -508,15 +483,14 @@ fn interrupted_connect(fd: c_int, call: &mut dyn FnMut() -> c_int) -> c_int {
             set_errno(timed_out);
             return -1;
         }
-        let before = crate::arch::agent_eintr_count();
-        let r = call();
-        if r == -1 && errno() == libc::EALREADY {
+        match unless_agents(&mut *call, failure) {
+            None => {}
             // A repeated TCP connect whose wait ran out.
-            set_errno(timed_out);
-            return -1;
-        }
-        if r != -1 || !agents(errno(), before) {
-            return r;
+            Some(-1) if errno() == libc::EALREADY => {
+                set_errno(timed_out);
+                return -1;
+            }
+            Some(r) => return r,
         }
     }
 }
@@ -585,7 +559,7 @@ pub unsafe extern "C" fn msgrcv(
         return unsafe { libc::syscall(libc::SYS_msgrcv, id, msg, size, kind, flags) as ssize_t };
     };
     // SAFETY: forwarding the caller's arguments.
-    retried_ssize(&mut || unsafe { f(id, msg, size, kind, flags) })
+    retried(|| unsafe { f(id, msg, size, kind, flags) })
 }
 
 /// # Safety
