@@ -1129,6 +1129,8 @@ fn an_exit_from_a_signal_handler_that_interrupted_the_agent_finishes() {
 /// which Rust's runtime sets and its `Command` resets, reached the program
 /// as SIG_DFL, and a server would die of a write to a closed socket. A
 /// signal blocked when trapline starts is blocked in the command too.
+/// Each shell is started through `default-exec`, from default dispositions:
+/// the test itself may run as a background job (SIGINT and SIGQUIT ignored).
 #[test]
 fn signals_ignored_when_trapline_starts_stay_ignored_in_the_command() {
     let dir = TestDir::new("dispositions");
@@ -1146,8 +1148,8 @@ fn signals_ignored_when_trapline_starts_stay_ignored_in_the_command() {
     ] {
         let native = output_of(
             {
-                let mut cmd = std::process::Command::new("/bin/sh");
-                cmd.arg("-c")
+                let mut cmd = std::process::Command::new(&prog);
+                cmd.args(["default-exec", "/bin/sh", "-c"])
                     .arg(format!("trap '' {ignored}; exec {p} block-exec {p}"));
                 cmd
             },
@@ -1157,8 +1159,8 @@ fn signals_ignored_when_trapline_starts_stay_ignored_in_the_command() {
         assert_eq!(native.stdout, format!("{expected}USR1 blocked\n"));
         let traced = output_of(
             {
-                let mut cmd = std::process::Command::new("/bin/sh");
-                cmd.arg("-c").arg(format!(
+                let mut cmd = std::process::Command::new(&prog);
+                cmd.args(["default-exec", "/bin/sh", "-c"]).arg(format!(
                     "trap '' {ignored}; exec {p} block-exec {} run -q -o {} -- {p}",
                     trapline().display(),
                     dir.trace().display(),
