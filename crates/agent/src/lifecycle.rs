@@ -303,6 +303,7 @@ pub fn init() {
     crate::scan::init();
     crate::hooks::sync::init();
     crate::hooks::threads::resolve();
+    crate::hooks::context::resolve();
     crate::hooks::sigmask::resolve();
     crate::hooks::fds::resolve();
     crate::hooks::eintr::resolve();

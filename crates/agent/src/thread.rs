@@ -52,6 +52,10 @@ pub struct ThreadState {
     stack: Bounds,
     /// The thread's alternate signal stack (empty if none is enabled).
     altstack: Bounds,
+    /// Where the thread last left its own stack for another one through
+    /// `swapcontext` or `setcontext` (0 while it runs on it): the frames
+    /// below are dead, and the scan does not read them.
+    pub left_own_stack_at: u64,
     /// Frees of tracked blocks made while the guard was held (a signal handler
     /// interrupting the agent); applied when the outer hook leaves.
     pub deferred: [u64; DEFERRED],
@@ -384,6 +388,7 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
         rules,
         stack: Bounds::range(0, 0),
         altstack: Bounds::range(0, 0),
+        left_own_stack_at: 0,
         deferred: [0; DEFERRED],
         deferred_n: 0,
         ensured: [(0, 0); 2],
@@ -567,6 +572,28 @@ impl ThreadState {
             thread_lo: self.stack.lo,
             thread_hi: self.stack.hi,
         }
+    }
+
+    /// The thread switches to another stack from stack pointer `sp`
+    /// (`hooks/context.rs`).
+    pub fn leaving_stack_at(&mut self, sp: u64) {
+        if self.on_own_stack(sp) {
+            self.left_own_stack_at = sp;
+        }
+    }
+
+    /// Where the thread's own stack is live from while the thread runs at
+    /// `sp` elsewhere: where it left it, or 0 when it runs on it (then it
+    /// came back, and nothing of it is left behind).
+    pub fn own_stack_left_at(&mut self, sp: u64) -> u64 {
+        if self.on_own_stack(sp) {
+            self.left_own_stack_at = 0;
+        }
+        self.left_own_stack_at
+    }
+
+    fn on_own_stack(&self, sp: u64) -> bool {
+        sp >= self.stack.lo && sp < self.stack.hi
     }
 
     /// Notes the thread's new alternate signal stack (the `sigaltstack` hook).

@@ -681,6 +681,56 @@ pub unsafe extern "C" fn exit() {
     )
 }
 
+/// `swapcontext` and `setcontext` (hooks/context.rs): passes the caller's
+/// stack pointer (its value once the call returns) to `$leaving`, which
+/// returns the real function, and jumps there with the caller's argument
+/// registers, callee-saved registers and return address as they were: the
+/// context the real function saves resumes in the program, not in the
+/// agent. The other caller-saved registers, which the call may clobber and
+/// the real function saves into the context, are zeroed: they would hold
+/// the agent's leftovers.
+macro_rules! stack_switch_trampoline {
+    ($name:ident, $leaving:path) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                // On entry rsp = 8 mod 16; three words keep the call aligned.
+                "push rdi",
+                ".cfi_adjust_cfa_offset 8",
+                "push rsi",
+                ".cfi_adjust_cfa_offset 8",
+                "sub rsp, 8",
+                ".cfi_adjust_cfa_offset 8",
+                "lea rdi, [rsp + 32]",
+                "call {leaving}",
+                "add rsp, 8",
+                ".cfi_adjust_cfa_offset -8",
+                "pop rsi",
+                ".cfi_adjust_cfa_offset -8",
+                "pop rdi",
+                ".cfi_adjust_cfa_offset -8",
+                "mov r11, rax",
+                "xor eax, eax",
+                "xor ecx, ecx",
+                "xor edx, edx",
+                "xor r8d, r8d",
+                "xor r9d, r9d",
+                "xor r10d, r10d",
+                "jmp r11",
+                ".cfi_endproc",
+                leaving = sym $leaving,
+            )
+        }
+    };
+}
+
+stack_switch_trampoline!(swapcontext, crate::hooks::context::swapcontext_leaving);
+stack_switch_trampoline!(setcontext, crate::hooks::context::setcontext_leaving);
+
 /// The callee-saved registers as they are now (inlined into the caller: at
 /// the top of a hook they still hold, or have saved on the hook's frame, its
 /// caller's values).

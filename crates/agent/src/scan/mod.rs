@@ -521,7 +521,8 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         Vec::with_capacity(2 * maps.len() + excluded.capacity() + max_threads + 16);
     let exit_sp = EXIT_SP.load(Ordering::Acquire);
     let exit_tid = EXIT_TID.load(Ordering::Acquire);
-    let mut stack_starts = Vec::with_capacity(max_threads + 1);
+    // Each thread's stack pointer, and where it left its own stack if it did.
+    let mut stack_starts = Vec::with_capacity(2 * (max_threads + 1));
 
     // 3. Stop the world, with nobody inside the agent heap: a thread
     // stopped while it holds the heap's lock (or its mapping registry's)
@@ -542,7 +543,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         None => {
             let scratch = scratch.unwrap_or_else(world::Scratch::new);
             // Room for what the stop may list, taken before anyone stops.
-            stack_starts.reserve(scratch.capacity() + 1);
+            stack_starts.reserve(2 * (scratch.capacity() + 1));
             root_ranges.reserve(scratch.capacity());
             stopped_here.insert(stop_outside_heap(scratch, &agent_tids, false))
         }
@@ -573,6 +574,21 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
             root_bytes += (8 * CALLEE_SAVED) as u64;
         }
     }
+    // Stacks that threads left for another (hooks/context.rs) are live from
+    // where they were left; no thread runs on them.
+    let running = stack_starts.len();
+    let own_left = (trigger == ScanTrigger::Exit).then(|| {
+        let sp = crate::thread::own_stack_sp(crate::arch::stack_pointer());
+        crate::thread::current_if_any().map_or(0, |t| t.own_stack_left_at(sp))
+    });
+    stack_starts.extend(
+        world
+            .parked
+            .iter()
+            .map(|p| p.left_sp)
+            .chain(own_left)
+            .filter(|&sp| sp != 0),
+    );
     let next_block = |lo, hi| index.first_block_in(lo, hi);
     let mut read_word = |a: u64| {
         // The arena probes look at every 64 MiB of anonymous memory.
@@ -596,7 +612,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     // A thread stopped on a stack that is a heap block (a coroutine's
     // malloc'd stack, an alternate signal stack from malloc): its live part,
     // from the stack pointer up, with the signal frame, is a root too.
-    for &sp in &stack_starts {
+    for &sp in &stack_starts[..running] {
         if let Some((i, _)) = index.find(sp) {
             let b = index.blocks[i];
             if root_ranges.len() < root_ranges.capacity() {

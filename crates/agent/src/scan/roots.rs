@@ -20,8 +20,10 @@
 //! thread's static TLS and descriptor lie above its stack). Everything below
 //! is dead. The scanning thread's own stack is read from where its live
 //! frames start: the caller of `exit`, or the entry stack of the process when
-//! `main` returned. A stack on which no stopped thread is (an alternate
-//! signal stack not in use, a swapcontext stack, a thread that could not be
+//! `main` returned. A thread's own stack that it left through `swapcontext`
+//! or `setcontext` is read from where it left it (`hooks/context.rs`). Any
+//! other stack on which no stopped thread is (an alternate signal stack not
+//! in use, a coroutine stack switched away from, a thread that could not be
 //! stopped) is read whole.
 
 use super::maps::{containing, Mapping, Special};
@@ -34,7 +36,8 @@ pub struct Plan<'a> {
     pub maps: &'a [Mapping],
     /// Sorted, possibly overlapping ranges never read.
     pub excluded: &'a [(u64, u64)],
-    /// Stack pointers: (address) of stopped threads and of the scanning thread.
+    /// Stack pointers of stopped threads and of the scanning thread, and
+    /// where threads left their own stacks for another.
     pub stack_starts: &'a [u64],
     /// The extent (chunk header included) of the first live block starting
     /// in `[lo, hi)`.

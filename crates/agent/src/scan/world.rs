@@ -43,6 +43,8 @@ struct Slot {
     tid: AtomicU32,
     state: AtomicU32,
     sp: AtomicU64,
+    /// Where the thread left its own stack (`ThreadState::left_own_stack_at`).
+    left_sp: AtomicU64,
     /// The thread parked inside the agent (a recorded call under way).
     inside: AtomicU32,
 }
@@ -85,6 +87,9 @@ pub fn park_signal() -> c_int {
 pub struct Parked {
     pub tid: u32,
     pub sp: u64,
+    /// Where it left its own stack for another, or 0: the own stack is live
+    /// from there.
+    pub left_sp: u64,
 }
 
 /// The stopped world.
@@ -149,6 +154,7 @@ fn insert(slots: &[Slot], tid: u32) -> Option<(&Slot, usize)> {
         }
         if t == 0 {
             slots[i].sp.store(0, Ordering::Relaxed);
+            slots[i].left_sp.store(0, Ordering::Relaxed);
             slots[i].inside.store(0, Ordering::Relaxed);
             slots[i].state.store(SIGNALLED, Ordering::Relaxed);
             slots[i].tid.store(tid, Ordering::Release);
@@ -183,6 +189,8 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
                 }
                 slot.inside.store(u32::from(inside), Ordering::Relaxed);
                 slot.sp.store(sp, Ordering::Relaxed);
+                let left = crate::thread::current_if_any().map_or(0, |t| t.own_stack_left_at(sp));
+                slot.left_sp.store(left, Ordering::Relaxed);
                 slot.state.store(PARKED, Ordering::Release);
                 sys::futex_wake(&slot.state, 1);
                 wait_for_release();
@@ -428,6 +436,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
                     parked.push(Parked {
                         tid,
                         sp: s.sp.load(Ordering::Relaxed),
+                        left_sp: s.left_sp.load(Ordering::Relaxed),
                     });
                 } else {
                     world.not_suspended += 1;
