@@ -15,6 +15,7 @@
 //!
 //! The caller then writes the verdicts (emit.rs).
 
+mod arena;
 mod blocks;
 mod emit;
 mod headroom;
@@ -242,6 +243,23 @@ fn loader_ranges() -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Writable segments of the C library (its data and bss).
+fn libc_data_ranges() -> Vec<(u64, u64)> {
+    crate::modules::all()
+        .into_iter()
+        .filter(|m| {
+            m.path
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .starts_with("libc.so")
+        })
+        .flat_map(|m| m.segments.into_iter())
+        .filter(|s| s.flags & trapline_trace::event::segment_flags::WRITE != 0)
+        .map(|s| (s.start, s.end))
+        .collect()
+}
+
 /// Ranges of the agent's own module (code, data, bss).
 fn agent_module_ranges() -> Vec<(u64, u64)> {
     let me = agent_module_ranges as *const () as u64;
@@ -456,6 +474,8 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     // The allocator library's own mappings (its metadata names every block
     // it handed out): malloc's memory, like glibc's arena heaps.
     crate::allocator_maps::allocator_ranges(&mut excluded);
+    // glibc's bookkeeping in its own data (arena.rs).
+    excluded.extend(arena::main_arena(&libc_data_ranges(), &mut reader));
     let agent_tids = other_agent_tids();
     for s in &AGENT_STACKS {
         let sp = s.load(Ordering::Acquire);
