@@ -588,6 +588,23 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     }
 }
 
+/// `__gnu_cxx::__freeres` wherever it is defined at exit: a program that
+/// links libstdc++ statically exports it itself (gcc's cc1 kept libstdc++'s
+/// 72,704-byte emergency pool "still reachable"), and a library loaded
+/// later may define it. Looked up with the guard raised, so that the
+/// message a failed lookup allocates is the agent's, not the program's.
+fn cxx_freeres_defined_now(ts: Option<&mut thread::ThreadState>) -> usize {
+    let Some(ts) = ts else {
+        return 0;
+    };
+    ts.guard += 1;
+    let f = sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv");
+    // SAFETY: dlerror only reads and frees this thread's error state.
+    unsafe { libc::dlerror() };
+    ts.guard -= 1;
+    f
+}
+
 /// `finish` on the side stack; `ts` is the calling thread's state (none in
 /// a fatal signal's handler on a thread that never had one).
 fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut thread::ThreadState>) {
@@ -598,10 +615,21 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     crate::profile::stop(signal);
     #[cfg(feature = "capture-timing")]
     crate::unwind::timing::report();
-    if ending == Ending::Exit && FREERES.load(Ordering::Relaxed) {
-        // Like memcheck: let the C and C++ runtimes free their own buffers so
-        // they are not blamed on the program. Their frees are recorded.
-        let cxx = CXX_FREERES.load(Ordering::Relaxed);
+    // Like memcheck: let the C and C++ runtimes free their own buffers so
+    // they are not blamed on the program. Their frees are recorded. Only
+    // in a process left with this one thread: freeres assumes it, and
+    // frees what running threads use (glibc's cache of thread stacks,
+    // which a detached thread ending meanwhile pushes onto: the exit
+    // crashed in 2-5% of runs of a program whose main returned while such
+    // threads started and ended). With others, their buffers stay.
+    if ending == Ending::Exit
+        && FREERES.load(Ordering::Relaxed)
+        && crate::scan::other_program_threads() == 0
+    {
+        let cxx = match CXX_FREERES.load(Ordering::Relaxed) {
+            0 => cxx_freeres_defined_now(ts.as_deref_mut()),
+            f => f,
+        };
         if cxx != 0 {
             // SAFETY: __gnu_cxx::__freeres() takes no arguments.
             let f: extern "C" fn() = unsafe { core::mem::transmute(cxx) };

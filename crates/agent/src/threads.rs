@@ -95,6 +95,8 @@ pub fn tid_of(thread: libc::pthread_t) -> Option<u32> {
 /// Fork child: the lock was taken by `lock` in the parent.
 pub fn reset_in_child() {
     TIDS.lock.reset();
+    // The threads other threads were starting are not in the child.
+    starting_args::clear();
 }
 
 /// Fork prepare: no thread may be inside the map while the process is copied.
@@ -105,4 +107,58 @@ pub fn lock() {
 /// Fork parent: undo `lock`.
 pub fn unlock() {
     TIDS.lock.unlock();
+}
+
+/// Arguments of threads being started, from the program's `pthread_create`
+/// until the new thread calls the start routine. The agent's wrapper keeps
+/// the argument in its own heap (`hooks/threads.rs`), which the scan does
+/// not read, where the C library would keep it in the new thread's
+/// descriptor, a root: a thread not yet started at exit had its argument
+/// called definitely lost. The scan reads this table as a root instead.
+pub mod starting_args {
+    use core::sync::atomic::{AtomicU64, Ordering};
+
+    /// Threads that may be starting at once; one more starts unheld (its
+    /// argument may then be judged lost while it starts).
+    const SLOTS: usize = 4096;
+    static HELD: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+
+    /// Holds `arg` for a thread being started; the slot to give to `release`.
+    pub fn hold(arg: u64, hint: u64) -> Option<usize> {
+        if arg == 0 {
+            return None;
+        }
+        (0..SLOTS)
+            .map(|k| (hint as usize).wrapping_add(k) % SLOTS)
+            .find(|&i| {
+                HELD[i]
+                    .compare_exchange(0, arg, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            })
+    }
+
+    /// The started thread holds its argument itself now.
+    pub fn release(slot: Option<usize>) {
+        if let Some(i) = slot {
+            HELD[i].store(0, Ordering::Release);
+        }
+    }
+
+    /// Forgets every argument (a fork child: only the forking thread is copied,
+    /// and it was not inside pthread_create).
+    pub fn clear() {
+        for slot in &HELD {
+            slot.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Calls `f` with every argument held.
+    pub fn for_each(mut f: impl FnMut(u64)) {
+        for slot in &HELD {
+            let arg = slot.load(Ordering::Acquire);
+            if arg != 0 {
+                f(arg);
+            }
+        }
+    }
 }

@@ -50,6 +50,8 @@ struct Start {
     parent_tid: u32,
     create_id: u64,
     provision: Provision,
+    /// Where `arg` is held as a root until `routine` has it.
+    held: Option<usize>,
 }
 
 extern "C" fn thread_main(p: *mut c_void) -> *mut c_void {
@@ -61,8 +63,11 @@ extern "C" fn thread_main(p: *mut c_void) -> *mut c_void {
         parent_tid,
         create_id,
         provision,
+        held,
     } = *start;
     threads::on_thread_begin(parent_tid, create_id, provision);
+    // From here `arg` is in this thread's registers and stack.
+    threads::starting_args::release(held);
     routine(arg)
 }
 
@@ -89,12 +94,14 @@ pub unsafe extern "C" fn pthread_create(
         return libc::EAGAIN;
     };
     let create_id = threads::on_create(regs);
+    let held = threads::starting_args::hold(arg as u64, create_id);
     let start = Box::into_raw(Box::new(Start {
         routine,
         arg,
         parent_tid: crate::sys::gettid(),
         create_id,
         provision,
+        held,
     }));
     // SAFETY: the caller's thread/attr, our wrapper and its argument.
     let rc = unsafe { real(thread, attr, thread_main, start.cast()) };
@@ -102,6 +109,7 @@ pub unsafe extern "C" fn pthread_create(
         // No thread took ownership of `start`.
         // SAFETY: `start` came from Box::into_raw above and was not handed over.
         let start = unsafe { Box::from_raw(start) };
+        threads::starting_args::release(start.held);
         start.provision.give_back();
     }
     rc

@@ -349,6 +349,28 @@ fn other_agent_tids() -> Vec<u32> {
         .collect()
 }
 
+/// How many of the program's threads other than the calling one are alive
+/// (the agent's own threads and ended ones not counted).
+pub fn other_program_threads() -> u32 {
+    // A writer thread still starting is among the tasks but not yet known
+    // as the agent's: it runs at once, so wait (bounded) until it is. One
+    // still starting after that counts as the program's, the safe side.
+    let deadline = crate::clock::precise_now() + 10_000_000;
+    while crate::writer::starting() && crate::clock::precise_now() < deadline {
+        std::thread::yield_now();
+    }
+    let me = sys::gettid();
+    let agents = other_agent_tids();
+    let mut n = 0;
+    crate::tasks::each(&mut vec![0u8; 4096], |tid| {
+        if tid != me && !agents.contains(&tid) && !crate::tasks::has_ended(tid) {
+            n += 1;
+        }
+        true
+    });
+    n
+}
+
 /// The program's other threads, kept stopped from the exit scan to the end
 /// of the trace, as natively the exit would have ended them by then: what
 /// they would do meanwhile (print, fault, allocate) does not happen. Held
@@ -654,6 +676,8 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         }
         marker.propagate(&mut reader);
     }
+    // Arguments the agent holds for threads being started (threads.rs).
+    crate::threads::starting_args::for_each(|arg| marker.word(arg, true));
     for &i in &loader_roots {
         marker.root_block(i as usize);
     }
