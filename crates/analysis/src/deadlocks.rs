@@ -11,7 +11,9 @@
 //! a joiner's segment after the join follows the joined thread's last one:
 //! a happens-before order between segments.
 //!
-//! After the pass, every simple cycle of the graph (up to [`MAX_CYCLE`] locks)
+//! After the pass, every simple cycle of the graph, of any length (a search
+//! bounded by [`MAX_CYCLES`] cycles, [`MAX_SEARCH_STEPS`] steps and
+//! [`MAX_CYCLE`] locks, whichever it meets first, and the report says which)
 //! is checked with the labels: it is a potential deadlock only if one edge
 //! per step can be chosen such that all come from different threads, their
 //! guard sets are pairwise disjoint (a common "gate" lock serializes them),
@@ -39,8 +41,9 @@ use crate::report::{
     ProcessReport, StackSymbolizer, TraceStatus,
 };
 
-/// Longest cycle searched for, in locks.
-pub const MAX_CYCLE: usize = 12;
+/// Longest cycle searched for, in locks: far beyond any real lock order
+/// (the search recurses once per lock of the path).
+pub const MAX_CYCLE: usize = 10_000;
 /// Most cycles reported (the search stops there and says so).
 pub const MAX_CYCLES: usize = 1000;
 
@@ -313,7 +316,7 @@ impl LockGraph {
     /// strongly connected component, so the search from each lock only
     /// enters locks of its component: locks always taken in one order (no
     /// cycle) cost nothing, however deeply they nest.
-    fn cycles(&self) -> (Vec<Vec<LockId>>, bool) {
+    fn cycles(&self) -> (Vec<Vec<LockId>>, Option<SearchCut>) {
         let component = self.components();
         let mut nodes: Vec<LockId> = self.succ.keys().copied().collect();
         nodes.sort();
@@ -322,13 +325,13 @@ impl LockGraph {
             component: &component,
             out: Vec::new(),
             steps: 0,
-            cut: false,
+            cut: None,
         };
         for &start in &nodes {
             let mut path = vec![start];
             let mut on_path = HashSet::from([start]);
             search.from(start, start, &mut path, &mut on_path);
-            if search.cut {
+            if matches!(search.cut, Some(SearchCut::Cycles | SearchCut::Steps)) {
                 break;
             }
         }
@@ -389,14 +392,42 @@ impl LockGraph {
 }
 
 /// Steps the cycle search may take before it stops (and says so).
-const MAX_SEARCH_STEPS: u64 = 10_000_000;
+pub const MAX_SEARCH_STEPS: u64 = 10_000_000;
+
+/// Which bound cut the cycle search short.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SearchCut {
+    /// [`MAX_CYCLES`] cycles found: the search stopped.
+    Cycles,
+    /// [`MAX_SEARCH_STEPS`] steps taken: the search stopped.
+    Steps,
+    /// A path reached [`MAX_CYCLE`] locks: longer cycles were not followed;
+    /// the search went on with the rest.
+    Length,
+}
+
+impl SearchCut {
+    fn warning(self) -> String {
+        match self {
+            SearchCut::Cycles => format!(
+                "the lock graph has too many cycles to list: the search stopped after {MAX_CYCLES} cycles, and only the cycles found were checked"
+            ),
+            SearchCut::Steps => format!(
+                "the lock graph is too large to search whole: the search stopped after {MAX_SEARCH_STEPS} steps, and only the cycles found were checked"
+            ),
+            SearchCut::Length => format!(
+                "cycles through more than {MAX_CYCLE} locks were not searched; every shorter cycle was"
+            ),
+        }
+    }
+}
 
 struct CycleSearch<'a> {
     graph: &'a LockGraph,
     component: &'a HashMap<LockId, usize>,
     out: Vec<Vec<LockId>>,
     steps: u64,
-    cut: bool,
+    cut: Option<SearchCut>,
 }
 
 impl CycleSearch<'_> {
@@ -415,21 +446,24 @@ impl CycleSearch<'_> {
         let home = self.component.get(&start);
         for n in next {
             self.steps += 1;
-            if self.cut || self.steps > MAX_SEARCH_STEPS {
-                self.cut = true;
+            if matches!(self.cut, Some(SearchCut::Cycles | SearchCut::Steps)) {
+                return;
+            }
+            if self.steps > MAX_SEARCH_STEPS {
+                self.cut = Some(SearchCut::Steps);
                 return;
             }
             if n == start && path.len() >= 2 {
                 if self.out.len() == MAX_CYCLES {
-                    self.cut = true;
+                    self.cut = Some(SearchCut::Cycles);
                     return;
                 }
                 self.out.push(path.clone());
-            } else if n > start
-                && self.component.get(&n) == home
-                && !on_path.contains(&n)
-                && path.len() < MAX_CYCLE
-            {
+            } else if n > start && self.component.get(&n) == home && !on_path.contains(&n) {
+                if path.len() >= MAX_CYCLE {
+                    self.cut.get_or_insert(SearchCut::Length);
+                    continue;
+                }
                 path.push(n);
                 on_path.insert(n);
                 self.from(start, n, path, on_path);
@@ -606,10 +640,8 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let mut sym = facts.symbolizer();
     let mut warnings = Vec::new();
     let (lock_cycles, cut) = graph.cycles();
-    if cut {
-        warnings.push(format!(
-            "the lock graph has too many cycles to list: the search stopped after {MAX_CYCLES} cycles or {MAX_SEARCH_STEPS} steps, and only the cycles found were checked"
-        ));
+    if let Some(cut) = cut {
+        warnings.push(cut.warning());
     }
     let mut cycles = Vec::new();
     let mut checker = Checker {

@@ -447,3 +447,31 @@ fn a_fork_child_unlocking_its_parents_atfork_lock_is_no_error() {
         assert_eq!(report["errors"], json!([]), "{}", pretty(&report));
     }
 }
+
+/// lock_ring.c: N threads in a ring, thread i taking L[i] then L[i+1]. A
+/// potential deadlock through all N locks and N threads. The cycle search
+/// stopped at 12 locks, and said nothing: a ring of 13 was not reported.
+#[test]
+fn rings_of_any_length_are_one_potential_deadlock() {
+    for n in [13usize, 40] {
+        let dir = TestDir::new(&format!("lock_ring_{n}"));
+        let prog = compile_c(&dir, "lock_ring.c");
+        let run = run(&dir, &[], &prog, &[&n.to_string()]);
+        assert_eq!(run.code(), 0, "{}", run.describe());
+        let addr = printed_addresses(&run.stdout);
+        let report = deadlocks(&dir.trace());
+        assert_eq!(report["warnings"], json!([]), "{n}: {}", pretty(&report));
+        let cycles = cycles(&report);
+        assert_eq!(cycles.len(), 1, "{n}: {}", pretty(&report));
+        let c = &cycles[0];
+        assert_eq!(c["kind"], json!("potential_deadlock"));
+        let names: Vec<String> = (0..n).map(|i| format!("L{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        assert_eq!(cycle_locks(c), sorted(&names, &addr));
+        let threads: std::collections::HashSet<_> = as_array(c, "edges")
+            .iter()
+            .map(|e| e["thread"].clone())
+            .collect();
+        assert_eq!(threads.len(), n, "{}", pretty(c));
+    }
+}
