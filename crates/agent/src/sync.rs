@@ -372,6 +372,19 @@ pub fn joined(joined: u32, regs: StartRegs) {
     });
 }
 
+/// pthread_join of thread `joined` (0 if not yet started) begins: the
+/// thread may wait for it (a deadlock through join shows at the end of a
+/// hung trace).
+pub fn join_waiting(joined: u32, regs: StartRegs) {
+    captured(regs, ThreadState::next_precise_time, |time, stack| {
+        LockEvent::JoinWait {
+            time,
+            joined,
+            stack,
+        }
+    });
+}
+
 /// pthread_detach of thread `detached`.
 pub fn detached(detached: u32) {
     recording(|ts| {

@@ -92,6 +92,20 @@ pub fn tid_of(thread: libc::pthread_t) -> Option<u32> {
     map.as_ref()?.get(&thread).copied()
 }
 
+/// The kernel tid of a thread that has not ended or been joined, from the
+/// C library: `pthread_getcpuclockid` encodes it in the thread's CPU clock
+/// id (`~tid << 3 | 6`, Linux's per-thread scheduler clock), read from the
+/// descriptor the C library filled before pthread_create returned. For a
+/// thread joined before it has run its first instruction (and registered).
+pub fn kernel_tid(thread: libc::pthread_t) -> Option<u32> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `thread` is the caller's live thread handle; `clock` is ours.
+    if unsafe { libc::pthread_getcpuclockid(thread, &mut clock) } != 0 || clock & 7 != 6 {
+        return None;
+    }
+    u32::try_from(!(clock >> 3)).ok().filter(|&t| t != 0)
+}
+
 /// Fork child: the lock was taken by `lock` in the parent.
 pub fn reset_in_child() {
     TIDS.lock.reset();

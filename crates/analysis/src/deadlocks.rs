@@ -16,7 +16,9 @@
 //! [`MAX_CYCLE`] locks, whichever it meets first, and the report says which)
 //! is checked with the labels: it is a potential deadlock only if one edge
 //! per step can be chosen such that all come from different threads, their
-//! guard sets are pairwise disjoint (a common "gate" lock serializes them),
+//! guard sets are pairwise disjoint (a common "gate" lock serializes them;
+//! a thread also holds what its creator held from before the create until
+//! it joined the thread, `InheritedGuards`),
 //! no edge's segment happens before another's, and no step is a read hold
 //! meeting a read request on an rwlock (glibc's rwlocks prefer readers, so
 //! read-read does not block). A cycle whose edges all come from one thread
@@ -35,7 +37,9 @@ use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
 
 use crate::index::{MergedEvents, TraceIndex};
-use crate::lockstate::{errors_text, mode_name, stack_text, Applied, LockError, LockId, LockState};
+use crate::lockstate::{
+    errors_text, mode_name, stack_text, Applied, Held, LockError, LockId, LockState,
+};
 use crate::report::{
     command_text, footer_text, prefix, serialize_hex, warnings_text, Facts, FrameReport,
     ProcessReport, StackSymbolizer, TraceStatus,
@@ -126,15 +130,20 @@ pub struct ActualDeadlock {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Waiter {
     pub thread: u32,
+    /// `lock` (a lock request) or `join` (pthread_join of `held_by`).
+    pub waits_in: &'static str,
+    /// The lock (0 for a join).
     #[serde(serialize_with = "serialize_hex")]
     pub waits_for: u64,
+    /// The lock's kind (`thread` for a join).
     pub lock_kind: &'static str,
+    /// The mode asked for (`join` for a join).
     pub mode: &'static str,
-    /// Where it asked for the lock.
+    /// Where it asked for the lock, or called pthread_join.
     pub requested_stack: Vec<FrameReport>,
-    /// The thread holding the lock.
+    /// The thread holding the lock, or the thread joined.
     pub held_by: u32,
-    /// Where the holder took it.
+    /// Where the holder took it (empty for a join).
     pub held_stack: Vec<FrameReport>,
 }
 
@@ -260,6 +269,87 @@ impl Segments {
         }
         self.reach.insert((a, b), found);
         found
+    }
+}
+
+/// Locks a thread instance holds through its creator for its whole life:
+/// the creator took them before the create and still held the same
+/// acquisitions when it joined the instance (and, transitively, what guarded
+/// the creator so). They serialize the instance's edges as its own holds
+/// would: a parent that holds a gate lock around creating and joining a
+/// child makes the child's lock orders as gated as its own.
+#[derive(Default)]
+struct InheritedGuards {
+    /// create id -> the creator's instance and its holds at the create.
+    at_create: HashMap<u64, (usize, Vec<Held>)>,
+    /// instance -> its create id.
+    created_by: HashMap<usize, u64>,
+    /// instance -> the joiner's instance and its holds at the join.
+    at_join: HashMap<usize, (usize, Vec<Held>)>,
+    /// instance -> its inherited guard set (after `resolve`).
+    guard: HashMap<usize, Vec<(LockId, LockMode)>>,
+}
+
+impl InheritedGuards {
+    /// Notes what an event tells: call after `Segments::apply` of the
+    /// event and before `LockState::apply`.
+    fn observe(&mut self, tid: u32, ev: &Event, segments: &mut Segments, state: &LockState) {
+        match ev {
+            Event::ThreadCreate { create_id, .. } => {
+                let creator = segments.instance(tid);
+                self.at_create
+                    .insert(*create_id, (creator, state.held(tid).to_vec()));
+            }
+            Event::ThreadStart { create_id, .. } => {
+                self.created_by.insert(segments.instance(tid), *create_id);
+            }
+            Event::Lock(LockEvent::Join { joined, .. }) if *joined != 0 => {
+                // Segments::apply kept the joined instance for its tid.
+                if let Some(&j) = segments.instance_of.get(joined) {
+                    let joiner = segments.instance(tid);
+                    self.at_join.insert(j, (joiner, state.held(tid).to_vec()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Resolves every instance's guard set; a creator's instance is always
+    /// numbered before its children's.
+    fn resolve(&mut self, instances: usize) {
+        for i in 0..instances {
+            let Some((parent, created)) = self
+                .created_by
+                .get(&i)
+                .and_then(|id| self.at_create.get(id))
+            else {
+                continue;
+            };
+            let Some((joiner, joined)) = self.at_join.get(&i) else {
+                continue;
+            };
+            if joiner != parent {
+                continue;
+            }
+            // The same acquisition at both ends: held throughout.
+            let mut guard: Vec<(LockId, LockMode)> = created
+                .iter()
+                .filter(|c| joined.iter().any(|j| j.lock == c.lock && j.time == c.time))
+                .map(|c| (c.lock, c.mode))
+                .collect();
+            if let Some(outer) = self.guard.get(parent) {
+                guard.extend_from_slice(outer);
+            }
+            guard.sort();
+            guard.dedup();
+            if !guard.is_empty() {
+                self.guard.insert(i, guard);
+            }
+        }
+    }
+
+    fn of(&self, instance: usize) -> &[(LockId, LockMode)] {
+        self.guard.get(&instance).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -488,6 +578,7 @@ const MAX_CHOICES: u64 = 1_000_000;
 struct Checker<'a> {
     graph: &'a LockGraph,
     segments: &'a mut Segments,
+    inherited: &'a InheritedGuards,
     /// Choices tried for the current cycle and kind.
     tried: u64,
     /// Cycles whose check gave up.
@@ -541,9 +632,15 @@ impl Checker<'_> {
                 return false;
             }
         }
+        let e_inherited = self.inherited.of(e.instance);
         for &o in chosen {
             let f = &self.graph.edges[o].0;
-            if guards_overlap(&e.guard, &f.guard) {
+            let f_inherited = self.inherited.of(f.instance);
+            if guards_overlap(&e.guard, &f.guard)
+                || guards_overlap(&e.guard, f_inherited)
+                || guards_overlap(e_inherited, &f.guard)
+                || guards_overlap(e_inherited, f_inherited)
+            {
                 return false;
             }
             match kind {
@@ -591,12 +688,14 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let mut state = LockState::default();
     let mut segments = Segments::default();
     let mut graph = LockGraph::default();
+    let mut inherited = InheritedGuards::default();
     let mut threads: HashSet<u32> = HashSet::new();
 
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
         facts.observe(m.time, &m.event);
         segments.apply(m.tid, &m.event);
+        inherited.observe(m.tid, &m.event, &mut segments, &state);
         if let Event::Lock(LockEvent::Acquire { op, stack, .. }) = &m.event {
             threads.insert(m.tid);
             let (op, stack) = (*op, *stack);
@@ -636,6 +735,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let stopped = merged.stopped().cloned();
     drop(merged);
     segments.resolve();
+    inherited.resolve(segments.current.len());
 
     let mut sym = facts.symbolizer();
     let mut warnings = Vec::new();
@@ -647,6 +747,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let mut checker = Checker {
         graph: &graph,
         segments: &mut segments,
+        inherited: &inherited,
         tried: 0,
         gave_up: 0,
     };
@@ -728,7 +829,9 @@ fn cycle_report(
     }
 }
 
-/// Wait-for cycles among the threads still waiting at the end of the trace.
+/// Wait-for cycles among the threads still waiting at the end of the trace:
+/// in a lock request, for the lock's holder, or in pthread_join, for the
+/// thread joined.
 fn actual_deadlocks(
     state: &LockState,
     facts: &Facts,
@@ -736,15 +839,21 @@ fn actual_deadlocks(
 ) -> Vec<ActualDeadlock> {
     let pending: HashMap<u32, _> = state.pending().into_iter().collect();
     // Each waiting thread -> the thread it waits for (the first holder that
-    // excludes it: any holder for a write request, a writer for a read one).
-    let mut waits_for: HashMap<u32, (u32, crate::lockstate::Held)> = HashMap::new();
+    // excludes it: any holder for a write request, a writer for a read one)
+    // and how it waits.
+    let mut waits_for: HashMap<u32, (u32, Wait)> = HashMap::new();
     for (&tid, p) in &pending {
         let holder = state
             .holders(p.lock)
             .into_iter()
             .find(|(_, h)| p.mode == LockMode::Exclusive || h.mode == LockMode::Exclusive);
         if let Some((holder, h)) = holder {
-            waits_for.insert(tid, (holder, h));
+            waits_for.insert(tid, (holder, Wait::Lock(*p, h)));
+        }
+    }
+    for (tid, j) in state.pending_joins() {
+        if j.joined != 0 {
+            waits_for.entry(tid).or_insert((j.joined, Wait::Join(j)));
         }
     }
     let mut reported: HashSet<u32> = HashSet::new();
@@ -778,23 +887,41 @@ fn actual_deadlocks(
         reported.extend(members.iter().copied());
         let threads = members
             .iter()
-            .map(|tid| {
-                let p = pending[tid];
-                let (holder, h) = waits_for[tid];
-                Waiter {
+            .map(|tid| match waits_for[tid] {
+                (holder, Wait::Lock(p, h)) => Waiter {
                     thread: *tid,
+                    waits_in: "lock",
                     waits_for: p.lock.addr,
                     lock_kind: p.kind.name(),
                     mode: mode_name(p.kind, p.mode),
                     requested_stack: sym.stack(&facts.stacks, p.stack),
                     held_by: holder,
                     held_stack: sym.stack(&facts.stacks, h.stack),
-                }
+                },
+                (joined, Wait::Join(j)) => Waiter {
+                    thread: *tid,
+                    waits_in: "join",
+                    waits_for: 0,
+                    lock_kind: "thread",
+                    mode: "join",
+                    requested_stack: sym.stack(&facts.stacks, j.stack),
+                    held_by: joined,
+                    held_stack: Vec::new(),
+                },
             })
             .collect();
         out.push(ActualDeadlock { threads });
     }
     out
+}
+
+/// How a stuck thread waits.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// For a lock: its request, and the hold that excludes it.
+    Lock(crate::lockstate::Pending, crate::lockstate::Held),
+    /// In pthread_join.
+    Join(crate::lockstate::PendingJoin),
 }
 
 /// Renders the report as text.
@@ -842,6 +969,17 @@ pub fn render_text(r: &DeadlocksReport) -> String {
         )
         .unwrap();
         for w in &d.threads {
+            if w.waits_in == "join" {
+                writeln!(
+                    out,
+                    "{p}  thread {} waits in pthread_join for thread {} to end",
+                    w.thread, w.held_by
+                )
+                .unwrap();
+                writeln!(out, "{p}    joined at:").unwrap();
+                stack_text(&mut out, &p, "      ", &w.requested_stack);
+                continue;
+            }
             writeln!(
                 out,
                 "{p}  thread {} waits for {} {:#x} ({}), held by thread {}",

@@ -85,8 +85,13 @@ pub struct LockReport {
     pub mode: &'static str,
     /// Successful acquisitions (lock, trylock, timed), condition-wait re-acquisitions excluded.
     pub acquisitions: u64,
-    /// Acquisitions that found the lock busy and waited.
+    /// Acquisitions that found the lock busy and waited, and waits still
+    /// under way when the trace ended (`waiting_at_end`).
     pub contended: u64,
+    /// Threads still waiting for the lock when the trace ended (a hung
+    /// program): counted in `contended`, their wait until the end in
+    /// `wait_ns`.
+    pub waiting_at_end: u64,
     /// Acquisitions by another thread than the lock's previous acquirer.
     pub owner_changes: u64,
     /// Distinct threads that acquired it.
@@ -97,7 +102,8 @@ pub struct LockReport {
     pub timeouts: u64,
     /// Re-acquisitions on return from a condition wait.
     pub cond_waits: u64,
-    /// Waits of contended acquisitions (avg over `contended`).
+    /// Waits of contended acquisitions and of waits under way at the end
+    /// (avg over `contended`).
     pub wait_ns: Durations,
     /// Holds (avg over holds that ended).
     pub hold_ns: Durations,
@@ -127,6 +133,7 @@ struct Acc {
     try_failures: u64,
     timeouts: u64,
     cond_waits: u64,
+    waiting_at_end: u64,
     wait_total: u64,
     wait_max: u64,
     holds: u64,
@@ -246,6 +253,26 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
     }
     let stopped = merged.stopped().cloned();
     drop(merged);
+    // Waits under way when the trace ended (a hung program) count, up to
+    // the end: a thread stuck for seconds is the most contended of all.
+    for (tid, p) in state.pending() {
+        let a = accs.entry((p.lock, p.mode)).or_default();
+        a.kind = Some(p.kind);
+        let w = facts.last_time.saturating_sub(p.time);
+        a.contended += 1;
+        a.waiting_at_end += 1;
+        a.wait_total += w;
+        a.wait_max = a.wait_max.max(w);
+        let s = a.sites.entry(p.stack).or_default();
+        s.0 += 1;
+        s.1 += w;
+        if !a.threads.contains(&tid) {
+            a.threads.push(tid);
+        }
+        if !threads.contains(&tid) {
+            threads.push(tid);
+        }
+    }
 
     let mut sym = facts.symbolizer();
     let mut locks: Vec<LockReport> = accs
@@ -262,6 +289,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
                 mode: mode_name(kind, mode),
                 acquisitions: a.acquisitions,
                 contended: a.contended,
+                waiting_at_end: a.waiting_at_end,
                 owner_changes: a.owner_changes,
                 threads: a.threads.len() as u64,
                 try_failures: a.try_failures,
@@ -418,6 +446,7 @@ pub fn render_text(r: &LocksReport) -> String {
             (l.try_failures, "busy trylocks"),
             (l.timeouts, "timeouts"),
             (l.cond_waits, "condition waits"),
+            (l.waiting_at_end, "still waiting when the trace ended"),
         ]
         .iter()
         .filter(|(n, _)| *n > 0)

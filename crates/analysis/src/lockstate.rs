@@ -47,10 +47,20 @@ pub struct Pending {
     pub time: u64,
 }
 
+/// A pthread_join not (yet) returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingJoin {
+    /// The thread joined (tid; 0 if it had not started when joined).
+    pub joined: u32,
+    pub stack: u32,
+    pub time: u64,
+}
+
 #[derive(Default)]
 struct ThreadLocks {
     held: Vec<Held>,
     pending: Option<Pending>,
+    joining: Option<PendingJoin>,
 }
 
 /// What an applied lock event did.
@@ -175,8 +185,40 @@ impl LockState {
         v
     }
 
+    /// Threads waiting in pthread_join at this point (the end of the
+    /// trace): (tid, join).
+    pub fn pending_joins(&self) -> Vec<(u32, PendingJoin)> {
+        let mut v: Vec<(u32, PendingJoin)> = self
+            .threads
+            .iter()
+            .filter_map(|(&tid, t)| t.joining.map(|j| (tid, j)))
+            .collect();
+        v.sort_by_key(|(tid, _)| *tid);
+        v
+    }
+
     /// Applies one event of thread `tid`.
     pub fn apply(&mut self, tid: u32, ev: &Event) -> Applied {
+        // A thread waiting in pthread_join does nothing until the join
+        // returns: any later call of its own ends the wait (a failed join
+        // records none). What the end of the trace records on whichever
+        // thread finishes it (a signal's handler may run on the joiner) does
+        // not.
+        let own_call = match ev {
+            Event::Lock(l) => !matches!(l, LockEvent::JoinWait { .. }),
+            Event::Alloc { .. }
+            | Event::Free { .. }
+            | Event::Realloc { .. }
+            | Event::AllocFailed { .. }
+            | Event::Error { .. }
+            | Event::ThreadCreate { .. } => true,
+            _ => false,
+        };
+        if own_call {
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.joining = None;
+            }
+        }
         let l = match ev {
             Event::Lock(l) => l,
             Event::ThreadEnd { .. } => {
@@ -357,6 +399,18 @@ impl LockState {
                 Applied::Other
             }
             LockEvent::Exit { .. } | LockEvent::Init { .. } => Applied::Other,
+            LockEvent::JoinWait {
+                time,
+                joined,
+                stack,
+            } => {
+                self.threads.entry(tid).or_default().joining = Some(PendingJoin {
+                    joined,
+                    stack,
+                    time,
+                });
+                Applied::Other
+            }
             LockEvent::Join { .. } | LockEvent::Detach { .. } => Applied::Other,
         }
     }

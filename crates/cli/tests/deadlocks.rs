@@ -150,6 +150,22 @@ fn a_common_gate_lock_prevents_the_deadlock() {
     assert_eq!(report["summary"]["lock_graph_edges"], json!(4));
 }
 
+/// The parent holds G from before it creates a child (A then B) until it
+/// has joined it: the child's edges are guarded by G through its parent,
+/// and another thread taking G, B then A cannot deadlock with it. This was
+/// reported as a potential deadlock. Released before the join, G guards
+/// nothing of the child: the deadlock is real and still reported.
+#[test]
+fn a_gate_lock_held_by_the_parent_through_create_and_join_guards_the_child() {
+    let (report, _) = lock_orders("parent_gate");
+    assert_no_cycles(&report);
+    let (report, addr) = lock_orders("parent_gate_released");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    assert_eq!(cycles[0]["kind"], json!("potential_deadlock"));
+    assert_eq!(cycle_locks(&cycles[0]), sorted(&["A", "B"], &addr));
+}
+
 #[test]
 fn threads_ordered_by_join_and_create_cannot_deadlock() {
     let (report, _) = lock_orders("joined");
@@ -474,4 +490,52 @@ fn rings_of_any_length_are_one_potential_deadlock() {
             .collect();
         assert_eq!(threads.len(), n, "{}", pretty(c));
     }
+}
+
+/// join_deadlock.c: main holds L and joins the worker, which waits for L.
+/// The hung run was reported as no deadlock at all, and `locks` showed L
+/// uncontended with nothing waited. A thread in pthread_join waits for the
+/// thread it joins: the wait-for cycle is main -> worker -> main; and the
+/// worker's wait, still under way at the end, counts as contention.
+#[test]
+fn a_deadlock_through_join_is_an_actual_deadlock() {
+    let dir = TestDir::new("deadlocks_join");
+    let (child, pid) = start_stuck(&dir, "join_deadlock.c", &[], &[]);
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the traced program");
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 143, "{}", run.describe());
+    let report = deadlocks(&dir.trace());
+    assert_eq!(report["trace"]["complete"], json!(true));
+    let line = |m| json!(marker_line("join_deadlock.c", m));
+    let actual = as_array(&report, "actual_deadlocks");
+    assert_eq!(actual.len(), 1, "{}", pretty(&report));
+    let threads = as_array(&actual[0], "threads");
+    assert_eq!(threads.len(), 2, "{}", pretty(&report));
+    let joiner = threads
+        .iter()
+        .find(|w| w["waits_in"] == json!("join"))
+        .expect("main waits in join");
+    let worker = threads
+        .iter()
+        .find(|w| w["waits_in"] == json!("lock"))
+        .expect("the worker waits for L");
+    assert_eq!(joiner["thread"], json!(pid));
+    assert_eq!(joiner["held_by"], worker["thread"]);
+    assert_eq!(worker["held_by"], json!(pid));
+    assert_eq!(top_line(joiner, "requested_stack"), line("MAIN-JOINS"));
+    assert_eq!(top_line(worker, "requested_stack"), line("WORKER-WAITS-L"));
+    assert_eq!(top_line(worker, "held_stack"), line("MAIN-HOLDS-L"));
+
+    let locks = analysis("locks", &dir.trace());
+    assert_eq!(locks.code(), 0, "{}", locks.describe());
+    let locks: Value = serde_json::from_str(&locks.stdout).expect("JSON");
+    let l = &as_array(&locks, "locks")[0];
+    assert_eq!(l["address"], worker["waits_for"], "{}", pretty(&locks));
+    assert_eq!(
+        (l["contended"].clone(), l["waiting_at_end"].clone()),
+        (json!(1), json!(1)),
+        "{}",
+        pretty(l)
+    );
+    assert!(as_u64(&l["wait_ns"], "total") > 0, "{}", pretty(l));
 }

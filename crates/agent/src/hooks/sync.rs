@@ -570,6 +570,8 @@ pub unsafe extern "C" fn pthread_exit(value: *mut c_void) -> ! {
 #[no_mangle]
 pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, value: *mut *mut c_void) -> c_int {
     let regs = start_regs();
+    let joined = crate::threads::tid_of(thread).or_else(|| crate::threads::kernel_tid(thread));
+    sync::join_waiting(joined.unwrap_or(0), regs);
     type F = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
     // SAFETY: the caller's arguments, passed through.
     let r = unsafe { real!(pthread_join: F)(thread, value) };

@@ -190,6 +190,11 @@ pub enum LockEvent {
     },
     /// pthread_join returned: the thread `joined` (a tid, 0 if unknown) has ended.
     Join { time: u64, joined: u32, stack: u32 },
+    /// pthread_join was called on thread `joined` (a tid, 0 if it had not
+    /// started yet): the thread waits for it until its `Join` (or `Failed`
+    /// join: none), and one still waiting at the end of the trace is part of
+    /// the wait-for graph.
+    JoinWait { time: u64, joined: u32, stack: u32 },
     /// pthread_detach of thread `detached` (tid, 0 if unknown).
     Detach { time: u64, detached: u32 },
     /// The thread called pthread_exit.
@@ -207,6 +212,7 @@ pub(super) mod tag {
     pub const JOIN: u8 = 71;
     pub const DETACH: u8 = 72;
     pub const EXIT: u8 = 73;
+    pub const JOIN_WAIT: u8 = 74;
     pub const FIRST: u8 = 64;
     pub const LAST: u8 = 95;
 }
@@ -240,6 +246,7 @@ impl LockEvent {
             | LockEvent::Failed { time, .. }
             | LockEvent::Misuse { time, .. }
             | LockEvent::Join { time, .. }
+            | LockEvent::JoinWait { time, .. }
             | LockEvent::Detach { time, .. }
             | LockEvent::Exit { time, .. } => *time,
         }
@@ -447,6 +454,16 @@ impl Encoder<'_> {
                 self.u64(u64::from(joined))?;
                 self.u64(u64::from(stack))
             }
+            LockEvent::JoinWait {
+                time,
+                joined,
+                stack,
+            } => {
+                self.byte(tag::JOIN_WAIT)?;
+                self.time(ctx, time)?;
+                self.u64(u64::from(joined))?;
+                self.u64(u64::from(stack))
+            }
             LockEvent::Detach { time, detached } => {
                 self.byte(tag::DETACH)?;
                 self.time(ctx, time)?;
@@ -587,6 +604,11 @@ impl Decoder<'_> {
                 }
             }
             tag::JOIN => LockEvent::Join {
+                time: self.time()?,
+                joined: self.u32("thread id")?,
+                stack: self.u32("stack id")?,
+            },
+            tag::JOIN_WAIT => LockEvent::JoinWait {
                 time: self.time()?,
                 joined: self.u32("thread id")?,
                 stack: self.u32("stack id")?,

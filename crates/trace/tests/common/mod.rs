@@ -727,6 +727,11 @@ pub fn lock_events(base_time: u64) -> Vec<Event> {
             stack: 1,
         }));
     }
+    v.push(Event::Lock(LockEvent::JoinWait {
+        time: t + 10,
+        joined: 0,
+        stack: 5,
+    }));
     v.push(Event::Lock(LockEvent::Join {
         time: t + 10,
         joined: u32::MAX,
