@@ -8,7 +8,7 @@
 //! advances, so a heap mutex freed and another one created at the same
 //! address are two locks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMisuse, LockMode, LockOp};
@@ -35,6 +35,9 @@ pub struct Held {
     /// Nested acquisitions of a recursive mutex or repeated read locks.
     pub depth: u32,
     pub op: LockOp,
+    /// A misuse of this hold was reported already (destroyed while held, a
+    /// self-deadlock): its thread's or the process's end reports no more.
+    pub reported: bool,
 }
 
 /// A blocking request not (yet) followed by its acquisition.
@@ -84,7 +87,8 @@ pub struct Misuse {
     pub lock_kind: LockKind,
     /// Where the misuse happened (0 when unknown: a thread's end).
     pub stack: u32,
-    /// Where the lock involved was taken (0 when not applicable).
+    /// Where the lock involved was taken, destroyed or freed (see
+    /// `MisuseKind::context`; 0 when not applicable).
     pub held_stack: u32,
 }
 
@@ -95,6 +99,10 @@ pub enum MisuseKind {
     Refused,
     DestroyLocked,
     ThreadEndHolding,
+    MainEndHolding,
+    UseAfterDestroy,
+    UseAfterFree,
+    UnknownLock,
 }
 
 impl MisuseKind {
@@ -105,6 +113,20 @@ impl MisuseKind {
             MisuseKind::Refused => "refused_by_libc",
             MisuseKind::DestroyLocked => "destroy_locked",
             MisuseKind::ThreadEndHolding => "thread_end_holding",
+            MisuseKind::MainEndHolding => "main_end_holding",
+            MisuseKind::UseAfterDestroy => "use_after_destroy",
+            MisuseKind::UseAfterFree => "use_after_free",
+            MisuseKind::UnknownLock => "unknown_lock",
+        }
+    }
+
+    /// What `held_stack` shows: `taken` (where the lock involved was
+    /// acquired), `destroyed` or `freed`.
+    pub fn context(self) -> &'static str {
+        match self {
+            MisuseKind::UseAfterDestroy => "destroyed",
+            MisuseKind::UseAfterFree => "freed",
+            _ => "taken",
         }
     }
 
@@ -119,6 +141,18 @@ impl MisuseKind {
             }
             MisuseKind::DestroyLocked => "destroy of a locked lock",
             MisuseKind::ThreadEndHolding => "a thread ended while holding a lock",
+            MisuseKind::MainEndHolding => {
+                "the process ended (return from main, exit, or a signal) while its main thread held a lock"
+            }
+            MisuseKind::UseAfterDestroy => {
+                "use of a lock after pthread_*_destroy (without a new init)"
+            }
+            MisuseKind::UseAfterFree => {
+                "use of a lock whose memory was freed (and not allocated again)"
+            }
+            MisuseKind::UnknownLock => {
+                "use of memory that holds no known lock (its type word is none of the C library's: never initialised, or overwritten)"
+            }
         }
     }
 }
@@ -127,6 +161,20 @@ impl MisuseKind {
 #[derive(Default)]
 pub struct LockState {
     gens: HashMap<u64, u32>,
+    /// The main thread (the process's pid), which has no `ThreadEnd`.
+    main_tid: u32,
+    /// The trace's `End` was seen (the `Process` record may come after it
+    /// in the merge: the process's end is judged once both are known).
+    ended: bool,
+    /// Every lock address seen, for the blocks freed around them.
+    lock_addrs: BTreeSet<u64>,
+    /// Live heap blocks: address -> size (to find the locks a free frees).
+    blocks: HashMap<u64, u64>,
+    /// Lock address -> where it was destroyed and what kind it was (until
+    /// an init).
+    destroyed: HashMap<u64, (u32, LockKind)>,
+    /// Lock address -> where its memory was freed (until allocated again).
+    freed: HashMap<u64, u32>,
     threads: HashMap<u32, ThreadLocks>,
     /// Misuse in order of occurrence, identical ones merged: (misuse, count).
     misuse: Vec<(Misuse, u64)>,
@@ -230,8 +278,48 @@ impl LockState {
                 self.threads.remove(&tid);
                 return Applied::Other;
             }
+            Event::Process(p) => {
+                self.main_tid = p.pid;
+                if self.ended {
+                    self.process_end();
+                }
+                return Applied::Other;
+            }
+            Event::End { .. } => {
+                self.ended = true;
+                if self.main_tid != 0 {
+                    self.process_end();
+                }
+                return Applied::Other;
+            }
+            Event::Alloc { addr, size, .. } => {
+                self.allocated(*addr, *size);
+                return Applied::Other;
+            }
+            Event::Free { addr, stack, .. } => {
+                self.released_block(*addr, *stack);
+                return Applied::Other;
+            }
+            Event::Realloc {
+                old_addr,
+                new_addr,
+                size,
+                stack,
+                ..
+            } => {
+                if *old_addr != 0 {
+                    self.released_block(*old_addr, *stack);
+                }
+                if *new_addr != 0 {
+                    self.allocated(*new_addr, *size);
+                }
+                return Applied::Other;
+            }
             _ => return Applied::Other,
         };
+        if let Some(addr) = l.addr() {
+            self.check_use(tid, l, addr);
+        }
         self.saw_lock_events = true;
         match *l {
             LockEvent::Acquire {
@@ -263,6 +351,7 @@ impl LockState {
                     time,
                     depth: 1,
                     op,
+                    reported: false,
                 };
                 t.held.push(held);
                 Applied::Acquired {
@@ -300,6 +389,14 @@ impl LockState {
                     // unlocking what its parent locked in a
                     // pthread_atfork handler), not misused.
                     None if stack == 0 && kind != LockKind::RwLock && kind != LockKind::Spin => {
+                        Applied::Released { lock, held: None }
+                    }
+                    // The unlock that follows a use of a destroyed, freed or
+                    // unknown lock: that use was the misuse, reported once.
+                    None if kind == LockKind::Unknown
+                        || self.destroyed.contains_key(&addr)
+                        || self.freed.contains_key(&addr) =>
+                    {
                         Applied::Released { lock, held: None }
                     }
                     None => {
@@ -365,6 +462,8 @@ impl LockState {
                     stack,
                     held_stack,
                 });
+                // One report per misuse: the hold's end says no more.
+                self.mark_reported(lock);
                 if misuse == LockMisuse::SelfDeadlock {
                     // The thread now waits for itself.
                     self.threads.entry(tid).or_default().pending = Some(Pending {
@@ -392,13 +491,20 @@ impl LockState {
                         held_stack: h.stack,
                     });
                 }
+                self.mark_reported(lock);
                 // glibc refuses to destroy a held lock (EBUSY): it lives on.
                 if holders.is_empty() {
                     *self.gens.entry(addr).or_default() += 1;
+                    self.destroyed.insert(addr, (stack, kind));
                 }
                 Applied::Other
             }
-            LockEvent::Exit { .. } | LockEvent::Init { .. } => Applied::Other,
+            LockEvent::Init { addr, .. } => {
+                self.destroyed.remove(&addr);
+                self.freed.remove(&addr);
+                Applied::Other
+            }
+            LockEvent::Exit { .. } => Applied::Other,
             LockEvent::JoinWait {
                 time,
                 joined,
@@ -419,7 +525,7 @@ impl LockState {
         let Some(t) = self.threads.remove(&tid) else {
             return;
         };
-        for h in t.held {
+        for h in t.held.iter().filter(|h| !h.reported) {
             self.note(Misuse {
                 kind: MisuseKind::ThreadEndHolding,
                 tid,
@@ -428,6 +534,90 @@ impl LockState {
                 stack: 0,
                 held_stack: h.stack,
             });
+        }
+    }
+
+    /// The process ended: a lock its main thread still holds is reported
+    /// (other threads are ended by the exit wherever they are).
+    fn process_end(&mut self) {
+        let tid = self.main_tid;
+        let held: Vec<Held> = self.held(tid).to_vec();
+        for h in held.iter().filter(|h| !h.reported) {
+            self.note(Misuse {
+                kind: MisuseKind::MainEndHolding,
+                tid,
+                lock: h.lock,
+                lock_kind: h.kind,
+                stack: 0,
+                held_stack: h.stack,
+            });
+        }
+        self.mark_reported_all(tid);
+    }
+
+    /// Marks every hold of `lock` as reported.
+    fn mark_reported(&mut self, lock: LockId) {
+        for t in self.threads.values_mut() {
+            for h in t.held.iter_mut().filter(|h| h.lock == lock) {
+                h.reported = true;
+            }
+        }
+    }
+
+    fn mark_reported_all(&mut self, tid: u32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            for h in &mut t.held {
+                h.reported = true;
+            }
+        }
+    }
+
+    /// A lock event on `addr`: notes a use of a destroyed, freed or unknown
+    /// lock (each site once, counted).
+    fn check_use(&mut self, tid: u32, l: &LockEvent, addr: u64) {
+        self.lock_addrs.insert(addr);
+        // The attempt to take it is the misuse; its unlock is part of it.
+        let (kind, stack) = match *l {
+            LockEvent::Acquire { kind, stack, .. }
+            | LockEvent::Request { kind, stack, .. }
+            | LockEvent::Failed { kind, stack, .. } => (kind, stack),
+            _ => return,
+        };
+        let lock = self.lock_id(addr);
+        // glibc's destroy writes an invalid type word: a destroyed mutex
+        // is reported as destroyed, not as unknown.
+        let misuse = if let Some(&(at, was)) = self.destroyed.get(&addr) {
+            Some((MisuseKind::UseAfterDestroy, at, was))
+        } else if let Some(&at) = self.freed.get(&addr) {
+            Some((MisuseKind::UseAfterFree, at, kind))
+        } else {
+            (kind == LockKind::Unknown).then_some((MisuseKind::UnknownLock, 0, kind))
+        };
+        if let Some((kind_of, held_stack, lock_kind)) = misuse {
+            self.note(Misuse {
+                kind: kind_of,
+                tid,
+                lock,
+                lock_kind,
+                stack,
+                held_stack,
+            });
+        }
+    }
+
+    fn allocated(&mut self, addr: u64, size: u64) {
+        self.blocks.insert(addr, size);
+        for a in self.lock_addrs.range(addr..addr.saturating_add(size)) {
+            self.freed.remove(a);
+        }
+    }
+
+    fn released_block(&mut self, addr: u64, stack: u32) {
+        let Some(size) = self.blocks.remove(&addr) else {
+            return;
+        };
+        for &a in self.lock_addrs.range(addr..addr.saturating_add(size)) {
+            self.freed.insert(a, stack);
         }
     }
 
@@ -448,6 +638,7 @@ impl LockState {
                 count: *count,
                 stack: sym.stack(stacks, m.stack),
                 held_stack: sym.stack(stacks, m.held_stack),
+                context: m.kind.context(),
             })
             .collect()
     }
@@ -456,8 +647,9 @@ impl LockState {
 /// One kind of lock misuse at one place (JSON `errors[]`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LockError {
-    /// `unlock_not_held`, `self_deadlock`, `refused_by_libc`, `destroy_locked`
-    /// or `thread_end_holding`.
+    /// `unlock_not_held`, `self_deadlock`, `refused_by_libc`,
+    /// `destroy_locked`, `thread_end_holding`, `main_end_holding`,
+    /// `use_after_destroy`, `use_after_free` or `unknown_lock`.
     pub kind: &'static str,
     /// One sentence.
     pub description: &'static str,
@@ -467,14 +659,17 @@ pub struct LockError {
     #[serde(serialize_with = "serialize_hex")]
     pub lock: u64,
     /// Kind of the lock (`mutex`, `recursive_mutex`, `errorcheck_mutex`,
-    /// `adaptive_mutex`, `rwlock`, `spinlock`).
+    /// `adaptive_mutex`, `rwlock`, `spinlock`, `unknown`).
     pub lock_kind: &'static str,
     /// Times seen.
     pub count: u64,
     /// Where it happened (empty for a thread's end).
     pub stack: Vec<FrameReport>,
-    /// Where the lock involved was taken (empty when not applicable).
+    /// Where the lock involved was taken, destroyed or freed (`context`;
+    /// empty when not applicable).
     pub held_stack: Vec<FrameReport>,
+    /// What `held_stack` shows: `taken`, `destroyed` or `freed`.
+    pub context: &'static str,
 }
 
 /// How a lock's mode is named in reports: rwlocks have `read` and `write`
@@ -508,7 +703,12 @@ pub fn errors_text(out: &mut String, p: &str, errors: &[LockError]) {
         .unwrap();
         stack_text(out, p, "    ", &e.stack);
         if !e.held_stack.is_empty() {
-            writeln!(out, "{p}    the lock was taken at:").unwrap();
+            let what = match e.context {
+                "destroyed" => "the lock was destroyed at:",
+                "freed" => "its memory was freed at:",
+                _ => "the lock was taken at:",
+            };
+            writeln!(out, "{p}    {what}").unwrap();
             stack_text(out, p, "      ", &e.held_stack);
         }
     }

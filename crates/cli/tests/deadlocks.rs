@@ -539,3 +539,73 @@ fn a_deadlock_through_join_is_an_actual_deadlock() {
     );
     assert!(as_u64(&l["wait_ns"], "total") > 0, "{}", pretty(l));
 }
+
+/// Runs lock_misuse.c in `mode`; returns how the run ended and its report.
+fn misuse_report(mode: &str) -> (Finished, Value) {
+    let dir = TestDir::new(&format!("deadlocks_misuse_{mode}"));
+    let prog = compile_c(&dir, "lock_misuse.c");
+    let run = run(&dir, &[], &prog, &[mode]);
+    let report = deadlocks(&dir.trace());
+    assert_eq!(report["trace"]["complete"], json!(true), "{mode}");
+    (run, report)
+}
+
+/// The main thread ending the process while it holds a lock (returning
+/// from main, calling exit, killed by a signal) was not reported.
+#[test]
+fn the_process_ending_while_main_holds_a_lock_is_misuse() {
+    let line = |m| json!(marker_line("lock_misuse.c", m));
+    for (mode, code) in [
+        ("main_returns_holding", 0),
+        ("main_exits_holding", 0),
+        ("main_killed_holding", 143),
+    ] {
+        let (run, report) = misuse_report(mode);
+        assert_eq!(run.code(), code, "{mode}: {}", run.describe());
+        assert_eq!(errors(&report).len(), 1, "{mode}: {}", pretty(&report));
+        let e = error(&report, "main_end_holding");
+        assert_eq!(top_line(e, "held_stack"), line("MAIN-HOLDS"), "{mode}");
+        assert_eq!(e["context"], json!("taken"));
+        assert_eq!(e["lock_kind"], json!("mutex"));
+    }
+}
+
+/// A lock used after pthread_mutex_destroy, or after the block it lives in
+/// was freed, and memory never made a lock (it was labelled
+/// `adaptive_mutex`): each one report, with where it was destroyed or
+/// freed. A thread that destroys a lock it holds and then ends holding it
+/// is one misuse: one report (it was two).
+#[test]
+fn locks_used_after_destroy_or_free_or_never_made_are_misuse() {
+    let line = |m| json!(marker_line("lock_misuse.c", m));
+    let (run, report) = misuse_report("after_destroy");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(errors(&report).len(), 1, "{}", pretty(&report));
+    let e = error(&report, "use_after_destroy");
+    assert_eq!(top_line(e, "stack"), line("LOCK-AFTER-DESTROY"));
+    assert_eq!(top_line(e, "held_stack"), line("DESTROYED-HERE"));
+    assert_eq!(e["context"], json!("destroyed"));
+    assert_eq!(e["lock_kind"], json!("mutex"));
+
+    let (run, report) = misuse_report("after_free");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(errors(&report).len(), 1, "{}", pretty(&report));
+    let e = error(&report, "use_after_free");
+    assert_eq!(top_line(e, "stack"), line("LOCK-AFTER-FREE"));
+    assert_eq!(top_line(e, "held_stack"), line("FREED-HERE"));
+    assert_eq!(e["context"], json!("freed"));
+
+    let (run, report) = misuse_report("unknown_lock");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(errors(&report).len(), 1, "{}", pretty(&report));
+    let e = error(&report, "unknown_lock");
+    assert_eq!(top_line(e, "stack"), line("UNKNOWN-LOCK"));
+    assert_eq!(e["lock_kind"], json!("unknown"));
+
+    let (run, report) = misuse_report("destroy_then_end");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(errors(&report).len(), 1, "{}", pretty(&report));
+    let e = error(&report, "destroy_locked");
+    assert_eq!(top_line(e, "stack"), line("DESTROY-HELD-THEN-END"));
+    assert_eq!(top_line(e, "held_stack"), line("DESTROYING-THREAD-LOCK"));
+}

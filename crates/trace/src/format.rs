@@ -25,7 +25,7 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// `MismatchedSize` and `MismatchedAlignment`, whose `Error` event ends with
 /// what the release gave, and `AllocFailed`, tag 20; 8 `ScanSkipped`, tag
 /// 38; 9 `ScanEnd` with the mappings the scan could not leave out of its
-/// roots, tag 39; 10 the lock event `JoinWait`, tag 74; older files are
+/// roots, tag 39; 10 the lock event `JoinWait`, tag 74, and the lock kind `Unknown`, 6; older files are
 /// read unchanged).
 pub const FORMAT_VERSION: u16 = 10;
 /// Size of the file header.

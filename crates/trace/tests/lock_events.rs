@@ -54,11 +54,7 @@ fn invalid_values_are_errors() {
         stack: 3,
     }));
     let flags_at = 3;
-    for (flags, what) in [
-        (0x80u8, "lock flags"),
-        (0x07, "lock kind"),
-        (0x06, "lock kind"),
-    ] {
+    for (flags, what) in [(0x80u8, "lock flags"), (0x07, "lock kind")] {
         let mut bad = acquire.clone();
         bad[flags_at] = flags;
         let r: Vec<_> = Decoder::new(&bad).collect();

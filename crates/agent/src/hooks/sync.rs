@@ -74,6 +74,11 @@ fn mutex_kind(m: *const pthread_mutex_t) -> LockKind {
     // lies inside it and is only written by pthread_mutex_init.
     let k =
         unsafe { core::ptr::read_volatile(m.cast::<u8>().add(MUTEX_KIND_OFFSET).cast::<i32>()) };
+    // Bits glibc defines: the type (0-3), robust (16), priority inherit
+    // (32) and protect (64), process-shared (128), elision (256, 512).
+    if k & !0x3f3 != 0 {
+        return LockKind::Unknown;
+    }
     match k & 3 {
         0 => LockKind::Mutex,
         1 => LockKind::MutexRecursive,
@@ -167,7 +172,16 @@ fn mutex_acquire(
         return r;
     }
     if r != EBUSY {
-        return wait();
+        // Refused (a destroyed or never initialised mutex: EINVAL), or a
+        // state trylock does not share: the call itself says, and is recorded.
+        let r = wait();
+        let kind = mutex_kind(m);
+        if acquired_now(r) {
+            sync::acquired(addr, kind, LockMode::Exclusive, op, None, site);
+        } else {
+            sync::failed(addr, kind, LockMode::Exclusive, op, r, site);
+        }
+        return r;
     }
     let kind = mutex_kind(m);
     // A timed lock of a held mutex times out: only a blocking one never returns.

@@ -22,16 +22,20 @@ pub enum LockKind {
     MutexAdaptive = 3,
     RwLock = 4,
     Spin = 5,
+    /// A mutex whose type word is none of the C library's (memory never
+    /// initialised as a mutex, or overwritten; format version 10).
+    Unknown = 6,
 }
 
 impl LockKind {
-    pub const ALL: [LockKind; 6] = [
+    pub const ALL: [LockKind; 7] = [
         LockKind::Mutex,
         LockKind::MutexRecursive,
         LockKind::MutexErrorCheck,
         LockKind::MutexAdaptive,
         LockKind::RwLock,
         LockKind::Spin,
+        LockKind::Unknown,
     ];
 
     pub fn from_u8(v: u8) -> Option<LockKind> {
@@ -47,6 +51,7 @@ impl LockKind {
             LockKind::MutexAdaptive => "adaptive_mutex",
             LockKind::RwLock => "rwlock",
             LockKind::Spin => "spinlock",
+            LockKind::Unknown => "unknown",
         }
     }
 
