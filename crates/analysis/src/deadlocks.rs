@@ -62,6 +62,10 @@ pub struct DeadlocksReport {
     pub summary: DeadlocksSummary,
     /// Potential deadlocks first, then lock-order inversions.
     pub cycles: Vec<CycleReport>,
+    /// The cycles grouped by the call sites of their edges: a pattern
+    /// repeated over many locks (a loop over an array of locks in opposite
+    /// orders) is one group of many cycles. In `cycles` order.
+    pub cycle_groups: Vec<CycleGroup>,
     /// Threads that were stuck waiting for each other when the trace ended.
     pub actual_deadlocks: Vec<ActualDeadlock>,
     /// Lock misuse found in the trace.
@@ -97,6 +101,23 @@ pub struct CycleReport {
     pub edges: Vec<EdgeReport>,
     /// How often the cycle was seen: the fewest times any of its edges was.
     pub occurrences: u64,
+    /// Every other thread and call-site pair that takes one of the cycle's
+    /// steps in its order (another function, another thread of a mirrored
+    /// pair), with its count: `edges` holds one choice per step.
+    pub other_edges: Vec<EdgeReport>,
+    /// Index of its group in `cycle_groups`.
+    pub group: usize,
+}
+
+/// Cycles whose edges are taken at the same call sites.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CycleGroup {
+    /// `potential_deadlock` or `lock_order_inversion`.
+    pub kind: &'static str,
+    /// Indices into `cycles`, the first one shown in full in the text.
+    pub cycles: Vec<usize>,
+    /// Distinct threads of the group's edges.
+    pub threads: Vec<u32>,
 }
 
 /// A thread holding `held` while it requested `requested`.
@@ -751,6 +772,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
         tried: 0,
         gave_up: 0,
     };
+    let mut sites = Vec::new();
     for cycle in &lock_cycles {
         for (kind, name) in [
             (CycleKind::PotentialDeadlock, "potential_deadlock"),
@@ -758,6 +780,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
         ] {
             if let Some(chosen) = checker.find(cycle, kind) {
                 cycles.push(cycle_report(name, cycle, &chosen, &graph, &facts, &mut sym));
+                sites.push(cycle_sites(cycle, &graph));
                 break;
             }
         }
@@ -769,7 +792,11 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
         ));
     }
     // Potential deadlocks first (stable: cycles were found in lock order).
-    cycles.sort_by_key(|c| c.kind != "potential_deadlock");
+    let mut order: Vec<usize> = (0..cycles.len()).collect();
+    order.sort_by_key(|&i| cycles[i].kind != "potential_deadlock");
+    let mut cycles: Vec<CycleReport> = order.iter().map(|&i| cycles[i].clone()).collect();
+    let sites: Vec<Vec<(u32, u32)>> = order.iter().map(|&i| sites[i].clone()).collect();
+    let cycle_groups = group_cycles(&mut cycles, &sites);
 
     let actual_deadlocks = actual_deadlocks(&state, &facts, &mut sym);
     let errors = state.errors(&facts.stacks, &mut sym);
@@ -787,6 +814,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
             threads: threads.len() as u64,
         },
         cycles,
+        cycle_groups,
         actual_deadlocks,
         errors,
         events_lost: facts.events_lost(),
@@ -803,30 +831,113 @@ fn cycle_report(
     facts: &Facts,
     sym: &mut StackSymbolizer,
 ) -> CycleReport {
+    let mut edge_report = |e: &Edge, count: u64| EdgeReport {
+        thread: e.tid,
+        held: e.held.addr,
+        held_kind: e.held_kind.name(),
+        held_mode: mode_name(e.held_kind, e.held_mode),
+        requested: e.requested.addr,
+        requested_kind: e.requested_kind.name(),
+        requested_mode: mode_name(e.requested_kind, e.requested_mode),
+        held_stack: sym.stack(&facts.stacks, e.held_stack),
+        requested_stack: sym.stack(&facts.stacks, e.requested_stack),
+        count,
+    };
     let edges: Vec<EdgeReport> = chosen
         .iter()
         .map(|&i| {
             let (e, count) = &graph.edges[i];
-            EdgeReport {
-                thread: e.tid,
-                held: e.held.addr,
-                held_kind: e.held_kind.name(),
-                held_mode: mode_name(e.held_kind, e.held_mode),
-                requested: e.requested.addr,
-                requested_kind: e.requested_kind.name(),
-                requested_mode: mode_name(e.requested_kind, e.requested_mode),
-                held_stack: sym.stack(&facts.stacks, e.held_stack),
-                requested_stack: sym.stack(&facts.stacks, e.requested_stack),
-                count: *count,
-            }
+            edge_report(e, *count)
         })
+        .collect();
+    // The other edges of each step, merged by thread and call sites (their
+    // guard sets and segments may differ): a representative and the sum.
+    let same_taker = |a: &Edge, b: &Edge| {
+        (a.tid, a.held_stack, a.requested_stack, a.held, a.requested)
+            == (b.tid, b.held_stack, b.requested_stack, b.held, b.requested)
+    };
+    let mut others: Vec<(usize, u64)> = Vec::new();
+    for (step, &c) in chosen.iter().enumerate() {
+        let pick = &graph.edges[c].0;
+        let pair = (cycle[step], cycle[(step + 1) % cycle.len()]);
+        for &i in graph.pairs.get(&pair).into_iter().flatten() {
+            let (e, count) = &graph.edges[i];
+            if same_taker(e, pick) {
+                continue;
+            }
+            match others
+                .iter_mut()
+                .find(|(r, _)| same_taker(&graph.edges[*r].0, e))
+            {
+                Some((_, n)) => *n += count,
+                None => others.push((i, *count)),
+            }
+        }
+    }
+    let other_edges = others
+        .iter()
+        .map(|&(i, count)| edge_report(&graph.edges[i].0, count))
         .collect();
     CycleReport {
         kind,
         locks: cycle.iter().map(|l| l.addr).collect(),
         occurrences: edges.iter().map(|e| e.count).min().unwrap_or(0),
         edges,
+        other_edges,
+        group: 0,
     }
+}
+
+/// A cycle's kind and its sorted call-site pairs.
+type GroupKey<'a> = (&'static str, &'a [(u32, u32)]);
+
+/// Groups cycles of one kind whose edges (chosen and other) were taken at
+/// the same call sites, in `cycles` order; sets each cycle's `group`.
+fn group_cycles(cycles: &mut [CycleReport], sites: &[Vec<(u32, u32)>]) -> Vec<CycleGroup> {
+    let mut groups: Vec<CycleGroup> = Vec::new();
+    let mut by_key: HashMap<GroupKey, usize> = HashMap::new();
+    for (i, c) in cycles.iter_mut().enumerate() {
+        let g = *by_key.entry((c.kind, &sites[i])).or_insert_with(|| {
+            groups.push(CycleGroup {
+                kind: c.kind,
+                cycles: Vec::new(),
+                threads: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        c.group = g;
+        let group = &mut groups[g];
+        group.cycles.push(i);
+        for e in c.edges.iter().chain(&c.other_edges) {
+            if !group.threads.contains(&e.thread) {
+                group.threads.push(e.thread);
+            }
+        }
+    }
+    for g in &mut groups {
+        g.threads.sort_unstable();
+    }
+    groups
+}
+
+/// The call-site pairs (held stack, requested stack) of a cycle's edges,
+/// sorted: its grouping key.
+fn cycle_sites(cycle: &[LockId], graph: &LockGraph) -> Vec<(u32, u32)> {
+    let mut sites: Vec<(u32, u32)> = (0..cycle.len())
+        .flat_map(|step| {
+            let pair = (cycle[step], cycle[(step + 1) % cycle.len()]);
+            graph.pairs.get(&pair).into_iter().flatten()
+        })
+        .map(|&i| {
+            (
+                graph.edges[i].0.held_stack,
+                graph.edges[i].0.requested_stack,
+            )
+        })
+        .collect();
+    sites.sort_unstable();
+    sites.dedup();
+    sites
 }
 
 /// Wait-for cycles among the threads still waiting at the end of the trace:
@@ -915,6 +1026,33 @@ fn actual_deadlocks(
     out
 }
 
+/// Groups of cycles the text shows (the JSON has all).
+const MAX_GROUPS_SHOWN: usize = 20;
+/// Other cycles of a group listed by their locks in the text.
+const MAX_SIBLINGS_SHOWN: usize = 5;
+
+/// One edge of a cycle, with its stacks, as text.
+fn edge_text(out: &mut String, p: &str, e: &EdgeReport) {
+    writeln!(
+        out,
+        "{p}  thread {} holds {} {:#x} ({}) and requests {} {:#x} ({}), {} time{}",
+        e.thread,
+        e.held_kind,
+        e.held,
+        e.held_mode,
+        e.requested_kind,
+        e.requested,
+        e.requested_mode,
+        e.count,
+        plural(e.count)
+    )
+    .unwrap();
+    writeln!(out, "{p}    held lock taken at:").unwrap();
+    stack_text(out, p, "      ", &e.held_stack);
+    writeln!(out, "{p}    next lock requested at:").unwrap();
+    stack_text(out, p, "      ", &e.requested_stack);
+}
+
 /// How a stuck thread waits.
 #[derive(Clone, Copy)]
 enum Wait {
@@ -993,43 +1131,75 @@ pub fn render_text(r: &DeadlocksReport) -> String {
         }
         writeln!(out, "{p}").unwrap();
     }
-    for (i, c) in r.cycles.iter().enumerate() {
+    for (g, group) in r.cycle_groups.iter().enumerate().take(MAX_GROUPS_SHOWN) {
+        let c = &r.cycles[group.cycles[0]];
         let title = if c.kind == "potential_deadlock" {
             "POTENTIAL DEADLOCK"
         } else {
             "LOCK-ORDER INVERSION (one thread; lower severity)"
         };
-        let locks: Vec<String> = c.locks.iter().map(|a| format!("{a:#x}")).collect();
+        let locks = |c: &CycleReport| {
+            let mut v: Vec<String> = c.locks.iter().map(|a| format!("{a:#x}")).collect();
+            v.push(v[0].clone());
+            v.join(" -> ")
+        };
         writeln!(
             out,
-            "{p}{title} #{}: {} -> {} (seen {} time{})",
-            i + 1,
-            locks.join(" -> "),
-            locks[0],
+            "{p}{title} #{}: {} (seen {} time{})",
+            g + 1,
+            locks(c),
             c.occurrences,
             plural(c.occurrences)
         )
         .unwrap();
-        for e in &c.edges {
+        if group.cycles.len() > 1 {
             writeln!(
                 out,
-                "{p}  thread {} holds {} {:#x} ({}) and requests {} {:#x} ({}), {} time{}",
-                e.thread,
-                e.held_kind,
-                e.held,
-                e.held_mode,
-                e.requested_kind,
-                e.requested,
-                e.requested_mode,
-                e.count,
-                plural(e.count)
+                "{p}  one of {} cycles through the same call sites, by thread{} {}",
+                group.cycles.len(),
+                plural(group.threads.len() as u64),
+                group
+                    .threads
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
             .unwrap();
-            writeln!(out, "{p}    held lock taken at:").unwrap();
-            stack_text(&mut out, &p, "      ", &e.held_stack);
-            writeln!(out, "{p}    next lock requested at:").unwrap();
-            stack_text(&mut out, &p, "      ", &e.requested_stack);
         }
+        for e in &c.edges {
+            edge_text(&mut out, &p, e);
+        }
+        if !c.other_edges.is_empty() {
+            writeln!(out, "{p}  also in these orders:").unwrap();
+            for e in &c.other_edges {
+                edge_text(&mut out, &p, e);
+            }
+        }
+        if group.cycles.len() > 1 {
+            let shown = group.cycles.len().min(MAX_SIBLINGS_SHOWN + 1);
+            writeln!(out, "{p}  the same between other locks:").unwrap();
+            for &i in &group.cycles[1..shown] {
+                writeln!(out, "{p}    {}", locks(&r.cycles[i])).unwrap();
+            }
+            if group.cycles.len() > shown {
+                writeln!(
+                    out,
+                    "{p}    ... and {} more (--format json lists every cycle)",
+                    group.cycles.len() - shown
+                )
+                .unwrap();
+            }
+        }
+        writeln!(out, "{p}").unwrap();
+    }
+    if r.cycle_groups.len() > MAX_GROUPS_SHOWN {
+        writeln!(
+            out,
+            "{p}... {} more groups of cycles not shown (--format json lists every cycle)",
+            r.cycle_groups.len() - MAX_GROUPS_SHOWN
+        )
+        .unwrap();
         writeln!(out, "{p}").unwrap();
     }
     if r.cycles.is_empty() && r.actual_deadlocks.is_empty() {

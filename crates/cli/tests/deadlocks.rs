@@ -609,3 +609,67 @@ fn locks_used_after_destroy_or_free_or_never_made_are_misuse() {
     assert_eq!(top_line(e, "stack"), line("DESTROY-HELD-THEN-END"));
     assert_eq!(top_line(e, "held_stack"), line("DESTROYING-THREAD-LOCK"));
 }
+
+/// Four unordered threads: A then B in two functions (two threads at one
+/// site, one at another), B then A in one. The report showed one edge per
+/// step ("1 time") and dropped the other threads and the second site: every
+/// distinct thread and site is now listed.
+#[test]
+fn every_thread_and_site_of_a_cycle_is_listed() {
+    let (report, addr) = lock_orders("sites");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    let c = &cycles[0];
+    assert_eq!(cycle_locks(c), sorted(&["A", "B"], &addr));
+    let all: Vec<&Value> = as_array(c, "edges")
+        .iter()
+        .chain(as_array(c, "other_edges"))
+        .collect();
+    let threads: std::collections::HashSet<_> = all.iter().map(|e| e["thread"].clone()).collect();
+    assert_eq!(threads.len(), 4, "{}", pretty(c));
+    let line = |m| json!(marker_line("lock_orders.c", m));
+    let ab_sites: std::collections::HashSet<_> = all
+        .iter()
+        .filter(|e| e["held"] == json!(addr["A"]))
+        .map(|e| top_line(e, "requested_stack"))
+        .collect();
+    assert_eq!(
+        ab_sites,
+        [line("AB_SECOND"), line("AB_OTHER_SITE")]
+            .into_iter()
+            .collect()
+    );
+    assert_eq!(all.len(), 4, "{}", pretty(c));
+}
+
+/// One thread takes a row of 1,000 locks pairwise forward, another
+/// backward: 999 cycles at the same two call sites. The text listed each
+/// (about 20,000 lines); they are one group now, shown once with a bounded
+/// list of the others, while the JSON keeps every cycle.
+#[test]
+fn cycles_repeated_over_many_locks_are_one_group() {
+    let dir = TestDir::new("deadlocks_row");
+    let prog = compile_c(&dir, "lock_orders.c");
+    let run = run(&dir, &[], &prog, &["row"]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = deadlocks(&dir.trace());
+    assert_eq!(cycles(&report).len(), 999);
+    assert_eq!(report["summary"]["potential_deadlocks"], json!(999));
+    let groups = as_array(&report, "cycle_groups");
+    assert_eq!(groups.len(), 1, "{}", pretty(&report["cycle_groups"]));
+    assert_eq!(as_array(&groups[0], "cycles").len(), 999);
+    assert_eq!(as_array(&groups[0], "threads").len(), 2);
+    let mut cmd = Command::new(trapline());
+    cmd.arg("deadlocks").arg(dir.trace());
+    let text = output_of(cmd, "trapline deadlocks");
+    assert_eq!(text.code(), 0, "{}", text.describe());
+    let lines = text.stdout.lines().count();
+    assert!(lines < 60, "{lines} lines:\n{}", text.stdout);
+    assert!(
+        text.stdout
+            .contains("one of 999 cycles through the same call sites"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("... and 993 more"), "{}", text.stdout);
+}
