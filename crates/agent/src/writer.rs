@@ -430,9 +430,12 @@ pub fn drain(scratch: &mut Vec<u8>) {
 
 /// Opens the trace file and writes its header.
 pub fn open(path: &std::ffi::CStr, exclusive: bool) -> Result<(), i32> {
+    // Never through a symbolic link: a link put at the trace's name would
+    // make the trace overwrite whatever it points to.
     let flags = libc::O_WRONLY
         | libc::O_CREAT
         | libc::O_CLOEXEC
+        | libc::O_NOFOLLOW
         | if exclusive {
             libc::O_EXCL
         } else {

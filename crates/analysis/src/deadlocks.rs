@@ -753,7 +753,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
         }
         state.apply(m.tid, &m.event);
     }
-    let stopped = merged.stopped().cloned();
+    let stopped = merged.read_status();
     drop(merged);
     segments.resolve();
     inherited.resolve(segments.current.len());

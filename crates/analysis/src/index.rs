@@ -11,9 +11,12 @@
 //! passes over a seekable input:
 //!
 //! 1. [`TraceIndex::build`] reads only the 44-byte chunk headers, seeking over
-//!    the payloads, and records each chunk's offset, thread and time range. It
-//!    stops at the first chunk whose header is missing, damaged or whose payload
-//!    runs past the end of the file (a trace torn by SIGKILL).
+//!    the payloads, and records each chunk's offset, thread and time range. At
+//!    a header that is damaged, or whose payload runs past the end of the
+//!    file, it searches the rest of the file for the next chunk whose marker,
+//!    header and checksum are right, notes the damaged span
+//!    ([`TraceIndex::damaged`]) and goes on from there; it stops where no such
+//!    chunk follows (a trace torn by SIGKILL).
 //! 2. [`MergedEvents`] is a k-way merge: chunks are opened in order of their
 //!    first time; a chunk is opened (read, checksummed, decompressed and
 //!    decoded) only when the merge reaches its first time, and dropped as soon
@@ -30,11 +33,10 @@
 //! order, then by position in the chunk, which makes the order deterministic.
 //!
 //! A chunk that turns out to be corrupt in the second pass (checksum, payload
-//! that does not decompress or decode) ends the trace at that chunk, as the
-//! sequential reader does: no chunk at or after its offset is opened any more.
-//! Events of later chunks that were already replayed because their time came
-//! first stay counted; [`MergedEvents::stopped`] tells where and why reading
-//! stopped.
+//! that does not decompress) is skipped, and one whose events stop decoding
+//! keeps the events before the bad one: the rest of the trace is analysed, and
+//! [`MergedEvents::read_status`] lists each damaged chunk by offset, with
+//! where and why reading stopped for good, if it did.
 
 use std::cmp::Reverse;
 use std::collections::binary_heap::PeekMut;
@@ -84,6 +86,16 @@ pub struct TraceIndex {
     pub file_len: u64,
     /// Set when the chunk list ends before the end of the file.
     pub stopped: Option<Stopped>,
+    /// Damaged spans skipped to the next good chunk, in file order.
+    pub damaged: Vec<Stopped>,
+}
+
+/// What went wrong while reading a trace: the damaged chunks skipped and
+/// where reading stopped for good, if it did.
+#[derive(Clone, Debug, Default)]
+pub struct ReadStatus {
+    pub stopped: Option<Stopped>,
+    pub damaged: Vec<Stopped>,
 }
 
 fn io_error(offset: u64) -> impl FnOnce(io::Error) -> TraceError {
@@ -107,6 +119,7 @@ impl TraceIndex {
 
         let mut chunks = Vec::new();
         let mut stopped = None;
+        let mut damaged = Vec::new();
         let mut offset = header_len;
         while offset < file_len {
             match Self::chunk_at(input, offset, file_len) {
@@ -114,10 +127,22 @@ impl TraceIndex {
                     chunks.push(ChunkEntry { offset, header });
                     offset += CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
                 }
-                Err(e) => {
-                    stopped = Some(Stopped::from_error(&e, offset));
-                    break;
-                }
+                Err(e) => match Self::next_good_chunk(input, &file_header, offset + 1, file_len) {
+                    Some(next) => {
+                        let mut d = Stopped::from_error(&e, offset);
+                        d.reason = format!(
+                            "{}; skipped {} bytes to the next good chunk",
+                            d.reason,
+                            crate::report::thousands(next - offset)
+                        );
+                        damaged.push(d);
+                        offset = next;
+                    }
+                    None => {
+                        stopped = Some(Stopped::from_error(&e, offset));
+                        break;
+                    }
+                },
             }
         }
         Ok(TraceIndex {
@@ -125,7 +150,56 @@ impl TraceIndex {
             chunks,
             file_len,
             stopped,
+            damaged,
         })
+    }
+
+    /// The offset of the first chunk at or after `from` whose marker, header
+    /// and checksum are right (a marker inside a payload fails the checksum).
+    fn next_good_chunk<R: Read + Seek>(
+        input: &mut R,
+        file_header: &[u8],
+        from: u64,
+        file_len: u64,
+    ) -> Option<u64> {
+        const WINDOW: usize = 1 << 20;
+        let magic = trapline_trace::format::CHUNK_MAGIC;
+        let mut at = from;
+        while at < file_len {
+            input.seek(SeekFrom::Start(at)).ok()?;
+            let mut window = Vec::with_capacity(WINDOW);
+            (&mut *input)
+                .take(WINDOW as u64)
+                .read_to_end(&mut window)
+                .ok()?;
+            if window.len() < magic.len() {
+                return None;
+            }
+            for i in 0..=window.len() - magic.len() {
+                if &window[i..i + magic.len()] != magic {
+                    continue;
+                }
+                let candidate = at + i as u64;
+                let Ok(header) = Self::chunk_at(input, candidate, file_len) else {
+                    continue;
+                };
+                let entry = ChunkEntry {
+                    offset: candidate,
+                    header,
+                };
+                let len = CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
+                let mut raw = Vec::new();
+                if input.seek(SeekFrom::Start(candidate)).is_ok()
+                    && (&mut *input).take(len).read_to_end(&mut raw).is_ok()
+                    && unpack_chunk(file_header, entry.offset, &raw).is_ok()
+                {
+                    return Some(candidate);
+                }
+            }
+            // The next window overlaps this one by the marker's length less one.
+            at += (window.len() - (magic.len() - 1)) as u64;
+        }
+        None
     }
 
     fn chunk_at<R: Read + Seek>(
@@ -351,9 +425,12 @@ pub struct MergedEvents<'a, R: Read + Seek> {
     /// Per chunk number: the chunk, while it is open.
     open: Vec<Option<OpenChunk>>,
     heap: BinaryHeap<Reverse<(u64, usize)>>,
-    /// Chunks at or after this offset are not used (a corrupt chunk was found).
+    /// Chunks at or after this offset are not used (a chunk could not be
+    /// read at all: an I/O error).
     limit: u64,
     stopped: Option<Stopped>,
+    /// Damaged chunks skipped (the index pass's, then the merge's).
+    damaged: Vec<Stopped>,
     open_count: usize,
     most_open: usize,
     /// Position in `order` of the next chunk to send to the decoding thread.
@@ -393,17 +470,23 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             heap: BinaryHeap::new(),
             limit: u64::MAX,
             stopped: index.stopped.clone(),
+            damaged: index.damaged.clone(),
             most_open: 0,
             submitted: 0,
             decoder: DecodeThread::start(index.file_header.clone()),
         }
     }
 
-    /// Where and why the trace stopped being usable: the index pass's finding
-    /// or a chunk that failed to read during the merge, whichever comes first
-    /// in the file. Complete only once the iteration has ended.
-    pub fn stopped(&self) -> Option<&Stopped> {
-        self.stopped.as_ref()
+    /// The damaged chunks skipped, in file order, and where and why the trace
+    /// stopped being usable (the index pass's finding, or a chunk that could
+    /// not be read at all). Complete only once the iteration has ended.
+    pub fn read_status(&self) -> ReadStatus {
+        let mut damaged = self.damaged.clone();
+        damaged.sort_by_key(|d| d.offset);
+        ReadStatus {
+            stopped: self.stopped.clone(),
+            damaged,
+        }
     }
 
     /// The largest number of chunks that were open at once.
@@ -482,12 +565,18 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             Ok((events, None)) => events,
             Ok((events, Some(err))) => {
                 // The chunk's checksum was right: keep what decoded before
-                // the bad event, but trust nothing after this chunk.
-                self.stop(Stopped::from_error(&err, entry.offset), entry.offset + 1);
+                // the bad event; the other chunks go on.
+                self.damaged.push(Stopped::from_error(&err, entry.offset));
                 events
             }
-            Err(e) => {
+            Err(TraceError::Io { offset, source }) => {
+                let e = TraceError::Io { offset, source };
                 self.stop(Stopped::from_error(&e, entry.offset), entry.offset);
+                return;
+            }
+            Err(e) => {
+                // Checksum or compression: this chunk is lost, not the rest.
+                self.damaged.push(Stopped::from_error(&e, entry.offset));
                 return;
             }
         };

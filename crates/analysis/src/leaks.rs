@@ -31,6 +31,8 @@ use crate::verdicts::{ScanCollector, Totals};
 pub const KIND_UNFREED_AT_EXIT: &str = "unfreed_at_exit";
 /// Loss record kind for blocks found by replay, when the trace has no exit snapshot.
 pub const KIND_LIVE_AT_END_OF_TRACE: &str = "live_at_end_of_trace";
+/// Allocation sites an unfinished trace lists unless every kind is asked for.
+pub const UNFINISHED_SITES_LISTED: usize = 25;
 
 /// The `trapline leaks` report (its JSON form is the stable schema).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -99,6 +101,7 @@ fn scan_record(verdict: Verdict, stack_id: u32, func: AllocFn, t: Totals) -> Los
         allocated_by: func.name(),
         stack_id,
         stack: Vec::new(),
+        suppression: None,
     }
 }
 
@@ -126,6 +129,9 @@ pub struct LeaksSummary {
     pub total_heap_usage: HeapUsage,
     /// Number of loss records.
     pub loss_records: u64,
+    /// Allocation sites not listed: an unfinished trace (no exit snapshot)
+    /// lists its top sites unless `--kinds all` (none with `--kinds none`).
+    pub records_omitted: u64,
     /// Errors detected, counting every occurrence.
     pub errors: u64,
     /// Distinct error contexts (entries of `errors`).
@@ -156,6 +162,9 @@ pub struct LossRecord {
     pub stack_id: u32,
     /// The allocation stack, innermost first, inlined frames expanded.
     pub stack: Vec<FrameReport>,
+    /// A Valgrind suppression that hides this record (`--gen-suppressions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suppression: Option<String>,
 }
 
 /// A suppression that hid loss records.
@@ -184,6 +193,8 @@ pub struct LeaksOptions {
     pub kinds: Vec<Verdict>,
     /// Suppressions to apply.
     pub suppressions: Vec<Suppression>,
+    /// Give each listed record a ready suppression (`--gen-suppressions`).
+    pub gen_suppressions: bool,
 }
 
 impl Default for LeaksOptions {
@@ -194,6 +205,7 @@ impl Default for LeaksOptions {
             history: false,
             kinds: vec![Verdict::DefinitelyLost, Verdict::PossiblyLost],
             suppressions: Vec::new(),
+            gen_suppressions: false,
         }
     }
 }
@@ -419,7 +431,7 @@ pub fn analyze_with<R: Read + Seek>(
     for m in merged.by_ref() {
         pass.observe(&m);
     }
-    let stopped = merged.stopped().cloned();
+    let stopped = merged.read_status();
     drop(merged);
 
     let has_exit_snapshot = pass.facts.has_exit_snapshot();
@@ -483,6 +495,7 @@ pub fn analyze_with<R: Read + Seek>(
                 allocated_by: func.name(),
                 stack_id,
                 stack: Vec::new(),
+                suppression: None,
             })
             .collect(),
     };
@@ -507,6 +520,21 @@ pub fn analyze_with<R: Read + Seek>(
             bytes: acc.bytes + r.direct_bytes.unwrap_or(r.bytes),
             blocks: acc.blocks + r.blocks,
         });
+    // An unfinished trace has no verdicts: its live blocks by site, the top
+    // ones listed unless every kind is asked for (a killed perl run had
+    // 698,621 sites, each printed and symbolized).
+    let mut records_omitted = 0;
+    if scan.is_none() && !has_exit_snapshot {
+        let keep = if options.kinds.is_empty() {
+            0
+        } else if Verdict::ALL.iter().all(|k| options.kinds.contains(k)) {
+            records.len()
+        } else {
+            UNFINISHED_SITES_LISTED
+        };
+        records_omitted = records.len().saturating_sub(keep) as u64;
+        records.truncate(keep);
+    }
     let shown_kinds: Vec<&str> = options.kinds.iter().map(|k| k.name()).collect();
     let mut kinds_total = [BytesBlocks::default(); 4];
     let mut suppressed = BytesBlocks::default();
@@ -555,6 +583,15 @@ pub fn analyze_with<R: Read + Seek>(
         k.blocks += r.blocks;
         shown_kinds.contains(&r.kind)
     });
+    if options.gen_suppressions {
+        for r in &mut records {
+            let func = AllocFn::ALL
+                .into_iter()
+                .find(|f| f.name() == r.allocated_by)
+                .unwrap_or(AllocFn::Malloc);
+            r.suppression = Some(crate::suppressions::generate(r.kind, func, &r.stack));
+        }
+    }
     if let Some(h) = history.as_mut() {
         for site in h.iter_mut() {
             site.stack = symbolizer.stack(&facts.stacks, site.stack_id);
@@ -590,6 +627,7 @@ pub fn analyze_with<R: Read + Seek>(
             suppressed: scan.as_ref().map(|_| suppressed),
             total_heap_usage: pass.heap.usage,
             loss_records: records.len() as u64,
+            records_omitted,
             errors: errors.iter().map(|e| e.count).sum(),
             error_contexts: errors.len() as u64,
         },
@@ -721,6 +759,13 @@ pub fn render_text(r: &LeaksReport) -> String {
         Some(e) => writeln!(out, "{p}Exit: {}", e.describe()).unwrap(),
         None => writeln!(out, "{p}Exit: unknown (the process did not finish)").unwrap(),
     }
+    if !exit_snapshot {
+        writeln!(
+            out,
+            "{p}UNFINISHED TRACE: the process did not finish while recorded (killed, or the trace was cut off): there is no exit snapshot and no reachability verdict. Below: the blocks live at the end of what was recorded, by allocation site, largest first."
+        )
+        .unwrap();
+    }
     if let Some(lost) = r.events_lost.filter(|&n| n > 0) {
         writeln!(
             out,
@@ -793,6 +838,19 @@ pub fn render_text(r: &LeaksReport) -> String {
             &rec.stack,
             rec.stack_id,
         );
+        writeln!(out, "{p}").unwrap();
+        if let Some(s) = &rec.suppression {
+            // Unprefixed, as memcheck prints it: ready to paste into a file.
+            writeln!(out, "{s}").unwrap();
+        }
+    }
+    if r.summary.records_omitted > 0 {
+        writeln!(
+            out,
+            "{p}... and {} more allocation sites with blocks live at the end of the trace (--kinds all lists every one)",
+            thousands(r.summary.records_omitted)
+        )
+        .unwrap();
         writeln!(out, "{p}").unwrap();
     }
 

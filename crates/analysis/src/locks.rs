@@ -251,7 +251,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
             }
         }
     }
-    let stopped = merged.stopped().cloned();
+    let stopped = merged.read_status();
     drop(merged);
     // Waits under way when the trace ended (a hung program) count, up to
     // the end: a thread stuck for seconds is the most contended of all.

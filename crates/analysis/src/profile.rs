@@ -248,7 +248,7 @@ pub fn analyze<R: Read + Seek>(
             _ => {}
         }
     }
-    let stopped = merged.stopped().cloned();
+    let stopped = merged.read_status();
     drop(merged);
     let Some((rate_hz, signal)) = start else {
         return Err(ProfileError::NotProfiled);

@@ -110,6 +110,9 @@ pub struct TraceStatus {
     pub has_exit_snapshot: bool,
     /// Where and why reading stopped early; null when the file was read to its end.
     pub stopped: Option<Stopped>,
+    /// Damaged chunks that were skipped (their events are missing), each
+    /// by offset with the reason; the rest of the trace was analysed.
+    pub damaged_chunks: Vec<Stopped>,
     /// Size of the trace file in bytes.
     pub file_bytes: u64,
     /// Chunks read.
@@ -289,14 +292,15 @@ impl Facts {
     pub fn trace_status(
         &self,
         index: &crate::index::TraceIndex,
-        stopped: Option<Stopped>,
+        read: crate::index::ReadStatus,
     ) -> TraceStatus {
         let has_end = self.end.is_some();
         TraceStatus {
-            complete: has_end && stopped.is_none(),
+            complete: has_end && read.stopped.is_none() && read.damaged.is_empty(),
             has_end,
             has_exit_snapshot: self.has_exit_snapshot(),
-            stopped,
+            stopped: read.stopped,
+            damaged_chunks: read.damaged,
             file_bytes: index.file_len,
             chunks: index.chunks.len() as u64,
             events: self.events,
@@ -558,6 +562,14 @@ pub fn status_warnings(status: &TraceStatus) -> Vec<String> {
              crashed before the agent could flush, or still running). Results cover what was recorded."
                 .to_string(),
         );
+    }
+    for d in &status.damaged_chunks {
+        lines.push(format!(
+            "WARNING: damaged chunk at byte {} of {} skipped: {}. Its events are missing; the rest of the trace is reported.",
+            thousands(d.offset),
+            thousands(status.file_bytes),
+            d.reason
+        ));
     }
     if let Some(s) = &status.stopped {
         lines.push(format!(

@@ -200,7 +200,7 @@ const SUMMARY_TAIL_CHUNKS: usize = 64;
 /// is damaged or lost events; then [`analyze`] is the way.
 pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSummary>, TraceError> {
     let index = TraceIndex::build(input)?;
-    if index.stopped.is_some() {
+    if index.stopped.is_some() || !index.damaged.is_empty() {
         return Ok(None);
     }
     let (mut totals, mut end_lost, mut unfreed, mut exit) = (None, None, None, None);
@@ -402,7 +402,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             };
         }
     }
-    let stopped = merged.stopped().cloned();
+    let stopped = merged.read_status();
     drop(merged);
 
     let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);

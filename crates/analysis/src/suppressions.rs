@@ -189,6 +189,50 @@ fn mangled(func: AllocFn) -> &'static str {
     }
 }
 
+/// Frames a generated suppression names at most (memcheck's default
+/// `--num-callers` is 12).
+pub const GENERATED_FRAMES: usize = 12;
+
+/// A Valgrind suppression that hides exactly a loss record like this one: its
+/// kind (none for an unjudged record: any kind), the allocation function and
+/// the innermost frames of its stack (`fun:` where the function is known,
+/// `obj:` where only the module is, `...` for a frame with neither), as
+/// memcheck's `--gen-suppressions` prints them.
+pub fn generate(kind: &str, func: AllocFn, stack: &[FrameReport]) -> String {
+    let mut lines = vec![
+        "{".to_string(),
+        "   <insert_a_suppression_name_here>".to_string(),
+        "   Memcheck:Leak".to_string(),
+    ];
+    if let Some(k) = Verdict::ALL
+        .into_iter()
+        .find(|v| v.name() == kind)
+        .map(memcheck_kind)
+    {
+        lines.push(format!("   match-leak-kinds: {k}"));
+    }
+    lines.push(format!("   fun:{}", mangled(func)));
+    for f in stack.iter().take(GENERATED_FRAMES - 1) {
+        lines.push(match (&f.function, &f.module) {
+            (Some(name), _) => format!("   fun:{name}"),
+            (None, Some(module)) => format!("   obj:{module}"),
+            (None, None) => "   ...".to_string(),
+        });
+    }
+    lines.push("}".to_string());
+    lines.join("\n")
+}
+
+/// memcheck's name of a leak kind in `match-leak-kinds`.
+fn memcheck_kind(v: Verdict) -> &'static str {
+    match v {
+        Verdict::DefinitelyLost => "definite",
+        Verdict::IndirectlyLost => "indirect",
+        Verdict::PossiblyLost => "possible",
+        _ => "reachable",
+    }
+}
+
 impl Suppression {
     /// Whether this suppression hides a loss record.
     pub fn matches(&self, verdict: Verdict, func: AllocFn, stack: &[FrameReport]) -> bool {

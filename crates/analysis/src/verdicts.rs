@@ -302,7 +302,8 @@ pub struct SkippedScan {
     /// When it was due, nanoseconds since the start of the process.
     pub time_ns: u64,
     /// `"cgroup_memory_limit"`, `"commit_limit"`, `"address_space_limit"`,
-    /// `"data_limit"`, `"system_memory"` or `"memory_unreadable"`.
+    /// `"data_limit"`, `"system_memory"`, `"memory_unreadable"`,
+    /// `"allocation_failed"` or `"over_budget"`.
     pub reason: &'static str,
     /// What the scan would have needed (the agent's estimate, with margin).
     pub needed_bytes: u64,
@@ -343,6 +344,13 @@ impl SkippedScan {
                     reason.limit_text()
                 )
             }
+            ScanSkipReason::OverBudget => format!(
+                "deferred: the periodic scans had paused the program {:.3} s of its {:.3} s, more than {} ({}%)",
+                seconds(needed),
+                seconds(available),
+                reason.limit_text(),
+                limit as f64 / 10_000.0
+            ),
             _ => format!(
                 "it would have needed about {}, and {}, {}, left {}",
                 mib(needed),

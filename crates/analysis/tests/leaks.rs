@@ -474,7 +474,7 @@ fn snapshot_cut_short_falls_back_to_replay() {
 }
 
 #[test]
-fn corrupt_chunk_ends_the_trace_there() {
+fn corrupt_chunk_is_skipped_and_the_rest_read() {
     let chunks = vec![
         (0, vec![process()]),
         (1, vec![malloc(10, 0x1000, 10, 0)]),
@@ -487,16 +487,24 @@ fn corrupt_chunk_ends_the_trace_there() {
     let at = offsets[2] as usize + 44;
     bytes[at] ^= 0xff;
     let r = analyze(&mut cursor(&bytes)).unwrap();
-    let stopped = r.trace.stopped.clone().expect("stopped");
-    assert_eq!(stopped.offset, offsets[2]);
-    assert!(stopped.reason.contains("corrupt"), "{}", stopped.reason);
+    assert_eq!(r.trace.stopped, None);
+    assert!(!r.trace.complete);
+    let damaged = &r.trace.damaged_chunks;
+    assert_eq!(damaged.len(), 1, "{damaged:?}");
+    assert_eq!(damaged[0].offset, offsets[2]);
     assert!(
-        stopped.reason.contains(&format!("byte {}", offsets[2])),
+        damaged[0].reason.contains("corrupt"),
         "{}",
-        stopped.reason
+        damaged[0].reason
     );
-    assert_eq!(r.summary.unfreed_at_exit.bytes, 10);
-    assert_eq!(r.summary.unfreed_at_exit.blocks, 1);
+    assert!(
+        damaged[0].reason.contains(&format!("byte {}", offsets[2])),
+        "{}",
+        damaged[0].reason
+    );
+    // The chunk after the damaged one is read: 10 + 30 bytes live.
+    assert_eq!(r.summary.unfreed_at_exit.bytes, 40);
+    assert_eq!(r.summary.unfreed_at_exit.blocks, 2);
 }
 
 #[test]

@@ -39,7 +39,8 @@ fn merge_is_time_ordered_and_keeps_few_chunks_open() {
         "{}",
         merged.most_open()
     );
-    assert!(merged.stopped().is_none());
+    let status = merged.read_status();
+    assert!(status.stopped.is_none() && status.damaged.is_empty());
     // Thread 1 starts first, thread 2 one nanosecond later.
     let allocs: Vec<_> = events
         .iter()

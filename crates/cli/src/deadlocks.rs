@@ -9,6 +9,9 @@ pub struct DeadlocksArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::Format::Text)]
     pub format: crate::Format,
+    /// Exit with this status when the report finds something (see `found`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    pub error_exitcode: Option<u8>,
 }
 
 impl crate::output::Report for trapline_analysis::DeadlocksReport {
@@ -21,11 +24,21 @@ impl crate::output::Report for trapline_analysis::DeadlocksReport {
     fn status(&self) -> &trapline_analysis::report::TraceStatus {
         &self.trace
     }
+    /// Potential and actual deadlocks and lock misuse (not lock-order
+    /// inversions of one thread, a lower severity).
+    fn found(&self) -> bool {
+        let s = &self.summary;
+        s.potential_deadlocks + s.actual_deadlocks + s.errors > 0
+    }
 }
 
 /// Runs the command; see [`crate::output`] for the exit statuses.
 pub fn main(args: DeadlocksArgs) -> ExitCode {
-    crate::output::run("deadlocks", &args.trace.trace, args.format, |input| {
-        trapline_analysis::deadlocks::analyze(input)
-    })
+    crate::output::run(
+        "deadlocks",
+        &args.trace.trace,
+        args.format,
+        args.error_exitcode,
+        trapline_analysis::deadlocks::analyze,
+    )
 }

@@ -28,6 +28,15 @@ pub struct LeaksArgs {
     /// `{ ... Memcheck:Leak ... }` blocks); may be repeated.
     #[arg(long = "suppressions", value_name = "FILE")]
     pub suppressions: Vec<PathBuf>,
+    /// Print with each loss record listed a Valgrind suppression that hides
+    /// it, ready for a --suppressions file (in the JSON: each record's
+    /// `suppression`).
+    #[arg(long)]
+    pub gen_suppressions: bool,
+    /// Exit with this status when the report holds an error or a definitely
+    /// or possibly lost block (not suppressed), as memcheck's --error-exitcode.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    pub error_exitcode: Option<u8>,
 }
 
 /// The kinds of loss records to list.
@@ -47,6 +56,7 @@ pub fn main(args: LeaksArgs) -> ExitCode {
         history: args.history,
         kinds: args.kinds.0,
         suppressions: Vec::new(),
+        gen_suppressions: args.gen_suppressions,
     };
     for path in &args.suppressions {
         let text = match std::fs::read_to_string(path) {
@@ -67,7 +77,11 @@ pub fn main(args: LeaksArgs) -> ExitCode {
             }
         }
     }
-    crate::output::run("leaks", &args.trace.trace, args.format, |input| {
-        trapline_analysis::leaks::analyze_with(input, &options)
-    })
+    crate::output::run(
+        "leaks",
+        &args.trace.trace,
+        args.format,
+        args.error_exitcode,
+        |input| trapline_analysis::leaks::analyze_with(input, &options),
+    )
 }

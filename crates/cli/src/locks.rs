@@ -9,6 +9,9 @@ pub struct LocksArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::Format::Text)]
     pub format: crate::Format,
+    /// Exit with this status when the report finds something (see `found`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    pub error_exitcode: Option<u8>,
 }
 
 impl crate::output::Report for trapline_analysis::LocksReport {
@@ -21,11 +24,19 @@ impl crate::output::Report for trapline_analysis::LocksReport {
     fn status(&self) -> &trapline_analysis::report::TraceStatus {
         &self.trace
     }
+    /// Lock misuse.
+    fn found(&self) -> bool {
+        !self.errors.is_empty()
+    }
 }
 
 /// Runs the command; see [`crate::output`] for the exit statuses.
 pub fn main(args: LocksArgs) -> ExitCode {
-    crate::output::run("locks", &args.trace.trace, args.format, |input| {
-        trapline_analysis::locks::analyze(input)
-    })
+    crate::output::run(
+        "locks",
+        &args.trace.trace,
+        args.format,
+        args.error_exitcode,
+        trapline_analysis::locks::analyze,
+    )
 }

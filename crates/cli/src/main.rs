@@ -10,6 +10,7 @@ mod profile;
 mod run;
 mod stats;
 mod trace_names;
+mod trace_output;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;

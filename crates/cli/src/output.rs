@@ -6,7 +6,8 @@
 //! and its JSON has `trace.stopped`); 1 when there is nothing to report: the
 //! file cannot be opened, is not a trapline trace, has a newer format version,
 //! or holds no readable event at all (the message on stderr names the file);
-//! 2 for bad usage (clap).
+//! 2 for bad usage (clap); with `--error-exitcode N` (leaks, locks,
+//! deadlocks), N when the report found what that command counts as errors.
 
 use std::fs::File;
 use std::io::{BufReader, Write};
@@ -31,6 +32,10 @@ pub trait Report: Serialize {
     }
     /// The traced process.
     fn process(&self) -> &ProcessReport;
+    /// Whether the report found something `--error-exitcode` stands for.
+    fn found(&self) -> bool {
+        false
+    }
 }
 
 impl Report for trapline_analysis::LeaksReport {
@@ -45,6 +50,13 @@ impl Report for trapline_analysis::LeaksReport {
     }
     fn problem(&self) -> Option<&str> {
         self.problem.as_deref()
+    }
+    /// memcheck's rule: errors, and leaks of the kinds that count as errors
+    /// (definite and possible), suppressed ones excepted.
+    fn found(&self) -> bool {
+        let s = &self.summary;
+        let blocks = |b: Option<trapline_analysis::leaks::BytesBlocks>| b.map_or(0, |b| b.blocks);
+        s.errors > 0 || blocks(s.definitely_lost) > 0 || blocks(s.possibly_lost) > 0
     }
 }
 
@@ -73,10 +85,12 @@ impl Report for trapline_analysis::StatsReport {
 }
 
 /// Runs `analyze` on the trace at `path` and prints its report in `format`.
+/// With `error_exitcode`, a report that found something returns that status.
 pub fn run<T: Report>(
     command: &str,
     path: &Path,
     format: Format,
+    error_exitcode: Option<u8>,
     analyze: impl FnOnce(&mut BufReader<File>) -> Result<T, TraceError>,
 ) -> ExitCode {
     let report = match load(command, path, analyze) {
@@ -94,7 +108,10 @@ pub fn run<T: Report>(
     if format == Format::Text {
         next_image_hint(path, report.process());
     }
-    ExitCode::SUCCESS
+    match error_exitcode {
+        Some(code) if report.found() => ExitCode::from(code),
+        _ => ExitCode::SUCCESS,
+    }
 }
 
 /// For a trace whose image replaced itself with exec: where the next

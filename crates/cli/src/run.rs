@@ -67,6 +67,11 @@ pub struct RunArgs {
     /// the program runs (each scan is a snapshot; see `trapline leaks --history`).
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
     pub scan_every: Option<f64>,
+    /// The share of the run's wall time the periodic scans may pause the
+    /// program, in percent (default 5): a scan due while their pauses came
+    /// to more is deferred, and the trace says so.
+    #[arg(long, value_name = "PERCENT", value_parser = parse_percent)]
+    pub scan_budget: Option<f64>,
     /// Do not scan for reachability at exit (leaks then shows blocks unfreed at exit, unjudged).
     #[arg(long)]
     pub no_scan: bool,
@@ -78,6 +83,10 @@ pub struct RunArgs {
     /// Print no summary when the command ends.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Write the trace even where the output path is a file that is not a
+    /// trapline trace, or a symbolic link (the link is replaced, not followed).
+    #[arg(long)]
+    pub force: bool,
     /// The command to run, and its arguments.
     #[arg(
         trailing_var_arg = true,
@@ -88,44 +97,20 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// A percentage above 0 and at most 100 (decimals allowed, down to 0.0001).
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0001..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a percentage from 0.0001 to 100")),
+    }
+}
+
 /// A positive number of seconds (decimals allowed), at least a millisecond.
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.001 => Ok(v),
         _ => Err(format!("`{s}` is not a number of seconds (at least 0.001)")),
     }
-}
-
-/// Creates the (empty) trace file, after checking that it can hold one: a
-/// regular file, where a header can be written. A FIFO made trapline wait
-/// for a reader before the command ran; /dev/null took the top process's
-/// trace and, under /dev, its children's `null.<pid>` files; a /proc file
-/// opened and then failed every write, and the run went on losing every
-/// event.
-fn prepare_trace_file(path: &Path) -> std::io::Result<()> {
-    use std::io::{Error, ErrorKind, Write};
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::metadata(path) {
-        let kind = meta.file_type();
-        let what = if kind.is_dir() {
-            Some("it is a directory")
-        } else if kind.is_fifo() {
-            Some("it is a FIFO, not a regular file")
-        } else if kind.is_char_device() || kind.is_block_device() {
-            Some("it is a device, not a regular file")
-        } else if kind.is_socket() {
-            Some("it is a socket, not a regular file")
-        } else {
-            None
-        };
-        if let Some(what) = what {
-            return Err(Error::new(ErrorKind::InvalidInput, what));
-        }
-    }
-    let mut file = std::fs::File::create(path)?;
-    // A write that succeeds, undone (the agent writes the header itself).
-    file.write_all(trapline_trace::format::MAGIC)?;
-    file.set_len(0)
 }
 
 fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
@@ -464,14 +449,21 @@ pub fn main(args: RunArgs) -> ExitCode {
             .map(|d| d.join(&args.output))
             .unwrap_or_else(|_| args.output.clone())
     };
-    if let Err(e) = prepare_trace_file(&output) {
-        return fail(
-            EXIT_CANNOT_RUN,
-            format!("cannot write the trace {}: {e}", output.display()),
-        );
-    }
-    for stale in trace_names::family_files(&output) {
-        let _ = std::fs::remove_file(stale);
+    match crate::trace_output::prepare(&output, &args.command, args.force) {
+        Err(e) => return fail(EXIT_CANNOT_RUN, e),
+        Ok(p) if !p.moved_aside.is_empty() && !args.quiet => {
+            let names: Vec<String> = p
+                .moved_aside
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect();
+            eprintln!(
+                "trapline run: the previous run's trace{} moved aside (older ones replaced): {}",
+                if names.len() == 1 { "" } else { "s" },
+                names.join(", ")
+            );
+        }
+        Ok(_) => {}
     }
 
     let mut cmd = Command::new(&args.command[0]);
@@ -499,6 +491,11 @@ pub fn main(args: RunArgs) -> ExitCode {
             "TRAPLINE_SCAN_EVERY",
             args.scan_every
                 .map(|s| ((s * 1000.0).round() as u64).to_string()),
+        ),
+        (
+            "TRAPLINE_SCAN_BUDGET_PPM",
+            args.scan_budget
+                .map(|p| ((p * 10_000.0).round() as u64).to_string()),
         ),
         ("TRAPLINE_PROFILE", args.profile.map(|hz| hz.to_string())),
     ];
@@ -751,8 +748,10 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
         );
     }
     let mut summaries = summaries;
+    let mut last_calls = None;
     match summaries[last].take() {
         Some(Ok(s)) => {
+            last_calls = Some(s.allocation_calls);
             print_summary(&s);
             let exec_untraced = s.process.exit.is_some_and(|e| e.exec);
             if exec_untraced {
@@ -780,10 +779,60 @@ fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>
     } else {
         "other processes"
     };
-    summarize_others(output, others_are, &others, others_summaries.into_iter());
-    eprintln!("==trapline== see: trapline leaks {}", last_trace.display());
+    let busiest = summarize_others(output, others_are, &others, others_summaries.into_iter());
+    // A driver (g++, make, a shell) makes few allocation calls; the other
+    // processes that carry the work (ten times the command's own calls, and
+    // a thousand at least) are named first. The command's earlier images
+    // are the command.
+    let mine = last_calls.unwrap_or(0);
+    let working: Vec<&Busy> = busiest
+        .iter()
+        .filter(|b| b.calls >= WORK_CALLS_AT_LEAST.max(mine.saturating_mul(10)))
+        .filter(|b| !images.iter().any(|&i| files[i] == b.path))
+        .collect();
+    if working.is_empty() {
+        eprintln!("==trapline== see: trapline leaks {}", last_trace.display());
+    } else {
+        let named: Vec<String> = working
+            .iter()
+            .map(|b| {
+                format!(
+                    "{} ({}, {} allocation calls)",
+                    b.path.display(),
+                    b.name,
+                    th(b.calls)
+                )
+            })
+            .collect();
+        eprintln!(
+            "==trapline== most of the work is in other processes: {}",
+            named.join(", ")
+        );
+        eprintln!(
+            "==trapline== see: trapline leaks {}",
+            working[0].path.display()
+        );
+        eprintln!(
+            "==trapline==      trapline leaks {} (the command's own, {} allocation calls)",
+            last_trace.display(),
+            th(mine)
+        );
+    }
     last_trace.clone()
 }
+
+/// A trace of another process with many allocation calls.
+struct Busy {
+    path: PathBuf,
+    /// Its executable's file name.
+    name: String,
+    calls: u64,
+}
+
+/// Traces of other processes named as the ones that carry the work.
+const BUSIEST_NAMED: usize = 3;
+/// Allocation calls another process must make to be named as the work.
+const WORK_CALLS_AT_LEAST: u64 = 1000;
 
 /// The exec'd image after the last trace was not traced.
 const EXEC_UNTRACED: &str = "the process then replaced itself with a program the agent \
@@ -879,14 +928,16 @@ const OTHERS_LISTED: usize = 10;
 /// alone said "errors found: 0" for a tree whose child double-freed. Their
 /// unfreed blocks are not added up: a fork child that execs lists the heap
 /// it inherited, and a shell's children would sum to many times its heap.
+/// Returns the traces with the most allocation calls, most first.
 fn summarize_others(
     output: &Path,
     others_are: &str,
     others: &[PathBuf],
     summaries: impl Iterator<Item = Option<ReadSummary>>,
-) {
+) -> Vec<Busy> {
+    let mut busiest: Vec<Busy> = Vec::new();
     if others.is_empty() {
-        return;
+        return busiest;
     }
     let (mut calls, mut errors, mut lost, mut unfinished) = (0u64, 0u64, 0u64, 0usize);
     let mut running = 0usize;
@@ -909,6 +960,18 @@ fn summarize_others(
             None => continue,
         };
         calls += s.allocation_calls;
+        busiest.push(Busy {
+            path: path.clone(),
+            name: s
+                .process
+                .executable
+                .as_deref()
+                .map(|e| e.rsplit('/').next().unwrap_or(e).to_string())
+                .unwrap_or_else(|| "?".to_string()),
+            calls: s.allocation_calls,
+        });
+        busiest.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.path.cmp(&b.path)));
+        busiest.truncate(BUSIEST_NAMED);
         errors += s.errors;
         failed += s.failed_allocations;
         // A process that outlived the command (a daemon, Python's
@@ -969,6 +1032,7 @@ fn summarize_others(
             counted((notable.len() - OTHERS_LISTED) as u64, "trace")
         );
     }
+    busiest
 }
 
 const STILL_RUNNING: &str =

@@ -13,7 +13,7 @@ pub struct StatsArgs {
 
 /// Runs the command; see [`crate::output`] for the exit statuses.
 pub fn main(args: StatsArgs) -> ExitCode {
-    crate::output::run("stats", &args.trace.trace, args.format, |input| {
+    crate::output::run("stats", &args.trace.trace, args.format, None, |input| {
         trapline_analysis::stats::analyze(input)
     })
 }

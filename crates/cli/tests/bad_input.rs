@@ -117,7 +117,6 @@ fn run_output_that_cannot_hold_a_trace_is_refused() {
     for (output, reason) in [
         (fifo.as_str(), "it is a FIFO, not a regular file"),
         ("/dev/null", "it is a device, not a regular file"),
-        ("/proc/version", "(os error"),
         ("/", "it is a directory"),
     ] {
         let mut cmd = trapline_cmd(&["run", "-o", output, "--", "/bin/true"]);
@@ -132,6 +131,176 @@ fn run_output_that_cannot_hold_a_trace_is_refused() {
             finished.describe()
         );
     }
+    // A /proc file is no trace; forced, it cannot be written.
+    for (flags, reason) in [
+        (&[][..], "exists and is not a trapline trace"),
+        (&["--force"][..], "(os error"),
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["-o", "/proc/version", "--", "/bin/true"]);
+        let mut cmd = trapline_cmd(&args);
+        cmd.current_dir(dir.path());
+        let finished = output_of(cmd, "trapline run -o /proc/version");
+        no_panic(&finished);
+        assert_eq!(finished.code(), 125, "{}", finished.describe());
+        assert!(finished.stderr.contains(reason), "{}", finished.describe());
+    }
+}
+
+/// `trapline run -o input.pl -- perl input.pl` truncated the script before
+/// perl read it; `-o notes.txt` overwrote any file; `-o link` wrote through
+/// a symbolic link to whatever it named. Now: an output the command names
+/// is refused always; a file that is not a trace, and a link, are refused
+/// unless `--force` (which replaces the file, or the link itself, never
+/// its target). What was there is unchanged, byte for byte.
+#[test]
+fn run_never_overwrites_what_is_not_a_trace() {
+    let dir = TestDir::new("run_output_clobber");
+    let run_with = |args: &[&str]| {
+        let mut cmd = trapline_cmd(args);
+        cmd.current_dir(dir.path());
+        let finished = output_of(cmd, &format!("trapline {}", args.join(" ")));
+        no_panic(&finished);
+        finished
+    };
+    let script = dir.path().join("input.sh");
+    let text = "echo script ran\n";
+    std::fs::write(&script, text).unwrap();
+    for flags in [&[][..], &["--force"][..]] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["-o", "input.sh", "--", "/bin/sh", "input.sh"]);
+        let finished = run_with(&args);
+        assert_eq!(finished.code(), 125, "{}", finished.describe());
+        assert!(
+            finished
+                .stderr
+                .contains("would overwrite input.sh, which the command names"),
+            "{}",
+            finished.describe()
+        );
+        assert_eq!(std::fs::read_to_string(&script).unwrap(), text);
+    }
+
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "keep me\n").unwrap();
+    let finished = run_with(&["run", "-o", "notes.txt", "--", "/bin/true"]);
+    assert_eq!(finished.code(), 125, "{}", finished.describe());
+    assert!(
+        finished.stderr.contains("notes.txt exists and is not a trapline trace: refusing to overwrite it (--force replaces it)"),
+        "{}",
+        finished.describe()
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+
+    let link = dir.path().join("link.trace");
+    std::os::unix::fs::symlink(&notes, &link).unwrap();
+    let finished = run_with(&["run", "-o", "link.trace", "--", "/bin/true"]);
+    assert_eq!(finished.code(), 125, "{}", finished.describe());
+    assert!(
+        finished.stderr.contains("link.trace is a symbolic link"),
+        "{}",
+        finished.describe()
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+
+    let finished = run_with(&[
+        "run",
+        "-q",
+        "--force",
+        "-o",
+        "link.trace",
+        "--",
+        "/bin/true",
+    ]);
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    assert!(!std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert!(std::fs::read(&link).unwrap().starts_with(b"TRAPLINE"));
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+
+    let finished = run_with(&["run", "-q", "--force", "-o", "notes.txt", "--", "/bin/true"]);
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    assert!(std::fs::read(&notes).unwrap().starts_with(b"TRAPLINE"));
+}
+
+/// Reusing an output name deleted the earlier run's child traces without a
+/// word. They are moved aside now, with the top trace, to PATH.old and
+/// PATH.old.<pid> (an older .old family is replaced, as `perf record` keeps
+/// one perf.data.old), and the run says so.
+#[test]
+fn run_moves_the_previous_runs_traces_aside() {
+    let dir = TestDir::new("run_output_reuse");
+    let run_tree = |quiet: bool| {
+        let mut args = vec!["run"];
+        if quiet {
+            args.push("-q");
+        }
+        args.extend_from_slice(&[
+            "-o",
+            "t.trace",
+            "--",
+            "/bin/sh",
+            "-c",
+            "/bin/true; /bin/true",
+        ]);
+        let mut cmd = trapline_cmd(&args);
+        cmd.current_dir(dir.path());
+        let finished = output_of(cmd, "trapline run a tree");
+        no_panic(&finished);
+        assert_eq!(finished.code(), 0, "{}", finished.describe());
+        finished
+    };
+    let family = |name: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| {
+                n == name
+                    || n.strip_prefix(name).is_some_and(|r| {
+                        r.starts_with('.') && r[1..].chars().all(|c| c.is_ascii_digit() || c == '.')
+                    })
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    run_tree(true);
+    let first = family("t.trace");
+    assert_eq!(first.len(), 3, "{first:?}");
+    let first_bytes: Vec<Vec<u8>> = first
+        .iter()
+        .map(|n| std::fs::read(dir.path().join(n)).unwrap())
+        .collect();
+    let second = run_tree(false);
+    let old = family("t.trace.old");
+    let expected_old: Vec<String> = first
+        .iter()
+        .map(|n| n.replacen("t.trace", "t.trace.old", 1))
+        .collect();
+    assert_eq!(old, expected_old);
+    for (name, bytes) in old.iter().zip(&first_bytes) {
+        assert_eq!(
+            &std::fs::read(dir.path().join(name)).unwrap(),
+            bytes,
+            "{name}"
+        );
+    }
+    assert!(
+        second.stderr.contains(
+            "trapline run: the previous run's traces moved aside (older ones replaced): "
+        ),
+        "{}",
+        second.describe()
+    );
+    for name in &old {
+        assert!(
+            second.stderr.contains(name.as_str()),
+            "{name}: {}",
+            second.describe()
+        );
+    }
+    assert_eq!(family("t.trace").len(), 3);
 }
 
 /// A program that another C library's loader starts (musl's,
@@ -627,4 +796,76 @@ fn a_very_long_command_line_is_cut_in_the_process_record() {
             100_000 - (65_536 - 9 - 50_000)
         )
     );
+}
+
+/// The offsets of the chunk headers of a trace, found by their marker and
+/// checked by the chunk's stored length, which must lead to the next one.
+fn chunk_offsets(bytes: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut at = 16;
+    while at + 44 <= bytes.len() && &bytes[at..at + 4] == b"TLCK" {
+        out.push(at);
+        let stored = u32::from_le_bytes(bytes[at + 16..at + 20].try_into().unwrap()) as usize;
+        at += 44 + stored;
+    }
+    assert_eq!(at, bytes.len(), "the chunks cover the file");
+    out
+}
+
+/// A trace damaged in its middle, by a flipped byte in a chunk's payload
+/// (a checksum error) or a destroyed chunk marker: it was reported as a
+/// process that "did not finish (killed by SIGKILL ...)" although it
+/// exited 0, and every chunk after the damage was dropped. The damaged
+/// chunk is now reported by offset, reading resumes at the next good
+/// chunk, and the rest (here the end record: exit 0) is analysed.
+#[test]
+fn a_damaged_chunk_is_skipped_and_the_rest_analysed() {
+    let dir = TestDir::new("damaged_middle");
+    let prog = compile_c(&dir, "many_pairs.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let bytes = std::fs::read(dir.trace()).unwrap();
+    let chunks = chunk_offsets(&bytes);
+    assert!(chunks.len() >= 4, "{} chunks", chunks.len());
+    let victim = chunks[chunks.len() / 2];
+    for (name, at, reason) in [
+        ("payload", victim + 44 + 5, "checksum"),
+        ("marker", victim, "bad chunk marker"),
+    ] {
+        let mut damaged = bytes.clone();
+        if name == "marker" {
+            damaged[at..at + 4].copy_from_slice(b"XXXX");
+        } else {
+            damaged[at] ^= 0x55;
+        }
+        let path = dir.path().join(format!("{name}.trace"));
+        std::fs::write(&path, &damaged).unwrap();
+        let report = leaks_with(&path, &[]);
+        let trace = field(&report, "trace");
+        assert_eq!(
+            process_exit(&report),
+            &json!({"code": 0}),
+            "{name}: {}",
+            pretty(trace)
+        );
+        assert_eq!(trace["complete"], json!(false), "{name}");
+        assert_eq!(trace["stopped"], Value::Null, "{name}: {}", pretty(trace));
+        let spans = as_array(trace, "damaged_chunks");
+        assert_eq!(spans.len(), 1, "{name}: {}", pretty(trace));
+        assert_eq!(spans[0]["offset"], json!(victim), "{name}");
+        assert!(
+            as_str(&spans[0], "reason").contains(reason),
+            "{name}: {}",
+            pretty(trace)
+        );
+        let text = leaks_text(&path, &[]);
+        assert!(
+            text.contains(&format!(
+                "WARNING: damaged chunk at byte {}",
+                thousands(victim as u64)
+            )),
+            "{name}: {text}"
+        );
+        assert!(!text.contains("did not finish"), "{name}: {text}");
+    }
 }

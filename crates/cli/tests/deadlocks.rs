@@ -673,3 +673,21 @@ fn cycles_repeated_over_many_locks_are_one_group() {
     );
     assert!(text.stdout.contains("... and 993 more"), "{}", text.stdout);
 }
+
+/// `trapline deadlocks --error-exitcode N` exits N for a potential deadlock
+/// and 0 where a gate lock prevents it.
+#[test]
+fn deadlocks_error_exitcode() {
+    for (mode, expected) in [("ab", 3), ("gate", 0)] {
+        let dir = TestDir::new(&format!("deadlocks_exitcode_{mode}"));
+        let prog = compile_c(&dir, "lock_orders.c");
+        let run = run(&dir, &[], &prog, &[mode]);
+        assert_eq!(run.code(), 0, "{}", run.describe());
+        let mut cmd = Command::new(trapline());
+        cmd.arg("deadlocks")
+            .arg(dir.trace())
+            .args(["--error-exitcode", "3"]);
+        let finished = output_of(cmd, "trapline deadlocks");
+        assert_eq!(finished.code(), expected, "{mode}: {}", finished.describe());
+    }
+}

@@ -456,6 +456,60 @@ fn sigkill_leaves_a_readable_trace() {
     assert_eq!(records[0]["stack"][0]["function"], json!("term_leak"));
 }
 
+/// unfinished_sites.c, killed by SIGKILL: an unfinished trace has no exit
+/// verdict. `leaks` printed every live block's site (a killed perl run:
+/// 698,621 lines) whatever `--kinds` said. It now says first that the trace
+/// is unfinished, gives the live summary, lists the 25 largest sites and
+/// counts the rest; `--kinds all` lists all 40, `--kinds none` none.
+#[test]
+fn an_unfinished_trace_lists_its_top_sites() {
+    let dir = TestDir::new("unfinished_sites");
+    let (child, pid) = start_ready_fixture(&dir, "unfinished_sites.c");
+    let total: u64 = (0..40).map(|i| 100 + i).sum();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while leaks_with(&dir.trace(), &["--kinds", "all"])["summary"]["unfreed_at_exit"]["bytes"]
+        != json!(total)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the blocks never reached the trace"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the traced program");
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 137, "{}", run.describe());
+
+    let report = leaks_with(&dir.trace(), &[]);
+    assert_eq!(report["trace"]["complete"], json!(false));
+    assert_eq!(report["summary"]["source"], json!("replay"));
+    assert_eq!(
+        report["summary"]["unfreed_at_exit"],
+        json!({"bytes": total, "blocks": 40})
+    );
+    let records = as_array(&report, "records");
+    assert_eq!(records.len(), 25, "{}", pretty(&report));
+    assert_eq!(report["summary"]["records_omitted"], json!(15));
+    // Largest first: the blocks of the deepest sites.
+    let sizes: Vec<u64> = records.iter().map(|r| as_u64(r, "bytes")).collect();
+    assert_eq!(sizes, (115..140).rev().collect::<Vec<u64>>());
+    let all = leaks_with(&dir.trace(), &["--kinds", "all"]);
+    assert_eq!(as_array(&all, "records").len(), 40);
+    assert_eq!(all["summary"]["records_omitted"], json!(0));
+    let none = leaks_with(&dir.trace(), &["--kinds", "none"]);
+    assert_eq!(as_array(&none, "records").len(), 0);
+    assert_eq!(none["summary"]["records_omitted"], json!(40));
+
+    let text = leaks_text(&dir.trace(), &[]);
+    let first = text.lines().nth(3).unwrap_or_default();
+    assert!(first.contains("UNFINISHED TRACE"), "{text}");
+    assert_eq!(text.matches(" in loss record ").count(), 25, "{text}");
+    assert!(
+        text.contains("... and 15 more allocation sites with blocks live at the end of the trace (--kinds all lists every one)"),
+        "{text}"
+    );
+}
+
 /// close_fds.c: a program that closes every descriptor it did not open
 /// (closefrom, close_range, a loop of close) and takes over with dup2 every
 /// number still open that is not its own. The trace file survives (its
@@ -1493,4 +1547,49 @@ fn a_thread_that_faults_during_the_finish_does_not_end_the_process() {
             as_u64(&report["summary"]["unfreed_at_exit"], "blocks")
         );
     }
+}
+
+/// A driver that starts the program doing the work (g++ running cc1plus, a
+/// shell running a command): the summary spoke of the driver (its few
+/// allocation calls) and pointed `see:` at the driver's trace. The traces
+/// with more allocation calls than the command's own are named first now,
+/// and `see:` points at the busiest.
+#[test]
+fn the_run_summary_names_the_traces_that_carry_the_work() {
+    let dir = TestDir::new("summary_work");
+    let prog = compile_c(&dir, "many_pairs.c");
+    let script = format!("{}; true", prog.display());
+    let run = run(&dir, &[], Path::new("/bin/sh"), &["-c", &script]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let others = dir.other_traces();
+    assert_eq!(others.len(), 1, "{others:?}");
+    let child = &others[0];
+    assert_eq!(
+        process_command(&leaks(child)),
+        vec![prog.display().to_string()]
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "==trapline== most of the work is in other processes: {} (many_pairs, 2,000,001 allocation calls)\n",
+            child.display()
+        )),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "==trapline== see: trapline leaks {}\n",
+            child.display()
+        )),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "==trapline==      trapline leaks {} (the command's own, ",
+            dir.trace().display()
+        )),
+        "{}",
+        run.describe()
+    );
 }

@@ -315,7 +315,7 @@ fn folded_output_feeds_a_flame_graph_tool() {
         .expect("inferno reads the folded stacks");
     let svg = String::from_utf8(svg).unwrap();
     assert!(
-        svg.contains(&format!("all ({} samples, 100%)", thousands_sep(samples))),
+        svg.contains(&format!("all ({} samples, 100%)", thousands(samples))),
         "inferno counted other totals than {samples}"
     );
     // Every function of a stack with 1% of the samples or more is drawn
@@ -341,20 +341,7 @@ fn folded_output_feeds_a_flame_graph_tool() {
     assert!(ours.stdout.contains("<svg") && ours.stdout.contains("<script"));
     assert!(ours
         .stdout
-        .contains(&format!("all ({} samples, 100%)", thousands_sep(samples))));
-}
-
-/// inferno writes counts with thousands separators.
-fn thousands_sep(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+        .contains(&format!("all ({} samples, 100%)", thousands(samples))));
 }
 
 /// profile_signals.c uses its own SIGPROF and SIGALRM timers, handlers

@@ -447,6 +447,65 @@ fn run_until_scans(dir: &TestDir, program: &str, scans: u64) -> Finished {
     finish(child, "trapline run")
 }
 
+/// Periodic scans keep to a budget of the run's wall time (`--scan-budget`,
+/// default 5%): a scan of 0.9 M blocks every second made perl 7x slower
+/// without a word. Here the budget is one part per million, so once the
+/// first scan has paused the program any further one is deferred for the
+/// test's whole run: each deferral is in the trace and the report says it.
+#[test]
+fn periodic_scans_over_their_time_budget_are_deferred() {
+    let dir = TestDir::new("scan_budget");
+    let prog = compile_c(&dir, "reach_periodic_stack.c");
+    let mut cmd = isolated(run_command(
+        &dir,
+        &["--scan-every", "0.05", "--scan-budget", "0.0001"],
+        &prog,
+        &[],
+    ));
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start trapline run");
+    let deferred = |dir: &TestDir| {
+        let mut cmd = std::process::Command::new(trapline());
+        cmd.arg("leaks").arg(dir.trace()).args(["--format", "json"]);
+        let f = output_of(cmd, "trapline leaks");
+        serde_json::from_str::<Value>(&f.stdout)
+            .ok()
+            .map_or(0, |r| r["scans_skipped"].as_array().map_or(0, Vec::len))
+    };
+    // Polled: the program waits on stdin until the trace holds two deferrals.
+    while scans_so_far(&dir) < 1 || deferred(&dir) < 2 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"x").unwrap();
+    drop(stdin);
+    let run = finish(child, "trapline run");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    let skipped = as_array(&report, "scans_skipped");
+    assert!(skipped.len() >= 2, "{}", pretty(&report));
+    for s in skipped {
+        assert_eq!(as_str(s, "reason"), "over_budget", "{}", pretty(s));
+        assert_eq!(as_str(s, "trigger"), "periodic");
+        assert_eq!(as_u64(s, "limit_bytes"), 1, "{}", pretty(s));
+        assert!(as_u64(s, "needed_bytes") > 0, "{}", pretty(s));
+    }
+    // One periodic scan ran, then the exit's.
+    assert_eq!(
+        as_u64(&report["scan"], "snapshots"),
+        2,
+        "{}",
+        pretty(&report["scan"])
+    );
+    let text = analysis_text(&dir, &[]);
+    assert!(
+        text.contains("deferred: the periodic scans had paused the program"),
+        "{text}"
+    );
+}
+
 /// Every periodic scan stops the same thread again (each scan empties the
 /// slots of the thread table it filled, for the next): every snapshot finds
 /// the thread stopped and the block it holds on its stack reachable.
@@ -905,4 +964,58 @@ fn a_statically_linked_libstdcxx_frees_its_pool_at_exit() {
         "{}",
         pretty(field(&report, "summary"))
     );
+}
+
+/// `trapline leaks --error-exitcode N` exits N when the report holds an
+/// error or a definitely or possibly lost block (memcheck's rule), 0 for a
+/// clean program; `--gen-suppressions` gives each listed record a Valgrind
+/// suppression, and those suppressions, read back, hide exactly those
+/// records (and the exit status is 0 again).
+#[test]
+fn error_exitcode_and_generated_suppressions() {
+    let dir = TestDir::new("leaks_exitcode");
+    let prog = compile_c(&dir, "leak_before_top.c");
+    let run = run(&dir, &[], &prog, &["48"]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let status = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(trapline());
+        cmd.arg("leaks").arg(dir.trace()).args(extra);
+        output_of(cmd, "trapline leaks")
+    };
+    let found = status(&["--error-exitcode", "7"]);
+    assert_eq!(found.code(), 7, "{}", found.describe());
+    assert_eq!(status(&[]).code(), 0);
+
+    let report = leaks_with(&dir.trace(), &["--gen-suppressions"]);
+    let records = as_array(&report, "records");
+    assert_eq!(records.len(), 1, "{}", pretty(&report));
+    let suppression = as_str(&records[0], "suppression");
+    let expected_top = "{\n   <insert_a_suppression_name_here>\n   Memcheck:Leak\n   match-leak-kinds: definite\n   fun:malloc\n   fun:leak\n   fun:main\n";
+    assert!(suppression.starts_with(expected_top), "{suppression}");
+    assert!(suppression.ends_with("\n}"), "{suppression}");
+    let text = status(&["--gen-suppressions"]);
+    assert!(text.stdout.contains(suppression), "{}", text.stdout);
+
+    let file = dir.path().join("generated.supp");
+    std::fs::write(&file, format!("{suppression}\n")).unwrap();
+    let file = file.display().to_string();
+    let hidden = leaks_with(&dir.trace(), &["--suppressions", &file]);
+    assert_eq!(as_array(&hidden, "records").len(), 0, "{}", pretty(&hidden));
+    assert_eq!(
+        field(&hidden["summary"], "suppressed"),
+        &serde_json::json!({"bytes": 48, "blocks": 1})
+    );
+    let quiet = status(&["--suppressions", &file, "--error-exitcode", "7"]);
+    assert_eq!(quiet.code(), 0, "{}", quiet.describe());
+
+    let clean_dir = TestDir::new("leaks_exitcode_clean");
+    let clean = compile_c(&clean_dir, "clean.c");
+    let run = common::run(&clean_dir, &[], &clean, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("leaks")
+        .arg(clean_dir.trace())
+        .args(["--error-exitcode", "7"]);
+    let clean_status = output_of(cmd, "trapline leaks");
+    assert_eq!(clean_status.code(), 0, "{}", clean_status.describe());
 }

@@ -330,9 +330,10 @@ fn periodic_scans_that_would_pass_the_cgroup_limit_are_skipped() {
     };
     let dir = TestDir::new("scan_skipped_periodic");
     let prog = compile_c(&dir, FIXTURE);
+    // Every scan due is tried (no time budget): the limit alone skips them.
     let cmd = run_command(
         &dir,
-        &["--scan-every", "0.05"],
+        &["--scan-every", "0.05", "--scan-budget", "100"],
         &prog,
         &[&BLOCKS.to_string(), "-", "wait"],
     );

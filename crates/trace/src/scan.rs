@@ -118,11 +118,17 @@ pub enum ScanSkipReason {
     /// The agent heap was refused the scan's memory although the limits
     /// left room for it when checked (the program grew in between).
     AllocationFailed = 7,
+    /// Periodic scans had paused the program for more than their budget of
+    /// its wall time (`--scan-budget`): the scan was deferred (format
+    /// version 10). `needed` is the pause time spent so far (ns),
+    /// `available` the wall time since the start (ns), `limit` the budget in
+    /// parts per million.
+    OverBudget = 8,
 }
 
 impl ScanSkipReason {
     /// Every reason, in format order.
-    pub const ALL: [ScanSkipReason; 7] = [
+    pub const ALL: [ScanSkipReason; 8] = [
         ScanSkipReason::CgroupMemory,
         ScanSkipReason::CommitLimit,
         ScanSkipReason::AddressSpaceLimit,
@@ -130,6 +136,7 @@ impl ScanSkipReason {
         ScanSkipReason::SystemMemory,
         ScanSkipReason::MemoryUnreadable,
         ScanSkipReason::AllocationFailed,
+        ScanSkipReason::OverBudget,
     ];
 
     /// Decodes the format value.
@@ -149,6 +156,7 @@ impl ScanSkipReason {
             ScanSkipReason::SystemMemory => "system_memory",
             ScanSkipReason::MemoryUnreadable => "memory_unreadable",
             ScanSkipReason::AllocationFailed => "allocation_failed",
+            ScanSkipReason::OverBudget => "over_budget",
         }
     }
 
@@ -165,6 +173,7 @@ impl ScanSkipReason {
             }
             ScanSkipReason::MemoryUnreadable => "reading it could have crashed the program",
             ScanSkipReason::AllocationFailed => "the scan gave way rather than fail the program",
+            ScanSkipReason::OverBudget => "the program ran on undisturbed",
         }
     }
 
@@ -182,6 +191,9 @@ impl ScanSkipReason {
             ScanSkipReason::AllocationFailed => {
                 "the agent was refused the memory (the program grew after the room check, \
                  or TRAPLINE_SCAN_CHECK=0 turned the check off)"
+            }
+            ScanSkipReason::OverBudget => {
+                "the periodic scans' budget of the run's time (--scan-budget)"
             }
         }
     }

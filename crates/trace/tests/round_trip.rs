@@ -263,7 +263,7 @@ fn scan_skipped_with_unknown_values_is_invalid() {
         (2, 0, "scan trigger"),
         (2, 3, "scan trigger"),
         (3, 0, "scan skip reason"),
-        (3, 8, "scan skip reason"),
+        (3, 9, "scan skip reason"),
     ] {
         let mut bad = raw.clone();
         bad[at] = value;

@@ -163,8 +163,16 @@ impl TestDir {
 
     /// Files of this directory whose names start with `t.trace.` (the traces
     /// of the other processes of the tree), sorted.
+    /// The traces of the last run's other processes (`t.trace.<pid>...`; an
+    /// earlier run's, moved aside to `t.trace.old*`, are not among them).
     pub fn other_traces(&self) -> Vec<PathBuf> {
-        self.files_starting_with("t.trace.")
+        let mut traces = self.files_starting_with("t.trace.");
+        traces.retain(|t| {
+            !t.file_name()
+                .and_then(OsStr::to_str)
+                .is_some_and(|n| n.starts_with("t.trace.old"))
+        });
+        traces
     }
 
     pub fn files_starting_with(&self, prefix: &str) -> Vec<PathBuf> {
@@ -903,4 +911,17 @@ pub fn assert_records(report: &Value, expected: &[ExpectedRecord<'_>]) {
         );
         assert_stack_top(stack_of(record, "stack"), &want.stack, &ctx);
     }
+}
+
+/// `n` with thousands separators, as the text reports (and inferno) write it.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
