@@ -15,10 +15,6 @@
 #               no stack captured (feature `layer-no-stacks`)
 #   no-release  the real agent, `--no-release-stacks`: allocation stacks only
 #   full        the real agent, as `trapline run` runs by default
-#   offcore-sim (only when named in VARIANTS) an agent whose thread copies
-#               the new part of a changed stack instead of unwinding it
-#               (feature `offcore-sim`; its stacks are wrong): the bound on
-#               what unwinding on the writer's core could give (design.md 14)
 # cc1: prints each variant's median and minimum wall time and their ratios to
 # native. On a shared VM whose speed drifts from run to run, the minimum
 # is the steadier of the two (noise only ever adds time).
@@ -72,7 +68,6 @@ if [[ -z ${NO_BUILD:-} ]]; then
     cp "$ROOT/target/release/trapline" "$WORK/trapline"
     cp "$ROOT/target/release/libtrapline_agent.so" "$WORK/full.so"
     features=(layer-forward layer-no-stacks)
-    [[ " $VARIANTS " == *" offcore-sim "* ]] && features+=(offcore-sim)
     for feature in "${features[@]}"; do
         (cd "$ROOT" && CARGO_TARGET_DIR=$WORK/target-$feature \
             cargo build --release -q -p trapline-agent --features "$feature" >&2)
@@ -94,7 +89,6 @@ run_variant() {
         no-stacks) TRAPLINE_AGENT=$WORK/layer-no-stacks.so "${tl[@]}" -- "${cmd[@]}" ;;
         no-release) TRAPLINE_AGENT=$WORK/full.so "${tl[@]}" --no-release-stacks -- "${cmd[@]}" ;;
         full) TRAPLINE_AGENT=$WORK/full.so "${tl[@]}" -- "${cmd[@]}" ;;
-        offcore-sim) TRAPLINE_AGENT=$WORK/offcore-sim.so "${tl[@]}" -- "${cmd[@]}" ;;
         *) log "unknown variant $1"; return 2 ;;
     esac
 }

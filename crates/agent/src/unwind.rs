@@ -18,9 +18,6 @@ use crate::side_stack::SideStack;
 use crate::stacks;
 use framehop::{FrameAddress, Unwinder as _};
 
-#[cfg(any(feature = "offcore-probe", feature = "offcore-sim"))]
-mod offcore;
-
 /// Program frames kept per stack (the issue's default depth).
 pub const MAX_FRAMES: usize = 64;
 /// Frames kept including the agent's own (cut before the stack is stored).
@@ -253,9 +250,6 @@ pub struct StackCapture {
     id_cache: Box<[(stacks::StackHash, u32, u32); ID_CACHE]>,
     /// Where `prev_id` is in `id_cache`, when it came from there.
     prev_slot: Option<usize>,
-    /// The `offcore-probe` experiment's simulated threads (zero is valid).
-    #[cfg(feature = "offcore-probe")]
-    offcore: offcore::Simulated,
 }
 
 /// Result of a capture.
@@ -450,12 +444,6 @@ impl StackCapture {
             self.prev_n = 0;
             self.prev_gen = gen;
         }
-        #[cfg(feature = "offcore-sim")]
-        if let Some(captured) = self.copy_instead(start, bounds) {
-            return captured;
-        }
-        #[cfg(feature = "offcore-probe")]
-        let probe = self.probe_copy(start, bounds);
         let mut regs = arch::regs(start);
         let mut pc = start.pc;
         // pc is where the frame's code is (the first frame of a hook that
@@ -653,8 +641,6 @@ impl StackCapture {
             }
         }
 
-        #[cfg(feature = "offcore-probe")]
-        self.probe_outcome(probe, start, bounds, matched, k);
         // Splice: outer frames [0..=m] from the previous stack, then the new inner frames.
         let keep = matched.map_or(0, |m| m + 1);
         let unchanged = matched.is_some() && k == 0 && keep == self.prev_n;
@@ -810,15 +796,12 @@ pub mod timing {
     use core::sync::atomic::{AtomicU64, Ordering};
 
     /// (count, cycles) per kind: changed captures, allocation calls, release
-    /// calls, and the `offcore-probe` experiment's copies.
-    static TOTALS: [(AtomicU64, AtomicU64); 4] =
-        [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 4];
+    /// calls.
+    static TOTALS: [(AtomicU64, AtomicU64); 3] =
+        [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 3];
     pub const CAPTURE: usize = 0;
     pub const ALLOC: usize = 1;
     pub const FREE: usize = 2;
-    /// The `offcore-probe` experiment's copies.
-    #[cfg(feature = "offcore-probe")]
-    pub const PROBE: usize = 3;
 
     #[inline(always)]
     pub fn add(kind: usize, cycles: u64) {
@@ -837,8 +820,6 @@ pub mod timing {
         let (captures, cycles, each) = get(CAPTURE);
         let (allocs, _, alloc_each) = get(ALLOC);
         let (frees, _, free_each) = get(FREE);
-        #[cfg(feature = "offcore-probe")]
-        super::offcore::report(get(PROBE));
         crate::sys::warn(&format!(
             "capture-timing: {captures} changed captures, {cycles} TSC cycles, {each} per capture; \
              {allocs} allocation calls, {alloc_each} per call; {frees} release calls, {free_each} per call"
