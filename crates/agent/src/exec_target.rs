@@ -123,63 +123,8 @@ fn read_at(fd: i32, buf: &mut [u8], offset: u64) -> bool {
 /// Whether `fd` (an open regular file) is a dynamically linked ELF program
 /// that glibc's loader for the agent's architecture does not start.
 pub fn is_foreign_fd(fd: i32) -> bool {
-    let mut header = [0u8; 64];
-    if !read_at(fd, &mut header, 0) || header[..4] != *b"\x7fELF" {
-        return false;
-    }
-    let class64 = header[4] == 2;
-    let le16 = |b: &[u8], at: usize| u64::from(u16::from_le_bytes([b[at], b[at + 1]]));
-    let le32 = |b: &[u8], at: usize| {
-        u64::from(u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]))
-    };
-    let le64 = |b: &[u8], at: usize| le32(b, at) | (le32(b, at + 4) << 32);
-    if header[5] != 1 {
-        // Big-endian: not this machine's.
-        return true;
-    }
-    let machine = le16(&header, 18);
-    let (phoff, phentsize, phnum) = if class64 {
-        (le64(&header, 32), le16(&header, 54), le16(&header, 56))
-    } else {
-        (le32(&header, 28), le16(&header, 42), le16(&header, 44))
-    };
-    let min = if class64 { 56 } else { 32 };
-    if phentsize < min || phentsize > 64 || phnum > 256 {
-        return false;
-    }
-    for i in 0..phnum {
-        let mut ph = [0u8; 64];
-        if !read_at(fd, &mut ph[..phentsize as usize], phoff + i * phentsize) {
-            return false;
-        }
-        if le32(&ph, 0) != 3 {
-            continue;
-        }
-        // PT_INTERP: the program is started by this loader.
-        let (offset, size) = if class64 {
-            (le64(&ph, 8), le64(&ph, 32))
-        } else {
-            (le32(&ph, 4), le32(&ph, 16))
-        };
-        let mut name = [0u8; 256];
-        let size = (size as usize).min(name.len());
-        if !read_at(fd, &mut name[..size], offset) {
-            return false;
-        }
-        let end = name[..size].iter().position(|&b| b == 0).unwrap_or(size);
-        return !class64
-            || machine != u64::from(crate::arch::ELF_MACHINE)
-            || !is_glibc_loader(&name[..end]);
-    }
-    // No PT_INTERP: static, no loader reads LD_PRELOAD.
-    false
-}
-
-/// Whether `loader` (a PT_INTERP path) is glibc's: `ld-linux*` or `ld64.so*`
-/// (`trapline run` refuses other loaders' programs with the same test).
-fn is_glibc_loader(loader: &[u8]) -> bool {
-    let name = loader.rsplit(|&b| b == b'/').next().unwrap_or(loader);
-    name.starts_with(b"ld-linux") || name.starts_with(b"ld64.so") || name.starts_with(b"ld.so")
+    trapline_contract::elf::program_start(&mut |offset, buf| read_at(fd, buf, offset))
+        .is_foreign_to(crate::arch::ELF_MACHINE)
 }
 
 /// Most entries an environment without the agent is built for.
@@ -249,7 +194,8 @@ impl EnvWithoutAgent {
         self.preload[..NAME.len()].copy_from_slice(NAME);
         let mut at = NAME.len();
         for lib in list.split(|&b| b == b':' || b == b' ') {
-            if lib.is_empty() || lib.windows(17).any(|w| w == b"libtrapline_agent") {
+            let stem = trapline_contract::env::AGENT_FILE_STEM.as_bytes();
+            if lib.is_empty() || lib.windows(stem.len()).any(|w| w == stem) {
                 continue;
             }
             if at + lib.len() + 2 > self.preload.len() {

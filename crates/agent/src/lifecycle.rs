@@ -10,17 +10,9 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering
 use std::ffi::CString;
 use trapline_trace::{EndCounters, Event, ExitKind, ProcessInfo, SnapshotKind};
 
-/// Environment variables shared with `trapline run` (documented in docs/design.md).
-pub const ENV_OUTPUT: &str = "TRAPLINE_OUTPUT";
-pub const ENV_ROLE: &str = "TRAPLINE_ROLE";
-pub const ENV_FOLLOW: &str = "TRAPLINE_FOLLOW";
-pub const ENV_PASS_INVALID: &str = "TRAPLINE_PASS_INVALID";
-pub const ENV_FREERES: &str = "TRAPLINE_FREERES";
-pub const ENV_RELEASE_STACKS: &str = "TRAPLINE_RELEASE_STACKS";
+use trapline_contract::env;
+/// A knob of the agent's own, not set by `trapline run` (design.md 9.3).
 pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
-/// `1`: `trapline run` was started with SIGPIPE ignored, which the program
-/// would have inherited natively (Rust's `Command` resets it).
-pub const ENV_IGNORE_SIGPIPE: &str = "TRAPLINE_IGNORE_SIGPIPE";
 
 static INIT_LOCK: RawLock = RawLock::new();
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -222,11 +214,7 @@ fn open_trace(top: bool) -> bool {
         };
     }
     for n in 0..1000 {
-        let name = if n == 0 {
-            format!("{}.{}", cfg.output, pid)
-        } else {
-            format!("{}.{}.{}", cfg.output, pid, n)
-        };
+        let name = trapline_contract::trace_names::image_trace(&cfg.output, pid, n);
         let path = CString::new(name.clone()).unwrap_or_default();
         match writer::open(&path, true) {
             Ok(()) => return true,
@@ -266,14 +254,14 @@ pub fn init() {
     clock::reset();
     START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
     PID.store(sys::getpid_raw(), Ordering::Relaxed);
-    let top = env(ENV_ROLE).as_deref() == Some("top");
-    let output = env(ENV_OUTPUT)
+    let top = env(env::ROLE).as_deref() == Some(env::ROLE_TOP);
+    let output = env(env::OUTPUT)
         .unwrap_or_else(|| format!("trapline-{}.trace", PID.load(Ordering::Relaxed)));
-    let follow = env(ENV_FOLLOW).as_deref() != Some("0");
+    let follow = env(env::FOLLOW).as_deref() != Some("0");
     FOLLOW.store(follow, Ordering::Relaxed);
-    FREERES.store(env(ENV_FREERES).as_deref() != Some("0"), Ordering::Relaxed);
+    FREERES.store(env(env::FREERES).as_deref() != Some("0"), Ordering::Relaxed);
     record::RELEASE_STACKS.store(
-        env(ENV_RELEASE_STACKS).as_deref() != Some("0"),
+        env(env::RELEASE_STACKS).as_deref() != Some("0"),
         Ordering::Relaxed,
     );
     crate::rules::ENABLED.store(
@@ -281,16 +269,16 @@ pub fn init() {
         Ordering::Relaxed,
     );
     record::PASS_INVALID.store(
-        env(ENV_PASS_INVALID).as_deref() == Some("1"),
+        env(env::PASS_INVALID).as_deref() == Some("1"),
         Ordering::Relaxed,
     );
-    remove_from_environment(ENV_ROLE.as_bytes());
-    if env(ENV_IGNORE_SIGPIPE).as_deref() == Some("1") {
+    remove_from_environment(env::ROLE.as_bytes());
+    if env(env::IGNORE_SIGPIPE).as_deref() == Some("1") {
         // Before the fatal-signal handlers go in (they are installed only
         // where the disposition is SIG_DFL), and before the program runs.
         crate::hooks::signals::ignore_inherited(libc::SIGPIPE);
     }
-    remove_from_environment(ENV_IGNORE_SIGPIPE.as_bytes());
+    remove_from_environment(env::IGNORE_SIGPIPE.as_bytes());
     if !follow {
         remove_self_from_preload();
     }
@@ -349,7 +337,7 @@ fn remove_self_from_preload() {
     let Some(v) = env("LD_PRELOAD") else { return };
     let rest: Vec<&str> = v
         .split([' ', ':'])
-        .filter(|s| !s.is_empty() && !s.contains("libtrapline_agent"))
+        .filter(|s| !s.is_empty() && !s.contains(env::AGENT_FILE_STEM))
         .collect();
     if rest.is_empty() {
         remove_from_environment(b"LD_PRELOAD");
@@ -1000,13 +988,20 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
         return add;
     }
     let Some(cfg) = CONFIG.get() else { return add };
-    let has = |k: &[u8]| envp.iter().any(|e| e.starts_with(k));
-    if !follow && !has(b"TRAPLINE_FOLLOW=") {
-        add.extend(CString::new(format!("{ENV_FOLLOW}=0")));
+    // Whether the exec's environment sets `name` already.
+    let has = |name: &str| {
+        envp.iter().any(|e| {
+            e.strip_prefix(name.as_bytes())
+                .is_some_and(|r| r.first() == Some(&b'='))
+        })
+    };
+    let stem = env::AGENT_FILE_STEM.as_bytes();
+    if !follow && !has(env::FOLLOW) {
+        add.extend(CString::new(format!("{}=0", env::FOLLOW)));
     }
     if !envp
         .iter()
-        .any(|e| e.starts_with(b"LD_PRELOAD=") && e.windows(17).any(|w| w == b"libtrapline_agent"))
+        .any(|e| e.starts_with(b"LD_PRELOAD=") && e.windows(stem.len()).any(|w| w == stem))
     {
         let existing = envp
             .iter()
@@ -1019,23 +1014,20 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
         }
         add.extend(CString::new(v));
     }
-    if !has(b"TRAPLINE_OUTPUT=") {
-        add.extend(CString::new(format!("TRAPLINE_OUTPUT={}", cfg.output)));
+    if !has(env::OUTPUT) {
+        add.extend(CString::new(format!("{}={}", env::OUTPUT, cfg.output)));
     }
-    if !has(b"TRAPLINE_PASS_INVALID=") && record::PASS_INVALID.load(Ordering::Relaxed) {
-        add.extend(CString::new("TRAPLINE_PASS_INVALID=1"));
+    if !has(env::PASS_INVALID) && record::PASS_INVALID.load(Ordering::Relaxed) {
+        add.extend(CString::new(format!("{}=1", env::PASS_INVALID)));
     }
-    if let Some(hz) = crate::profile::hz().filter(|_| !has(b"TRAPLINE_PROFILE=")) {
-        add.extend(CString::new(format!(
-            "{}={hz}",
-            crate::profile::ENV_PROFILE
-        )));
+    if let Some(hz) = crate::profile::hz().filter(|_| !has(env::PROFILE_HZ)) {
+        add.extend(CString::new(format!("{}={hz}", env::PROFILE_HZ)));
     }
-    if !has(b"TRAPLINE_RELEASE_STACKS=") && !record::RELEASE_STACKS.load(Ordering::Relaxed) {
-        add.extend(CString::new("TRAPLINE_RELEASE_STACKS=0"));
+    if !has(env::RELEASE_STACKS) && !record::RELEASE_STACKS.load(Ordering::Relaxed) {
+        add.extend(CString::new(format!("{}=0", env::RELEASE_STACKS)));
     }
-    if !has(b"TRAPLINE_FREERES=") && !FREERES.load(Ordering::Relaxed) {
-        add.extend(CString::new("TRAPLINE_FREERES=0"));
+    if !has(env::FREERES) && !FREERES.load(Ordering::Relaxed) {
+        add.extend(CString::new(format!("{}=0", env::FREERES)));
     }
     add
 }

@@ -28,7 +28,6 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsiz
 use trapline_trace::{Event, ProfileStopReason};
 
 /// Environment variable shared with `trapline run`: the sampling rate in Hz.
-pub const ENV_PROFILE: &str = "TRAPLINE_PROFILE";
 /// Highest rate accepted: the kernel's tick bounds the real rate anyway.
 const MAX_HZ: u32 = 100_000;
 /// Most CPU time one sample may stand for, in milliseconds: several kernel
@@ -95,7 +94,7 @@ pub fn protected_signal() -> c_int {
 /// the calling (main) thread. Runs in the constructor, before the fatal-signal
 /// handlers are installed (which then leave the sampling signal alone).
 pub fn init() {
-    let Some(value) = std::env::var_os(ENV_PROFILE) else {
+    let Some(value) = std::env::var_os(trapline_contract::env::PROFILE_HZ) else {
         return;
     };
     let hz = match value.to_str().and_then(|v| v.parse::<u32>().ok()) {

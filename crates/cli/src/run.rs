@@ -14,6 +14,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use trapline_contract::elf::ProgramStart;
+use trapline_contract::env;
 
 use crate::trace_names;
 
@@ -121,7 +123,7 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
 /// Where the agent library is: $TRAPLINE_AGENT, next to this binary, or in
 /// the install layout `<prefix>/lib/trapline/` beside `<prefix>/bin/trapline`.
 pub fn find_agent() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("TRAPLINE_AGENT") {
+    if let Some(p) = std::env::var_os(env::AGENT) {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok(p)
@@ -211,8 +213,8 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
     // Read lazily: only the headers and the symbol tables are needed
     // (reading cc1 whole took 33 MB before every run).
     let data = object::read::ReadCache::new(file);
-    match elf_start(&data) {
-        ElfStart::Static => {
+    match program_start(path) {
+        ProgramStart::Static => {
             return Err(fail(
                 EXIT_CANNOT_RUN,
                 format!(
@@ -221,7 +223,7 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
                 ),
             ));
         }
-        ElfStart::Loader(loader) if !is_glibc_loader(&loader) => {
+        ProgramStart::Loader { path: loader, .. } if !loader.is_glibc() => {
             return Err(fail(
                 EXIT_CANNOT_RUN,
                 format!(
@@ -365,49 +367,15 @@ fn foreign_elf<'data, R: object::ReadRef<'data>>(data: R) -> Option<String> {
     })
 }
 
-/// How an ELF executable starts: by the dynamic loader it names (its
-/// PT_INTERP), or without one (static, or static-PIE: program headers but
-/// no PT_INTERP, so LD_PRELOAD never applies).
-enum ElfStart {
-    /// Not an ELF file this can read (a script, `#!`, is none: its
-    /// interpreter is checked on its own).
-    Unknown,
-    Static,
-    Loader(String),
-}
-
-fn elf_start<'data, R: object::ReadRef<'data>>(data: R) -> ElfStart {
-    use object::read::elf::{FileHeader, ProgramHeader};
-    fn of<'data, H: FileHeader, R: object::ReadRef<'data>>(data: R) -> Option<ElfStart> {
-        let header = H::parse(data).ok()?;
-        let endian = header.endian().ok()?;
-        let phdrs = header.program_headers(endian, data).ok()?;
-        if phdrs.is_empty() {
-            return None;
-        }
-        let Some(interp) = phdrs
-            .iter()
-            .find(|ph| ph.p_type(endian) == object::elf::PT_INTERP)
-        else {
-            return Some(ElfStart::Static);
-        };
-        let bytes = interp.data(endian, data).ok()?;
-        let name = bytes.split(|&b| b == 0).next()?;
-        Some(ElfStart::Loader(String::from_utf8_lossy(name).into_owned()))
-    }
-    match object::FileKind::parse(data) {
-        Ok(object::FileKind::Elf64) => of::<object::elf::FileHeader64<object::Endianness>, _>(data),
-        Ok(object::FileKind::Elf32) => of::<object::elf::FileHeader32<object::Endianness>, _>(data),
-        _ => None,
-    }
-    .unwrap_or(ElfStart::Unknown)
-}
-
-/// Whether `loader` (a PT_INTERP path) is glibc's: `ld-linux*.so.*` or
-/// `ld64.so.*` (musl's is `ld-musl-*.so.1`, Android's `linker64`).
-fn is_glibc_loader(loader: &str) -> bool {
-    let name = loader.rsplit('/').next().unwrap_or(loader);
-    name.starts_with("ld-linux") || name.starts_with("ld64.so") || name.starts_with("ld.so")
+/// How the file at `path` starts as a program (the agent's test too).
+fn program_start(path: &Path) -> ProgramStart {
+    use std::os::unix::fs::FileExt;
+    let Ok(file) = std::fs::File::open(path) else {
+        return ProgramStart::Unknown;
+    };
+    trapline_contract::elf::program_start(&mut |offset, buf| {
+        file.read_exact_at(buf, offset).is_ok()
+    })
 }
 
 fn preload_value(agent: &Path) -> OsString {
@@ -469,35 +437,35 @@ pub fn main(args: RunArgs) -> ExitCode {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env("LD_PRELOAD", preload_value(&agent))
-        .env("TRAPLINE_OUTPUT", &output)
-        .env("TRAPLINE_ROLE", "top");
+        .env(env::OUTPUT, &output)
+        .env(env::ROLE, env::ROLE_TOP);
     // Options at the agent's default are left out of the command's
     // environment (and an inherited value removed): the program then sees
     // two variables of trapline's, `LD_PRELOAD` and `TRAPLINE_OUTPUT`, where
     // it saw eight.
     let options = [
-        ("TRAPLINE_FOLLOW", args.no_follow.then(|| "0".to_string())),
+        (env::FOLLOW, args.no_follow.then(|| "0".to_string())),
         (
-            "TRAPLINE_PASS_INVALID",
+            env::PASS_INVALID,
             args.pass_invalid_frees.then(|| "1".to_string()),
         ),
-        ("TRAPLINE_FREERES", args.no_freeres.then(|| "0".to_string())),
+        (env::FREERES, args.no_freeres.then(|| "0".to_string())),
         (
-            "TRAPLINE_RELEASE_STACKS",
+            env::RELEASE_STACKS,
             args.no_release_stacks.then(|| "0".to_string()),
         ),
-        ("TRAPLINE_SCAN", args.no_scan.then(|| "0".to_string())),
+        (env::SCAN, args.no_scan.then(|| "0".to_string())),
         (
-            "TRAPLINE_SCAN_EVERY",
+            env::SCAN_EVERY_MS,
             args.scan_every
                 .map(|s| ((s * 1000.0).round() as u64).to_string()),
         ),
         (
-            "TRAPLINE_SCAN_BUDGET_PPM",
+            env::SCAN_BUDGET_PPM,
             args.scan_budget
                 .map(|p| ((p * 10_000.0).round() as u64).to_string()),
         ),
-        ("TRAPLINE_PROFILE", args.profile.map(|hz| hz.to_string())),
+        (env::PROFILE_HZ, args.profile.map(|hz| hz.to_string())),
     ];
     for (name, value) in options {
         match value {
@@ -509,9 +477,9 @@ pub fn main(args: RunArgs) -> ExitCode {
     // agent, since Rust's runtime and Command lose it (csrc/inherited_sigpipe.c).
     cmd.env_remove(INHERITED_SIGPIPE);
     if std::env::var_os(INHERITED_SIGPIPE).is_some_and(|v| v == "ignored") {
-        cmd.env("TRAPLINE_IGNORE_SIGPIPE", "1");
+        cmd.env(env::IGNORE_SIGPIPE, "1");
     } else {
-        cmd.env_remove("TRAPLINE_IGNORE_SIGPIPE");
+        cmd.env_remove(env::IGNORE_SIGPIPE);
     }
 
     // While the command runs, signals meant for it must not kill trapline

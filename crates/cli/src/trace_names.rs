@@ -1,8 +1,6 @@
-//! The names of a traced tree's trace files (design.md 9.3): the top
-//! process writes TRACE; every other process image writes TRACE.<pid>, then
-//! TRACE.<pid>.1, TRACE.<pid>.2, ... (an exec'd image, a failed exec's
-//! continuation). The agent makes them; `trapline run` and the analysis
-//! commands follow them.
+//! The names of a traced tree's trace files, as paths: the rule is the
+//! contract's (`trapline_contract::trace_names`), which the agent writes by;
+//! `trapline run` and the analysis commands follow them.
 
 use std::path::{Path, PathBuf};
 
@@ -19,14 +17,8 @@ pub fn family_files(output: &Path) -> Vec<PathBuf> {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(rest) = name.strip_prefix(&base).and_then(|r| r.strip_prefix('.')) {
-                if !rest.is_empty()
-                    && rest
-                        .split('.')
-                        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-                {
-                    out.push(dir.join(&name));
-                }
+            if trapline_contract::trace_names::is_member(&base, &name) {
+                out.push(dir.join(&name));
             }
         }
     }
@@ -37,12 +29,11 @@ pub fn family_files(output: &Path) -> Vec<PathBuf> {
 /// The trace of generation `generation` of process `pid` under the top
 /// trace `top`: TRACE.<pid> for 0, TRACE.<pid>.<n> after.
 pub fn image_trace(top: &Path, pid: u32, generation: u32) -> PathBuf {
-    let mut name = top.as_os_str().to_owned();
-    name.push(format!(".{pid}"));
-    if generation > 0 {
-        name.push(format!(".{generation}"));
-    }
-    PathBuf::from(name)
+    PathBuf::from(trapline_contract::trace_names::image_trace(
+        &top.to_string_lossy(),
+        pid,
+        generation,
+    ))
 }
 
 /// The trace that process `pid`'s next image writes after `trace` (which

@@ -32,23 +32,19 @@ use crate::sys::{self, RawLock};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use trapline_trace::{ScanSkipReason, ScanStats, ScanTrigger, Verdict};
 
-/// `trapline run --scan-every SECS` (milliseconds here; 0 = off).
-pub const ENV_SCAN_EVERY: &str = "TRAPLINE_SCAN_EVERY";
-/// The periodic scans' budget of the run's wall time, in parts per million.
-pub const ENV_SCAN_BUDGET: &str = "TRAPLINE_SCAN_BUDGET_PPM";
 /// 5%: a periodic scan is deferred while the pauses of those before it came
 /// to more than this share of the time since the process started.
 const DEFAULT_BUDGET_PPM: u64 = 50_000;
 static BUDGET_PPM: AtomicU64 = AtomicU64::new(DEFAULT_BUDGET_PPM);
 /// Nanoseconds the periodic scans have paused the program.
 static PERIODIC_PAUSE_NS: AtomicU64 = AtomicU64::new(0);
-/// `TRAPLINE_SCAN=0` (`trapline run --no-scan`): no scan at exit.
-pub const ENV_SCAN: &str = "TRAPLINE_SCAN";
 
 static SCAN_LOCK: RawLock = RawLock::new();
 static SCANS: AtomicU32 = AtomicU32::new(0);
+/// `trapline run --scan-every SECS` (milliseconds here; 0 = off).
 static EVERY_MS: AtomicU64 = AtomicU64::new(0);
 static LAST_MS: AtomicU64 = AtomicU64::new(0);
+/// False with `trapline run --no-scan`: no scan at exit.
 static AT_EXIT: AtomicBool = AtomicBool::new(true);
 /// `TRAPLINE_SCAN_TIMES=1`: print how long each phase of a scan took.
 static PRINT_TIMES: AtomicBool = AtomicBool::new(false);
@@ -77,13 +73,13 @@ extern "C" {
 /// Reads the configuration (from the constructor).
 pub fn init() {
     crate::hooks::exit::resolve();
-    if let Some(ms) = std::env::var(ENV_SCAN_EVERY)
+    if let Some(ms) = std::env::var(trapline_contract::env::SCAN_EVERY_MS)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
         EVERY_MS.store(ms, Ordering::Relaxed);
     }
-    if let Some(ppm) = std::env::var(ENV_SCAN_BUDGET)
+    if let Some(ppm) = std::env::var(trapline_contract::env::SCAN_BUDGET_PPM)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
@@ -94,7 +90,7 @@ pub fn init() {
         Ordering::Relaxed,
     );
     AT_EXIT.store(
-        std::env::var(ENV_SCAN).ok().as_deref() != Some("0"),
+        std::env::var(trapline_contract::env::SCAN).ok().as_deref() != Some("0"),
         Ordering::Relaxed,
     );
     CHECK_ROOM.store(

@@ -1,0 +1,332 @@
+//! The contract between `trapline run` and the agent it preloads, defined
+//! once for both sides: the environment variables that carry the options,
+//! the names of the trace files of a process tree, and which programs the
+//! dynamic loader can preload the agent into. No allocation in [`elf`]: the
+//! agent reads exec targets from vfork children.
+
+#![forbid(unsafe_code)]
+
+/// The environment variables `trapline run` sets for the agent.
+pub mod env {
+    /// The top process's trace path; every other image writes `PATH.<pid>`.
+    pub const OUTPUT: &str = "TRAPLINE_OUTPUT";
+    /// `top` for the command `trapline run` starts (its children have none).
+    pub const ROLE: &str = "TRAPLINE_ROLE";
+    /// The value of [`ROLE`] for the command.
+    pub const ROLE_TOP: &str = "top";
+    /// `0`: trace only the top process (`--no-follow`).
+    pub const FOLLOW: &str = "TRAPLINE_FOLLOW";
+    /// `1`: pass invalid and double frees on to the C library.
+    pub const PASS_INVALID: &str = "TRAPLINE_PASS_INVALID";
+    /// `0`: no freeres at exit (`--no-freeres`).
+    pub const FREERES: &str = "TRAPLINE_FREERES";
+    /// `0`: no stacks for releases (`--no-release-stacks`).
+    pub const RELEASE_STACKS: &str = "TRAPLINE_RELEASE_STACKS";
+    /// `0`: no reachability scan at exit (`--no-scan`).
+    pub const SCAN: &str = "TRAPLINE_SCAN";
+    /// Milliseconds between periodic scans (`--scan-every`).
+    pub const SCAN_EVERY_MS: &str = "TRAPLINE_SCAN_EVERY";
+    /// The periodic scans' budget of wall time, parts per million (`--scan-budget`).
+    pub const SCAN_BUDGET_PPM: &str = "TRAPLINE_SCAN_BUDGET_PPM";
+    /// CPU samples per second of each thread's CPU time (`--profile`).
+    pub const PROFILE_HZ: &str = "TRAPLINE_PROFILE";
+    /// `1`: `trapline run` was started with SIGPIPE ignored.
+    pub const IGNORE_SIGPIPE: &str = "TRAPLINE_IGNORE_SIGPIPE";
+    /// The agent library `trapline run` preloads, when not beside it.
+    pub const AGENT: &str = "TRAPLINE_AGENT";
+    /// What the agent's own file name contains (to find it in `LD_PRELOAD`).
+    pub const AGENT_FILE_STEM: &str = "libtrapline_agent";
+}
+
+/// The trace files of a traced process tree: the top process writes TRACE;
+/// every other process image writes TRACE.<pid>, then TRACE.<pid>.1,
+/// TRACE.<pid>.2, ... (an exec'd image, a failed exec's continuation).
+pub mod trace_names {
+    /// The trace of generation `generation` of process `pid` under the top
+    /// trace `top`: TRACE.<pid> for 0, TRACE.<pid>.<n> after.
+    pub fn image_trace(top: &str, pid: u32, generation: u32) -> String {
+        if generation == 0 {
+            format!("{top}.{pid}")
+        } else {
+            format!("{top}.{pid}.{generation}")
+        }
+    }
+
+    /// Whether a file named `name` belongs to the tree of the top trace named
+    /// `top` (same directory): `top.<digits>[.<digits>...]`.
+    pub fn is_member(top: &str, name: &str) -> bool {
+        name.strip_prefix(top)
+            .and_then(|r| r.strip_prefix('.'))
+            .is_some_and(|rest| {
+                !rest.is_empty()
+                    && rest
+                        .split('.')
+                        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            })
+    }
+}
+
+/// Which programs the dynamic loader can preload the agent into, read
+/// from their ELF headers through a caller's reader, without allocating.
+pub mod elf {
+    /// The PT_INTERP path of a program, in a fixed buffer.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub struct LoaderPath {
+        bytes: [u8; 256],
+        len: usize,
+    }
+
+    impl LoaderPath {
+        pub fn as_bytes(&self) -> &[u8] {
+            &self.bytes[..self.len]
+        }
+
+        /// Whether it is glibc's loader: `ld-linux*` or `ld64.so*` (musl's
+        /// is `ld-musl-*.so.1`, Android's `linker64`).
+        pub fn is_glibc(&self) -> bool {
+            is_glibc_loader(self.as_bytes())
+        }
+    }
+
+    impl core::fmt::Display for LoaderPath {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+        }
+    }
+
+    /// How a file starts as a program. The loader's path is kept inline:
+    /// boxing it would allocate, which a vfork child must not.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    #[allow(clippy::large_enum_variant)]
+    pub enum ProgramStart {
+        /// Not an ELF file (a script, `#!`, is none: its interpreter is
+        /// checked on its own), or one whose headers cannot be read.
+        Unknown,
+        /// ELF without PT_INTERP (static, or static-PIE): no loader reads
+        /// `LD_PRELOAD`.
+        Static,
+        /// Started by the loader it names.
+        Loader {
+            path: LoaderPath,
+            class64: bool,
+            little_endian: bool,
+            machine: u16,
+        },
+    }
+
+    impl ProgramStart {
+        /// Whether glibc's loader for an agent of ELF machine `machine`
+        /// (64-bit, little-endian) preloads the agent into this program.
+        /// A static or unknown file is no dynamic program at all: false.
+        pub fn is_foreign_to(&self, agent_machine: u16) -> bool {
+            match *self {
+                ProgramStart::Loader {
+                    path,
+                    class64,
+                    little_endian,
+                    machine,
+                } => !class64 || !little_endian || machine != agent_machine || !path.is_glibc(),
+                _ => false,
+            }
+        }
+    }
+
+    /// Reads how the file starts; `read_at(offset, buf)` fills `buf` from
+    /// the file at `offset` and says whether it could.
+    pub fn program_start(read_at: &mut dyn FnMut(u64, &mut [u8]) -> bool) -> ProgramStart {
+        let mut header = [0u8; 64];
+        if !read_at(0, &mut header) || header[..4] != *b"\x7fELF" {
+            return ProgramStart::Unknown;
+        }
+        let class64 = header[4] == 2;
+        let little_endian = header[5] == 1;
+        let u16_at = |b: &[u8], at: usize| {
+            let v = [b[at], b[at + 1]];
+            u64::from(if little_endian {
+                u16::from_le_bytes(v)
+            } else {
+                u16::from_be_bytes(v)
+            })
+        };
+        let u32_at = |b: &[u8], at: usize| {
+            let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
+            u64::from(if little_endian {
+                u32::from_le_bytes(v)
+            } else {
+                u32::from_be_bytes(v)
+            })
+        };
+        let u64_at = |b: &[u8], at: usize| {
+            let (lo, hi) = (u32_at(b, at), u32_at(b, at + 4));
+            if little_endian {
+                lo | hi << 32
+            } else {
+                hi | lo << 32
+            }
+        };
+        let machine = u16_at(&header, 18) as u16;
+        let (phoff, phentsize, phnum) = if class64 {
+            (
+                u64_at(&header, 32),
+                u16_at(&header, 54),
+                u16_at(&header, 56),
+            )
+        } else {
+            (
+                u32_at(&header, 28),
+                u16_at(&header, 42),
+                u16_at(&header, 44),
+            )
+        };
+        let min = if class64 { 56 } else { 32 };
+        if phnum == 0 || phentsize < min || phentsize > 64 || phnum > 256 {
+            return ProgramStart::Unknown;
+        }
+        for i in 0..phnum {
+            let mut ph = [0u8; 64];
+            if !read_at(phoff + i * phentsize, &mut ph[..phentsize as usize]) {
+                return ProgramStart::Unknown;
+            }
+            const PT_INTERP: u64 = 3;
+            if u32_at(&ph, 0) != PT_INTERP {
+                continue;
+            }
+            let (offset, size) = if class64 {
+                (u64_at(&ph, 8), u64_at(&ph, 32))
+            } else {
+                (u32_at(&ph, 4), u32_at(&ph, 16))
+            };
+            let mut path = LoaderPath {
+                bytes: [0; 256],
+                len: 0,
+            };
+            let size = (size as usize).min(path.bytes.len());
+            if !read_at(offset, &mut path.bytes[..size]) {
+                return ProgramStart::Unknown;
+            }
+            path.len = path.bytes[..size]
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(size);
+            return ProgramStart::Loader {
+                path,
+                class64,
+                little_endian,
+                machine,
+            };
+        }
+        ProgramStart::Static
+    }
+
+    /// Whether `loader` (a PT_INTERP path) is glibc's.
+    pub fn is_glibc_loader(loader: &[u8]) -> bool {
+        let name = loader.rsplit(|&b| b == b'/').next().unwrap_or(loader);
+        name.starts_with(b"ld-linux") || name.starts_with(b"ld64.so") || name.starts_with(b"ld.so")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_names_of_a_tree() {
+        assert_eq!(
+            trace_names::image_trace("/t/x.trace", 42, 0),
+            "/t/x.trace.42"
+        );
+        assert_eq!(
+            trace_names::image_trace("/t/x.trace", 42, 3),
+            "/t/x.trace.42.3"
+        );
+        assert!(trace_names::is_member("x.trace", "x.trace.42"));
+        assert!(trace_names::is_member("x.trace", "x.trace.42.1"));
+        assert!(!trace_names::is_member("x.trace", "x.trace"));
+        assert!(!trace_names::is_member("x.trace", "x.trace.old"));
+        assert!(!trace_names::is_member("x.trace", "x.trace.old.42"));
+        assert!(!trace_names::is_member("x.trace", "x.trace.42."));
+    }
+
+    /// A minimal ELF64 header with one PT_INTERP program header naming `interp`.
+    fn elf64(machine: u16, interp: Option<&[u8]>, big_endian: bool) -> Vec<u8> {
+        let mut f = vec![0u8; 64 + 56];
+        f[..4].copy_from_slice(b"\x7fELF");
+        f[4] = 2;
+        f[5] = if big_endian { 2 } else { 1 };
+        let put16 = |f: &mut Vec<u8>, at: usize, v: u16| {
+            let b = if big_endian {
+                v.to_be_bytes()
+            } else {
+                v.to_le_bytes()
+            };
+            f[at..at + 2].copy_from_slice(&b);
+        };
+        let put32 = |f: &mut Vec<u8>, at: usize, v: u32| {
+            let b = if big_endian {
+                v.to_be_bytes()
+            } else {
+                v.to_le_bytes()
+            };
+            f[at..at + 4].copy_from_slice(&b);
+        };
+        let put64 = |f: &mut Vec<u8>, at: usize, v: u64| {
+            let b = if big_endian {
+                v.to_be_bytes()
+            } else {
+                v.to_le_bytes()
+            };
+            f[at..at + 8].copy_from_slice(&b);
+        };
+        put16(&mut f, 18, machine);
+        put64(&mut f, 32, 64);
+        put16(&mut f, 54, 56);
+        put16(&mut f, 56, 1);
+        if let Some(path) = interp {
+            put32(&mut f, 64, 3);
+            put64(&mut f, 64 + 8, 120);
+            put64(&mut f, 64 + 32, path.len() as u64 + 1);
+            f.extend_from_slice(path);
+            f.push(0);
+        } else {
+            put32(&mut f, 64, 1);
+        }
+        f
+    }
+
+    fn start_of(file: &[u8]) -> elf::ProgramStart {
+        elf::program_start(&mut |offset, buf| {
+            let at = offset as usize;
+            match file.get(at..at + buf.len()) {
+                Some(src) => {
+                    buf.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+
+    #[test]
+    fn which_programs_take_the_agent() {
+        let glibc = elf64(62, Some(b"/lib64/ld-linux-x86-64.so.2"), false);
+        let start = start_of(&glibc);
+        assert!(!start.is_foreign_to(62));
+        match start {
+            elf::ProgramStart::Loader { path, .. } => {
+                assert_eq!(path.as_bytes(), b"/lib64/ld-linux-x86-64.so.2");
+                assert_eq!(path.to_string(), "/lib64/ld-linux-x86-64.so.2");
+            }
+            _ => panic!("a loader"),
+        }
+        assert!(start_of(&elf64(62, Some(b"/lib/ld-musl-x86_64.so.1"), false)).is_foreign_to(62));
+        assert!(
+            start_of(&elf64(183, Some(b"/lib/ld-linux-aarch64.so.1"), false)).is_foreign_to(62)
+        );
+        assert!(start_of(&elf64(62, Some(b"/lib64/ld-linux-x86-64.so.2"), true)).is_foreign_to(62));
+        let static_one = start_of(&elf64(62, None, false));
+        assert!(static_one == elf::ProgramStart::Static);
+        assert!(!static_one.is_foreign_to(62));
+        assert!(start_of(b"#!/bin/sh\n") == elf::ProgramStart::Unknown);
+        assert!(start_of(&glibc[..70]) == elf::ProgramStart::Unknown);
+    }
+}
