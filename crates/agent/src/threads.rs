@@ -136,31 +136,43 @@ pub mod starting_args {
     /// argument may then be judged lost while it starts).
     const SLOTS: usize = 4096;
     static HELD: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+    /// Arguments held now: the scan skips the table when none is (it is
+    /// 32 KiB a short-lived process would read for nothing).
+    static COUNT: AtomicU64 = AtomicU64::new(0);
 
     /// Holds `arg` for a thread being started; the slot to give to `release`.
     pub fn hold(arg: u64, hint: u64) -> Option<usize> {
         if arg == 0 {
             return None;
         }
-        (0..SLOTS)
+        COUNT.fetch_add(1, Ordering::AcqRel);
+        let slot = (0..SLOTS)
             .map(|k| (hint as usize).wrapping_add(k) % SLOTS)
             .find(|&i| {
                 HELD[i]
                     .compare_exchange(0, arg, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
-            })
+            });
+        if slot.is_none() {
+            COUNT.fetch_sub(1, Ordering::AcqRel);
+        }
+        slot
     }
 
     /// The started thread holds its argument itself now.
     pub fn release(slot: Option<usize>) {
         if let Some(i) = slot {
             HELD[i].store(0, Ordering::Release);
+            COUNT.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
     /// Forgets every argument (a fork child: only the forking thread is copied,
     /// and it was not inside pthread_create).
     pub fn clear() {
+        if COUNT.swap(0, Ordering::AcqRel) == 0 {
+            return;
+        }
         for slot in &HELD {
             slot.store(0, Ordering::Relaxed);
         }
@@ -168,6 +180,9 @@ pub mod starting_args {
 
     /// Calls `f` with every argument held.
     pub fn for_each(mut f: impl FnMut(u64)) {
+        if COUNT.load(Ordering::Acquire) == 0 {
+            return;
+        }
         for slot in &HELD {
             let arg = slot.load(Ordering::Acquire);
             if arg != 0 {

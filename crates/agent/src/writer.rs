@@ -139,7 +139,8 @@ static WORK: sys::Event = sys::Event::new();
 static SPACE: sys::Event = sys::Event::new();
 static DONE: sys::Event = sys::Event::new();
 static RUNNING: AtomicBool = AtomicBool::new(false);
-/// The writer thread's tid while it runs (0 before).
+/// The writer thread's tid: noted by the thread that starts it, and by the
+/// writer itself when it runs (0 before).
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
 static STOP: AtomicBool = AtomicBool::new(false);
 static STOPPED: AtomicBool = AtomicBool::new(false);
@@ -478,6 +479,11 @@ pub fn starting() -> bool {
     STARTING.load(Ordering::Acquire)
 }
 
+/// The writer thread's tid, known from its start (0 if unknown).
+pub fn tid() -> u32 {
+    WRITER_TID.load(Ordering::Acquire)
+}
+
 static PERIODIC: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 
 extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
@@ -635,6 +641,16 @@ pub fn start(periodic: fn()) {
             core::ptr::null_mut(),
         );
         libc::pthread_attr_destroy(&mut attr);
+        if r == 0 {
+            // Known before it runs: an exit that counts the program's
+            // threads must not take it for one, nor wait for it to start
+            // (its start-up touched a megabyte a short-lived process never
+            // needed).
+            WRITER_TID.store(
+                crate::threads::kernel_tid(t).unwrap_or(0),
+                Ordering::Release,
+            );
+        }
         r == 0
     };
     set_signal_mask(libc::SIG_SETMASK, creator_mask);

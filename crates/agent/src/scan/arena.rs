@@ -42,21 +42,39 @@ pub fn main_arena(segments: &[(u64, u64)], reader: &mut SafeReader) -> Option<(u
     if known != 0 {
         return Some((known, known + SIZE));
     }
-    let mut word = |a: u64| {
-        let mut w = None;
-        reader.for_each_word(a, a + 8, |x| w = Some(x));
-        w
-    };
     for &(lo, hi) in segments {
-        let mut q = (lo + 7) & !7;
-        while q + 16 <= hi {
+        // Read whole (tens of KiB), then searched in place: a read per word
+        // cost a short-lived process's exit scan about 2 ms.
+        let (lo, seg_hi) = ((lo + 7) & !7, hi & !7);
+        if seg_hi <= lo {
+            continue;
+        }
+        let mut data = Vec::with_capacity(((seg_hi - lo) / 8) as usize);
+        // A page that could not be read would shift every word after it.
+        if reader.for_each_word(lo, seg_hi, |w| data.push(w)) != seg_hi - lo {
+            continue;
+        }
+        let local = |a: u64| -> Option<u64> {
+            (a >= lo && a + 8 <= seg_hi).then(|| data[((a - lo) / 8) as usize])
+        };
+        // Words outside the segment (other arenas, in their heaps) are read
+        // one at a time: a ring has a few.
+        let mut word = |a: u64| {
+            local(a).or_else(|| {
+                let mut w = None;
+                reader.for_each_word(a, a + 8, |x| w = Some(x));
+                w
+            })
+        };
+        let mut q = lo;
+        while q + 16 <= seg_hi {
             if is_empty_bin(&mut word, q) {
                 // The pair is bin k + 1 for some k: the arena starts below it.
                 for k in 0..BIN_PAIRS {
                     let Some(m) = q.checked_sub(BINS + 16 * k).filter(|&m| m >= lo) else {
                         break;
                     };
-                    if m + SIZE <= hi && is_main_arena(&mut word, m) {
+                    if m + SIZE <= seg_hi && is_main_arena(&mut word, m) {
                         FOUND.store(m, Ordering::Relaxed);
                         return Some((m, m + SIZE));
                     }

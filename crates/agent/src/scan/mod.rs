@@ -384,18 +384,15 @@ fn other_agent_tids() -> Vec<u32> {
 /// How many of the program's threads other than the calling one are alive
 /// (the agent's own threads and ended ones not counted).
 pub fn other_program_threads() -> u32 {
-    // A writer thread still starting is among the tasks but not yet known
-    // as the agent's: it runs at once, so wait (bounded) until it is. One
-    // still starting after that counts as the program's, the safe side.
-    let deadline = crate::clock::precise_now() + 10_000_000;
-    while crate::writer::starting() && crate::clock::precise_now() < deadline {
-        std::thread::yield_now();
-    }
+    // A writer thread that has not run yet is not among the agent's noted
+    // threads, but its starter noted its tid. One whose tid is unknown
+    // counts as the program's: the safe side.
     let me = sys::gettid();
+    let writer = crate::writer::tid();
     let agents = other_agent_tids();
     let mut n = 0;
-    crate::tasks::each(&mut vec![0u8; 4096], |tid| {
-        if tid != me && !agents.contains(&tid) && !crate::tasks::has_ended(tid) {
+    crate::tasks::each(&mut [0u8; 4096], |tid| {
+        if tid != me && tid != writer && !agents.contains(&tid) && !crate::tasks::has_ended(tid) {
             n += 1;
         }
         true
