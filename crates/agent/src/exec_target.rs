@@ -194,8 +194,7 @@ impl EnvWithoutAgent {
         self.preload[..NAME.len()].copy_from_slice(NAME);
         let mut at = NAME.len();
         for lib in list.split(|&b| b == b':' || b == b' ') {
-            let stem = trapline_contract::env::AGENT_FILE_STEM.as_bytes();
-            if lib.is_empty() || lib.windows(stem.len()).any(|w| w == stem) {
+            if lib.is_empty() || trapline_contract::env::names_agent(lib) {
                 continue;
             }
             if at + lib.len() + 2 > self.preload.len() {

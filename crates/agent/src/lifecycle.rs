@@ -337,7 +337,7 @@ fn remove_self_from_preload() {
     let Some(v) = env("LD_PRELOAD") else { return };
     let rest: Vec<&str> = v
         .split([' ', ':'])
-        .filter(|s| !s.is_empty() && !s.contains(env::AGENT_FILE_STEM))
+        .filter(|s| !s.is_empty() && !env::names_agent(s.as_bytes()))
         .collect();
     if rest.is_empty() {
         remove_from_environment(b"LD_PRELOAD");
@@ -997,19 +997,13 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
     }
     let Some(cfg) = CONFIG.get() else { return add };
     // Whether the exec's environment sets `name` already.
-    let has = |name: &str| {
-        envp.iter().any(|e| {
-            e.strip_prefix(name.as_bytes())
-                .is_some_and(|r| r.first() == Some(&b'='))
-        })
-    };
-    let stem = env::AGENT_FILE_STEM.as_bytes();
+    let has = |name: &str| envp.iter().any(|e| env::sets(e, name));
     if !follow && !has(env::FOLLOW) {
         add.extend(CString::new(format!("{}=0", env::FOLLOW)));
     }
     if !envp
         .iter()
-        .any(|e| e.starts_with(b"LD_PRELOAD=") && e.windows(stem.len()).any(|w| w == stem))
+        .any(|e| env::sets(e, "LD_PRELOAD") && env::names_agent(e))
     {
         let existing = envp
             .iter()

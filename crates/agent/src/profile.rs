@@ -27,7 +27,6 @@ use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use trapline_trace::{Event, ProfileStopReason};
 
-/// Environment variable shared with `trapline run`: the sampling rate in Hz.
 /// Highest rate accepted: the kernel's tick bounds the real rate anyway.
 const MAX_HZ: u32 = 100_000;
 /// Most CPU time one sample may stand for, in milliseconds: several kernel

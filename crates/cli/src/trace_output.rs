@@ -29,6 +29,8 @@ pub fn prepare(output: &Path, command: &[OsString], force: bool) -> Result<Prepa
             Path::new(&arg).display()
         ));
     }
+    // Whether `output` holds the previous run's top trace, to move aside.
+    let mut previous_top = false;
     if let Ok(meta) = std::fs::symlink_metadata(output) {
         let kind = meta.file_type();
         if kind.is_symlink() {
@@ -41,13 +43,15 @@ pub fn prepare(output: &Path, command: &[OsString], force: bool) -> Result<Prepa
                 .map_err(|e| format!("cannot remove the link {shown}: {e}"))?;
         } else if let Some(what) = not_regular(kind) {
             return Err(format!("cannot write the trace {shown}: {what}"));
-        } else if !force && !is_trace_or_empty(output) {
+        } else if is_trace_or_empty(output) {
+            previous_top = meta.len() > 0;
+        } else if !force {
             return Err(format!(
                 "{shown} exists and is not a trapline trace: refusing to overwrite it (--force replaces it)"
             ));
         }
     }
-    let moved_aside = move_previous_aside(output)?;
+    let moved_aside = move_previous_aside(output, previous_top)?;
     create(output).map_err(|e| format!("cannot write the trace {shown}: {e}"))?;
     Ok(Prepared { moved_aside })
 }
@@ -104,12 +108,10 @@ fn old_name(output: &Path, trace: &Path) -> PathBuf {
     PathBuf::from(format!("{top}.old{rest}"))
 }
 
-/// Moves the previous run's traces (PATH, if it is a trace, and every
+/// Moves the previous run's traces (PATH when `top_is_trace`, and every
 /// PATH.<pid>[.n]) to PATH.old*, after removing an older PATH.old family.
-fn move_previous_aside(output: &Path) -> Result<Vec<PathBuf>, String> {
+fn move_previous_aside(output: &Path, top_is_trace: bool) -> Result<Vec<PathBuf>, String> {
     let mut previous = trace_names::family_files(output);
-    let top_is_trace = std::fs::symlink_metadata(output).is_ok_and(|m| m.is_file() && m.len() > 0)
-        && is_trace_or_empty(output);
     if top_is_trace {
         previous.insert(0, output.to_path_buf());
     }

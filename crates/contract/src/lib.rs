@@ -36,6 +36,20 @@ pub mod env {
     pub const AGENT: &str = "TRAPLINE_AGENT";
     /// What the agent's own file name contains (to find it in `LD_PRELOAD`).
     pub const AGENT_FILE_STEM: &str = "libtrapline_agent";
+
+    /// Whether `path`, an entry of `LD_PRELOAD` (or the whole list), names
+    /// the agent.
+    pub fn names_agent(path: &[u8]) -> bool {
+        let stem = AGENT_FILE_STEM.as_bytes();
+        path.windows(stem.len()).any(|w| w == stem)
+    }
+
+    /// Whether the environment entry `entry` (`NAME=value`) sets `name`.
+    pub fn sets(entry: &[u8], name: &str) -> bool {
+        entry
+            .strip_prefix(name.as_bytes())
+            .is_some_and(|rest| rest.first() == Some(&b'='))
+    }
 }
 
 /// The trace files of a traced process tree: the top process writes TRACE;
@@ -228,6 +242,15 @@ pub mod elf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn environment_entries() {
+        assert!(env::sets(b"TRAPLINE_SCAN=0", env::SCAN));
+        assert!(!env::sets(b"TRAPLINE_SCAN_EVERY=5", env::SCAN));
+        assert!(!env::sets(b"TRAPLINE_SCAN", env::SCAN));
+        assert!(env::names_agent(b"/opt/t/libtrapline_agent.so"));
+        assert!(!env::names_agent(b"/usr/lib/libjemalloc.so.2"));
+    }
 
     #[test]
     fn trace_names_of_a_tree() {

@@ -158,12 +158,10 @@ fn env_with_agent(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*c
 
 /// Variables `trapline run` gives the top process's first image alone.
 fn is_for_the_top_image(entry: &[u8]) -> bool {
-    [
-        trapline_contract::env::ROLE,
-        trapline_contract::env::IGNORE_SIGPIPE,
-    ]
-    .iter()
-    .any(|name| entry.starts_with(name.as_bytes()) && entry.get(name.len()) == Some(&b'='))
+    use trapline_contract::env;
+    [env::ROLE, env::IGNORE_SIGPIPE]
+        .iter()
+        .any(|name| env::sets(entry, name))
 }
 
 /// Runs an exec (`exec`, given the environment) of a program that can take

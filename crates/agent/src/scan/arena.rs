@@ -36,13 +36,17 @@ const MAX_ARENAS: usize = 4096;
 static FOUND: AtomicU64 = AtomicU64::new(0);
 
 /// The extent of glibc's `main_arena`, if the C library's writable data
-/// `segments` holds one.
-pub fn main_arena(segments: &[(u64, u64)], reader: &mut SafeReader) -> Option<(u64, u64)> {
+/// (its segments, listed by `segments` only while the arena is not found
+/// yet) holds one.
+pub fn main_arena(
+    segments: impl FnOnce() -> Vec<(u64, u64)>,
+    reader: &mut SafeReader,
+) -> Option<(u64, u64)> {
     let known = FOUND.load(Ordering::Relaxed);
     if known != 0 {
         return Some((known, known + SIZE));
     }
-    for &(lo, hi) in segments {
+    for (lo, hi) in segments() {
         // Read whole (tens of KiB), then searched in place: a read per word
         // cost a short-lived process's exit scan about 2 ms.
         let (lo, seg_hi) = ((lo + 7) & !7, hi & !7);

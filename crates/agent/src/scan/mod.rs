@@ -265,29 +265,28 @@ pub fn run_at_exit(hold: &mut ExitHold) -> Result<Outcome, Skipped> {
 /// Address ranges of ld.so's segments: blocks it allocates for itself (DTVs,
 /// dynamic TLS, link maps) are its bookkeeping and count as roots.
 fn loader_ranges() -> Vec<(u64, u64)> {
-    crate::modules::all()
-        .into_iter()
-        .filter(|m| {
-            let name = m.path.rsplit('/').next().unwrap_or("");
-            name.starts_with("ld-linux") || name.starts_with("ld64.so") || name.starts_with("ld.so")
-        })
-        .flat_map(|m| m.segments.into_iter().map(|s| (s.start, s.end)))
-        .collect()
+    module_segments(
+        |name| trapline_contract::elf::is_glibc_loader(name.as_bytes()),
+        0,
+    )
 }
 
 /// Writable segments of the C library (its data and bss).
 fn libc_data_ranges() -> Vec<(u64, u64)> {
+    module_segments(
+        |name| name.starts_with("libc.so"),
+        trapline_trace::event::segment_flags::WRITE,
+    )
+}
+
+/// The segments, with every bit of `flags` set, of the loaded modules whose
+/// file name `wanted` accepts.
+fn module_segments(wanted: impl Fn(&str) -> bool, flags: u8) -> Vec<(u64, u64)> {
     crate::modules::all()
         .into_iter()
-        .filter(|m| {
-            m.path
-                .rsplit('/')
-                .next()
-                .unwrap_or("")
-                .starts_with("libc.so")
-        })
+        .filter(|m| wanted(m.path.rsplit('/').next().unwrap_or("")))
         .flat_map(|m| m.segments.into_iter())
-        .filter(|s| s.flags & trapline_trace::event::segment_flags::WRITE != 0)
+        .filter(|s| s.flags & flags == flags)
         .map(|s| (s.start, s.end))
         .collect()
 }
@@ -526,7 +525,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     // it handed out): malloc's memory, like glibc's arena heaps.
     crate::allocator_maps::allocator_ranges(&mut excluded);
     // glibc's bookkeeping in its own data (arena.rs).
-    excluded.extend(arena::main_arena(&libc_data_ranges(), &mut reader));
+    excluded.extend(arena::main_arena(libc_data_ranges, &mut reader));
     let agent_tids = other_agent_tids();
     for s in &AGENT_STACKS {
         let sp = s.load(Ordering::Acquire);
