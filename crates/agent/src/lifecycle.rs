@@ -620,7 +620,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     // threads started and ended). With others, their buffers stay.
     if ending == Ending::Exit
         && FREERES.load(Ordering::Relaxed)
-        && crate::scan::other_program_threads() == 0
+        && crate::scan::other_program_threads() == Some(0)
     {
         let cxx = match CXX_FREERES.load(Ordering::Relaxed) {
             0 => cxx_freeres_defined_now(ts.as_deref_mut()),

@@ -74,14 +74,17 @@ pub fn program_has_ended(writer_tid: u32, sweep: bool) -> bool {
     if ending == 0 && !sweep {
         return false;
     }
-    let mut dirents = [0u8; 2048];
-    let mut alive = None;
-    crate::tasks::each(&mut dirents, |tid| {
-        if tid != writer_tid && !crate::tasks::has_ended(tid) {
-            alive = Some(tid);
-        }
-        alive.is_none()
-    });
+    // A listing that missed a task would end the process under it: only a
+    // settled one counts (the writer may allocate, from the agent's heap).
+    let mut tids = vec![0u32; crate::tasks::kernel_count().unwrap_or(0) as usize + 64];
+    let listing = crate::tasks::list(&mut [0u8; 2048], &mut tids);
+    if !listing.settled {
+        return false;
+    }
+    let alive = tids[..listing.len]
+        .iter()
+        .copied()
+        .find(|&tid| tid != writer_tid && !crate::tasks::has_ended(tid));
     match alive {
         None => true,
         // Only the thread that is ending: look again at the next wake.

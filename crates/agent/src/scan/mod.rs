@@ -381,22 +381,24 @@ fn other_agent_tids() -> Vec<u32> {
 }
 
 /// How many of the program's threads other than the calling one are alive
-/// (the agent's own threads and ended ones not counted).
-pub fn other_program_threads() -> u32 {
+/// (the agent's own threads and ended ones not counted); none when the
+/// kernel's listing did not settle.
+pub fn other_program_threads() -> Option<u32> {
     // A writer thread that has not run yet is not among the agent's noted
     // threads, but its starter noted its tid. One whose tid is unknown
     // counts as the program's: the safe side.
     let me = sys::gettid();
     let writer = crate::writer::tid();
     let agents = other_agent_tids();
-    let mut n = 0;
-    crate::tasks::each(&mut [0u8; 4096], |tid| {
-        if tid != me && tid != writer && !agents.contains(&tid) && !crate::tasks::has_ended(tid) {
-            n += 1;
-        }
-        true
+    let mut tids = vec![0u32; crate::tasks::kernel_count()? as usize + 64];
+    let listing = crate::tasks::list(&mut [0u8; 4096], &mut tids);
+    if !listing.settled {
+        return None;
+    }
+    let others = tids[..listing.len].iter().filter(|&&tid| {
+        tid != me && tid != writer && !agents.contains(&tid) && !crate::tasks::has_ended(tid)
     });
-    n
+    Some(others.count() as u32)
 }
 
 /// The program's other threads, kept stopped from the exit scan to the end
@@ -470,7 +472,7 @@ fn empty_scan(trigger: ScanTrigger, hold: &ExitHold) -> Option<Outcome> {
     let threads = hold
         .world
         .as_ref()
-        .map_or_else(|| crate::tasks::count(&mut vec![0u8; 4096]), |w| w.threads);
+        .map_or_else(|| crate::tasks::kernel_count().unwrap_or(1), |w| w.threads);
     let scan = SCANS.fetch_add(1, Ordering::AcqRel) + 1;
     let time = crate::clock::precise_now();
     drop(guards);

@@ -240,15 +240,13 @@ fn install() -> bool {
 }
 
 /// Lists the tids of the process into `out` (within its capacity) without
-/// allocating.
-fn list_tasks(buf: &mut [u8], out: &mut Vec<u32>) {
-    out.clear();
-    crate::tasks::each(buf, |tid| {
-        if out.len() < out.capacity() {
-            out.push(tid);
-        }
-        true
-    });
+/// allocating; false when the listing may miss a task (`tasks::list`).
+fn list_tasks(buf: &mut [u8], out: &mut Vec<u32>) -> bool {
+    // Within the capacity reserved before the scan: no allocation.
+    out.resize(out.capacity(), 0);
+    let listing = crate::tasks::list(buf, out);
+    out.truncate(listing.len);
+    listing.settled
 }
 
 /// Scratch for `stop`, allocated before the scan locks anything.
@@ -263,12 +261,10 @@ pub struct Scratch {
 impl Scratch {
     pub fn new() -> Scratch {
         // getdents64 is called until the directory is read, so this bounds
-        // only the entries per call.
-        let mut dirents = vec![0u8; 16 << 10];
-        // Counted with getdents64 into the agent's own memory: std's
-        // read_dir is opendir, whose 32 KiB buffer came from the program's
-        // malloc heap.
-        let threads = crate::tasks::count(&mut dirents) as usize;
+        // only the entries per call; std's read_dir would be opendir, whose
+        // 32 KiB buffer came from the program's malloc heap.
+        let dirents = vec![0u8; 16 << 10];
+        let threads = crate::tasks::kernel_count().unwrap_or(0) as usize;
         let cap = (2 * threads + 256).min(MAX_THREADS);
         Scratch {
             dirents,
@@ -347,7 +343,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
     let mut round = 0;
     loop {
         round += 1;
-        list_tasks(&mut dirents, &mut tids);
+        let settled = list_tasks(&mut dirents, &mut tids);
         let mut new = 0;
         for &tid in &tids {
             if tid == me
@@ -393,7 +389,9 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
                 signal(slot, pid, slot.tid.load(Ordering::Relaxed));
             }
         }
-        if (new == 0 && again == 0) || !usable || (round >= 64 && again == 0) {
+        // Done when a listing the kernel's count confirms brought no one
+        // new: a listing may miss a task while others end.
+        if (new == 0 && again == 0 && settled) || !usable || (round >= 64 && again == 0) {
             break;
         }
         let deadline = now_ns() + PARK_DEADLINE_NS;
