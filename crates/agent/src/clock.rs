@@ -16,7 +16,16 @@
 //! the precise clock itself, publishes it and wakes the writer, which ticks
 //! again. Nanoseconds lose their two low bits, which no analysis sees.
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// What ends the ticker's sleep (`on_ticker_asleep`): the writer's wake.
+static WAKE_TICKER: AtomicUsize = AtomicUsize::new(0);
+
+/// The ticker (the writer) registers how a reader that finds it asleep
+/// wakes it.
+pub fn on_ticker_asleep(wake: fn()) {
+    WAKE_TICKER.store(wake as usize, Ordering::Release);
+}
 
 /// Monotonic nanoseconds at trace time 0.
 static START_MONO_NS: AtomicU64 = AtomicU64::new(0);
@@ -98,7 +107,12 @@ fn tick_slow(word: u64) -> u64 {
     match ended {
         Ok(before) => {
             // This reader ended the sleep: the writer ticks again.
-            crate::writer::wake();
+            let wake = WAKE_TICKER.load(Ordering::Acquire);
+            if wake != 0 {
+                // SAFETY: only `on_ticker_asleep` stores here, a `fn()`.
+                let wake: fn() = unsafe { core::mem::transmute(wake) };
+                wake();
+            }
             t.max(before & !FLAGS)
         }
         Err(now) => now & !FLAGS,

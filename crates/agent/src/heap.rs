@@ -11,7 +11,7 @@
 //! allocates rarely: per thread, per new table size, per new stack arena
 //! block), and larger blocks mapped and unmapped directly.
 
-use crate::sys::SpinLock;
+use crate::lock::SpinLock;
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};

@@ -10,10 +10,14 @@ mod allocator_maps;
 mod arch;
 mod clock;
 mod exec_target;
+mod fatal_signals;
+mod futex;
 mod heap;
+mod hold;
 mod hooks;
 mod lifecycle;
 mod live;
+mod lock;
 mod modules;
 mod next_alloc;
 mod private_operators;
@@ -23,6 +27,7 @@ mod record;
 mod rules;
 mod scan;
 mod side_stack;
+mod signals;
 mod stacks;
 mod sync;
 mod sys;
@@ -44,7 +49,7 @@ extern "C" fn constructor() {
     if cfg!(test) {
         return;
     }
-    lifecycle::init();
+    lifecycle::init(hooks::resolve);
 }
 
 /// Runs `constructor` when the dynamic loader initialises the library.

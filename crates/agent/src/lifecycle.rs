@@ -1,8 +1,9 @@
 //! Start, end and re-birth of a trace: the constructor, the final snapshot at
 //! every exit path, fork children and exec.
 
+use crate::lock::RawLock;
 use crate::record::{self, ensure_stack_in};
-use crate::sys::{self, RawLock};
+use crate::sys;
 use crate::thread::{self, FINISHED};
 use crate::writer::{self, Buffer};
 use crate::{clock, live, modules, stacks, untracked};
@@ -27,7 +28,7 @@ static FINISHING_TID: AtomicU32 = AtomicU32::new(0);
 static TRACE_DONE: AtomicBool = AtomicBool::new(false);
 /// Notified when `TRACE_DONE` is set or a finish is called off (a failed
 /// exec): the threads in `wait_for_trace_done` sleep on it.
-static FINISH_CHANGED: sys::Event = sys::Event::new();
+static FINISH_CHANGED: crate::futex::Event = crate::futex::Event::new();
 /// The first thread to call `exit` (0: none): the others wait (`enter_exit`).
 static EXITING_TID: AtomicU32 = AtomicU32::new(0);
 /// Most a thread's `_exit` waits for another thread's finish to complete.
@@ -238,8 +239,10 @@ fn periodic() {
     crate::heap::forget_mapping_limit_when_below();
 }
 
-/// The library constructor: configuration, trace file, writer thread.
-pub fn init() {
+/// The library constructor: configuration, trace file, writer thread;
+/// `resolve_hooks` looks up the real functions the hooks forward to (the
+/// crate root passes it: the hooks are above everything else).
+pub fn init(resolve_hooks: fn()) {
     let _g = INIT_LOCK.guard();
     if INITIALIZED.swap(true, Ordering::AcqRel) {
         return;
@@ -276,7 +279,7 @@ pub fn init() {
     if env(env::IGNORE_SIGPIPE).as_deref() == Some("1") {
         // Before the fatal-signal handlers go in (they are installed only
         // where the disposition is SIG_DFL), and before the program runs.
-        crate::hooks::signals::ignore_inherited(libc::SIGPIPE);
+        crate::fatal_signals::ignore_inherited(libc::SIGPIPE);
     }
     remove_from_environment(env::IGNORE_SIGPIPE.as_bytes());
     if !follow {
@@ -287,16 +290,13 @@ pub fn init() {
         agent_path: own_path(),
     });
     crate::next_alloc::resolve();
-    crate::hooks::process::resolve();
+    crate::signals::resolve();
+    resolve_hooks();
     crate::scan::init();
-    crate::hooks::sync::init();
-    crate::hooks::threads::resolve();
-    crate::hooks::context::resolve();
-    crate::hooks::sigmask::resolve();
-    crate::hooks::fds::resolve();
-    crate::hooks::eintr::resolve();
+    crate::sync::register_fork_handlers();
     crate::profile::init();
-    crate::hooks::signals::install();
+    crate::fatal_signals::install();
+    modules::on_change(crate::rules::forget_all);
     modules::refresh();
     // Only where libstdc++ is loaded: a lookup that fails makes dlsym
     // allocate its message from the program's heap, and the freed chunks
@@ -834,7 +834,7 @@ pub fn wait_out_fault_during_finish() -> bool {
     wait_for_trace_done(|| another_is_finishing(me));
     let until = clock::monotonic_ns() + FAULT_WAIT_NS;
     while another_is_finishing(me) && clock::monotonic_ns() < until {
-        sys::sleep_ns(10_000_000);
+        crate::futex::sleep_ns(10_000_000);
     }
     true
 }

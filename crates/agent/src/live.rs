@@ -12,7 +12,7 @@
 //! not by a mask), so the load stays between 53% and 80% and a live block
 //! costs 20 to 30 bytes of table.
 
-use crate::sys::SpinLock;
+use crate::lock::SpinLock;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use trapline_trace::AllocFn;

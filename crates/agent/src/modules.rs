@@ -8,13 +8,16 @@
 //! (including from signal handlers) never takes a lock. Old unwinders are kept
 //! alive for threads that may still be using them.
 
-use crate::arch::Unwinder;
-use crate::sys::RawLock;
+use crate::arch::ArchUnwinder;
+use crate::lock::RawLock;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
 use trapline_trace::event::segment_flags;
 use trapline_trace::{ModuleInfo, Segment};
+
+/// The architecture's unwinder over the mapped module bytes.
+pub type Unwinder = ArchUnwinder<MappedBytes>;
 
 /// Memory of a loaded module, viewed as a byte slice without copying.
 pub struct MappedBytes {
@@ -471,9 +474,23 @@ pub fn refresh() -> Changes {
         };
         UNWINDER.store(p, Ordering::Release);
         GENERATION.fetch_add(1, Ordering::AcqRel);
-        crate::rules::forget_all();
+        let on_change = ON_CHANGE.load(Ordering::Acquire);
+        if on_change != 0 {
+            // SAFETY: only `on_change` stores here, a `fn()`.
+            let on_change: fn() = unsafe { core::mem::transmute(on_change) };
+            on_change();
+        }
     }
     changes
+}
+
+/// What `refresh` calls once the unwinder has changed: the rule cache above
+/// forgets the rules it took from the old one (`on_change`).
+static ON_CHANGE: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers what to call whenever the set of modules changes.
+pub fn on_change(f: fn()) {
+    ON_CHANGE.store(f as usize, Ordering::Release);
 }
 
 /// Every module currently known, as trace records (a fork child re-announces them).

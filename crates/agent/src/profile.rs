@@ -41,7 +41,7 @@ static SIGNAL: AtomicI32 = AtomicI32::new(0);
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The program installed its own disposition for the sampling signal.
 static TAKEN: AtomicBool = AtomicBool::new(false);
-static LOCK: sys::RawLock = sys::RawLock::new();
+static LOCK: crate::lock::RawLock = crate::lock::RawLock::new();
 /// What the program last set for the sampling signal (its view: SIG_DFL at start).
 static mut PROGRAM_VIEW: core::mem::MaybeUninit<libc::sigaction> = core::mem::MaybeUninit::zeroed();
 
@@ -116,7 +116,7 @@ pub fn init() {
         act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
         libc::sigemptyset(&mut act.sa_mask);
         let mut old: libc::sigaction = core::mem::zeroed();
-        let r = crate::hooks::signals::real_sigaction()(sig, &act, &mut old);
+        let r = crate::signals::real_sigaction()(sig, &act, &mut old);
         (*core::ptr::addr_of_mut!(PROGRAM_VIEW)) = core::mem::MaybeUninit::new(old);
         r == 0
     };
@@ -152,7 +152,7 @@ fn free_signal() -> Option<c_int> {
         (libc::SIGRTMIN()..=libc::SIGRTMAX()).rev().find(|&sig| {
             let mut old: libc::sigaction = core::mem::zeroed();
             sig != crate::scan::world::park_signal()
-                && crate::hooks::signals::real_sigaction()(sig, core::ptr::null(), &mut old) == 0
+                && crate::signals::real_sigaction()(sig, core::ptr::null(), &mut old) == 0
                 && old.sa_sigaction == libc::SIG_DFL
                 && libc::sigismember(&mask, sig) == 0
         })
@@ -309,7 +309,7 @@ pub unsafe fn program_sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
-    let real = crate::hooks::signals::real_sigaction();
+    let real = crate::signals::real_sigaction();
     let _g = LOCK.guard();
     if TAKEN.load(Ordering::Acquire) {
         // SAFETY: pass-through: the program owns the signal now.
@@ -368,7 +368,9 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ucontext: *mut l
     if code != libc::SI_TIMER || value != COOKIE {
         // Sent by someone else while the program's disposition is its
         // default: die by it exactly as the program would.
-        crate::hooks::signals::on_fatal_signal(sig, info, ucontext);
+        if let Some(fatal) = crate::signals::fatal_handler() {
+            fatal(sig, info, ucontext);
+        }
         return;
     }
     // A sleep or wait this signal cut short is retried by its hook (eintr.rs).
@@ -591,7 +593,7 @@ fn set_blocked(sig: c_int, block: bool) -> bool {
         } else {
             libc::SIG_UNBLOCK
         };
-        crate::hooks::sigmask::real_pthread_sigmask()(how, &set, &mut old);
+        crate::signals::real_pthread_sigmask()(how, &set, &mut old);
         libc::sigismember(&old, sig) == 1
     }
 }

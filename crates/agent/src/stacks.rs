@@ -6,10 +6,12 @@
 //! need that). Lookup is a hash table sharded by the frames' hash; each thread
 //! also keeps a small direct-mapped cache of hash -> id in front of it.
 
-use crate::sys::RawLock;
-use crate::unwind::MAX_FRAMES;
+use crate::lock::RawLock;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+
+/// Program frames kept per stack (the default depth).
+pub const MAX_FRAMES: usize = 64;
 
 const SHARDS: usize = 16;
 const DIR_PAGE: usize = 1 << 16;

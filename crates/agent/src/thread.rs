@@ -7,7 +7,8 @@
 //! its destructor runs at every thread exit, including pthread_exit.
 
 use crate::arch::StartRegs;
-use crate::sys::{self, RawLock, SpinLock};
+use crate::lock::{RawLock, SpinLock};
+use crate::sys;
 use crate::unwind::{Bounds, Captured, StackCapture};
 use crate::writer::{self, Buffer};
 use core::cell::UnsafeCell;

@@ -5,9 +5,9 @@
 //! per-thread subsystems hook their setup and teardown here.
 
 use crate::arch::StartRegs;
+use crate::lock::RawLock;
 use crate::record::{self, Entry};
 use crate::sys;
-use crate::sys::RawLock;
 use crate::thread::{Site, ThreadState};
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU64, Ordering};

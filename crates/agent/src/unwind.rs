@@ -15,11 +15,9 @@
 use crate::arch::{self, Rule, StartRegs, UnwindCache};
 use crate::modules;
 use crate::side_stack::SideStack;
-use crate::stacks;
+use crate::stacks::{self, MAX_FRAMES};
 use framehop::{FrameAddress, Unwinder as _};
 
-/// Program frames kept per stack (the default depth).
-pub const MAX_FRAMES: usize = 64;
 /// Frames kept including the agent's own (cut before the stack is stored).
 const MAX_RAW: usize = MAX_FRAMES + 16;
 /// Reads kept per frame: the return address, a restored bp, and any other

@@ -10,7 +10,8 @@
 //! threads, so a long-running or SIGKILLed program leaves a trace that is at
 //! most a fraction of a second behind.
 
-use crate::sys::{self, RawLock};
+use crate::lock::RawLock;
+use crate::sys;
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::collections::VecDeque;
@@ -135,9 +136,9 @@ static SHARED: Shared = Shared {
     }),
 };
 /// Wakes the writer (new work) and producers (space freed).
-static WORK: sys::Event = sys::Event::new();
-static SPACE: sys::Event = sys::Event::new();
-static DONE: sys::Event = sys::Event::new();
+static WORK: crate::futex::Event = crate::futex::Event::new();
+static SPACE: crate::futex::Event = crate::futex::Event::new();
+static DONE: crate::futex::Event = crate::futex::Event::new();
 static RUNNING: AtomicBool = AtomicBool::new(false);
 /// The writer thread's tid: noted by the thread that starts it, and by the
 /// writer itself when it runs (0 before).
@@ -160,7 +161,7 @@ pub static EVENTS_LOST: AtomicU64 = AtomicU64::new(0);
 /// the program aborted within a millisecond of starting).
 static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
 /// Held while the trace file's descriptor is written to or moved.
-static FD_LOCK: sys::RawLock = sys::RawLock::new();
+static FD_LOCK: crate::lock::RawLock = crate::lock::RawLock::new();
 /// Rounds `write_one` tries the descriptor lock for before counting a
 /// buffer as lost (it is only ever held for one write).
 const FD_LOCK_SPINS: u32 = 50_000_000;
@@ -616,6 +617,7 @@ fn set_signal_mask(how: libc::c_int, mask: u64) -> u64 {
 /// the signals of `WRITER_BLOCKED` blocked from its first instruction: it
 /// inherits them from this thread, which blocks them for the moment.
 pub fn start(periodic: fn()) {
+    crate::clock::on_ticker_asleep(wake);
     STARTING.store(true, Ordering::Release);
     PERIODIC.store(periodic as *const () as usize, Ordering::Release);
     STOP.store(false, Ordering::Release);
@@ -663,7 +665,7 @@ pub fn start(periodic: fn()) {
 
 /// Threads inside `pause` .. `resume`, and whether the writer ran when the
 /// first of them stopped it (`PAUSE_LOCK` guards both).
-static PAUSE_LOCK: sys::RawLock = sys::RawLock::new();
+static PAUSE_LOCK: crate::lock::RawLock = crate::lock::RawLock::new();
 static PAUSERS: AtomicU32 = AtomicU32::new(0);
 static PAUSED_RUNNING: AtomicBool = AtomicBool::new(false);
 
@@ -712,7 +714,7 @@ fn stop_writer(timeout_ms: u64) -> u64 {
         if crate::clock::precise_now() > started + LET_GO_AFTER_NS {
             // The exit's stopped threads (scan::ExitHold) may be what the
             // writer waits for.
-            crate::scan::world::let_go_if_held();
+            crate::hold::let_go_if_held();
         }
         let seen = DONE.generation();
         if STOPPED.load(Ordering::Acquire) {

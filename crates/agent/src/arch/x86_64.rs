@@ -3,7 +3,7 @@
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::MustNotAllocateDuringUnwind;
 
-pub type Unwinder = UnwinderX86_64<crate::modules::MappedBytes, MustNotAllocateDuringUnwind>;
+pub type ArchUnwinder<D> = UnwinderX86_64<D, MustNotAllocateDuringUnwind>;
 pub type UnwindCache = CacheX86_64<MustNotAllocateDuringUnwind>;
 pub type UnwindRegs = UnwindRegsX86_64;
 
@@ -556,9 +556,7 @@ macro_rules! variadic_exec_trampoline {
     };
 }
 
-variadic_exec_trampoline!(execl, crate::hooks::process::execl_collected);
-variadic_exec_trampoline!(execle, crate::hooks::process::execle_collected);
-variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
+pub(crate) use variadic_exec_trampoline;
 
 /// glibc's `syscall(number, ...)`, made here so that
 /// `syscall(SYS_exit_group, status)` goes to the agent's `_exit`
@@ -571,68 +569,74 @@ variadic_exec_trampoline!(execlp, crate::hooks::process::execlp_collected);
 /// registers (the sixth from the stack), `syscall`, and a result in
 /// [-4095, -1] stored as errno with -1 returned.
 ///
-/// # Safety
-/// The C function's contract.
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn syscall() {
-    core::arch::naked_asm!(
-        ".cfi_startproc",
-        "cmp rdi, {exit_group}",
-        "je 3f",
-        "cmp rdi, {execve}",
-        "je 4f",
-        "mov rax, rdi",
-        "mov rdi, rsi",
-        "mov rsi, rdx",
-        "mov rdx, rcx",
-        "mov r10, r8",
-        "mov r8, r9",
-        "mov r9, [rsp + 8]",
-        "syscall",
-        "cmp rax, -4095",
-        "jae 2f",
-        "ret",
-        // errno = -rax; return -1. On entry rsp = 8 mod 16: 8 bytes align the call.
-        "2:",
-        "neg eax",
-        "sub rsp, 8",
-        ".cfi_adjust_cfa_offset 8",
-        "mov [rsp], eax",
-        "call {errno_location}",
-        "mov ecx, [rsp]",
-        "mov [rax], ecx",
-        "add rsp, 8",
-        ".cfi_adjust_cfa_offset -8",
-        "mov rax, -1",
-        "ret",
-        // execve(path, argv, envp): the agent's, whose int result (-1 with
-        // errno, when it returns at all) becomes syscall()'s long.
-        "4:",
-        "mov rdi, rsi",
-        "mov rsi, rdx",
-        "mov rdx, rcx",
-        "sub rsp, 8",
-        ".cfi_adjust_cfa_offset 8",
-        "call {execve_hook}",
-        "add rsp, 8",
-        ".cfi_adjust_cfa_offset -8",
-        "movsxd rax, eax",
-        "ret",
-        "3:",
-        "mov edi, esi",
-        "sub rsp, 8",
-        ".cfi_adjust_cfa_offset 8",
-        "call {exit}",
-        "ud2",
-        ".cfi_endproc",
-        exit_group = const libc::SYS_exit_group,
-        execve = const libc::SYS_execve,
-        execve_hook = sym crate::hooks::process::execve,
-        errno_location = sym libc::__errno_location,
-        exit = sym crate::hooks::process::_exit,
-    )
+/// `$exit` and `$execve` are the agent's `_exit` and `execve`.
+macro_rules! syscall_trampoline {
+    (exit: $exit:path, execve: $execve:path) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn syscall() {
+            core::arch::naked_asm!(
+                ".cfi_startproc",
+                "cmp rdi, {exit_group}",
+                "je 3f",
+                "cmp rdi, {execve}",
+                "je 4f",
+                "mov rax, rdi",
+                "mov rdi, rsi",
+                "mov rsi, rdx",
+                "mov rdx, rcx",
+                "mov r10, r8",
+                "mov r8, r9",
+                "mov r9, [rsp + 8]",
+                "syscall",
+                "cmp rax, -4095",
+                "jae 2f",
+                "ret",
+                // errno = -rax; return -1. On entry rsp = 8 mod 16: 8 bytes align the call.
+                "2:",
+                "neg eax",
+                "sub rsp, 8",
+                ".cfi_adjust_cfa_offset 8",
+                "mov [rsp], eax",
+                "call {errno_location}",
+                "mov ecx, [rsp]",
+                "mov [rax], ecx",
+                "add rsp, 8",
+                ".cfi_adjust_cfa_offset -8",
+                "mov rax, -1",
+                "ret",
+                // execve(path, argv, envp): the agent's, whose int result (-1 with
+                // errno, when it returns at all) becomes syscall()'s long.
+                "4:",
+                "mov rdi, rsi",
+                "mov rsi, rdx",
+                "mov rdx, rcx",
+                "sub rsp, 8",
+                ".cfi_adjust_cfa_offset 8",
+                "call {execve_hook}",
+                "add rsp, 8",
+                ".cfi_adjust_cfa_offset -8",
+                "movsxd rax, eax",
+                "ret",
+                "3:",
+                "mov edi, esi",
+                "sub rsp, 8",
+                ".cfi_adjust_cfa_offset 8",
+                "call {exit}",
+                "ud2",
+                ".cfi_endproc",
+                exit_group = const libc::SYS_exit_group,
+                execve = const libc::SYS_execve,
+                execve_hook = sym $execve,
+                errno_location = sym libc::__errno_location,
+                exit = sym $exit,
+            )
+        }
+    };
 }
+pub(crate) use syscall_trampoline;
 
 /// The stack pointer of the calling function (inlined into it).
 #[inline(always)]
@@ -654,32 +658,37 @@ pub const CALLEE_SAVED: usize = 6;
 /// left them, into a stack array and passes it with the caller's stack
 /// pointer (its value once `exit` would have returned) to the collector.
 ///
-/// # Safety
-/// The C function's contract.
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn exit() {
-    core::arch::naked_asm!(
-        // CFI on every byte, as in the exec trampolines: a backtrace from an
-        // atexit handler or a destructor continues into exit's caller.
-        ".cfi_startproc",
-        // On entry rsp = 8 mod 16; 56 bytes keep the call 16-aligned.
-        "sub rsp, 56",
-        ".cfi_adjust_cfa_offset 56",
-        "mov [rsp], rbx",
-        "mov [rsp + 8], rbp",
-        "mov [rsp + 16], r12",
-        "mov [rsp + 24], r13",
-        "mov [rsp + 32], r14",
-        "mov [rsp + 40], r15",
-        "mov rsi, rsp",
-        "lea rdx, [rsp + 64]",
-        "call {collector}",
-        "ud2",
-        ".cfi_endproc",
-        collector = sym crate::hooks::exit::exit_collected,
-    )
+macro_rules! exit_trampoline {
+    ($collector:path) => {
+        /// # Safety
+        /// The C function's contract.
+        #[unsafe(naked)]
+        #[no_mangle]
+        pub unsafe extern "C" fn exit() {
+            core::arch::naked_asm!(
+                // CFI on every byte, as in the exec trampolines: a backtrace from an
+                // atexit handler or a destructor continues into exit's caller.
+                ".cfi_startproc",
+                // On entry rsp = 8 mod 16; 56 bytes keep the call 16-aligned.
+                "sub rsp, 56",
+                ".cfi_adjust_cfa_offset 56",
+                "mov [rsp], rbx",
+                "mov [rsp + 8], rbp",
+                "mov [rsp + 16], r12",
+                "mov [rsp + 24], r13",
+                "mov [rsp + 32], r14",
+                "mov [rsp + 40], r15",
+                "mov rsi, rsp",
+                "lea rdx, [rsp + 64]",
+                "call {collector}",
+                "ud2",
+                ".cfi_endproc",
+                collector = sym $collector,
+            )
+        }
+    };
 }
+pub(crate) use exit_trampoline;
 
 /// `swapcontext` and `setcontext` (hooks/context.rs): passes the caller's
 /// stack pointer (its value once the call returns) to `$leaving`, which
@@ -728,8 +737,7 @@ macro_rules! stack_switch_trampoline {
     };
 }
 
-stack_switch_trampoline!(swapcontext, crate::hooks::context::swapcontext_leaving);
-stack_switch_trampoline!(setcontext, crate::hooks::context::setcontext_leaving);
+pub(crate) use stack_switch_trampoline;
 
 /// The callee-saved registers as they are now (inlined into the caller: at
 /// the top of a hook they still hold, or have saved on the hook's frame, its

@@ -16,6 +16,9 @@
 
 use core::sync::atomic::AtomicUsize;
 
+crate::arch::stack_switch_trampoline!(swapcontext, swapcontext_leaving);
+crate::arch::stack_switch_trampoline!(setcontext, setcontext_leaving);
+
 static REAL_SWAPCONTEXT: AtomicUsize = AtomicUsize::new(0);
 static REAL_SETCONTEXT: AtomicUsize = AtomicUsize::new(0);
 

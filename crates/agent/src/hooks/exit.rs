@@ -82,6 +82,8 @@ unsafe extern "C-unwind" fn main_returning(
     status
 }
 
+crate::arch::exit_trampoline!(exit_collected);
+
 /// Called by the `exit` trampoline with the caller's callee-saved registers
 /// and its stack pointer.
 pub extern "C" fn exit_collected(

@@ -16,3 +16,16 @@ pub mod sigmask;
 pub mod signals;
 pub mod sync;
 pub mod threads;
+
+/// Looks up the real functions the hooks forward to, from the constructor
+/// while dlsym is safe (the lock hooks look theirs up on first use, one
+/// word per call site: `real!` in hooks/sync.rs).
+pub fn resolve() {
+    process::resolve();
+    exit::resolve();
+    threads::resolve();
+    context::resolve();
+    sigmask::resolve();
+    fds::resolve();
+    eintr::resolve();
+}

@@ -542,6 +542,11 @@ unsafe fn collect_args(
     (argv, at(i))
 }
 
+crate::arch::variadic_exec_trampoline!(execl, execl_collected);
+crate::arch::variadic_exec_trampoline!(execle, execle_collected);
+crate::arch::variadic_exec_trampoline!(execlp, execlp_collected);
+crate::arch::syscall_trampoline!(exit: _exit, execve: execve);
+
 /// # Safety
 /// Called only by the `execl` trampoline.
 pub unsafe extern "C" fn execl_collected(

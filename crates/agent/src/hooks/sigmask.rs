@@ -12,10 +12,9 @@
 use core::ffi::c_int;
 use core::sync::atomic::AtomicUsize;
 
-type MaskFn = unsafe extern "C" fn(c_int, *const libc::sigset_t, *mut libc::sigset_t) -> c_int;
+use crate::signals::MaskFn;
 
 static REAL_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
-static REAL_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
 
 fn real(slot: &AtomicUsize, name: &core::ffi::CStr) -> MaskFn {
     let f = crate::sys::cached_next_symbol(slot, name);
@@ -90,23 +89,10 @@ pub unsafe extern "C" fn pthread_sigmask(
     old: *mut libc::sigset_t,
 ) -> c_int {
     // SAFETY: forwarding the caller's arguments.
-    unsafe {
-        without_agent_signals(
-            real(&REAL_PTHREAD_SIGMASK, c"pthread_sigmask"),
-            how,
-            set,
-            old,
-        )
-    }
-}
-
-/// glibc's own pthread_sigmask (the agent blocks the sampling signal around fork).
-pub fn real_pthread_sigmask() -> MaskFn {
-    real(&REAL_PTHREAD_SIGMASK, c"pthread_sigmask")
+    unsafe { without_agent_signals(crate::signals::real_pthread_sigmask(), how, set, old) }
 }
 
 /// Resolves the real functions (from the constructor, while dlsym is safe).
 pub fn resolve() {
     real(&REAL_SIGPROCMASK, c"sigprocmask");
-    real(&REAL_PTHREAD_SIGMASK, c"pthread_sigmask");
 }

@@ -61,12 +61,6 @@ type MutexFn = unsafe extern "C" fn(*mut pthread_mutex_t) -> c_int;
 type RwFn = unsafe extern "C" fn(*mut pthread_rwlock_t) -> c_int;
 type SpinFn = unsafe extern "C" fn(*mut pthread_spinlock_t) -> c_int;
 
-/// From the constructor. The real functions are looked up on first use,
-/// each by the hook that needs it (`real!` keeps one word per call site).
-pub fn init() {
-    sync::register_fork_handlers();
-}
-
 /// The type of a mutex, from glibc's kind word.
 #[inline]
 fn mutex_kind(m: *const pthread_mutex_t) -> LockKind {

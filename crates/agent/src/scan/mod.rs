@@ -28,7 +28,8 @@ pub use emit::{emit, emit_skipped, Sink};
 
 use crate::arch::CALLEE_SAVED;
 use crate::live::{self, Packed};
-use crate::sys::{self, RawLock};
+use crate::lock::RawLock;
+use crate::sys;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use trapline_trace::{ScanSkipReason, ScanStats, ScanTrigger, Verdict};
 
@@ -72,7 +73,6 @@ extern "C" {
 
 /// Reads the configuration (from the constructor).
 pub fn init() {
-    crate::hooks::exit::resolve();
     if let Some(ms) = std::env::var(trapline_contract::env::SCAN_EVERY_MS)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -364,7 +364,7 @@ fn stop_outside_heap(scratch: world::Scratch, agent_tids: &[u32], insist: bool) 
         }
         world::resume(&world);
         drop(world);
-        sys::sleep_ns(1_000_000);
+        crate::futex::sleep_ns(1_000_000);
         world = world::stop(world::Scratch::new(), agent_tids, insist);
     }
     world
@@ -407,7 +407,7 @@ pub fn other_program_threads() -> Option<u32> {
 /// only when every thread parked outside the agent and none is handing
 /// over its last buffer, so the finish needs nothing a stopped thread
 /// holds; a wait for one of the agent's locks lets them go all the same
-/// (world::let_go_if_held).
+/// (hold::let_go_if_held).
 pub struct ExitHold {
     world: Option<world::World>,
 }
@@ -434,7 +434,7 @@ impl ExitHold {
         let w = stop_outside_heap(world::Scratch::new(), &other_agent_tids(), true);
         SCAN_LOCK.unlock();
         if w.inside == 0 && !crate::heap::busy() && crate::thread::exiting_threads() == 0 {
-            world::hold();
+            crate::hold::hold();
             ExitHold { world: Some(w) }
         } else {
             world::resume(&w);
@@ -605,7 +605,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     let prepared = crate::clock::precise_now();
     // An exit's world may be held stopped already (`ExitHold`), unless a
     // thread that waited for a lock meanwhile let it go.
-    if !world::held() {
+    if !crate::hold::held() {
         hold.resume();
     }
     let own_stop = hold.world.is_none();

@@ -52,16 +52,6 @@ struct Slot {
 /// The slot table, mapped once and never unmapped: a handler that runs late
 /// (its signal was pending past a scan) may still look into it.
 static TABLE: AtomicPtr<Slot> = AtomicPtr::new(core::ptr::null_mut());
-/// While `HOLD`, parked threads wait; `GO` releases them; `LINGER` releases
-/// them after `LINGER_NS` (`release_at_end`).
-static RELEASE: AtomicU32 = AtomicU32::new(GO);
-const HOLD: u32 = 0;
-const GO: u32 = 1;
-const LINGER: u32 = 2;
-/// How long threads held through the finish stay parked once the trace is
-/// written: the exit ends them well before that, unless it waits for one
-/// of them (a stdio lock it held when it stopped).
-const LINGER_NS: u64 = 1_000_000_000;
 /// A scan filled slots it could not note in its list (more threads than
 /// the list held): the next one clears the whole table first.
 static TABLE_DIRTY: AtomicBool = AtomicBool::new(false);
@@ -71,10 +61,6 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// parked where it holds nothing of the agent's, so that the world can
 /// stay stopped through the finish (`hold`).
 static INSIST_OUTSIDE: AtomicBool = AtomicBool::new(false);
-/// The world is held stopped through the finish of the trace. Any agent
-/// thread that would wait for a lock meanwhile lets it go (`let_go_held`):
-/// the holder may be a stopped thread.
-static HELD: AtomicBool = AtomicBool::new(false);
 
 /// The signal that parks threads: one of the real-time signals, chosen near
 /// the top where programs rarely look.
@@ -182,7 +168,7 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
                 let inside = inside_agent();
                 if inside && INSIST_OUTSIDE.load(Ordering::Acquire) {
                     slot.state.store(INSIDE, Ordering::Release);
-                    sys::futex_wake(&slot.state, 1);
+                    crate::futex::futex_wake(&slot.state, 1);
                     // SAFETY: as above.
                     unsafe { *libc::__errno_location() = saved_errno };
                     return;
@@ -192,10 +178,10 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
                 let left = crate::thread::current_if_any().map_or(0, |t| t.own_stack_left_at(sp));
                 slot.left_sp.store(left, Ordering::Relaxed);
                 slot.state.store(PARKED, Ordering::Release);
-                sys::futex_wake(&slot.state, 1);
-                wait_for_release();
+                crate::futex::futex_wake(&slot.state, 1);
+                crate::hold::wait_at_gate();
                 slot.state.store(LEFT, Ordering::Release);
-                sys::futex_wake(&slot.state, 1);
+                crate::futex::futex_wake(&slot.state, 1);
             }
         }
     }
@@ -217,13 +203,12 @@ fn inside_agent() -> bool {
 fn install() -> bool {
     if INSTALLED.load(Ordering::Acquire) {
         // The program may have replaced it since.
-        return crate::hooks::signals::real_handler(park_signal()) == on_park as *const () as usize;
+        return crate::signals::real_handler(park_signal()) == on_park as *const () as usize;
     }
     let sig = park_signal();
-    let current = crate::hooks::signals::real_handler(sig);
-    let free = current == libc::SIG_DFL
-        || current == libc::SIG_IGN
-        || crate::hooks::signals::agent_owns(sig);
+    let current = crate::signals::real_handler(sig);
+    let free =
+        current == libc::SIG_DFL || current == libc::SIG_IGN || crate::signals::agent_owns(sig);
     if !free {
         return false;
     }
@@ -233,7 +218,7 @@ fn install() -> bool {
         act.sa_sigaction = on_park as *const () as usize;
         act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigfillset(&mut act.sa_mask);
-        crate::hooks::signals::real_sigaction_set(sig, &act)
+        crate::signals::real_sigaction_set(sig, &act)
     };
     INSTALLED.store(ok, Ordering::Release);
     ok
@@ -335,7 +320,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
             s.state.store(EMPTY, Ordering::Relaxed);
         }
     }
-    RELEASE.store(HOLD, Ordering::Release);
+    crate::hold::close();
     let insist = insist_outside && usable;
     INSIST_OUTSIDE.store(insist, Ordering::Release);
     let insist_until = now_ns() + INSIST_NS;
@@ -382,7 +367,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
                     continue;
                 }
                 if again == 0 {
-                    sys::sleep_ns(20_000);
+                    crate::futex::sleep_ns(20_000);
                 }
                 again += 1;
                 slot.state.store(SIGNALLED, Ordering::Release);
@@ -408,7 +393,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
                 if now >= deadline {
                     break;
                 }
-                sys::futex_wait(
+                crate::futex::futex_wait(
                     &slot.state,
                     SIGNALLED,
                     Some((deadline - now).min(10_000_000)),
@@ -459,83 +444,25 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
     world
 }
 
-/// Keeps the stopped threads stopped after the scan, through the finish of
-/// the trace, as the exit would natively have ended them by then. Whatever
-/// of the agent's the finish waits for must then not be held by a stopped
-/// thread: the world is held only when none parked inside the agent, and
-/// any wait for one of the agent's locks lets it go (`let_go_held`).
-pub fn hold() {
-    HELD.store(true, Ordering::Release);
-}
-
-/// Whether the world is held stopped now (`hold`).
-#[inline]
-pub fn held() -> bool {
-    HELD.load(Ordering::Relaxed)
-}
-
-/// Lets the held threads run again, without waiting: a thread that waits
-/// for one of the agent's locks (sys.rs) calls this, since the holder may
-/// be stopped. `resume` then finds the threads gone from their handlers.
-#[inline]
-pub fn let_go_if_held() {
-    if held() {
-        let_go_held();
-    }
-}
-
-#[cold]
-fn let_go_held() {
-    if HELD.swap(false, Ordering::AcqRel) {
-        RELEASE.store(GO, Ordering::Release);
-        sys::futex_wake(&RELEASE, i32::MAX);
-    }
-}
-
-/// In the park handler: waits until the stopper lets the thread go.
-fn wait_for_release() {
-    let mut until = 0;
-    loop {
-        match RELEASE.load(Ordering::Acquire) {
-            GO => return,
-            HOLD => sys::futex_wait(&RELEASE, HOLD, None),
-            _ => {
-                let now = now_ns();
-                if until == 0 {
-                    until = now + LINGER_NS;
-                }
-                if now >= until {
-                    return;
-                }
-                sys::futex_wait(&RELEASE, LINGER, Some(until - now));
-            }
-        }
-    }
-}
-
 /// The trace is written and the process is ending: the held threads stay
 /// parked until the exit ends them, as natively it would have ended them
-/// running, or at most `LINGER_NS` if the process goes on (what is left of
+/// running, or at most a second if the process goes on (what is left of
 /// the exit may wait for one of them). Does not wait for them.
 pub fn release_at_end() {
-    HELD.store(false, Ordering::Release);
     // Their slots stay filled: a later stop (there is none in an ending
     // process) clears the whole table first.
     TABLE_DIRTY.store(true, Ordering::Release);
-    RELEASE.store(LINGER, Ordering::Release);
-    sys::futex_wake(&RELEASE, i32::MAX);
+    crate::hold::open_at_end();
 }
 
 /// Lets the stopped threads go, and waits until each has left its handler.
 pub fn resume(world: &World) {
-    HELD.store(false, Ordering::Release);
-    RELEASE.store(GO, Ordering::Release);
-    sys::futex_wake(&RELEASE, i32::MAX);
+    crate::hold::open();
     let Some(slots) = table() else { return };
     for p in &world.parked {
         if let Some(slot) = lookup(slots, p.tid) {
             while slot.state.load(Ordering::Acquire) == PARKED {
-                sys::futex_wait(&slot.state, PARKED, Some(10_000_000));
+                crate::futex::futex_wait(&slot.state, PARKED, Some(10_000_000));
             }
         }
     }
