@@ -175,7 +175,7 @@ pub unsafe fn program_sigaction(
         if r == 0
             && !act.is_null()
             && (*act).sa_sigaction == libc::SIG_DFL
-            && lifecycle::is_initialized()
+            && crate::phase::initialized()
         {
             (*core::ptr::addr_of_mut!(PROGRAM_VIEW))[sig as usize] =
                 core::mem::MaybeUninit::new(*act);

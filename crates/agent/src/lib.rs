@@ -20,6 +20,7 @@ mod live;
 mod lock;
 mod modules;
 mod next_alloc;
+mod phase;
 mod private_operators;
 mod process_end;
 mod profile;

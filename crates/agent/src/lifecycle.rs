@@ -2,9 +2,10 @@
 //! every exit path, fork children and exec.
 
 use crate::lock::RawLock;
+use crate::phase::{self, owns_process};
 use crate::record::{self, ensure_stack_in};
 use crate::sys;
-use crate::thread::{self, FINISHED};
+use crate::thread;
 use crate::writer::{self, Buffer};
 use crate::{clock, live, modules, stacks, untracked};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -16,16 +17,6 @@ use trapline_contract::env;
 pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
 
 static INIT_LOCK: RawLock = RawLock::new();
-static INITIALIZED: AtomicBool = AtomicBool::new(false);
-static FINISHING: AtomicBool = AtomicBool::new(false);
-/// `finish` is at work for an exec (a signal it lets go is raised again
-/// should the exec fail).
-static FINISHING_FOR_EXEC: AtomicBool = AtomicBool::new(false);
-/// The thread finishing the trace (0: none), so that another thread's
-/// `_exit` waits for it and the same thread's does not.
-static FINISHING_TID: AtomicU32 = AtomicU32::new(0);
-/// The finish has written the trace to its end record.
-static TRACE_DONE: AtomicBool = AtomicBool::new(false);
 /// Notified when `TRACE_DONE` is set or a finish is called off (a failed
 /// exec): the threads in `wait_for_trace_done` sleep on it.
 static FINISH_CHANGED: crate::futex::Event = crate::futex::Event::new();
@@ -37,8 +28,6 @@ const OTHER_FINISH_WAIT_NS: u64 = 60_000_000_000;
 /// A terminating signal that arrived while the trace was being finished for
 /// an exec: raised again should the exec fail.
 static SIGNAL_DURING_EXEC: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(0);
-/// pid of the process this agent state belongs to (a vfork child differs).
-pub static PID: AtomicU32 = AtomicU32::new(0);
 static START_UNIX_NS: AtomicU64 = AtomicU64::new(0);
 pub static FOLLOW: AtomicBool = AtomicBool::new(true);
 static FREERES: AtomicBool = AtomicBool::new(true);
@@ -116,7 +105,7 @@ fn header_buffer() -> Box<Buffer> {
     // SAFETY: getppid has no preconditions.
     let ppid = unsafe { libc::getppid() } as u32;
     let ev = Event::Process(ProcessInfo {
-        pid: PID.load(Ordering::Relaxed),
+        pid: phase::owner(),
         ppid,
         start_unix_ns: START_UNIX_NS.load(Ordering::Relaxed),
         exe: exe.clone(),
@@ -199,7 +188,7 @@ fn open_trace(top: bool) -> bool {
     let Some(cfg) = CONFIG.get() else {
         return false;
     };
-    let pid = PID.load(Ordering::Relaxed);
+    let pid = phase::owner();
     if top {
         let path = CString::new(cfg.output.clone()).unwrap_or_default();
         return match writer::open(&path, false) {
@@ -244,22 +233,23 @@ fn periodic() {
 /// crate root passes it: the hooks are above everything else).
 pub fn init(resolve_hooks: fn()) {
     let _g = INIT_LOCK.guard();
-    if INITIALIZED.swap(true, Ordering::AcqRel) {
+    if phase::begin_init() {
         return;
     }
     crate::heap::set_aside_reserve();
+    // Single-threaded there: a fork system call copies only the calling thread.
+    phase::on_abandon(writer::reset_in_child);
     crate::prepare_unwinder();
     sys::note_stderr();
-    set_fork_token();
+    phase::set_fork_token();
     let ts = thread::current();
     ts.guard += 1;
     sys::membarrier_register();
     clock::reset();
     START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
-    PID.store(sys::getpid_raw(), Ordering::Relaxed);
+    phase::set_owner(sys::getpid_raw());
     let top = env(env::ROLE).as_deref() == Some(env::ROLE_TOP);
-    let output = env(env::OUTPUT)
-        .unwrap_or_else(|| format!("trapline-{}.trace", PID.load(Ordering::Relaxed)));
+    let output = env(env::OUTPUT).unwrap_or_else(|| format!("trapline-{}.trace", phase::owner()));
     let follow = env(env::FOLLOW).as_deref() != Some("0");
     FOLLOW.store(follow, Ordering::Relaxed);
     FREERES.store(env(env::FREERES).as_deref() != Some("0"), Ordering::Relaxed);
@@ -324,7 +314,7 @@ pub fn init(resolve_hooks: fn()) {
         }
         writer::start(periodic);
     } else {
-        FINISHED.store(true, Ordering::Release);
+        phase::set_recording_stopped(true);
     }
     ts.guard -= 1;
 }
@@ -405,12 +395,12 @@ unsafe fn edit_environment(name: &[u8], replacement: Option<*mut core::ffi::c_ch
 }
 
 extern "C" fn at_exit(status: i32, _arg: *mut libc::c_void) {
-    if !owns_process() && !in_unreset_child() {
+    if !owns_process() && !phase::in_unreset_child() {
         // A vfork child that called exit() (POSIX leaves that undefined;
         // code that handles a failed exec does it). It shares the parent's
         // memory: glibc has just taken this handler off the parent's list,
         // and closes the list for good once the child's exit has run it.
-        EXIT_HANDLERS_GONE.store(true, Ordering::Release);
+        phase::set_exit_handlers_gone();
         return;
     }
     finish(ExitKind::Code(status), Ending::Exit);
@@ -421,11 +411,10 @@ extern "C" fn at_exit(status: i32, _arg: *mut libc::c_void) {
 /// trace before calling the real exit (`finish_if_handlers_gone`); a return
 /// from main reaches glibc's exit without the hook, and the trace ends
 /// without its end record.
-static EXIT_HANDLERS_GONE: AtomicBool = AtomicBool::new(false);
 
 /// From the `exit` hook: finishes the trace now if no exit handler will.
 pub fn finish_if_handlers_gone(status: i32) {
-    if EXIT_HANDLERS_GONE.load(Ordering::Acquire) && owns_process() {
+    if phase::exit_handlers_gone() && owns_process() {
         finish(ExitKind::Code(status), Ending::Exit);
     }
 }
@@ -519,10 +508,10 @@ impl crate::scan::Sink for FinalOutput {
 /// Ends the trace: libc's freeres (normal exits), the live-block snapshot,
 /// every thread's buffer, the end record; then waits for the writer.
 pub fn finish(exit: ExitKind, ending: Ending) {
-    if !INITIALIZED.load(Ordering::Acquire) {
+    if !phase::initialized() {
         return;
     }
-    if FINISHED.load(Ordering::Acquire) {
+    if phase::recording_stopped() {
         // Finished, or another thread is past its snapshot and still
         // writing the end of the trace.
         if ending != Ending::Signal && owns_process() {
@@ -531,21 +520,20 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         return;
     }
     if !owns_process() {
-        if in_unreset_child() {
-            abandon_unreset_child();
+        if phase::in_unreset_child() {
+            phase::abandon_unreset_child();
         }
         // Otherwise a vfork child (or a clone sharing our memory) that dies
         // of a signal: the trace and every bit of the agent's state are its
         // parent's, which goes on after it.
         return;
     }
-    if FINISHING.swap(true, Ordering::AcqRel) {
+    if !phase::begin_finish(sys::gettid(), exit == ExitKind::Exec) {
         if ending != Ending::Signal {
             wait_for_other_finish();
         }
         return;
     }
-    FINISHING_TID.store(sys::gettid(), Ordering::Release);
     // A program's signal handler that calls exit or _exit may have
     // interrupted this very thread inside a hook, holding a shard lock: the
     // snapshot and the exit scan then waited for it for ever (100% of a
@@ -559,7 +547,6 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     } else {
         ending
     };
-    FINISHING_FOR_EXEC.store(exit == ExitKind::Exec, Ordering::Release);
     // The reachability scan and the last flush need about 60 KiB of stack,
     // more than a small thread stack has: they run on the side stack.
     let signal = ending == Ending::Signal;
@@ -705,7 +692,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         s.time = clock::precise_now();
         crate::scan::emit_skipped(&s, &mut out);
     }
-    FINISHED.store(true, Ordering::Release);
+    phase::set_recording_stopped(true);
     if signal {
         thread::steal_all_into(100_000, |b| {
             writer::write_direct(&b);
@@ -750,7 +737,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
             30_000
         });
     }
-    TRACE_DONE.store(true, Ordering::Release);
+    phase::set_trace_done();
     FINISH_CHANGED.notify_all();
     // The threads kept stopped stay so while the exit ends the process.
     hold.release_at_end();
@@ -761,16 +748,14 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
 
 /// Starts a new trace file for this process image (fork child, failed exec).
 fn restart_trace() {
-    TRACE_DONE.store(false, Ordering::Release);
-    FINISHING_FOR_EXEC.store(false, Ordering::Release);
-    FINISHING.store(false, Ordering::Release);
+    phase::finish_called_off();
     FINISH_CHANGED.notify_all();
     if open_trace(false) {
         writer::submit_first(header_buffer());
         writer::start(periodic);
-        FINISHED.store(false, Ordering::Release);
+        phase::set_recording_stopped(false);
     } else {
-        FINISHED.store(true, Ordering::Release);
+        phase::set_recording_stopped(true);
     }
 }
 
@@ -799,12 +784,12 @@ fn wait_for_other_finish() {
 /// Whether a thread is finishing the trace (exit, exec, a fatal signal):
 /// periodic work that writes events (a scan) must not start any more.
 pub fn finishing() -> bool {
-    FINISHING.load(Ordering::Acquire)
+    phase::finishing()
 }
 
 /// Whether a thread other than `me` is finishing the trace.
 fn another_is_finishing(me: u32) -> bool {
-    finishing() && FINISHING_TID.load(Ordering::Acquire) != me
+    finishing() && phase::finishing_tid() != me
 }
 
 /// How long a thread whose fatal signal came while another finished the
@@ -847,7 +832,7 @@ pub fn wait_out_fault_during_finish() -> bool {
 /// program whose threads start threads in a loop grew to thousands of them
 /// there, until the agent's memory ran out and the process aborted.
 pub fn wait_while_another_finishes() {
-    if FINISHING.load(Ordering::Acquire) {
+    if phase::finishing() {
         wait_for_other_finish();
     }
 }
@@ -863,7 +848,7 @@ fn wait_for_trace_done(still: impl Fn() -> bool) {
     loop {
         let seen = FINISH_CHANGED.generation();
         let now = clock::monotonic_ns();
-        if !still() || TRACE_DONE.load(Ordering::Acquire) || now >= deadline {
+        if !still() || phase::trace_done() || now >= deadline {
             return;
         }
         // Bounded: `still` can turn false without a notification (the
@@ -900,10 +885,10 @@ pub fn enter_exit() {
 /// go: the trace's finish goes on. One that arrives during an exec's finish
 /// is raised again if the exec fails.
 pub fn signal_during_finish(sig: i32) -> bool {
-    if !FINISHING.load(Ordering::Acquire) || TRACE_DONE.load(Ordering::Acquire) || !owns_process() {
+    if !phase::finishing() || phase::trace_done() || !owns_process() {
         return false;
     }
-    if FINISHING_FOR_EXEC.load(Ordering::Acquire) {
+    if phase::finishing_for_exec() {
         SIGNAL_DURING_EXEC.store(sig, Ordering::Release);
     }
     true
@@ -958,7 +943,7 @@ fn end_fork_window() {
 
 fn fork_child_restart() {
     EXITING_TID.store(0, Ordering::Relaxed);
-    FINISHING_TID.store(0, Ordering::Relaxed);
+    phase::clear_finishing_tid();
     crate::AGENT_HEAP.reset_lock();
     crate::scan::reset_in_child();
     writer::reset_in_child();
@@ -968,15 +953,15 @@ fn fork_child_restart() {
     thread::reset_in_child();
     crate::threads::reset_in_child();
     crate::process_end::reset_in_child();
-    PID.store(sys::getpid_raw(), Ordering::Relaxed);
-    set_fork_token();
+    phase::set_owner(sys::getpid_raw());
+    phase::set_fork_token();
     sys::membarrier_register();
-    crate::profile::fork_child(!FINISHED.load(Ordering::Acquire) && FOLLOW.load(Ordering::Relaxed));
-    if FINISHED.load(Ordering::Acquire) {
+    crate::profile::fork_child(!phase::recording_stopped() && FOLLOW.load(Ordering::Relaxed));
+    if phase::recording_stopped() {
         return;
     }
     if !FOLLOW.load(Ordering::Relaxed) {
-        FINISHED.store(true, Ordering::Release);
+        phase::set_recording_stopped(true);
         return;
     }
     let ts = thread::current();
@@ -992,7 +977,7 @@ fn fork_child_restart() {
 pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
     let mut add = Vec::new();
     let follow = FOLLOW.load(Ordering::Relaxed);
-    if !follow && (FINISHED.load(Ordering::Acquire) || !owns_process()) {
+    if !follow && (phase::recording_stopped() || !owns_process()) {
         return add;
     }
     let Some(cfg) = CONFIG.get() else { return add };
@@ -1032,62 +1017,6 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
         add.extend(CString::new(format!("{}=0", env::FREERES)));
     }
     add
-}
-
-/// Whether this agent state belongs to the calling process (false in a vfork
-/// child, which shares our memory and must not touch the trace).
-pub fn owns_process() -> bool {
-    PID.load(Ordering::Relaxed) == sys::getpid_raw()
-}
-
-/// A page whose first word is nonzero in the process that set it, and zero
-/// in any child made without `CLONE_VM` (MADV_WIPEONFORK): it tells a child
-/// of a raw `fork`/`clone` system call, which has a copy of the agent's state
-/// but no writer thread and the parent's trace descriptor, from a vfork
-/// child, which shares our memory (and the page's word).
-static FORK_TOKEN: AtomicUsize = AtomicUsize::new(0);
-
-fn set_fork_token() {
-    let mut page = FORK_TOKEN.load(Ordering::Relaxed);
-    if page == 0 {
-        page = crate::heap::map_own(4096) as usize;
-        if page == 0 {
-            return;
-        }
-        // Kernels before 4.14 refuse it: the word then survives in every
-        // child, and such children are not told apart.
-        // SAFETY: our own fresh page.
-        unsafe { libc::madvise(page as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) };
-        FORK_TOKEN.store(page, Ordering::Relaxed);
-    }
-    // SAFETY: the first word of our page.
-    unsafe { core::ptr::write_volatile(page as *mut usize, 1) };
-}
-
-/// Whether this is a process made without glibc's `fork` (so no atfork
-/// handler reset the agent) and with memory of its own: a raw `fork` or
-/// `clone` system call, or `_Fork`. Such a child must never write: its trace
-/// descriptor is the parent's file, and no writer thread runs in it.
-pub fn in_unreset_child() -> bool {
-    if owns_process() {
-        return false;
-    }
-    let page = FORK_TOKEN.load(Ordering::Relaxed);
-    // SAFETY: the token page is never unmapped.
-    page != 0 && unsafe { core::ptr::read_volatile(page as *const usize) } == 0
-}
-
-/// Stops the agent in a process `in_unreset_child` found: it records no
-/// more, writes nothing, and its exit does not wait for a writer. Its
-/// events are not traced (an exec'd image is traced again).
-pub fn abandon_unreset_child() {
-    FINISHED.store(true, Ordering::Release);
-    // Single-threaded: a fork system call copies only the calling thread.
-    writer::reset_in_child();
-}
-
-pub fn is_initialized() -> bool {
-    INITIALIZED.load(Ordering::Acquire)
 }
 
 #[cfg(test)]

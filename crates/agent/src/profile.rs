@@ -21,7 +21,7 @@ use crate::arch;
 use crate::modules;
 use crate::record;
 use crate::sys;
-use crate::thread::{self, FINISHED};
+use crate::thread;
 use crate::unwind::StackCapture;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -376,7 +376,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, ucontext: *mut l
     // A sleep or wait this signal cut short is retried by its hook (eintr.rs).
     // SAFETY: the kernel's context for this signal.
     unsafe { crate::arch::note_agent_eintr(ucontext) };
-    if ACTIVE.load(Ordering::Relaxed) && !FINISHED.load(Ordering::Relaxed) {
+    if ACTIVE.load(Ordering::Relaxed) && !crate::phase::recording_stopped() {
         // A signal stands for the periods since the previous one, but only
         // those near it are fairly charged to where it lands: when the kernel
         // did not look at the thread for longer (it ran between ticks), the

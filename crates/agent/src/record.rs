@@ -3,7 +3,7 @@
 
 use crate::arch::StartRegs;
 use crate::live::{self, Block, Freed};
-use crate::thread::{self, Site, ThreadState, FINISHED};
+use crate::thread::{self, Site, ThreadState};
 use crate::totals;
 use crate::untracked;
 use crate::{clock, stacks, writer};
@@ -28,7 +28,7 @@ pub enum Entry {
 
 #[inline]
 pub fn enter() -> Entry {
-    if FINISHED.load(Ordering::Relaxed) {
+    if crate::phase::recording_stopped() {
         return Entry::Off;
     }
     enter_with(thread::current())
@@ -38,7 +38,7 @@ pub fn enter() -> Entry {
 /// itself (locks): never calls a C library function that allocates.
 #[inline]
 pub fn enter_without_allocating() -> Entry {
-    if FINISHED.load(Ordering::Relaxed) {
+    if crate::phase::recording_stopped() {
         return Entry::Off;
     }
     enter_with(thread::current_without_allocating())

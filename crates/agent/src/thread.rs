@@ -13,7 +13,7 @@ use crate::unwind::{Bounds, Captured, StackCapture};
 use crate::writer::{self, Buffer};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 use trapline_trace::{ChunkContext, Encoder};
 
 const DEFERRED: usize = 32;
@@ -203,9 +203,6 @@ impl Provision {
     }
 }
 
-/// Set once the process trace is finished: hooks stop recording.
-pub static FINISHED: AtomicBool = AtomicBool::new(false);
-
 /// Threads between leaving the registry and handing over their last buffer
 /// (`on_thread_exit`): their events are in no place `steal_all` looks, so
 /// the exit does not hold the world stopped while one is (scan/world.rs).
@@ -232,7 +229,7 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     // SAFETY: `ts` came from Box::into_raw in `create` and is no longer registered.
     let mut state = unsafe { Box::from_raw(ts) };
     state.guard += 1;
-    if !state.agent_thread && !FINISHED.load(Ordering::Acquire) {
+    if !state.agent_thread && !crate::phase::recording_stopped() {
         crate::threads::on_thread_end(&mut state);
         crate::process_end::program_thread_ending(state.tid, state.counted_running);
     }

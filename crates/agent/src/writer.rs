@@ -274,8 +274,8 @@ pub fn try_take_buffer(tid: u32, for_new_thread: bool) -> Option<Box<Buffer>> {
 pub fn submit(b: Box<Buffer>, wait: bool) {
     // Once per buffer, a system call's worth: a child of a raw fork system
     // call has no writer, and its descriptor is the parent's file.
-    if crate::lifecycle::in_unreset_child() {
-        crate::lifecycle::abandon_unreset_child();
+    if crate::phase::in_unreset_child() {
+        crate::phase::abandon_unreset_child();
         return;
     }
     if b.events == 0 {

@@ -91,7 +91,7 @@ pub extern "C" fn exit_collected(
     regs: *const [u64; CALLEE_SAVED],
     caller_sp: u64,
 ) -> ! {
-    if crate::lifecycle::owns_process() {
+    if crate::phase::owns_process() {
         crate::lifecycle::enter_exit();
         // SAFETY: `regs` points at the trampoline's spill area on this stack.
         crate::scan::note_exit_call(unsafe { &*regs }, caller_sp);

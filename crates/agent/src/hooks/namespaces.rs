@@ -23,7 +23,7 @@ const SINGLE_THREADED: c_int =
 
 /// Runs `call` with the writer thread stopped, keeping its errno.
 fn without_writer(call: impl FnOnce() -> c_int) -> c_int {
-    if !crate::lifecycle::owns_process() {
+    if !crate::phase::owns_process() {
         // A vfork child shares the parent's memory: its writer is the
         // parent's, and the child is single-threaded anyway.
         return call();

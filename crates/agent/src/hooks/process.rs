@@ -3,7 +3,6 @@
 //! dlclose (the module map and the unwinder follow the loaded code).
 
 use crate::lifecycle;
-use crate::thread;
 use crate::writer;
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -41,7 +40,7 @@ pub fn resolve() {
 
 /// Writes module map changes to the trace.
 fn note_module_changes() {
-    if thread::FINISHED.load(Ordering::Acquire) {
+    if crate::phase::recording_stopped() {
         return;
     }
     let changes = crate::modules::refresh();
@@ -92,8 +91,8 @@ pub extern "C" fn _Fork() -> libc::pid_t {
     let real_fork: extern "C" fn() -> libc::pid_t = unsafe { core::mem::transmute(f) };
     let pid = real_fork();
     if pid == 0 {
-        if lifecycle::in_unreset_child() {
-            lifecycle::abandon_unreset_child();
+        if crate::phase::in_unreset_child() {
+            crate::phase::abandon_unreset_child();
         }
     } else {
         record_fork(pid);
@@ -103,7 +102,7 @@ pub extern "C" fn _Fork() -> libc::pid_t {
 
 /// The parent's `Fork` event, with the child's pid.
 fn record_fork(pid: libc::pid_t) {
-    if pid > 0 && !thread::FINISHED.load(Ordering::Acquire) {
+    if pid > 0 && !crate::phase::recording_stopped() {
         if let crate::record::Entry::Record(ts) = crate::record::enter() {
             let t = ts.next_time();
             ts.emit(Some(t), |e, c| {
@@ -183,7 +182,7 @@ fn exec_with(
         after_failed_exec(finished);
         return r;
     }
-    if !lifecycle::owns_process() {
+    if !crate::phase::owns_process() {
         return exec(envp);
     }
     let (_keep, env) = env_with_agent(envp);
@@ -194,7 +193,7 @@ fn exec_with(
 }
 
 fn before_exec() -> bool {
-    if !lifecycle::is_initialized() || !lifecycle::owns_process() {
+    if !crate::phase::initialized() || !crate::phase::owns_process() {
         return false;
     }
     lifecycle::finish(ExitKind::Exec, lifecycle::Ending::Immediate);
@@ -346,7 +345,7 @@ fn spawn_with(
     envp: *const *const c_char,
     spawn: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
-    if path.is_null() || envp.is_null() || !lifecycle::owns_process() {
+    if path.is_null() || envp.is_null() || !crate::phase::owns_process() {
         return spawn(envp);
     }
     if crate::exec_target::is_foreign_path(path, search) {
@@ -399,7 +398,7 @@ pub unsafe extern "C" fn posix_spawnp(
 
 #[inline(always)]
 fn exit_now(status: c_int) -> ! {
-    if lifecycle::owns_process() {
+    if crate::phase::owns_process() {
         crate::scan::note_exit_here();
         lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
     }
@@ -415,7 +414,7 @@ static REAL_QUICK_EXIT: AtomicUsize = AtomicUsize::new(0);
 /// _exit, past the agent's hook: finish the trace first.
 #[no_mangle]
 pub extern "C" fn quick_exit(status: c_int) -> ! {
-    if lifecycle::owns_process() {
+    if crate::phase::owns_process() {
         crate::scan::note_exit_here();
         lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
     }

@@ -5,7 +5,7 @@ use crate::arch::start_regs;
 use crate::thread::Provision;
 use crate::threads;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::AtomicUsize;
 
 type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
 type PthreadCreate = unsafe extern "C" fn(
@@ -83,7 +83,7 @@ pub unsafe extern "C" fn pthread_create(
     let regs = start_regs();
     let real = real_pthread_create();
     crate::lifecycle::wait_while_another_finishes();
-    if crate::thread::FINISHED.load(Ordering::Acquire) {
+    if crate::phase::recording_stopped() {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { real(thread, attr, routine, arg) };
     }

@@ -180,10 +180,7 @@ pub fn periodic_tick() {
     // Not once the process is finishing: a periodic scan (or its skip)
     // written after the exit scan's attempt would come after it in the
     // trace, and `leaks` takes the last scan for the exit's.
-    if every == 0
-        || crate::thread::FINISHED.load(Ordering::Acquire)
-        || crate::lifecycle::finishing()
-    {
+    if every == 0 || crate::phase::recording_stopped() || crate::phase::finishing() {
         return;
     }
     let now = crate::clock::precise_now() / 1_000_000;
@@ -214,7 +211,7 @@ pub fn periodic_tick() {
     if !SCAN_LOCK.try_lock_for(1) {
         return;
     }
-    if crate::lifecycle::finishing() {
+    if crate::phase::finishing() {
         // The exit began while this tick waited for the lock.
         SCAN_LOCK.unlock();
         return;

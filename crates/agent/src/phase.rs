@@ -1,0 +1,191 @@
+//! Which phase of its life the agent is in: one word, read from every
+//! layer, changed only by runtime (lifecycle.rs).
+//!
+//! The word's low bits are flags; its high 32 bits hold the tid of the
+//! thread finishing the trace. One word, so that a change (a finish
+//! beginning on a thread, a failed exec starting over) is seen whole.
+//! Beside it, the process the state belongs to (`owns_process`): a vfork
+//! child shares the agent's memory, and a child of a raw fork system call
+//! has a copy of it without the writer thread (`in_unreset_child`).
+
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+/// The constructor has run.
+const INITIALIZED: u64 = 1;
+/// A thread is finishing the trace (`begin_finish`).
+const FINISHING: u64 = 1 << 1;
+/// The finish is for an exec: a signal it lets go is raised again should
+/// the exec fail.
+const FOR_EXEC: u64 = 1 << 2;
+/// The finish has written the trace to its end record.
+const TRACE_DONE: u64 = 1 << 3;
+/// Nothing more is recorded: the trace is finished, or could not be
+/// opened, or the process is a fork child that traces nothing.
+const STOPPED: u64 = 1 << 4;
+/// The program's exit handlers have all run: an `exit` now finishes the
+/// trace itself.
+const EXIT_HANDLERS_GONE: u64 = 1 << 5;
+const TID_SHIFT: u32 = 32;
+
+static WORD: AtomicU64 = AtomicU64::new(0);
+/// pid of the process this agent state belongs to (a vfork child differs).
+static PID: AtomicU32 = AtomicU32::new(0);
+/// A page whose first word is nonzero in the process that set it and zero
+/// in any child made without CLONE_VM (`set_fork_token`).
+static FORK_TOKEN: AtomicUsize = AtomicUsize::new(0);
+/// What stops the agent in a child `in_unreset_child` found (registered by
+/// runtime: it resets the writer).
+static ON_ABANDON: AtomicUsize = AtomicUsize::new(0);
+
+#[inline]
+fn has(flag: u64) -> bool {
+    WORD.load(Ordering::Acquire) & flag != 0
+}
+
+fn set(flag: u64, on: bool) {
+    if on {
+        WORD.fetch_or(flag, Ordering::AcqRel);
+    } else {
+        WORD.fetch_and(!flag, Ordering::AcqRel);
+    }
+}
+
+/// Marks the agent initialized; true if it already was.
+pub fn begin_init() -> bool {
+    WORD.fetch_or(INITIALIZED, Ordering::AcqRel) & INITIALIZED != 0
+}
+
+pub fn initialized() -> bool {
+    has(INITIALIZED)
+}
+
+/// Nothing more is recorded (see `STOPPED`).
+#[inline]
+pub fn recording_stopped() -> bool {
+    has(STOPPED)
+}
+
+pub fn set_recording_stopped(stopped: bool) {
+    set(STOPPED, stopped);
+}
+
+/// Marks the trace as being finished by `tid`; false if a finish had
+/// already begun (on any thread).
+pub fn begin_finish(tid: u32, for_exec: bool) -> bool {
+    let mut began = false;
+    let _ = WORD.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+        began = w & FINISHING == 0;
+        began.then(|| {
+            let flags = w & !(FOR_EXEC | (u64::from(u32::MAX) << TID_SHIFT));
+            flags | FINISHING | if for_exec { FOR_EXEC } else { 0 } | u64::from(tid) << TID_SHIFT
+        })
+    });
+    began
+}
+
+/// Some thread is finishing the trace.
+pub fn finishing() -> bool {
+    has(FINISHING)
+}
+
+/// The thread finishing the trace (0: none).
+pub fn finishing_tid() -> u32 {
+    (WORD.load(Ordering::Acquire) >> TID_SHIFT) as u32
+}
+
+pub fn finishing_for_exec() -> bool {
+    has(FOR_EXEC)
+}
+
+pub fn trace_done() -> bool {
+    has(TRACE_DONE)
+}
+
+pub fn set_trace_done() {
+    set(TRACE_DONE, true);
+}
+
+/// A finish called off (a failed exec, a fork child's new trace): no
+/// finish under way, none done.
+pub fn finish_called_off() {
+    WORD.fetch_and(
+        !(FINISHING | FOR_EXEC | TRACE_DONE | (u64::from(u32::MAX) << TID_SHIFT)),
+        Ordering::AcqRel,
+    );
+}
+
+pub fn exit_handlers_gone() -> bool {
+    has(EXIT_HANDLERS_GONE)
+}
+
+pub fn set_exit_handlers_gone() {
+    set(EXIT_HANDLERS_GONE, true);
+}
+
+/// Notes the calling process as the one the agent's state belongs to
+/// (the constructor, a fork child).
+pub fn set_owner(pid: u32) {
+    PID.store(pid, Ordering::Relaxed);
+}
+
+/// The process the agent's state belongs to.
+pub fn owner() -> u32 {
+    PID.load(Ordering::Relaxed)
+}
+
+/// The agent's state belongs to this process (not a vfork child's).
+pub fn owns_process() -> bool {
+    owner() == crate::sys::getpid_raw()
+}
+
+/// Maps the fork token's page (MADV_WIPEONFORK) once.
+pub fn set_fork_token() {
+    let mut page = FORK_TOKEN.load(Ordering::Relaxed);
+    if page == 0 {
+        page = crate::heap::map_own(4096) as usize;
+        if page == 0 {
+            return;
+        }
+        // Kernels before 4.14 refuse it: the word then survives in every
+        // child, and such children are not told apart.
+        // SAFETY: our own fresh page.
+        unsafe { libc::madvise(page as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) };
+        FORK_TOKEN.store(page, Ordering::Relaxed);
+    }
+    // SAFETY: our own page, mapped above or earlier and never unmapped.
+    unsafe { core::ptr::write_volatile(page as *mut usize, 1) };
+}
+
+/// A child of a raw fork/clone system call (no CLONE_VM), which has a copy
+/// of the agent's state but no writer thread and the parent's trace
+/// descriptor; not a vfork child, which shares the page's word.
+pub fn in_unreset_child() -> bool {
+    if owns_process() {
+        return false;
+    }
+    let page = FORK_TOKEN.load(Ordering::Relaxed);
+    // SAFETY: the token page is never unmapped.
+    page != 0 && unsafe { core::ptr::read_volatile(page as *const usize) } == 0
+}
+
+/// Registers how the agent stops in such a child.
+pub fn on_abandon(f: fn()) {
+    ON_ABANDON.store(f as usize, Ordering::Release);
+}
+
+/// Stops the agent in a process `in_unreset_child` found: it records no
+/// more and writes nothing.
+pub fn abandon_unreset_child() {
+    set_recording_stopped(true);
+    let f = ON_ABANDON.load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: only `on_abandon` stores here, a `fn()`.
+        let f: fn() = unsafe { core::mem::transmute(f) };
+        f();
+    }
+}
+
+/// In a fork child: the thread that was finishing is not in it.
+pub fn clear_finishing_tid() {
+    WORD.fetch_and(!(u64::from(u32::MAX) << TID_SHIFT), Ordering::AcqRel);
+}
