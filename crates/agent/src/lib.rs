@@ -8,6 +8,7 @@
 
 mod allocator_maps;
 mod arch;
+mod buffers;
 mod clock;
 mod exec_target;
 mod fatal_signals;

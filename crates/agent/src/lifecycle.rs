@@ -1,12 +1,13 @@
 //! Start, end and re-birth of a trace: the constructor, the final snapshot at
 //! every exit path, fork children and exec.
 
+use crate::buffers::Buffer;
 use crate::lock::RawLock;
 use crate::phase::{self, owns_process};
 use crate::record::{self, ensure_stack_in};
 use crate::sys;
 use crate::thread;
-use crate::writer::{self, Buffer};
+use crate::writer;
 use crate::{clock, live, modules, stacks, untracked};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::ffi::CString;
@@ -100,7 +101,7 @@ fn kept_arguments(args: &[&[u8]], cap: usize) -> Vec<String> {
 
 /// Everything a trace starts with: the process and its modules.
 fn header_buffer() -> Box<Buffer> {
-    let mut b = writer::take_buffer(0);
+    let mut b = crate::buffers::take_buffer(0);
     let exe = modules::exe_path();
     // SAFETY: getppid has no preconditions.
     let ppid = unsafe { libc::getppid() } as u32;
@@ -112,7 +113,7 @@ fn header_buffer() -> Box<Buffer> {
         argv: read_cmdline(),
     });
     if !b.push_event(&ev, None) {
-        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
     }
     let no_release_stacks = !record::RELEASE_STACKS.load(Ordering::Relaxed);
     // The same for every trace of this image, a fork child's included;
@@ -129,7 +130,7 @@ fn header_buffer() -> Box<Buffer> {
             allocator_library,
         };
         if !b.push_event(&recording, None) {
-            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
     }
     for m in modules::all() {
@@ -172,12 +173,12 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
 }
 
 fn push_or_flush(mut b: Box<Buffer>, ev: &Event, time: Option<u64>) -> Box<Buffer> {
-    if b.room() < writer::EVENT_RESERVE {
-        writer::submit(b, false);
-        b = writer::take_buffer(0);
+    if b.room() < crate::buffers::EVENT_RESERVE {
+        crate::buffers::submit(b, false);
+        b = crate::buffers::take_buffer(0);
     }
     if !b.push_event(ev, time) {
-        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
     }
     b
 }
@@ -306,7 +307,7 @@ pub fn init(resolve_hooks: fn()) {
     // SAFETY: dlerror only reads and frees this thread's error state.
     unsafe { libc::dlerror() };
     if open_trace(top) {
-        writer::submit_first(header_buffer());
+        crate::buffers::submit_first(header_buffer());
         // SAFETY: registering plain functions.
         unsafe {
             libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
@@ -448,7 +449,7 @@ impl FinalOutput {
         let buf = if ending == Ending::Signal {
             writer::take_buffer_no_alloc(0)
         } else {
-            Some(writer::take_buffer(0))
+            Some(crate::buffers::take_buffer(0))
         };
         FinalOutput {
             buf,
@@ -460,14 +461,14 @@ impl FinalOutput {
     /// Makes room for one more event, writing out a full buffer.
     fn room(&mut self) -> Option<&mut Buffer> {
         let b = self.buf.as_mut()?;
-        if b.room() < writer::EVENT_RESERVE {
+        if b.room() < crate::buffers::EVENT_RESERVE {
             if self.ending == Ending::Signal {
                 writer::write_direct(b);
                 self.written_directly += u64::from(b.events);
-                b.reset(0, writer::GEN.load(Ordering::Relaxed));
+                b.reset(0, crate::buffers::GEN.load(Ordering::Relaxed));
             } else {
-                let full = core::mem::replace(b, writer::take_buffer(0));
-                writer::submit(full, false);
+                let full = core::mem::replace(b, crate::buffers::take_buffer(0));
+                crate::buffers::submit(full, false);
             }
         }
         self.buf.as_deref_mut()
@@ -476,7 +477,7 @@ impl FinalOutput {
     fn push(&mut self, ev: &Event, time: Option<u64>) {
         let pushed = self.room().is_some_and(|b| b.push_event(ev, time));
         if !pushed {
-            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -490,7 +491,7 @@ impl FinalOutput {
             writer::write_direct(&b);
             core::mem::forget(b); // freeing could need glibc's heap lock
         } else {
-            writer::submit(b, false);
+            crate::buffers::submit(b, false);
         }
     }
 }
@@ -665,7 +666,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     }
     for shard in live::shards().iter().filter(|_| scan.is_none()) {
         let Some(mut locked) = shard.try_locked(spins) else {
-            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
             continue;
         };
         locked.for_each(|addr, block| {
@@ -703,14 +704,14 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         thread::steal_all(10_000_000);
     }
     let end_time = clock::precise_now();
-    let lost =
-        writer::EVENTS_LOST.load(Ordering::Relaxed) + untracked::OVERFLOW.load(Ordering::Relaxed);
+    let lost = crate::buffers::EVENTS_LOST.load(Ordering::Relaxed)
+        + untracked::OVERFLOW.load(Ordering::Relaxed);
     // A fatal signal may have struck between a count and its event.
     if let Some(t) = crate::totals::exact(lost).filter(|_| !signal) {
         out.push(&Event::RunTotals(t), None);
     }
     let counters = EndCounters {
-        events: writer::EVENTS_SUBMITTED.load(Ordering::Relaxed)
+        events: crate::buffers::EVENTS_SUBMITTED.load(Ordering::Relaxed)
             + out.written_directly
             + out.events_pending()
             + 1,
@@ -751,7 +752,7 @@ fn restart_trace() {
     phase::finish_called_off();
     FINISH_CHANGED.notify_all();
     if open_trace(false) {
-        writer::submit_first(header_buffer());
+        crate::buffers::submit_first(header_buffer());
         writer::start(periodic);
         phase::set_recording_stopped(false);
     } else {
@@ -908,14 +909,14 @@ extern "C" fn fork_prepare() {
     thread::lock_all();
     live::lock_all();
     stacks::lock_all();
-    writer::lock();
+    crate::buffers::lock();
     // Last: every lock above may be taken by code that allocates.
     crate::AGENT_HEAP.lock();
 }
 
 extern "C" fn fork_parent() {
     crate::AGENT_HEAP.unlock();
-    writer::unlock();
+    crate::buffers::unlock();
     stacks::unlock_all();
     live::unlock_all();
     thread::unlock_all();

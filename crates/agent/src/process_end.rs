@@ -54,7 +54,7 @@ pub fn program_thread_ending(tid: u32, counted: bool) {
     }
     if running == 0 && MAIN_GONE.load(Ordering::Acquire) {
         ENDING.store(tid, Ordering::Release);
-        crate::writer::wake();
+        crate::buffers::wake();
     }
 }
 

@@ -6,7 +6,7 @@ use crate::live::{self, Block, Freed};
 use crate::thread::{self, Site, ThreadState};
 use crate::totals;
 use crate::untracked;
-use crate::{clock, stacks, writer};
+use crate::{clock, stacks};
 use core::sync::atomic::{AtomicBool, Ordering};
 use trapline_trace::{AllocFn, ErrorKind, Event};
 
@@ -99,7 +99,7 @@ fn defer_free(ts: &mut ThreadState, addr: u64) -> bool {
         ts.deferred_n += 1;
         true
     } else {
-        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         false
     }
 }
@@ -110,7 +110,7 @@ pub fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
     if id == 0 {
         return;
     }
-    let gen = writer::GEN.load(Ordering::Relaxed);
+    let gen = crate::buffers::GEN.load(Ordering::Relaxed);
     // Stacks this thread used last (its latest alloc and free stacks) are
     // already known to be in this trace: skip the shared record.
     if !new && (ts.ensured[0] == (id, gen) || ts.ensured[1] == (id, gen)) {
@@ -155,7 +155,7 @@ pub fn capture_stack_then(
         return 0;
     }
     let cap = ts.capture(regs, site, before_unwinding);
-    let (id, gen) = (cap.id, writer::GEN.load(Ordering::Relaxed));
+    let (id, gen) = (cap.id, crate::buffers::GEN.load(Ordering::Relaxed));
     // Known to be in this trace: through the id cache, or as one of the
     // stacks this thread used last (its latest alloc and free stacks).
     if id == 0
@@ -170,11 +170,11 @@ pub fn capture_stack_then(
 }
 
 /// Writes the definition of a stack id from any thread (snapshot, errors).
-pub fn ensure_stack_in(buf: &mut writer::Buffer, id: u32) -> bool {
+pub fn ensure_stack_in(buf: &mut crate::buffers::Buffer, id: u32) -> bool {
     if id == 0 {
         return true;
     }
-    let gen = writer::GEN.load(Ordering::Relaxed);
+    let gen = crate::buffers::GEN.load(Ordering::Relaxed);
     let Some(rec) = stacks::record(id) else {
         return true;
     };
@@ -509,7 +509,7 @@ fn realloc_nested(
         return p;
     }
     if ts.deferred_n == ts.deferred.len() {
-        writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         return real(old);
     }
     if size == 0 {

@@ -12,9 +12,9 @@
 //! threads in its true order.
 
 use crate::arch::StartRegs;
+use crate::clock;
 use crate::record::{self, Entry};
 use crate::thread::{Site, ThreadState};
-use crate::{clock, writer};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use trapline_trace::{Event, LockEvent, LockKind, LockMisuse, LockMode, LockOp};
 
@@ -144,7 +144,7 @@ pub struct CallSite {
 /// looked up on a miss.
 #[inline(always)]
 fn site_stack(ts: &mut ThreadState, lock: u64, site: CallSite) -> (u32, u32) {
-    let gen = writer::GEN.load(Ordering::Relaxed);
+    let gen = crate::buffers::GEN.load(Ordering::Relaxed);
     let h = (lock ^ site.ret.rotate_left(21) ^ site.sp.rotate_left(43))
         .wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let i = (h >> 56) as usize % SITE_SLOTS;

@@ -7,10 +7,10 @@
 //! its destructor runs at every thread exit, including pthread_exit.
 
 use crate::arch::StartRegs;
+use crate::buffers::Buffer;
 use crate::lock::{RawLock, SpinLock};
 use crate::sys;
 use crate::unwind::{Bounds, Captured, StackCapture};
-use crate::writer::{self, Buffer};
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -187,7 +187,7 @@ impl Provision {
                 rules: crate::unwind::RuleCaches::new(),
             },
         };
-        match writer::try_take_buffer(0, true) {
+        match crate::buffers::try_take_buffer(0, true) {
             Some(buffer) => Some(Provision { spare, buffer }),
             None => {
                 keep_spare(spare);
@@ -199,7 +199,7 @@ impl Provision {
     /// Gives back what was not used (the thread was not created).
     pub fn give_back(self) {
         keep_spare(self.spare);
-        writer::submit(self.buffer, false);
+        crate::buffers::submit(self.buffer, false);
     }
 }
 
@@ -234,7 +234,7 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
         crate::process_end::program_thread_ending(state.tid, state.counted_running);
     }
     if let Some(b) = state.take_buffer() {
-        writer::submit(b, true);
+        crate::buffers::submit(b, true);
     }
     EXITING.fetch_sub(1, Ordering::AcqRel);
     if state.agent_altstack {
@@ -368,7 +368,7 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
     };
     let tid = sys::gettid();
     let buffer = buffer.map(|mut b| {
-        b.reset(tid, writer::GEN.load(Ordering::Relaxed));
+        b.reset(tid, crate::buffers::GEN.load(Ordering::Relaxed));
         b
     });
     let ts = Box::into_raw(Box::new(ThreadState {
@@ -698,7 +698,7 @@ impl ThreadState {
     /// Hands this thread's events so far to the writer (before it blocks for good).
     pub fn flush(&mut self) {
         if let Some(b) = self.take_buffer() {
-            writer::submit(b, false);
+            crate::buffers::submit(b, false);
         }
     }
 
@@ -712,19 +712,19 @@ impl ThreadState {
         self.lock_buf();
         // SAFETY: we are the owner inside lock_buf/unlock_buf; no stealer holds the buffer.
         let slot = unsafe { &mut *self.buf.get() };
-        let gen = writer::GEN.load(Ordering::Relaxed);
+        let gen = crate::buffers::GEN.load(Ordering::Relaxed);
         let needs_new = match slot {
-            Some(b) => b.room() < writer::EVENT_RESERVE || b.gen != gen,
+            Some(b) => b.room() < crate::buffers::EVENT_RESERVE || b.gen != gen,
             None => true,
         };
         if needs_new {
             let old = slot.take();
-            *slot = writer::try_take_buffer(self.tid, false);
+            *slot = crate::buffers::try_take_buffer(self.tid, false);
             if let Some(old) = old {
                 // Submitting may wait for the writer; release our lock so a
                 // stealer is never blocked behind us.
                 self.unlock_buf();
-                writer::submit(old, true);
+                crate::buffers::submit(old, true);
                 self.lock_buf();
             }
         }
@@ -734,14 +734,14 @@ impl ThreadState {
             // A stealer took the fresh buffer while we were submitting the
             // old one (the periodic sweep runs on the writer thread that the
             // submit just woke): the event still needs a place.
-            *slot = writer::try_take_buffer(self.tid, false);
+            *slot = crate::buffers::try_take_buffer(self.tid, false);
         }
         // No buffer: the agent had no memory for one (the process is at its
         // limit of mappings and the reserve is spent). The event is lost,
         // and counted, rather than the program aborted.
         let pushed = slot.as_mut().is_some_and(|b| b.push(time, f));
         if !pushed {
-            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
         self.unlock_buf();
     }
@@ -750,7 +750,7 @@ impl ThreadState {
 /// Takes the partly filled buffers of every thread and queues them (periodic
 /// flush, exit). `spins` bounds the wait for a thread that is mid-event.
 pub fn steal_all(spins: u32) {
-    steal_all_into(spins, |b| writer::submit(b, false));
+    steal_all_into(spins, |b| crate::buffers::submit(b, false));
 }
 
 /// The same, handing each buffer to `sink` (the signal path writes them directly).

@@ -1,145 +1,18 @@
-//! Event buffers and the writer thread.
+//! The writer thread.
 //!
-//! Program threads fill buffers of their own (no lock shared between threads
-//! on the event path); a full buffer goes onto a queue that the writer thread
-//! drains: it compresses each buffer into a chunk and appends it to the trace.
-//! Buffers cycle back through a free list. Past a memory cap producers wait for
-//! the writer rather than drop events. The writer also publishes the clock tick
+//! It drains the queue of full buffers (buffers.rs): it compresses each
+//! buffer into a chunk and appends it to the trace. The writer also publishes the clock tick
 //! every millisecond while the program records events (and sleeps while it
 //! records none, clock.rs) and, every 200 ms, takes the partly filled buffers of all
 //! threads, so a long-running or SIGKILLed program leaves a trace that is at
 //! most a fraction of a second behind.
 
-use crate::lock::RawLock;
+use crate::buffers;
 use crate::sys;
-use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::collections::VecDeque;
 use trapline_trace::format::{encode_chunk_reusing, write_file_header};
-use trapline_trace::{ChunkContext, Encoder, Event};
 
-/// Capacity of one event buffer (one chunk before compression).
-pub const BUFFER_SIZE: usize = 128 << 10;
-/// Room that must be free before any single event is encoded.
-pub const EVENT_RESERVE: usize = 12 << 10;
-/// Queued buffers past which producers wait for the writer.
-const QUEUE_CAP_BYTES: usize = 128 << 20;
-
-/// Events of one thread (or of the agent itself, tid 0) awaiting the writer.
-pub struct Buffer {
-    pub data: Box<[u8]>,
-    pub len: usize,
-    pub events: u32,
-    pub first_time: u64,
-    pub last_time: u64,
-    pub tid: u32,
-    pub ctx: ChunkContext,
-    /// Trace file generation this buffer belongs to (a fork child starts a new one).
-    pub gen: u32,
-}
-
-impl Buffer {
-    fn new() -> Box<Buffer> {
-        Box::new(Buffer::empty(vec![0u8; BUFFER_SIZE].into_boxed_slice()))
-    }
-
-    /// As `new`, or None when the agent has no memory for it
-    /// (`heap::try_box_zeroed`).
-    fn try_new(for_new_thread: bool) -> Option<Box<Buffer>> {
-        let data = crate::heap::try_box_zeroed::<[u8; BUFFER_SIZE]>(for_new_thread)?;
-        let b = crate::heap::try_box_zeroed::<Buffer>(false)?;
-        // SAFETY: zeroed bytes are a valid byte array.
-        let data: Box<[u8]> = unsafe { data.assume_init() };
-        Some(Box::write(b, Buffer::empty(data)))
-    }
-
-    /// A buffer holding no event, over `data`.
-    fn empty(data: Box<[u8]>) -> Buffer {
-        Buffer {
-            data,
-            len: 0,
-            events: 0,
-            first_time: 0,
-            last_time: 0,
-            tid: 0,
-            ctx: ChunkContext::default(),
-            gen: 0,
-        }
-    }
-
-    pub fn reset(&mut self, tid: u32, gen: u32) {
-        self.len = 0;
-        self.events = 0;
-        self.first_time = 0;
-        self.last_time = 0;
-        self.tid = tid;
-        self.ctx = ChunkContext::default();
-        self.gen = gen;
-    }
-
-    pub fn room(&self) -> usize {
-        self.data.len() - self.len
-    }
-
-    /// Encodes one event with `f`; returns false if it did not fit.
-    pub fn push(
-        &mut self,
-        time: Option<u64>,
-        f: impl FnOnce(&mut Encoder<'_>, &mut ChunkContext) -> Result<(), trapline_trace::event::NoRoom>,
-    ) -> bool {
-        // Encode against the buffer's own context and restore it on failure:
-        // copying it out and back costs a store-forwarding stall per event.
-        let saved = self.ctx;
-        let mut enc = Encoder::new(&mut self.data[self.len..]);
-        if f(&mut enc, &mut self.ctx).is_err() {
-            self.ctx = saved;
-            return false;
-        }
-        self.len += enc.len();
-        self.events += 1;
-        if let Some(t) = time {
-            if self.first_time == 0 {
-                self.first_time = t;
-            }
-            self.last_time = self.last_time.max(t);
-        }
-        true
-    }
-
-    pub fn push_event(&mut self, ev: &Event, time: Option<u64>) -> bool {
-        self.push(time, |e, c| e.event(c, ev))
-    }
-}
-
-// Buffers are boxed so that moving one between a thread and the queues
-// moves a pointer, not 128 KiB of state.
-#[allow(clippy::vec_box)]
-struct Queue {
-    full: VecDeque<Box<Buffer>>,
-    free: Vec<Box<Buffer>>,
-    queued_bytes: usize,
-}
-
-struct Shared {
-    lock: RawLock,
-    q: UnsafeCell<Queue>,
-}
-// SAFETY: `q` is only accessed with `lock` held.
-unsafe impl Sync for Shared {}
-
-static SHARED: Shared = Shared {
-    lock: RawLock::new(),
-    q: UnsafeCell::new(Queue {
-        full: VecDeque::new(),
-        free: Vec::new(),
-        queued_bytes: 0,
-    }),
-};
-/// Wakes the writer (new work) and producers (space freed).
-static WORK: crate::futex::Event = crate::futex::Event::new();
-static SPACE: crate::futex::Event = crate::futex::Event::new();
 static DONE: crate::futex::Event = crate::futex::Event::new();
-static RUNNING: AtomicBool = AtomicBool::new(false);
 /// The writer thread's tid: noted by the thread that starts it, and by the
 /// writer itself when it runs (0 before).
 static WRITER_TID: AtomicU32 = AtomicU32::new(0);
@@ -147,14 +20,8 @@ static STOP: AtomicBool = AtomicBool::new(false);
 static STOPPED: AtomicBool = AtomicBool::new(false);
 /// Trace file descriptor (-1 before the trace is opened).
 static FD: AtomicI32 = AtomicI32::new(-1);
-/// Current trace generation.
-pub static GEN: AtomicU32 = AtomicU32::new(1);
-/// Events handed to the writer.
-pub static EVENTS_SUBMITTED: AtomicU64 = AtomicU64::new(0);
 /// Events written to the trace file.
 pub static EVENTS_WRITTEN: AtomicU64 = AtomicU64::new(0);
-/// Events that could not be written (I/O errors); reported in the end record.
-pub static EVENTS_LOST: AtomicU64 = AtomicU64::new(0);
 /// Buffers taken off the queue and not yet written. A fatal signal's flush
 /// waits for them: the process dies right after it, and a buffer the writer
 /// thread was compressing would vanish (the start's module map did, when
@@ -173,17 +40,17 @@ const IN_FLIGHT_WAIT_NS: u64 = 200_000_000;
 /// that may have struck while this thread held glibc's heap lock or one of
 /// the agent's: one spare buffer and a compression scratch, set aside when
 /// the trace is opened.
-static EMERGENCY_BUF: core::sync::atomic::AtomicPtr<Buffer> =
+static EMERGENCY_BUF: core::sync::atomic::AtomicPtr<buffers::Buffer> =
     core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
 static EMERGENCY_SCRATCH: core::sync::atomic::AtomicPtr<Vec<u8>> =
     core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
 
 fn reserve_emergency() {
     if EMERGENCY_BUF.load(Ordering::Acquire).is_null() {
-        EMERGENCY_BUF.store(Box::into_raw(Buffer::new()), Ordering::Release);
+        EMERGENCY_BUF.store(Box::into_raw(buffers::Buffer::new()), Ordering::Release);
     }
     if EMERGENCY_SCRATCH.load(Ordering::Acquire).is_null() {
-        let cap = trapline_trace::format::max_chunk_len(BUFFER_SIZE);
+        let cap = trapline_trace::format::max_chunk_len(buffers::BUFFER_SIZE);
         EMERGENCY_SCRATCH.store(
             Box::into_raw(Box::new(Vec::with_capacity(cap))),
             Ordering::Release,
@@ -193,26 +60,21 @@ fn reserve_emergency() {
 
 /// A buffer for the signal path: from the free list if its lock is free,
 /// else the emergency one. Never allocates.
-pub fn take_buffer_no_alloc(tid: u32) -> Option<Box<Buffer>> {
-    let mut b = None;
-    if SHARED.lock.try_lock_for(10_000) {
-        // SAFETY: guarded by SHARED.lock (taken just above).
-        b = unsafe { (*SHARED.q.get()).free.pop() };
-        SHARED.lock.unlock();
-    }
+pub fn take_buffer_no_alloc(tid: u32) -> Option<Box<buffers::Buffer>> {
+    let b = buffers::try_with_queue(10_000, |q| q.free.pop()).flatten();
     let mut b = b.or_else(|| {
         let p = EMERGENCY_BUF.swap(core::ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: a pointer from Box::into_raw in reserve_emergency, taken once.
         (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
     })?;
-    b.reset(tid, GEN.load(Ordering::Relaxed));
+    b.reset(tid, buffers::GEN.load(Ordering::Relaxed));
     Some(b)
 }
 
 /// Compresses and writes one buffer from the calling thread, with the
 /// emergency scratch: no allocation, no lock. For the fatal-signal path only
 /// (one thread at a time: `lifecycle::finish` runs once).
-pub fn write_direct(b: &Buffer) {
+pub fn write_direct(b: &buffers::Buffer) {
     let p = EMERGENCY_SCRATCH.load(Ordering::Acquire);
     if p.is_null() || b.events == 0 {
         return;
@@ -227,12 +89,9 @@ pub fn write_direct(b: &Buffer) {
 /// freeing them could need glibc's heap lock.
 pub fn drain_no_alloc(spins: u32) {
     loop {
-        if !SHARED.lock.try_lock_for(spins) {
+        let Some(b) = buffers::try_with_queue(spins, |q| q.full.pop_front()) else {
             return;
-        }
-        // SAFETY: guarded by SHARED.lock.
-        let b = unsafe { (*SHARED.q.get()).full.pop_front() };
-        SHARED.lock.unlock();
+        };
         let Some(b) = b else { break };
         write_direct(&b);
         core::mem::forget(b);
@@ -245,78 +104,8 @@ pub fn drain_no_alloc(spins: u32) {
     }
 }
 
-fn with_queue<R>(f: impl FnOnce(&mut Queue) -> R) -> R {
-    let _g = SHARED.lock.guard();
-    // SAFETY: guarded by SHARED.lock.
-    f(unsafe { &mut *SHARED.q.get() })
-}
-
-/// A fresh buffer for thread `tid`.
-pub fn take_buffer(tid: u32) -> Box<Buffer> {
-    let mut b = with_queue(|q| q.free.pop()).unwrap_or_else(Buffer::new);
-    b.reset(tid, GEN.load(Ordering::Relaxed));
-    b
-}
-
-/// As `take_buffer`, or None when there is no buffer to reuse and no memory
-/// for a new one; `for_new_thread`: a new one is taken as
-/// `heap::alloc_for_new_thread` takes memory. For program threads, whose
-/// event is then counted as lost instead of the allocation failure
-/// aborting the program.
-pub fn try_take_buffer(tid: u32, for_new_thread: bool) -> Option<Box<Buffer>> {
-    let mut b = with_queue(|q| q.free.pop()).or_else(|| Buffer::try_new(for_new_thread))?;
-    b.reset(tid, GEN.load(Ordering::Relaxed));
-    Some(b)
-}
-
-/// Queues a filled buffer for writing. With `wait`, blocks while the queue is
-/// over its memory cap (the writer is behind); never blocks before the writer runs.
-pub fn submit(b: Box<Buffer>, wait: bool) {
-    // Once per buffer, a system call's worth: a child of a raw fork system
-    // call has no writer, and its descriptor is the parent's file.
-    if crate::phase::in_unreset_child() {
-        crate::phase::abandon_unreset_child();
-        return;
-    }
-    if b.events == 0 {
-        with_queue(|q| q.free.push(b));
-        return;
-    }
-    let size = b.data.len();
-    EVENTS_SUBMITTED.fetch_add(u64::from(b.events), Ordering::Relaxed);
-    let mut slot = Some(b);
-    loop {
-        let seen = SPACE.generation();
-        with_queue(|q| {
-            if !wait || !RUNNING.load(Ordering::Acquire) || q.queued_bytes + size <= QUEUE_CAP_BYTES
-            {
-                q.queued_bytes += size;
-                q.full.extend(slot.take());
-            }
-        });
-        if slot.is_none() {
-            break;
-        }
-        WORK.notify_all();
-        // Woken when a buffer was written, or when the writer stops; the
-        // timeout is only a backstop.
-        SPACE.wait(seen, Some(100_000_000));
-    }
-    WORK.notify_all();
-}
-
-/// Queues a buffer of the agent's own records ahead of everything else.
-pub fn submit_first(b: Box<Buffer>) {
-    EVENTS_SUBMITTED.fetch_add(u64::from(b.events), Ordering::Relaxed);
-    with_queue(|q| {
-        q.queued_bytes += b.data.len();
-        q.full.push_front(b)
-    });
-    WORK.notify_all();
-}
-
-fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
-    if b.gen != GEN.load(Ordering::Relaxed) {
+fn write_one(b: &buffers::Buffer, scratch: &mut Vec<u8>) {
+    if b.gen != buffers::GEN.load(Ordering::Relaxed) {
         return; // a parent's buffer seen by a fork child: the parent writes it
     }
     let len = encode_chunk_reusing(
@@ -338,7 +127,7 @@ fn write_one(b: &Buffer, scratch: &mut Vec<u8>) {
     if written {
         EVENTS_WRITTEN.fetch_add(u64::from(b.events), Ordering::Relaxed);
     } else {
-        EVENTS_LOST.fetch_add(u64::from(b.events), Ordering::Relaxed);
+        buffers::EVENTS_LOST.fetch_add(u64::from(b.events), Ordering::Relaxed);
     }
 }
 
@@ -412,7 +201,7 @@ fn high_fd_floor() -> i32 {
 
 /// Writes every queued buffer now, from the calling thread.
 pub fn drain(scratch: &mut Vec<u8>) {
-    while let Some(b) = with_queue(|q| {
+    while let Some(b) = buffers::with_queue(|q| {
         let b = q.full.pop_front();
         if let Some(b) = &b {
             q.queued_bytes -= b.data.len();
@@ -422,11 +211,11 @@ pub fn drain(scratch: &mut Vec<u8>) {
     }) {
         write_one(&b, scratch);
         IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-        with_queue(|q| q.free.push(b));
+        buffers::with_queue(|q| q.free.push(b));
         // Room for one buffer: one waiting producer. Waking them all made
         // every written buffer wake every waiting thread (3,000 threads
         // ending at once took 16 s instead of 0.2).
-        SPACE.notify_one();
+        buffers::SPACE.notify_one();
     }
 }
 
@@ -509,7 +298,7 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     let me = sys::gettid();
     WRITER_TID.store(me, Ordering::Release);
     loop {
-        let seen = WORK.generation();
+        let seen = buffers::WORK.generation();
         drain(&mut scratch);
         // Tick every millisecond while events read the tick; once they have
         // not for a while, sleep until the next sweep (clock.rs).
@@ -539,7 +328,7 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
         } else {
             TICK_EVERY_NS
         };
-        WORK.wait(seen, Some(timeout.max(TICK_EVERY_NS)));
+        buffers::WORK.wait(seen, Some(timeout.max(TICK_EVERY_NS)));
     }
     stopped();
     core::ptr::null_mut()
@@ -547,11 +336,11 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
 
 /// The writer has left its loop: `finish` writes what is left itself.
 fn stopped() {
-    RUNNING.store(false, Ordering::Release);
+    buffers::WRITER_RUNNING.store(false, Ordering::Release);
     STOPPED.store(true, Ordering::Release);
     DONE.notify_all();
     // Producers waiting for room queue their buffers without waiting now.
-    SPACE.notify_all();
+    buffers::SPACE.notify_all();
 }
 
 /// The program's threads are all gone (`process_end`): the process ends as
@@ -567,12 +356,6 @@ fn end_for_program(scratch: &mut Vec<u8>) -> ! {
     set_signal_mask(libc::SIG_SETMASK, CREATOR_MASK.load(Ordering::Relaxed));
     // SAFETY: exit(0) is what glibc calls when a process's last thread ends.
     unsafe { libc::exit(0) }
-}
-
-/// Wakes the writer (it also wakes by itself every millisecond while the
-/// program records events, and for the periodic sweep).
-pub fn wake() {
-    WORK.notify_all();
 }
 
 /// Signals the writer thread blocks: all but the faults its own code could
@@ -617,12 +400,12 @@ fn set_signal_mask(how: libc::c_int, mask: u64) -> u64 {
 /// the signals of `WRITER_BLOCKED` blocked from its first instruction: it
 /// inherits them from this thread, which blocks them for the moment.
 pub fn start(periodic: fn()) {
-    crate::clock::on_ticker_asleep(wake);
+    crate::clock::on_ticker_asleep(buffers::wake);
     STARTING.store(true, Ordering::Release);
     PERIODIC.store(periodic as *const () as usize, Ordering::Release);
     STOP.store(false, Ordering::Release);
     STOPPED.store(false, Ordering::Release);
-    RUNNING.store(true, Ordering::Release);
+    buffers::WRITER_RUNNING.store(true, Ordering::Release);
     // Not the scan's park signal: an exit scan can come before the writer
     // has run its first instruction and noted itself as the agent's, and
     // then parks it like any thread (the agent's own signal, thread-directed).
@@ -658,7 +441,7 @@ pub fn start(periodic: fn()) {
     set_signal_mask(libc::SIG_SETMASK, creator_mask);
     if !ok {
         STARTING.store(false, Ordering::Release);
-        RUNNING.store(false, Ordering::Release);
+        buffers::WRITER_RUNNING.store(false, Ordering::Release);
         sys::warn("cannot start the writer thread; the trace is written at exit");
     }
 }
@@ -681,7 +464,7 @@ pub fn pause() {
     if PAUSERS.fetch_add(1, Ordering::AcqRel) > 0 {
         return;
     }
-    let running = RUNNING.load(Ordering::Acquire);
+    let running = buffers::WRITER_RUNNING.load(Ordering::Acquire);
     PAUSED_RUNNING.store(running, Ordering::Release);
     if !running {
         return;
@@ -707,7 +490,7 @@ const LET_GO_AFTER_NS: u64 = 2_000_000_000;
 /// waits for that at most `timeout_ms`; returns the deadline.
 fn stop_writer(timeout_ms: u64) -> u64 {
     STOP.store(true, Ordering::Release);
-    WORK.notify_all();
+    buffers::WORK.notify_all();
     let deadline = crate::clock::precise_now() + timeout_ms * 1_000_000;
     let started = crate::clock::precise_now();
     while !STOPPED.load(Ordering::Acquire) && crate::clock::precise_now() < deadline {
@@ -741,7 +524,7 @@ pub fn resume() {
 /// Stops the writer after it has written everything queued, waiting at most
 /// `timeout_ms`; then writes whatever is left from this thread and closes the file.
 pub fn finish(timeout_ms: u64) {
-    if RUNNING.load(Ordering::Acquire) {
+    if buffers::WRITER_RUNNING.load(Ordering::Acquire) {
         stop_writer(timeout_ms);
     }
     let mut scratch = Vec::new();
@@ -753,22 +536,13 @@ pub fn finish(timeout_ms: u64) {
     }
 }
 
-/// Locks the queue for fork.
-pub fn lock() {
-    SHARED.lock.lock();
-}
-
-pub fn unlock() {
-    SHARED.lock.unlock();
-}
-
 /// After a failed exec: the old file is closed; a new one follows.
 pub fn reset_for_new_file() {
     crate::totals::make_inexact();
-    EVENTS_SUBMITTED.store(0, Ordering::Relaxed);
+    buffers::EVENTS_SUBMITTED.store(0, Ordering::Relaxed);
     EVENTS_WRITTEN.store(0, Ordering::Relaxed);
-    EVENTS_LOST.store(0, Ordering::Relaxed);
-    GEN.fetch_add(1, Ordering::AcqRel);
+    buffers::EVENTS_LOST.store(0, Ordering::Relaxed);
+    buffers::GEN.fetch_add(1, Ordering::AcqRel);
 }
 
 /// In a fork child: drop the parent's queue and file, start a new generation.
@@ -776,24 +550,18 @@ pub fn reset_in_child() {
     crate::totals::make_inexact();
     // A writer the parent was starting is not the child's.
     STARTING.store(false, Ordering::Relaxed);
-    SHARED.lock.reset();
+    buffers::reset_in_child();
     // The writer thread may have been writing when the parent forked.
     FD_LOCK.reset();
-    // SAFETY: the child is single-threaded here.
-    let q = unsafe { &mut *SHARED.q.get() };
-    while let Some(b) = q.full.pop_front() {
-        q.free.push(b);
-    }
-    q.queued_bytes = 0;
     IN_FLIGHT.store(0, Ordering::Relaxed);
     let fd = FD.swap(-1, Ordering::AcqRel);
     if fd >= 0 {
         // SAFETY: the parent's descriptor copy; the child must not write to it.
         unsafe { libc::close(fd) };
     }
-    RUNNING.store(false, Ordering::Release);
-    GEN.fetch_add(1, Ordering::AcqRel);
-    EVENTS_SUBMITTED.store(0, Ordering::Relaxed);
+    buffers::WRITER_RUNNING.store(false, Ordering::Release);
+    buffers::GEN.fetch_add(1, Ordering::AcqRel);
+    buffers::EVENTS_SUBMITTED.store(0, Ordering::Relaxed);
     EVENTS_WRITTEN.store(0, Ordering::Relaxed);
-    EVENTS_LOST.store(0, Ordering::Relaxed);
+    buffers::EVENTS_LOST.store(0, Ordering::Relaxed);
 }

@@ -3,7 +3,6 @@
 //! dlclose (the module map and the unwinder follow the loaded code).
 
 use crate::lifecycle;
-use crate::writer;
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::ffi::CStr;
@@ -47,7 +46,7 @@ fn note_module_changes() {
     if changes.loaded.is_empty() && changes.unloaded.is_empty() {
         return;
     }
-    let mut b = writer::take_buffer(0);
+    let mut b = crate::buffers::take_buffer(0);
     let events = changes.loaded.into_iter().map(Event::ModuleLoad).chain(
         changes
             .unloaded
@@ -55,14 +54,17 @@ fn note_module_changes() {
             .map(|id| Event::ModuleUnload { id }),
     );
     for ev in events {
-        if b.room() < writer::EVENT_RESERVE {
-            writer::submit(core::mem::replace(&mut b, writer::take_buffer(0)), true);
+        if b.room() < crate::buffers::EVENT_RESERVE {
+            crate::buffers::submit(
+                core::mem::replace(&mut b, crate::buffers::take_buffer(0)),
+                true,
+            );
         }
         if !b.push_event(&ev, None) {
-            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
     }
-    writer::submit(b, true);
+    crate::buffers::submit(b, true);
 }
 
 #[no_mangle]

@@ -3,8 +3,8 @@
 //! or `ScanSkipped` for a scan that did not run.
 
 use super::{Outcome, Skipped};
+use crate::buffers::Buffer;
 use crate::record::ensure_stack_in;
-use crate::writer::{self, Buffer};
 use core::sync::atomic::Ordering;
 use trapline_trace::Event;
 
@@ -75,9 +75,9 @@ struct Queued {
 
 impl Sink for Queued {
     fn buffer(&mut self) -> Option<&mut Buffer> {
-        if self.buf.room() < writer::EVENT_RESERVE {
-            let full = core::mem::replace(&mut self.buf, writer::take_buffer(0));
-            writer::submit(full, false);
+        if self.buf.room() < crate::buffers::EVENT_RESERVE {
+            let full = core::mem::replace(&mut self.buf, crate::buffers::take_buffer(0));
+            crate::buffers::submit(full, false);
         }
         Some(&mut self.buf)
     }
@@ -85,7 +85,7 @@ impl Sink for Queued {
     fn push(&mut self, ev: &Event, time: Option<u64>) {
         let pushed = self.buffer().is_some_and(|b| b.push_event(ev, time));
         if !pushed {
-            writer::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -94,11 +94,11 @@ impl Sink for Queued {
 /// writer's queue.
 pub fn to_writer(o: &Result<Outcome, Skipped>) {
     let mut q = Queued {
-        buf: writer::take_buffer(0),
+        buf: crate::buffers::take_buffer(0),
     };
     match o {
         Ok(o) => emit(o, &mut q),
         Err(s) => emit_skipped(s, &mut q),
     }
-    writer::submit(q.buf, false);
+    crate::buffers::submit(q.buf, false);
 }
