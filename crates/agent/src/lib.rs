@@ -6,6 +6,7 @@
 //! per-thread buffers that a writer thread compresses into the trace file.
 //! See docs/design.md for the mechanisms. All of trapline's `unsafe` is here.
 
+mod agent_threads;
 mod allocator_maps;
 mod arch;
 mod buffers;
@@ -23,6 +24,7 @@ mod modules;
 mod next_alloc;
 mod phase;
 mod private_operators;
+mod proc_maps;
 mod process_end;
 mod profile;
 mod record;

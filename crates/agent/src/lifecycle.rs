@@ -229,6 +229,15 @@ fn periodic() {
     crate::heap::forget_mapping_limit_when_below();
 }
 
+/// A program thread's end (thread.rs calls it from the thread's key
+/// destructor): its sampling stops, its `ThreadEnd` is recorded, and the
+/// process ends if it was the last (process_end.rs).
+fn program_thread_ending(ts: &mut thread::ThreadState) {
+    crate::profile::thread_end(ts);
+    crate::threads::on_thread_end(ts);
+    crate::process_end::program_thread_ending(ts.tid, ts.counted_running);
+}
+
 /// The library constructor: configuration, trace file, writer thread;
 /// `resolve_hooks` looks up the real functions the hooks forward to (the
 /// crate root passes it: the hooks are above everything else).
@@ -288,6 +297,7 @@ pub fn init(resolve_hooks: fn()) {
     crate::profile::init();
     crate::fatal_signals::install();
     modules::on_change(crate::rules::forget_all);
+    thread::on_program_thread_ending(program_thread_ending);
     modules::refresh();
     // Only where libstdc++ is loaded: a lookup that fails makes dlsym
     // allocate its message from the program's heap, and the freed chunks

@@ -63,12 +63,6 @@ static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
 /// The signal mask bit to restore after fork (whether it was blocked before).
 static BLOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
-/// A thread's sampling state, owned by its `ThreadState`.
-pub struct ThreadProfile {
-    capture: Box<StackCapture>,
-    slot: usize,
-}
-
 /// The sampling rate if sampling is configured for this process.
 pub fn hz() -> Option<u32> {
     let hz = HZ.load(Ordering::Relaxed);
@@ -182,7 +176,7 @@ pub fn thread_begin() {
         sys::warn("more than 8192 threads sampled at once; a thread is not sampled");
         return;
     };
-    ts.profile = Some(Box::new(ThreadProfile {
+    ts.profile = Some(Box::new(thread::ThreadProfile {
         capture: StackCapture::new(),
         slot,
     }));

@@ -1,6 +1,7 @@
 //! Thin wrappers over the C library: symbol lookup, membarrier, thread and
 //! process ids, and raw output.
 
+use core::ffi::c_void;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Writes all of `bytes` to `fd`, retrying on EINTR and short writes.
@@ -292,4 +293,36 @@ pub fn has_membarrier() -> bool {
 pub fn process_barrier() {
     // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) };
+}
+
+pub type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
+type PthreadCreate = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    StartRoutine,
+    *mut c_void,
+) -> libc::c_int;
+
+/// The C library's pthread_create (the exported name is the agent's hook).
+static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+pub fn real_pthread_create() -> PthreadCreate {
+    let f = crate::sys::cached_next_symbol(&REAL_PTHREAD_CREATE, c"pthread_create");
+    // SAFETY: the C library's pthread_create, which has this signature (it
+    // always exists: glibc 2.34+ has it in libc itself).
+    unsafe { core::mem::transmute::<usize, PthreadCreate>(f) }
+}
+
+/// Starts one of the agent's own threads (the writer) without recording it.
+///
+/// # Safety
+/// As pthread_create.
+pub unsafe fn create_untraced(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    routine: StartRoutine,
+    arg: *mut c_void,
+) -> libc::c_int {
+    // SAFETY: forwarding the caller's arguments (the caller upholds the contract).
+    unsafe { real_pthread_create()(thread, attr, routine, arg) }
 }

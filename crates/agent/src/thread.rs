@@ -65,7 +65,7 @@ pub struct ThreadState {
     pub ensured: [(u32, u32); 2],
     pub ensured_next: usize,
     /// CPU sampling state (`--profile`), set when the thread's timer is armed.
-    pub profile: Option<Box<crate::profile::ThreadProfile>>,
+    pub profile: Option<Box<ThreadProfile>>,
     /// Stack ids of this thread's lock call sites (created on first lock use).
     pub lock_sites: Option<Box<crate::sync::SiteCache>>,
     /// Whether this thread keeps the run totals (`totals.rs`).
@@ -203,6 +203,18 @@ impl Provision {
     }
 }
 
+/// What a program thread's end does beyond flushing its buffer (the
+/// profiler's teardown, its `ThreadEnd`, the count of running threads):
+/// registered by runtime, which knows those services.
+static PROGRAM_THREAD_ENDING: core::sync::atomic::AtomicUsize =
+    core::sync::atomic::AtomicUsize::new(0);
+
+/// Registers what a program thread's end runs, with the guard held and its
+/// buffer still its own.
+pub fn on_program_thread_ending(f: fn(&mut ThreadState)) {
+    PROGRAM_THREAD_ENDING.store(f as usize, Ordering::Release);
+}
+
 /// Threads between leaving the registry and handing over their last buffer
 /// (`on_thread_exit`): their events are in no place `steal_all` looks, so
 /// the exit does not hold the world stopped while one is (scan/world.rs).
@@ -230,8 +242,13 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     let mut state = unsafe { Box::from_raw(ts) };
     state.guard += 1;
     if !state.agent_thread && !crate::phase::recording_stopped() {
-        crate::threads::on_thread_end(&mut state);
-        crate::process_end::program_thread_ending(state.tid, state.counted_running);
+        let ended = PROGRAM_THREAD_ENDING.load(Ordering::Acquire);
+        if ended != 0 {
+            // SAFETY: only `on_program_thread_ending` stores here, a `fn`
+            // of this type.
+            let ended: fn(&mut ThreadState) = unsafe { core::mem::transmute(ended) };
+            ended(&mut state);
+        }
     }
     if let Some(b) = state.take_buffer() {
         crate::buffers::submit(b, true);
@@ -310,7 +327,7 @@ extern "C" {
 fn main_stack_bounds() -> Option<Bounds> {
     // SAFETY: a pointer-sized variable the loader sets before any code runs.
     let stack_end = unsafe { __libc_stack_end } as u64;
-    let maps = crate::scan::maps::read();
+    let maps = crate::proc_maps::read();
     let i = maps
         .iter()
         .position(|m| m.start <= stack_end && stack_end < m.end)?;
@@ -517,7 +534,7 @@ pub fn mark_agent_thread() {
     ts.set_up = true;
     ts.agent_thread = true;
     ts.guard = 1;
-    crate::scan::note_agent_thread();
+    crate::agent_threads::note_current();
 }
 
 /// The writer thread, about to end the process for a program whose threads
@@ -825,4 +842,11 @@ pub fn reset_in_child() {
         }
         ts.last_time = 0;
     }
+}
+
+/// A thread's CPU-sampling state (profile.rs): its capture scratch and its
+/// slot in the profiler's table.
+pub struct ThreadProfile {
+    pub capture: Box<crate::unwind::StackCapture>,
+    pub slot: usize,
 }

@@ -48,8 +48,14 @@ pub fn on_create(regs: StartRegs) -> u64 {
     create_id
 }
 
-/// In the new thread, before its start routine.
-pub fn on_thread_begin(parent_tid: u32, create_id: u64, provision: crate::thread::Provision) {
+/// In the new thread, before its start routine; `started` runs once the
+/// thread's state exists, before its `ThreadStart` is recorded.
+pub fn on_thread_begin(
+    parent_tid: u32,
+    create_id: u64,
+    provision: crate::thread::Provision,
+    started: impl FnOnce(),
+) {
     let tid = sys::gettid();
     {
         let _g = TIDS.lock.guard();
@@ -62,7 +68,7 @@ pub fn on_thread_begin(parent_tid: u32, create_id: u64, provision: crate::thread
     }
     let ts = crate::thread::begin(provision);
     ts.counted_running = true;
-    crate::process_end::program_thread_started();
+    started();
     if let Entry::Record(ts) = record::enter() {
         let t = ts.next_precise_time();
         let ev = Event::ThreadStart {
@@ -73,13 +79,11 @@ pub fn on_thread_begin(parent_tid: u32, create_id: u64, provision: crate::thread
         ts.emit(Some(t), |e, c| e.event(c, &ev));
         record::leave(ts);
     }
-    crate::profile::thread_begin();
 }
 
 /// From the thread's pthread-key destructor (every exit path), before its
 /// buffer is queued. The guard is already held by the caller.
 pub fn on_thread_end(ts: &mut ThreadState) {
-    crate::profile::thread_end(ts);
     let t = ts.next_precise_time();
     ts.emit(Some(t), |e, c| e.event(c, &Event::ThreadEnd { time: t }));
 }

@@ -279,7 +279,7 @@ static PERIODIC: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsi
 extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     // Before anything allocates: a scan from here on leaves this thread
     // running (one that stopped it inside the agent heap had to wait for it).
-    crate::scan::note_agent_thread();
+    crate::agent_threads::note_current();
     STARTING.store(false, Ordering::Release);
     // Then: this thread's own allocations (TLS setup) must never be recorded.
     crate::thread::mark_agent_thread();
@@ -419,12 +419,7 @@ pub fn start(periodic: fn()) {
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
         // Not through the agent's own pthread_create hook: the writer is no program thread.
-        let r = crate::hooks::threads::create_untraced(
-            &mut t,
-            &attr,
-            writer_main,
-            core::ptr::null_mut(),
-        );
+        let r = crate::sys::create_untraced(&mut t, &attr, writer_main, core::ptr::null_mut());
         libc::pthread_attr_destroy(&mut attr);
         if r == 0 {
             // Known before it runs: an exit that counts the program's
@@ -479,7 +474,7 @@ pub fn pause() {
         // SAFETY: yielding the processor has no preconditions.
         unsafe { libc::sched_yield() };
     }
-    crate::scan::forget_agent_thread(tid);
+    crate::agent_threads::forget(tid);
 }
 
 /// How long the finish waits for the writer with the program's threads held

@@ -5,42 +5,12 @@ use crate::arch::start_regs;
 use crate::thread::Provision;
 use crate::threads;
 use core::ffi::c_void;
-use core::sync::atomic::AtomicUsize;
 
-type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
-type PthreadCreate = unsafe extern "C" fn(
-    *mut libc::pthread_t,
-    *const libc::pthread_attr_t,
-    StartRoutine,
-    *mut c_void,
-) -> libc::c_int;
-
-static REAL_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
-
-fn real_pthread_create() -> PthreadCreate {
-    let f = crate::sys::cached_next_symbol(&REAL_PTHREAD_CREATE, c"pthread_create");
-    // SAFETY: the C library's pthread_create, which has this signature (it
-    // always exists: glibc 2.34+ has it in libc itself).
-    unsafe { core::mem::transmute::<usize, PthreadCreate>(f) }
-}
+use crate::sys::{real_pthread_create, StartRoutine};
 
 /// Resolves the real function (from the constructor, while dlsym is safe).
 pub fn resolve() {
     real_pthread_create();
-}
-
-/// Starts one of the agent's own threads (the writer) without recording it.
-///
-/// # Safety
-/// As pthread_create.
-pub unsafe fn create_untraced(
-    thread: *mut libc::pthread_t,
-    attr: *const libc::pthread_attr_t,
-    routine: StartRoutine,
-    arg: *mut c_void,
-) -> libc::c_int {
-    // SAFETY: forwarding the caller's arguments (the caller upholds the contract).
-    unsafe { real_pthread_create()(thread, attr, routine, arg) }
 }
 
 /// What the wrapper needs in the new thread; lives in the agent's heap.
@@ -65,7 +35,13 @@ extern "C" fn thread_main(p: *mut c_void) -> *mut c_void {
         provision,
         held,
     } = *start;
-    threads::on_thread_begin(parent_tid, create_id, provision);
+    threads::on_thread_begin(
+        parent_tid,
+        create_id,
+        provision,
+        crate::process_end::program_thread_started,
+    );
+    crate::profile::thread_begin();
     // From here `arg` is in this thread's registers and stack.
     threads::starting_args::release(held);
     routine(arg)

@@ -19,8 +19,7 @@ mod arena;
 mod blocks;
 mod emit;
 mod headroom;
-pub(crate) mod maps;
-mod mark;
+pub(crate) mod mark;
 mod roots;
 pub(crate) mod world;
 
@@ -58,13 +57,6 @@ static CHECK_ROOM: AtomicBool = AtomicBool::new(true);
 static EXIT_TID: AtomicU32 = AtomicU32::new(0);
 static EXIT_SP: AtomicU64 = AtomicU64::new(0);
 static EXIT_REGS: [AtomicU64; CALLEE_SAVED] = [const { AtomicU64::new(0) }; CALLEE_SAVED];
-
-/// The agent's own threads (writer, samplers): never stopped, never roots.
-const MAX_AGENT_THREADS: usize = 8;
-static AGENT_TIDS: [AtomicU32; MAX_AGENT_THREADS] =
-    [const { AtomicU32::new(0) }; MAX_AGENT_THREADS];
-static AGENT_STACKS: [AtomicU64; MAX_AGENT_THREADS] =
-    [const { AtomicU64::new(0) }; MAX_AGENT_THREADS];
 
 extern "C" {
     /// The stack pointer at the process entry point (ld.so).
@@ -114,40 +106,12 @@ pub fn at_exit_enabled() -> bool {
     AT_EXIT.load(Ordering::Relaxed)
 }
 
-/// Notes an agent thread (from `thread::mark_agent_thread`).
-pub fn note_agent_thread() {
-    let tid = sys::gettid();
-    let sp = crate::arch::stack_pointer();
-    for (t, s) in AGENT_TIDS.iter().zip(&AGENT_STACKS) {
-        if t.load(Ordering::Acquire) == tid
-            || t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            s.store(sp, Ordering::Release);
-            return;
-        }
-    }
-}
-
-/// Forgets an agent thread that has ended (its tid may come back as a
-/// program thread's).
-pub fn forget_agent_thread(tid: u32) {
-    for (t, s) in AGENT_TIDS.iter().zip(&AGENT_STACKS) {
-        if tid != 0 && t.load(Ordering::Acquire) == tid {
-            s.store(0, Ordering::Release);
-            t.store(0, Ordering::Release);
-        }
-    }
-}
-
 /// Forgets the agent threads of the parent (fork child: only the caller
 /// survives) and frees the scan lock (the writer may have held it: it is
 /// released only after the shard locks that fork waits for).
 pub fn reset_in_child() {
     SCAN_LOCK.reset();
-    for t in &AGENT_TIDS {
-        t.store(0, Ordering::Relaxed);
-    }
+    crate::agent_threads::forget_all();
     EXIT_TID.store(0, Ordering::Relaxed);
 }
 
@@ -367,16 +331,6 @@ fn stop_outside_heap(scratch: world::Scratch, agent_tids: &[u32], insist: bool) 
     world
 }
 
-/// The agent's own threads but the caller.
-fn other_agent_tids() -> Vec<u32> {
-    let me = sys::gettid();
-    AGENT_TIDS
-        .iter()
-        .map(|t| t.load(Ordering::Acquire))
-        .filter(|&t| t != 0 && t != me)
-        .collect()
-}
-
 /// How many of the program's threads other than the calling one are alive
 /// (the agent's own threads and ended ones not counted); none when the
 /// kernel's listing did not settle.
@@ -386,7 +340,7 @@ pub fn other_program_threads() -> Option<u32> {
     // counts as the program's: the safe side.
     let me = sys::gettid();
     let writer = crate::writer::tid();
-    let agents = other_agent_tids();
+    let agents = crate::agent_threads::others();
     let mut tids = vec![0u32; crate::tasks::kernel_count()? as usize + 64];
     let listing = crate::tasks::list(&mut [0u8; 4096], &mut tids);
     if !listing.settled {
@@ -428,7 +382,7 @@ impl ExitHold {
         // After a periodic scan that is under way: one stopper at a time.
         // None starts after this (the process is finishing).
         SCAN_LOCK.lock();
-        let w = stop_outside_heap(world::Scratch::new(), &other_agent_tids(), true);
+        let w = stop_outside_heap(world::Scratch::new(), &crate::agent_threads::others(), true);
         SCAN_LOCK.unlock();
         if w.inside == 0 && !crate::heap::busy() && crate::thread::exiting_threads() == 0 {
             crate::hold::hold();
@@ -506,7 +460,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         return Err(skipped(why));
     };
     // 1. Facts that allocate.
-    let maps = maps::read();
+    let maps = crate::proc_maps::read();
     // The scan's memory, checked against the limits that would kill or
     // fail the program before it is taken (headroom.rs).
     let mapped = maps.iter().map(|m| m.end - m.start).sum();
@@ -525,16 +479,15 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     crate::allocator_maps::allocator_ranges(&mut excluded);
     // glibc's bookkeeping in its own data (arena.rs).
     excluded.extend(arena::main_arena(libc_data_ranges, &mut reader));
-    let agent_tids = other_agent_tids();
-    for s in &AGENT_STACKS {
-        let sp = s.load(Ordering::Acquire);
-        if let Some(i) = maps::containing(&maps, sp).filter(|_| sp != 0) {
+    let agent_tids = crate::agent_threads::others();
+    for sp in crate::agent_threads::stack_pointers() {
+        if let Some(i) = crate::proc_maps::containing(&maps, sp) {
             excluded.push((maps[i].start, maps[i].end));
         }
     }
     let mut readable: Vec<(u64, u64)> = maps
         .iter()
-        .filter(|m| m.readable && m.kind != maps::Special::Kernel)
+        .filter(|m| m.readable && m.kind != crate::proc_maps::Special::Kernel)
         .map(|m| (m.start, m.end))
         .collect();
     merge(&mut readable);
@@ -693,7 +646,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         // Large anonymous roots only where their pages hold data (a sparse
         // reservation); file mappings whole (their pages may be in the file).
         let anonymous = hi - lo >= mark::SPARSE_FROM
-            && maps::containing(&maps, lo).is_some_and(|i| !maps[i].file);
+            && crate::proc_maps::containing(&maps, lo).is_some_and(|i| !maps[i].file);
         if anonymous {
             reader.populated(lo, hi, |reader, a, b| {
                 root_bytes += reader.for_each_word(a, b, |w| marker.word(w, true));
