@@ -3,16 +3,15 @@
 //!
 //! For every signal whose default action terminates the process, the agent
 //! installs its own handler while the program's disposition is SIG_DFL. The
-//! handler finishes the trace, restores SIG_DFL and re-raises, so the process
+//! handler (lifecycle.rs, registered in signals.rs) finishes the trace,
+//! restores SIG_DFL and re-raises, so the process
 //! dies exactly as it would have (same signal, same core dump). `sigaction`
 //! and `signal` are interposed (hooks/signals.rs): a program that installs a
 //! handler gets it installed for real, and a program that asks for the
 //! current disposition sees SIG_DFL, never the agent's handler.
 
-use crate::lifecycle;
 use crate::signals::{agent_owns, real_sigaction, set_agent_owns};
 use core::ffi::c_int;
-use trapline_trace::ExitKind;
 
 /// Signals whose default action ends the process (real-time signals too, see `is_fatal`).
 const FATAL: [c_int; 22] = [
@@ -55,46 +54,14 @@ pub fn is_fatal(sig: c_int) -> bool {
     FATAL.contains(&sig) || (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&sig)
 }
 
-extern "C" fn on_fatal_signal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY: errno is thread-local; saved and restored around our work.
-    let saved_errno = unsafe { *libc::__errno_location() };
-    if sent_from_outside(sig, info) && lifecycle::signal_during_finish(sig) {
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = saved_errno };
-        return;
-    }
-    if !lifecycle::wait_out_fault_during_finish() {
-        lifecycle::finish(ExitKind::Signal(sig), lifecycle::Ending::Signal);
-    }
-    // SAFETY: restoring the default action and re-raising; the signal is blocked
-    // in this handler, so it is delivered (and kills) when the handler returns.
-    unsafe {
-        let mut dfl: libc::sigaction = core::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        real_sigaction()(sig, &dfl, core::ptr::null_mut());
-        set_agent_owns(sig, false);
-        libc::raise(sig);
-        *libc::__errno_location() = saved_errno;
-    }
-}
-
-/// The signal came from another process or the terminal, not from a fault
-/// of this thread's code nor from this process itself (`abort`, `raise`).
-fn sent_from_outside(sig: c_int, info: *const libc::siginfo_t) -> bool {
-    if info.is_null() {
-        return false;
-    }
-    // SAFETY: the kernel's siginfo for this signal (SA_SIGINFO).
-    let (code, pid) = unsafe { ((*info).si_code, (*info).si_pid()) };
-    let fault = crate::sys::FAULT_SIGNALS.contains(&sig) && code > 0 && code != libc::SI_KERNEL;
-    !fault && pid as u32 != crate::sys::getpid_raw()
-}
-
 fn install_ours(sig: c_int) {
     // SAFETY: a zeroed sigaction with our handler is valid.
     unsafe {
         let mut act: libc::sigaction = core::mem::zeroed();
-        act.sa_sigaction = on_fatal_signal as *const () as usize;
+        let Some(handler) = crate::signals::fatal_handler() else {
+            return;
+        };
+        act.sa_sigaction = handler as *const () as usize;
         act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
         libc::sigemptyset(&mut act.sa_mask);
         if real_sigaction()(sig, &act, core::ptr::null_mut()) == 0 {
@@ -116,7 +83,6 @@ pub fn ignore_inherited(sig: c_int) {
 }
 
 pub fn install() {
-    crate::signals::set_fatal_handler(on_fatal_signal);
     for sig in watched() {
         if crate::profile::is_sampling_signal(sig) {
             continue;

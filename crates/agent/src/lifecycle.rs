@@ -229,6 +229,46 @@ fn periodic() {
     crate::heap::forget_mapping_limit_when_below();
 }
 
+/// The fatal-signal handler (fatal_signals.rs installs it).
+extern "C" fn on_fatal_signal(
+    sig: core::ffi::c_int,
+    info: *mut libc::siginfo_t,
+    _ctx: *mut libc::c_void,
+) {
+    // SAFETY: errno is thread-local; saved and restored around our work.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    if sent_from_outside(sig, info) && signal_during_finish(sig) {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = saved_errno };
+        return;
+    }
+    if !wait_out_fault_during_finish() {
+        finish(ExitKind::Signal(sig), Ending::Signal);
+    }
+    // SAFETY: restoring the default action and re-raising; the signal is blocked
+    // in this handler, so it is delivered (and kills) when the handler returns.
+    unsafe {
+        let mut dfl: libc::sigaction = core::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        crate::signals::real_sigaction()(sig, &dfl, core::ptr::null_mut());
+        crate::signals::set_agent_owns(sig, false);
+        libc::raise(sig);
+        *libc::__errno_location() = saved_errno;
+    }
+}
+
+/// The signal came from another process or the terminal, not from a fault
+/// of this thread's code nor from this process itself (`abort`, `raise`).
+fn sent_from_outside(sig: core::ffi::c_int, info: *const libc::siginfo_t) -> bool {
+    if info.is_null() {
+        return false;
+    }
+    // SAFETY: the kernel's siginfo for this signal (SA_SIGINFO).
+    let (code, pid) = unsafe { ((*info).si_code, (*info).si_pid()) };
+    let fault = crate::sys::FAULT_SIGNALS.contains(&sig) && code > 0 && code != libc::SI_KERNEL;
+    !fault && pid as u32 != crate::sys::getpid_raw()
+}
+
 /// A program thread's end (thread.rs calls it from the thread's key
 /// destructor): its sampling stops, its `ThreadEnd` is recorded, and the
 /// process ends if it was the last (process_end.rs).
@@ -295,6 +335,7 @@ pub fn init(resolve_hooks: fn()) {
     crate::scan::init();
     crate::sync::register_fork_handlers();
     crate::profile::init();
+    crate::signals::set_fatal_handler(on_fatal_signal);
     crate::fatal_signals::install();
     modules::on_change(crate::rules::forget_all);
     thread::on_program_thread_ending(program_thread_ending);
@@ -416,12 +457,6 @@ extern "C" fn at_exit(status: i32, _arg: *mut libc::c_void) {
     }
     finish(ExitKind::Code(status), Ending::Exit);
 }
-
-/// A vfork child ran the exit handlers, the agent's among them (`at_exit`):
-/// the parent's own exit will run none. Its `exit` hook then finishes the
-/// trace before calling the real exit (`finish_if_handlers_gone`); a return
-/// from main reaches glibc's exit without the hook, and the trace ends
-/// without its end record.
 
 /// From the `exit` hook: finishes the trace now if no exit handler will.
 pub fn finish_if_handlers_gone(status: i32) {

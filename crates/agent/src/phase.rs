@@ -22,8 +22,11 @@ const TRACE_DONE: u64 = 1 << 3;
 /// Nothing more is recorded: the trace is finished, or could not be
 /// opened, or the process is a fork child that traces nothing.
 const STOPPED: u64 = 1 << 4;
-/// The program's exit handlers have all run: an `exit` now finishes the
-/// trace itself.
+/// The program's exit handlers have all run (a vfork child ran them, the
+/// agent's among them): the parent's own exit will run none, so its `exit`
+/// hook finishes the trace before calling the real exit; a return from
+/// main reaches glibc's exit without the hook, and the trace ends without
+/// its end record.
 const EXIT_HANDLERS_GONE: u64 = 1 << 5;
 const TID_SHIFT: u32 = 32;
 

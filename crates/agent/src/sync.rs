@@ -100,36 +100,9 @@ fn stamp(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
 }
 
 // ---------------------------------------------------------------------------
-// Call-site stacks.
+// Call-site stacks (each thread's cache: thread::SiteCache).
 
-const SITE_SLOTS: usize = 256;
-
-#[derive(Clone, Copy, Default)]
-struct SiteSlot {
-    lock: u64,
-    ret: u64,
-    sp: u64,
-    id: u32,
-    /// Trace generation whose file holds the stack's definition.
-    gen: u32,
-    /// The lock's slot in `LOCKS`.
-    lock_slot: u32,
-}
-
-/// One thread's cache of lock call sites.
-pub struct SiteCache {
-    slots: [SiteSlot; SITE_SLOTS],
-}
-
-impl SiteCache {
-    /// Built in place on the heap (10 KiB: as a value it was built on the
-    /// stack of the thread's first lock call).
-    pub fn new() -> Box<SiteCache> {
-        // SAFETY: every field of a slot is an integer; all zero is the
-        // default (empty) slot.
-        unsafe { Box::new_zeroed().assume_init() }
-    }
-}
+use crate::thread::{SiteCache, SiteSlot, SITE_SLOTS};
 
 /// Where a hook was called from: the caller's return address and stack
 /// pointer at the call, handed over in registers by the hook's trampoline.

@@ -67,7 +67,7 @@ pub struct ThreadState {
     /// CPU sampling state (`--profile`), set when the thread's timer is armed.
     pub profile: Option<Box<ThreadProfile>>,
     /// Stack ids of this thread's lock call sites (created on first lock use).
-    pub lock_sites: Option<Box<crate::sync::SiteCache>>,
+    pub lock_sites: Option<Box<SiteCache>>,
     /// Whether this thread keeps the run totals (`totals.rs`).
     pub heap_role: u8,
     /// The set-up that calls C library functions which allocate (the stack
@@ -410,7 +410,7 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
         ensured_next: 0,
         profile: None,
         lock_sites: None,
-        heap_role: crate::totals::ROLE_UNKNOWN,
+        heap_role: ROLE_UNKNOWN,
         set_up: false,
         agent_altstack: false,
         delegated_new: None,
@@ -850,3 +850,38 @@ pub struct ThreadProfile {
     pub capture: Box<crate::unwind::StackCapture>,
     pub slot: usize,
 }
+
+pub const SITE_SLOTS: usize = 256;
+
+#[derive(Clone, Copy, Default)]
+pub struct SiteSlot {
+    pub lock: u64,
+    pub ret: u64,
+    pub sp: u64,
+    pub id: u32,
+    /// Trace generation whose file holds the stack's definition.
+    pub gen: u32,
+    /// The lock's slot in `LOCKS`.
+    pub lock_slot: u32,
+}
+
+/// One thread's cache of lock call sites (sync.rs).
+pub struct SiteCache {
+    pub slots: [SiteSlot; SITE_SLOTS],
+}
+
+impl SiteCache {
+    /// Built in place on the heap (10 KiB: as a value it was built on the
+    /// stack of the thread's first lock call).
+    pub fn new() -> Box<SiteCache> {
+        // SAFETY: every field of a slot is an integer; all zero is the
+        // default (empty) slot.
+        unsafe { Box::new_zeroed().assume_init() }
+    }
+}
+
+/// `ThreadState::heap_role` values (totals.rs): whether the thread is the
+/// one whose heap events the exact totals follow.
+pub const ROLE_UNKNOWN: u8 = 0;
+pub const ROLE_OWNER: u8 = 1;
+pub const ROLE_OTHER: u8 = 2;

@@ -23,10 +23,7 @@ use crate::thread::ThreadState;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use trapline_trace::{AllocFn, ErrorKind, RunTotals};
 
-/// `ThreadState::heap_role` values.
-pub const ROLE_UNKNOWN: u8 = 0;
-const ROLE_OWNER: u8 = 1;
-const ROLE_OTHER: u8 = 2;
+use crate::thread::{ROLE_OTHER, ROLE_OWNER};
 
 /// Thread id of the thread that recorded the first heap event (0: none yet).
 static OWNER: AtomicU32 = AtomicU32::new(0);

@@ -83,7 +83,6 @@ pub fn resolve() {
     ] {
         next(slot, name);
     }
-    ipc::resolve();
 }
 
 /// The C library's function of `name` as an `F`, if it has one.
@@ -96,7 +95,7 @@ macro_rules! real {
     }};
 }
 
-mod ipc;
+pub mod ipc;
 
 fn errno() -> c_int {
     // SAFETY: errno is this thread's.

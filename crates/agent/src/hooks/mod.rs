@@ -28,4 +28,5 @@ pub fn resolve() {
     sigmask::resolve();
     fds::resolve();
     eintr::resolve();
+    eintr::ipc::resolve();
 }
