@@ -11,6 +11,7 @@ mod allocator_maps;
 mod arch;
 mod buffers;
 mod clock;
+mod config;
 mod exec_target;
 mod fatal_signals;
 mod futex;

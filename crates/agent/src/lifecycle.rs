@@ -2,21 +2,19 @@
 //! every exit path, fork children and exec.
 
 use crate::buffers::Buffer;
+use crate::config::{self, OPTIONS};
 use crate::lock::RawLock;
 use crate::phase::{self, owns_process};
-use crate::record::{self, ensure_stack_in};
+use crate::record::ensure_stack_in;
 use crate::sys;
 use crate::thread;
 use crate::writer;
 use crate::{clock, live, modules, stacks, untracked};
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::ffi::CString;
 use trapline_trace::{EndCounters, Event, ExitKind, ProcessInfo, SnapshotKind};
 
 use trapline_contract::env;
-/// A knob of the agent's own, not set by `trapline run` (design.md 9.3).
-pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
-
 static INIT_LOCK: RawLock = RawLock::new();
 /// Notified when `TRACE_DONE` is set or a finish is called off (a failed
 /// exec): the threads in `wait_for_trace_done` sleep on it.
@@ -30,24 +28,15 @@ const OTHER_FINISH_WAIT_NS: u64 = 60_000_000_000;
 /// an exec: raised again should the exec fail.
 static SIGNAL_DURING_EXEC: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(0);
 static START_UNIX_NS: AtomicU64 = AtomicU64::new(0);
-pub static FOLLOW: AtomicBool = AtomicBool::new(true);
-static FREERES: AtomicBool = AtomicBool::new(true);
 /// libstdc++'s `__gnu_cxx::__freeres`, looked up at start: a failed dlsym at
 /// exit would itself allocate (the dlerror message) and show up in the report.
 static CXX_FREERES: AtomicUsize = AtomicUsize::new(0);
 
-struct Config {
-    output: String,
-    agent_path: String,
-}
-static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+/// The agent library's own path (for re-adding LD_PRELOAD on exec).
+static AGENT_PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 /// The module of the executable's own allocator, for every trace header of
 /// this image (`header_buffer`).
 static SHADOWING_ALLOCATOR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-
-fn env(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
-}
 
 /// Path of the agent library itself (for re-adding LD_PRELOAD on exec).
 fn own_path() -> String {
@@ -115,7 +104,7 @@ fn header_buffer() -> Box<Buffer> {
     if !b.push_event(&ev, None) {
         crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
     }
-    let no_release_stacks = !record::RELEASE_STACKS.load(Ordering::Relaxed);
+    let no_release_stacks = !config::flag(&OPTIONS.release_stacks);
     // The same for every trace of this image, a fork child's included;
     // dladdr's search through a module's symbols costs tens of microseconds,
     // so it is done once (`next_alloc` keeps the library it found).
@@ -186,18 +175,18 @@ fn push_or_flush(mut b: Box<Buffer>, ev: &Event, time: Option<u64>) -> Box<Buffe
 /// Opens the trace file for this process image: `output` for the top process,
 /// `output.<pid>` (then `.1`, `.2`, ... if taken) for every other one.
 fn open_trace(top: bool) -> bool {
-    let Some(cfg) = CONFIG.get() else {
+    let Some(output) = config::output() else {
         return false;
     };
     let pid = phase::owner();
     if top {
-        let path = CString::new(cfg.output.clone()).unwrap_or_default();
+        let path = CString::new(output).unwrap_or_default();
         return match writer::open(&path, false) {
             Ok(()) => true,
             Err(e) => {
                 sys::warn(&format!(
                     "cannot write trace {}: {}",
-                    cfg.output,
+                    output,
                     std::io::Error::from_raw_os_error(e)
                 ));
                 false
@@ -205,7 +194,7 @@ fn open_trace(top: bool) -> bool {
         };
     }
     for n in 0..1000 {
-        let name = trapline_contract::trace_names::image_trace(&cfg.output, pid, n);
+        let name = trapline_contract::trace_names::image_trace(output, pid, n);
         let path = CString::new(name.clone()).unwrap_or_default();
         match writer::open(&path, true) {
             Ok(()) => return true,
@@ -298,25 +287,11 @@ pub fn init(resolve_hooks: fn()) {
     clock::reset();
     START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
     phase::set_owner(sys::getpid_raw());
-    let top = env(env::ROLE).as_deref() == Some(env::ROLE_TOP);
-    let output = env(env::OUTPUT).unwrap_or_else(|| format!("trapline-{}.trace", phase::owner()));
-    let follow = env(env::FOLLOW).as_deref() != Some("0");
-    FOLLOW.store(follow, Ordering::Relaxed);
-    FREERES.store(env(env::FREERES).as_deref() != Some("0"), Ordering::Relaxed);
-    record::RELEASE_STACKS.store(
-        env(env::RELEASE_STACKS).as_deref() != Some("0"),
-        Ordering::Relaxed,
-    );
-    crate::rules::ENABLED.store(
-        env(ENV_RULE_TABLE).as_deref() != Some("0"),
-        Ordering::Relaxed,
-    );
-    record::PASS_INVALID.store(
-        env(env::PASS_INVALID).as_deref() == Some("1"),
-        Ordering::Relaxed,
-    );
+    config::read_from_environment(phase::owner());
+    let top = config::flag(&OPTIONS.top);
+    let follow = config::flag(&OPTIONS.follow);
     remove_from_environment(env::ROLE.as_bytes());
-    if env(env::IGNORE_SIGPIPE).as_deref() == Some("1") {
+    if config::flag(&OPTIONS.ignore_sigpipe) {
         // Before the fatal-signal handlers go in (they are installed only
         // where the disposition is SIG_DFL), and before the program runs.
         crate::fatal_signals::ignore_inherited(libc::SIGPIPE);
@@ -325,14 +300,10 @@ pub fn init(resolve_hooks: fn()) {
     if !follow {
         remove_self_from_preload();
     }
-    let _ = CONFIG.set(Config {
-        output,
-        agent_path: own_path(),
-    });
+    let _ = AGENT_PATH.set(own_path());
     crate::next_alloc::resolve();
     crate::signals::resolve();
     resolve_hooks();
-    crate::scan::init();
     crate::sync::register_fork_handlers();
     crate::profile::init();
     crate::signals::set_fatal_handler(on_fatal_signal);
@@ -376,7 +347,9 @@ extern "C" {
 }
 
 fn remove_self_from_preload() {
-    let Some(v) = env("LD_PRELOAD") else { return };
+    let Some(v) = std::env::var_os("LD_PRELOAD").map(|v| v.to_string_lossy().into_owned()) else {
+        return;
+    };
     let rest: Vec<&str> = v
         .split([' ', ':'])
         .filter(|s| !s.is_empty() && !env::names_agent(s.as_bytes()))
@@ -652,7 +625,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     // crashed in 2-5% of runs of a program whose main returned while such
     // threads started and ended). With others, their buffers stay.
     if ending == Ending::Exit
-        && FREERES.load(Ordering::Relaxed)
+        && config::flag(&OPTIONS.freeres)
         && crate::scan::other_program_threads() == Some(0)
     {
         let cxx = match CXX_FREERES.load(Ordering::Relaxed) {
@@ -1002,11 +975,11 @@ fn fork_child_restart() {
     phase::set_owner(sys::getpid_raw());
     phase::set_fork_token();
     sys::membarrier_register();
-    crate::profile::fork_child(!phase::recording_stopped() && FOLLOW.load(Ordering::Relaxed));
+    crate::profile::fork_child(!phase::recording_stopped() && config::flag(&OPTIONS.follow));
     if phase::recording_stopped() {
         return;
     }
-    if !FOLLOW.load(Ordering::Relaxed) {
+    if !config::flag(&OPTIONS.follow) {
         phase::set_recording_stopped(true);
         return;
     }
@@ -1022,11 +995,13 @@ fn fork_child_restart() {
 /// `exec prog` stays traced; a child's exec does not).
 pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
     let mut add = Vec::new();
-    let follow = FOLLOW.load(Ordering::Relaxed);
+    let follow = config::flag(&OPTIONS.follow);
     if !follow && (phase::recording_stopped() || !owns_process()) {
         return add;
     }
-    let Some(cfg) = CONFIG.get() else { return add };
+    let (Some(output), Some(agent_path)) = (config::output(), AGENT_PATH.get()) else {
+        return add;
+    };
     // Whether the exec's environment sets `name` already.
     let has = |name: &str| envp.iter().any(|e| env::sets(e, name));
     if !follow && !has(env::FOLLOW) {
@@ -1040,7 +1015,7 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
             .iter()
             .find(|e| e.starts_with(b"LD_PRELOAD="))
             .map(|e| &e[11..]);
-        let mut v = format!("LD_PRELOAD={}", cfg.agent_path).into_bytes();
+        let mut v = format!("LD_PRELOAD={}", agent_path).into_bytes();
         if let Some(x) = existing {
             v.push(b':');
             v.extend_from_slice(x);
@@ -1048,18 +1023,18 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
         add.extend(CString::new(v));
     }
     if !has(env::OUTPUT) {
-        add.extend(CString::new(format!("{}={}", env::OUTPUT, cfg.output)));
+        add.extend(CString::new(format!("{}={}", env::OUTPUT, output)));
     }
-    if !has(env::PASS_INVALID) && record::PASS_INVALID.load(Ordering::Relaxed) {
+    if !has(env::PASS_INVALID) && config::flag(&OPTIONS.pass_invalid) {
         add.extend(CString::new(format!("{}=1", env::PASS_INVALID)));
     }
     if let Some(hz) = crate::profile::hz().filter(|_| !has(env::PROFILE_HZ)) {
         add.extend(CString::new(format!("{}={hz}", env::PROFILE_HZ)));
     }
-    if !has(env::RELEASE_STACKS) && !record::RELEASE_STACKS.load(Ordering::Relaxed) {
+    if !has(env::RELEASE_STACKS) && !config::flag(&OPTIONS.release_stacks) {
         add.extend(CString::new(format!("{}=0", env::RELEASE_STACKS)));
     }
-    if !has(env::FREERES) && !FREERES.load(Ordering::Relaxed) {
+    if !has(env::FREERES) && !config::flag(&OPTIONS.freeres) {
         add.extend(CString::new(format!("{}=0", env::FREERES)));
     }
     add

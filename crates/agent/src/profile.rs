@@ -27,8 +27,6 @@ use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use trapline_trace::{Event, ProfileStopReason};
 
-/// Highest rate accepted: the kernel's tick bounds the real rate anyway.
-const MAX_HZ: u32 = 100_000;
 /// Most CPU time one sample may stand for, in milliseconds: several kernel
 /// ticks (4 ms at HZ 250, 10 ms at HZ 100).
 const MAX_WEIGHT_MS: u32 = 20;
@@ -87,17 +85,15 @@ pub fn protected_signal() -> c_int {
 /// the calling (main) thread. Runs in the constructor, before the fatal-signal
 /// handlers are installed (which then leave the sampling signal alone).
 pub fn init() {
-    let Some(value) = std::env::var_os(trapline_contract::env::PROFILE_HZ) else {
-        return;
-    };
-    let hz = match value.to_str().and_then(|v| v.parse::<u32>().ok()) {
-        Some(hz) if (1..=MAX_HZ).contains(&hz) => hz,
-        _ => {
+    let hz = match crate::config::OPTIONS.profile_hz.load(Ordering::Relaxed) {
+        0 => return,
+        crate::config::PROFILE_HZ_INVALID => {
             sys::warn(
                 "TRAPLINE_PROFILE is not a rate between 1 and 100000 Hz; CPU sampling is off",
             );
             return;
         }
+        hz => hz,
     };
     let Some(sig) = free_signal() else {
         sys::warn("every real-time signal is in use or blocked; CPU sampling is off");

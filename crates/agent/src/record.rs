@@ -7,14 +7,8 @@ use crate::thread::{self, Site, ThreadState};
 use crate::totals;
 use crate::untracked;
 use crate::{clock, stacks};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::Ordering;
 use trapline_trace::{AllocFn, ErrorKind, Event};
-
-/// Pass invalid and double frees on to the C library (`--pass-invalid-frees`).
-pub static PASS_INVALID: AtomicBool = AtomicBool::new(false);
-/// Capture a call stack for every release (`--no-release-stacks` clears it:
-/// then only releases that are errors get one).
-pub static RELEASE_STACKS: AtomicBool = AtomicBool::new(true);
 
 /// How a hook may use the agent right now.
 pub enum Entry {
@@ -352,7 +346,7 @@ fn free_recorded(
     stated: Stated,
     regs: StartRegs,
 ) -> bool {
-    let with_stack = RELEASE_STACKS.load(Ordering::Relaxed);
+    let with_stack = crate::config::flag(&crate::config::OPTIONS.release_stacks);
     let stack = if with_stack {
         capture_stack_then(ts, regs, Site::Free, || live::prefetch_release(addr))
     } else {
@@ -411,7 +405,7 @@ fn free_recorded(
     let t = shard.stamp(clock::tick(), ts.last_time);
     drop(shard);
     ts.last_time = t;
-    let pass = PASS_INVALID.load(Ordering::Relaxed);
+    let pass = crate::config::flag(&crate::config::OPTIONS.pass_invalid);
     // A double free if this address was freed lately; else never allocated.
     let f = freed.unwrap_or_default();
     let stack = error_stack(ts);
@@ -468,7 +462,7 @@ fn report_invalid_realloc(
     let t = shard.stamp(clock::tick(), ts.last_time);
     drop(shard);
     ts.last_time = t;
-    let pass = PASS_INVALID.load(Ordering::Relaxed);
+    let pass = crate::config::flag(&crate::config::OPTIONS.pass_invalid);
     report(
         ts,
         Event::Error {

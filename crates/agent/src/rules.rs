@@ -34,9 +34,6 @@ const GEN_BITS: u32 = 32 - RULE_BITS;
 /// The bits of a word that must equal the lookup's: the tag and the generation mark.
 const MATCH_MASK: u64 = 0xFFFF_FFFF | ((1 << GEN_BITS) - 1) << (32 + RULE_BITS);
 
-/// `TRAPLINE_RULE_TABLE=0` turns the table off: framehop unwinds every
-/// frame, as before it existed (to compare the two on a suspect stack).
-pub static ENABLED: AtomicBool = AtomicBool::new(true);
 static TABLE: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// Whether any rule was stored since the table was last emptied.
 static USED: AtomicBool = AtomicBool::new(false);
@@ -88,7 +85,7 @@ pub fn rule_for(
         return (second >> 32) as u32 & ((1 << RULE_BITS) - 1);
     }
     // Switched off, the table stays empty and every frame goes to framehop.
-    if !ENABLED.load(Ordering::Relaxed) {
+    if !crate::config::flag(&crate::config::OPTIONS.rule_table) {
         return Rule::Other.encode();
     }
     // gimli keeps rows of register rules on the stack: tens of KiB.

@@ -29,29 +29,15 @@ use crate::arch::CALLEE_SAVED;
 use crate::live::{self, Packed};
 use crate::lock::RawLock;
 use crate::sys;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use trapline_trace::{ScanSkipReason, ScanStats, ScanTrigger, Verdict};
 
-/// 5%: a periodic scan is deferred while the pauses of those before it came
-/// to more than this share of the time since the process started.
-const DEFAULT_BUDGET_PPM: u64 = 50_000;
-static BUDGET_PPM: AtomicU64 = AtomicU64::new(DEFAULT_BUDGET_PPM);
 /// Nanoseconds the periodic scans have paused the program.
 static PERIODIC_PAUSE_NS: AtomicU64 = AtomicU64::new(0);
 
 static SCAN_LOCK: RawLock = RawLock::new();
 static SCANS: AtomicU32 = AtomicU32::new(0);
-/// `trapline run --scan-every SECS` (milliseconds here; 0 = off).
-static EVERY_MS: AtomicU64 = AtomicU64::new(0);
 static LAST_MS: AtomicU64 = AtomicU64::new(0);
-/// False with `trapline run --no-scan`: no scan at exit.
-static AT_EXIT: AtomicBool = AtomicBool::new(true);
-/// `TRAPLINE_SCAN_TIMES=1`: print how long each phase of a scan took.
-static PRINT_TIMES: AtomicBool = AtomicBool::new(false);
-/// `TRAPLINE_SCAN_CHECK=0`: scan without checking the room first
-/// (headroom.rs): for a user who knows the estimate errs high, and for the
-/// tests of the fallible allocations behind it.
-static CHECK_ROOM: AtomicBool = AtomicBool::new(true);
 
 /// Where the thread that called `exit` had its live frames and registers.
 static EXIT_TID: AtomicU32 = AtomicU32::new(0);
@@ -63,38 +49,12 @@ extern "C" {
     static __libc_stack_end: *mut libc::c_void;
 }
 
-/// Reads the configuration (from the constructor).
-pub fn init() {
-    if let Some(ms) = std::env::var(trapline_contract::env::SCAN_EVERY_MS)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        EVERY_MS.store(ms, Ordering::Relaxed);
-    }
-    if let Some(ppm) = std::env::var(trapline_contract::env::SCAN_BUDGET_PPM)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        BUDGET_PPM.store(ppm, Ordering::Relaxed);
-    }
-    PRINT_TIMES.store(
-        std::env::var("TRAPLINE_SCAN_TIMES").ok().as_deref() == Some("1"),
-        Ordering::Relaxed,
-    );
-    AT_EXIT.store(
-        std::env::var(trapline_contract::env::SCAN).ok().as_deref() != Some("0"),
-        Ordering::Relaxed,
-    );
-    CHECK_ROOM.store(
-        std::env::var("TRAPLINE_SCAN_CHECK").ok().as_deref() != Some("0"),
-        Ordering::Relaxed,
-    );
-}
-
 /// The signal that stops threads for a scan, if scans will run (0 if not):
 /// the program's masks must let it through (hooks/sigmask.rs).
 pub fn park_signal_in_use() -> core::ffi::c_int {
-    if AT_EXIT.load(Ordering::Relaxed) || EVERY_MS.load(Ordering::Relaxed) != 0 {
+    if crate::config::flag(&crate::config::OPTIONS.scan_at_exit)
+        || crate::config::OPTIONS.scan_every_ms.load(Ordering::Relaxed) != 0
+    {
         world::park_signal()
     } else {
         0
@@ -103,7 +63,7 @@ pub fn park_signal_in_use() -> core::ffi::c_int {
 
 /// Whether the exit snapshot is a scan.
 pub fn at_exit_enabled() -> bool {
-    AT_EXIT.load(Ordering::Relaxed)
+    crate::config::flag(&crate::config::OPTIONS.scan_at_exit)
 }
 
 /// Forgets the agent threads of the parent (fork child: only the caller
@@ -140,7 +100,7 @@ pub fn note_exit_here() {
 
 /// The writer's periodic hook: runs a scan every `--scan-every` seconds.
 pub fn periodic_tick() {
-    let every = EVERY_MS.load(Ordering::Relaxed);
+    let every = crate::config::OPTIONS.scan_every_ms.load(Ordering::Relaxed);
     // Not once the process is finishing: a periodic scan (or its skip)
     // written after the exit scan's attempt would come after it in the
     // trace, and `leaks` takes the last scan for the exit's.
@@ -158,7 +118,9 @@ pub fn periodic_tick() {
     // interval stretches instead, and the trace says which scans waited.
     let elapsed = crate::clock::precise_now();
     let spent = PERIODIC_PAUSE_NS.load(Ordering::Relaxed);
-    let budget = BUDGET_PPM.load(Ordering::Relaxed);
+    let budget = crate::config::OPTIONS
+        .scan_budget_ppm
+        .load(Ordering::Relaxed);
     if u128::from(spent) * 1_000_000 > u128::from(elapsed) * u128::from(budget) {
         emit::to_writer(&Err(Skipped {
             time: elapsed,
@@ -464,7 +426,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     // The scan's memory, checked against the limits that would kill or
     // fail the program before it is taken (headroom.rs).
     let mapped = maps.iter().map(|m| m.end - m.start).sum();
-    if CHECK_ROOM.load(Ordering::Relaxed) {
+    if crate::config::flag(&crate::config::OPTIONS.scan_check_room) {
         if let Err(why) = headroom::check(headroom::needed(live_blocks(), maps.len()), mapped) {
             return Err(skipped(why));
         }
@@ -672,7 +634,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     drop(guards);
     let resumed = crate::clock::precise_now();
     let pause_ns = resumed.saturating_sub(pause_start);
-    if PRINT_TIMES.load(Ordering::Relaxed) {
+    if crate::config::flag(&crate::config::OPTIONS.scan_times) {
         let ms = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e6;
         sys::warn(&format!(
             "scan {scan}: lock+copy {:.1} ms, sort+index {:.1} ms, arrays {:.1} ms, stop {:.1} ms, roots+mark {:.1} ms, cliques+resume {:.1} ms",

@@ -1,0 +1,129 @@
+//! The agent's options: read once, from the environment, in the
+//! constructor (`read_from_environment`), and from then on read from here
+//! by every layer. The variable names are the CLI's and the agent's
+//! contract (trapline-contract's `env`).
+//!
+//! One struct of atomics rather than plain values: the hot paths read a
+//! flag or two per event, which costs one relaxed load as before, and a
+//! program thread that predates the constructor (a preloaded library's
+//! own) never reads a torn value.
+
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use trapline_contract::env;
+
+/// A knob of the agent's own, not set by `trapline run`: `0` turns the
+/// unwind-rule table off (framehop unwinds every frame, to compare the two
+/// on a suspect stack).
+pub const ENV_RULE_TABLE: &str = "TRAPLINE_RULE_TABLE";
+/// `1`: print how long each phase of a scan took.
+const ENV_SCAN_TIMES: &str = "TRAPLINE_SCAN_TIMES";
+/// `0`: scan without checking the room first (scan/headroom.rs): for a user
+/// who knows the estimate errs high, and for the tests of the fallible
+/// allocations behind it.
+const ENV_SCAN_CHECK: &str = "TRAPLINE_SCAN_CHECK";
+
+/// 5%: a periodic scan is deferred while the pauses of those before it came
+/// to more than this share of the time since the process started.
+const DEFAULT_SCAN_BUDGET_PPM: u64 = 50_000;
+/// The highest sampling rate accepted (`TRAPLINE_PROFILE`).
+pub const MAX_PROFILE_HZ: u32 = 100_000;
+/// `profile_hz` when the variable was set to something that is no rate.
+pub const PROFILE_HZ_INVALID: u32 = u32::MAX;
+
+pub struct Options {
+    /// This process is the one `trapline run` started (not a descendant).
+    pub top: AtomicBool,
+    /// Trace the program's children and exec'd images too.
+    pub follow: AtomicBool,
+    /// Run the C and C++ runtimes' freeres at exit (`--no-freeres` clears it).
+    pub freeres: AtomicBool,
+    /// Capture a call stack for every release (`--no-release-stacks`
+    /// clears it: then only releases that are errors get one).
+    pub release_stacks: AtomicBool,
+    /// Pass invalid and double frees on to the C library
+    /// (`--pass-invalid-frees`).
+    pub pass_invalid: AtomicBool,
+    /// Use the unwind-rule table (`ENV_RULE_TABLE`).
+    pub rule_table: AtomicBool,
+    /// The program inherited SIGPIPE ignored (the CLI restores it).
+    pub ignore_sigpipe: AtomicBool,
+    /// CPU samples per second (0: off; `PROFILE_HZ_INVALID`: asked for,
+    /// but not a rate in 1..=MAX_PROFILE_HZ).
+    pub profile_hz: AtomicU32,
+    /// `--scan-every` in milliseconds (0: no periodic scan).
+    pub scan_every_ms: AtomicU64,
+    /// `--scan-budget` in parts per million of the run's time.
+    pub scan_budget_ppm: AtomicU64,
+    /// A reachability scan at exit (`--no-scan` clears it).
+    pub scan_at_exit: AtomicBool,
+    /// Print each scan's phase times (`ENV_SCAN_TIMES`).
+    pub scan_times: AtomicBool,
+    /// Check there is room for a scan before one (`ENV_SCAN_CHECK`).
+    pub scan_check_room: AtomicBool,
+}
+
+pub static OPTIONS: Options = Options {
+    top: AtomicBool::new(false),
+    follow: AtomicBool::new(true),
+    freeres: AtomicBool::new(true),
+    release_stacks: AtomicBool::new(true),
+    pass_invalid: AtomicBool::new(false),
+    rule_table: AtomicBool::new(true),
+    ignore_sigpipe: AtomicBool::new(false),
+    profile_hz: AtomicU32::new(0),
+    scan_every_ms: AtomicU64::new(0),
+    scan_budget_ppm: AtomicU64::new(DEFAULT_SCAN_BUDGET_PPM),
+    scan_at_exit: AtomicBool::new(true),
+    scan_times: AtomicBool::new(false),
+    scan_check_room: AtomicBool::new(true),
+};
+
+/// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`).
+static OUTPUT: OnceLock<String> = OnceLock::new();
+
+fn var(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// Reads every option from the environment (the constructor; `pid` names
+/// a trace whose path was not given).
+pub fn read_from_environment(pid: u32) {
+    let o = &OPTIONS;
+    let is = |name: &str, value: &str| var(name).as_deref() == Some(value);
+    let set = |flag: &AtomicBool, on: bool| flag.store(on, Ordering::Relaxed);
+    set(&o.top, is(env::ROLE, env::ROLE_TOP));
+    set(&o.follow, !is(env::FOLLOW, "0"));
+    set(&o.freeres, !is(env::FREERES, "0"));
+    set(&o.release_stacks, !is(env::RELEASE_STACKS, "0"));
+    set(&o.pass_invalid, is(env::PASS_INVALID, "1"));
+    set(&o.rule_table, !is(ENV_RULE_TABLE, "0"));
+    set(&o.ignore_sigpipe, is(env::IGNORE_SIGPIPE, "1"));
+    if let Some(v) = var(env::PROFILE_HZ) {
+        let hz = match v.parse::<u32>() {
+            Ok(hz) if (1..=MAX_PROFILE_HZ).contains(&hz) => hz,
+            _ => PROFILE_HZ_INVALID,
+        };
+        o.profile_hz.store(hz, Ordering::Relaxed);
+    }
+    if let Some(ms) = var(env::SCAN_EVERY_MS).and_then(|v| v.parse().ok()) {
+        o.scan_every_ms.store(ms, Ordering::Relaxed);
+    }
+    if let Some(ppm) = var(env::SCAN_BUDGET_PPM).and_then(|v| v.parse().ok()) {
+        o.scan_budget_ppm.store(ppm, Ordering::Relaxed);
+    }
+    set(&o.scan_at_exit, !is(env::SCAN, "0"));
+    set(&o.scan_times, is(ENV_SCAN_TIMES, "1"));
+    set(&o.scan_check_room, !is(ENV_SCAN_CHECK, "0"));
+    let _ = OUTPUT.set(var(env::OUTPUT).unwrap_or_else(|| format!("trapline-{pid}.trace")));
+}
+
+/// The trace's path, once read.
+pub fn output() -> Option<&'static str> {
+    OUTPUT.get().map(String::as_str)
+}
+
+#[inline]
+pub fn flag(f: &AtomicBool) -> bool {
+    f.load(Ordering::Relaxed)
+}
