@@ -6,47 +6,19 @@
 //! per-thread buffers that a writer thread compresses into the trace file.
 //! See docs/design.md for the mechanisms. All of trapline's `unsafe` is here.
 
-mod agent_threads;
-mod allocator_maps;
-mod arch;
-mod buffers;
-mod clock;
+mod capture;
 mod config;
-mod exec_target;
-mod fatal_signals;
-mod futex;
-mod heap;
-mod hold;
+mod events;
 mod hooks;
-mod lifecycle;
-mod live;
-mod lock;
-mod modules;
-mod next_alloc;
 mod phase;
-mod private_operators;
-mod proc_maps;
-mod process_end;
-mod profile;
-mod record;
-mod rules;
-mod scan;
-mod side_stack;
-mod signals;
-mod stacks;
-mod sync;
-mod sys;
-mod tasks;
-mod thread;
-mod threads;
-mod totals;
-mod untracked;
-mod unwind;
-mod writer;
+mod platform;
+mod runtime;
+mod services;
+mod tracking;
 
 /// The agent's own allocations never touch the program's heap (heap.rs).
 #[global_allocator]
-pub(crate) static AGENT_HEAP: heap::AgentHeap = heap::AgentHeap::new();
+pub(crate) static AGENT_HEAP: platform::heap::AgentHeap = platform::heap::AgentHeap::new();
 
 extern "C" fn constructor() {
     // Not in the crate's unit-test binary: that would record the test
@@ -54,7 +26,7 @@ extern "C" fn constructor() {
     if cfg!(test) {
         return;
     }
-    lifecycle::init(hooks::resolve);
+    runtime::lifecycle::init(hooks::resolve);
 }
 
 /// Runs `constructor` when the dynamic loader initialises the library.

@@ -138,14 +138,14 @@ pub fn owner() -> u32 {
 
 /// The agent's state belongs to this process (not a vfork child's).
 pub fn owns_process() -> bool {
-    owner() == crate::sys::getpid_raw()
+    owner() == crate::platform::sys::getpid_raw()
 }
 
 /// Maps the fork token's page (MADV_WIPEONFORK) once.
 pub fn set_fork_token() {
     let mut page = FORK_TOKEN.load(Ordering::Relaxed);
     if page == 0 {
-        page = crate::heap::map_own(4096) as usize;
+        page = crate::platform::heap::map_own(4096) as usize;
         if page == 0 {
             return;
         }

@@ -232,8 +232,21 @@ pub fn violations(graph: &Graph, layers: &Layers, root: &str) -> Vec<String> {
             }
         }
     }
+    for (name, prefixes) in &layers.layers {
+        for p in prefixes {
+            let exists = graph
+                .keys()
+                .any(|m| m == p || m.starts_with(&format!("{p}::")));
+            if !exists {
+                found.push(format!("layer {name} names {p}, which is no module"));
+            }
+        }
+    }
     for cycle in cycles(graph) {
-        found.push(format!("import cycle: {}", cycle.join(" -> ")));
+        found.push(format!(
+            "modules importing one another around a cycle: {}",
+            cycle.join(", ")
+        ));
     }
     found
 }

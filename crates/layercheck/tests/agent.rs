@@ -48,12 +48,13 @@ fn an_upward_import_and_a_cycle_are_found() {
     assert_eq!(graph["high"].iter().collect::<Vec<_>>(), ["low"]);
     assert!(graph[""].is_empty());
     assert_eq!(cycles(&graph), [["high", "low"]]);
-    let layers = Layers::parse("bottom: low\ntop: high # comment\n").unwrap();
+    let layers = Layers::parse("bottom: low gone\ntop: high # comment\n").unwrap();
     assert_eq!(
         violations(&graph, &layers, ""),
         [
             "low (bottom) imports high (top), a higher layer",
-            "import cycle: high -> low"
+            "layer bottom names gone, which is no module",
+            "modules importing one another around a cycle: high, low"
         ]
     );
 }

@@ -3,7 +3,7 @@
 //! the system's (available memory, the commit limit).
 //!
 //! Two users: the agent, which checks that a reachability scan fits before
-//! it takes the memory (crates/agent/src/scan/headroom.rs), and `trapline
+//! it takes the memory (crates/agent/src/services/scan/headroom.rs), and `trapline
 //! run`, which names the cgroup whose OOM killer ended a program. Plain
 //! file reads and parsing; the parsers take the files' text, so that they
 //! are tested without a cgroup.

@@ -1,8 +1,8 @@
 //! The C allocation functions.
 
-use crate::arch::{with_caller_regs, StartRegs};
-use crate::next_alloc;
-use crate::record;
+use crate::events::next_alloc;
+use crate::events::record;
+use crate::platform::arch::{with_caller_regs, StartRegs};
 use core::ffi::c_void;
 use trapline_trace::AllocFn;
 

@@ -16,24 +16,24 @@
 
 use core::sync::atomic::AtomicUsize;
 
-crate::arch::stack_switch_trampoline!(swapcontext, swapcontext_leaving);
-crate::arch::stack_switch_trampoline!(setcontext, setcontext_leaving);
+crate::platform::arch::stack_switch_trampoline!(swapcontext, swapcontext_leaving);
+crate::platform::arch::stack_switch_trampoline!(setcontext, setcontext_leaving);
 
 static REAL_SWAPCONTEXT: AtomicUsize = AtomicUsize::new(0);
 static REAL_SETCONTEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// Looks up the real functions (from the constructor: dlsym may allocate).
 pub fn resolve() {
-    crate::sys::cached_next_symbol(&REAL_SWAPCONTEXT, c"swapcontext");
-    crate::sys::cached_next_symbol(&REAL_SETCONTEXT, c"setcontext");
+    crate::platform::sys::cached_next_symbol(&REAL_SWAPCONTEXT, c"swapcontext");
+    crate::platform::sys::cached_next_symbol(&REAL_SETCONTEXT, c"setcontext");
 }
 
 /// Notes that the thread leaves its stack at `caller_sp` (the caller's stack
 /// pointer once the call returns, where the saved context resumes) and
 /// returns the real function to jump to.
 fn leaving(caller_sp: u64, real: &AtomicUsize, name: &core::ffi::CStr) -> usize {
-    crate::thread::current().leaving_stack_at(caller_sp);
-    let f = crate::sys::cached_next_symbol(real, name);
+    crate::events::thread::current().leaving_stack_at(caller_sp);
+    let f = crate::platform::sys::cached_next_symbol(real, name);
     if f == 0 {
         // SAFETY: no C library function to continue with.
         unsafe { libc::abort() }

@@ -5,10 +5,10 @@
 //! call the new-handler and retry, or throw std::bad_alloc.
 
 use super::replaced_operators;
-use crate::arch::{with_caller_regs, StartRegs};
-use crate::next_alloc;
-use crate::record;
-use crate::sys::*;
+use crate::events::next_alloc;
+use crate::events::record;
+use crate::platform::arch::{with_caller_regs, StartRegs};
+use crate::platform::sys::*;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicU32, Ordering};
 use trapline_trace::AllocFn;
@@ -78,12 +78,12 @@ fn delegate_nothrow(
     if !replaced_operators::runtime_has(func) {
         return None;
     }
-    crate::thread::current().delegated_new = Some((func, regs));
+    crate::events::thread::current().delegated_new = Some((func, regs));
     DELEGATING.fetch_add(1, Ordering::AcqRel);
     let p = replaced_operators::forward_new(func, size, align, true);
     DELEGATING.fetch_sub(1, Ordering::AcqRel);
     // Unused if the program's own `operator new` got the inner call.
-    crate::thread::current().delegated_new = None;
+    crate::events::thread::current().delegated_new = None;
     Some(p)
 }
 
@@ -91,7 +91,7 @@ fn delegate_nothrow(
 /// this is the inner call of `delegate_nothrow`.
 #[cold]
 fn delegated(func: AllocFn, regs: StartRegs) -> (AllocFn, StartRegs) {
-    crate::thread::current_if_any()
+    crate::events::thread::current_if_any()
         .and_then(|ts| ts.delegated_new.take())
         .unwrap_or((func, regs))
 }
@@ -116,7 +116,7 @@ fn new_impl(
     align: usize,
     func: AllocFn,
     nothrow: bool,
-    regs: crate::arch::StartRegs,
+    regs: crate::platform::arch::StartRegs,
 ) -> *mut c_void {
     if replaced_operators::forwards(func) {
         return replaced_operators::forward_new(func, size, align, nothrow);
@@ -155,7 +155,7 @@ fn delete_impl(
     ptr: *mut c_void,
     func: AllocFn,
     stated: record::Stated,
-    regs: crate::arch::StartRegs,
+    regs: crate::platform::arch::StartRegs,
 ) {
     if replaced_operators::forwards(func) {
         let size = stated.size.map(|s| s as usize);

@@ -31,7 +31,7 @@
 //! inside the C library that do not go through its exported symbols are
 //! not seen, nor raw system calls.
 
-use crate::sys::cached_next_symbol as next;
+use crate::platform::sys::cached_next_symbol as next;
 use core::ffi::{c_int, c_uint};
 use core::sync::atomic::AtomicUsize;
 use libc::{
@@ -110,7 +110,7 @@ fn set_errno(e: c_int) {
 /// Whether a call that returned `error` was cut short by one of the agent's
 /// signals since the count was `before`.
 fn agents(error: c_int, before: u64) -> bool {
-    error == libc::EINTR && crate::arch::agent_eintr_count() != before
+    error == libc::EINTR && crate::platform::arch::agent_eintr_count() != before
 }
 
 /// A call's end, on the monotonic clock, for calls with a relative timeout.
@@ -119,7 +119,7 @@ struct Deadline(u64);
 
 /// The monotonic clock itself: no shared state (the trace clock publishes
 /// its readings), for busy pollers that call with short timeouts.
-use crate::clock::monotonic_ns as now_ns;
+use crate::platform::clock::monotonic_ns as now_ns;
 
 impl Deadline {
     fn after_ns(ns: u64) -> Deadline {
@@ -184,7 +184,7 @@ impl Mask {
 /// from it is EINTR from the agent's signals.
 #[inline(always)]
 fn unless_agents<T: Copy>(mut call: impl FnMut() -> T, error_of: impl Fn(T) -> c_int) -> Option<T> {
-    let before = crate::arch::agent_eintr_count();
+    let before = crate::platform::arch::agent_eintr_count();
     let r = call();
     (!agents(error_of(r), before)).then_some(r)
 }

@@ -8,7 +8,7 @@
 //! one place where a return from `main` passes through the agent (design.md
 //! 9.9: after a vfork child used up the exit handlers, nothing else does).
 
-use crate::arch::CALLEE_SAVED;
+use crate::platform::arch::CALLEE_SAVED;
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
@@ -17,8 +17,8 @@ static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
 /// Looks up the real `exit` and `__libc_start_main` (from the constructor:
 /// dlsym may allocate).
 pub fn resolve() {
-    crate::sys::cached_next_symbol(&REAL_EXIT, c"exit");
-    crate::sys::cached_next_symbol(&REAL_START_MAIN, c"__libc_start_main");
+    crate::platform::sys::cached_next_symbol(&REAL_EXIT, c"exit");
+    crate::platform::sys::cached_next_symbol(&REAL_START_MAIN, c"__libc_start_main");
 }
 
 /// The program's `main`, as `__libc_start_main` receives it. C-unwind: a
@@ -54,7 +54,7 @@ pub unsafe extern "C-unwind" fn __libc_start_main(
     rtld_fini: *const c_void,
     stack_end: *mut c_void,
 ) -> c_int {
-    let next = crate::sys::cached_next_symbol(&REAL_START_MAIN, c"__libc_start_main");
+    let next = crate::platform::sys::cached_next_symbol(&REAL_START_MAIN, c"__libc_start_main");
     if next == 0 {
         // SAFETY: nothing to start the program with.
         unsafe { libc::abort() }
@@ -78,11 +78,11 @@ unsafe extern "C-unwind" fn main_returning(
     let main: Main = unsafe { core::mem::transmute(PROGRAM_MAIN.load(Ordering::Relaxed)) };
     // SAFETY: the program's main with the arguments glibc gives it.
     let status = unsafe { main(argc, argv, envp) };
-    crate::lifecycle::finish_if_handlers_gone(status);
+    crate::runtime::lifecycle::finish_if_handlers_gone(status);
     status
 }
 
-crate::arch::exit_trampoline!(exit_collected);
+crate::platform::arch::exit_trampoline!(exit_collected);
 
 /// Called by the `exit` trampoline with the caller's callee-saved registers
 /// and its stack pointer.
@@ -92,12 +92,12 @@ pub extern "C" fn exit_collected(
     caller_sp: u64,
 ) -> ! {
     if crate::phase::owns_process() {
-        crate::lifecycle::enter_exit();
+        crate::runtime::lifecycle::enter_exit();
         // SAFETY: `regs` points at the trampoline's spill area on this stack.
-        crate::scan::note_exit_call(unsafe { &*regs }, caller_sp);
-        crate::lifecycle::finish_if_handlers_gone(status);
+        crate::services::scan::note_exit_call(unsafe { &*regs }, caller_sp);
+        crate::runtime::lifecycle::finish_if_handlers_gone(status);
     }
-    let f = crate::sys::cached_next_symbol(&REAL_EXIT, c"exit");
+    let f = crate::platform::sys::cached_next_symbol(&REAL_EXIT, c"exit");
     // SAFETY: glibc's exit never returns.
     let real: extern "C" fn(c_int) -> ! = unsafe { core::mem::transmute(f) };
     real(status)

@@ -21,7 +21,7 @@ static REAL_CLOSEFROM: AtomicUsize = AtomicUsize::new(0);
 static REAL_DUP2: AtomicUsize = AtomicUsize::new(0);
 static REAL_DUP3: AtomicUsize = AtomicUsize::new(0);
 
-use crate::sys::cached_next_symbol as real;
+use crate::platform::sys::cached_next_symbol as real;
 
 /// Resolves the real functions (from the constructor, while dlsym is safe).
 pub fn resolve() {
@@ -61,19 +61,19 @@ fn real_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
 
 /// The trace file's descriptor as an unsigned number, if the agent has one.
 fn trace_fd() -> Option<c_uint> {
-    c_uint::try_from(crate::writer::trace_fd()).ok()
+    c_uint::try_from(crate::services::writer::trace_fd()).ok()
 }
 
 /// Whether `fd` is the trace file's descriptor.
 fn is_trace_fd(fd: c_int) -> bool {
-    fd >= 0 && fd == crate::writer::trace_fd()
+    fd >= 0 && fd == crate::services::writer::trace_fd()
 }
 
 /// Before the program's `dup2`/`dup3` onto `new`: the trace file leaves
 /// that number first.
 fn make_room_at(new: c_int) {
     if is_trace_fd(new) {
-        crate::writer::move_trace_fd();
+        crate::services::writer::move_trace_fd();
     }
 }
 

@@ -3,8 +3,8 @@
 //! scan (allocator_maps.rs). The `mmap` stubs hand over the caller's return
 //! address, which tells the allocator's calls from the program's.
 
-use crate::allocator_maps;
-use crate::arch::with_return_address_on_stack;
+use crate::platform::arch::with_return_address_on_stack;
+use crate::tracking::allocator_maps;
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::AtomicUsize;
 
@@ -28,7 +28,7 @@ extern "C" fn mapped(
     off: i64,
     ret: u64,
 ) -> *mut c_void {
-    let p = match crate::sys::cached_next_symbol(&REAL_MMAP, c"mmap") {
+    let p = match crate::platform::sys::cached_next_symbol(&REAL_MMAP, c"mmap") {
         // SAFETY: the system call with the caller's arguments (what glibc's
         // mmap does; errno is set by syscall()).
         0 => unsafe {
@@ -51,7 +51,7 @@ extern "C" fn mapped(
 /// The C library's munmap contract.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
-    let r = match crate::sys::cached_next_symbol(&REAL_MUNMAP, c"munmap") {
+    let r = match crate::platform::sys::cached_next_symbol(&REAL_MUNMAP, c"munmap") {
         // SAFETY: the system call with the caller's arguments.
         0 => unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int },
         f => {

@@ -9,7 +9,7 @@
 //! writer stops and is gone (its buffers wait in the queue), and a new one
 //! starts once the call has returned.
 
-use crate::sys::cached_next_symbol;
+use crate::platform::sys::cached_next_symbol;
 use core::ffi::c_int;
 use core::sync::atomic::AtomicUsize;
 
@@ -28,11 +28,11 @@ fn without_writer(call: impl FnOnce() -> c_int) -> c_int {
         // parent's, and the child is single-threaded anyway.
         return call();
     }
-    crate::writer::pause();
+    crate::services::writer::pause();
     let r = call();
     // SAFETY: this thread's errno location.
     let errno = unsafe { *libc::__errno_location() };
-    crate::writer::resume();
+    crate::services::writer::resume();
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
     r

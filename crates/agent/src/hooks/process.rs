@@ -2,7 +2,7 @@
 //! finished first, and the new image is kept traced), _exit, and dlopen /
 //! dlclose (the module map and the unwinder follow the loaded code).
 
-use crate::lifecycle;
+use crate::runtime::lifecycle;
 use core::ffi::{c_char, c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::ffi::CStr;
@@ -18,7 +18,7 @@ static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
 
-use crate::sys::cached_next_symbol as real;
+use crate::platform::sys::cached_next_symbol as real;
 
 /// Resolves the real functions (from the constructor, while it is safe to call dlsym).
 pub fn resolve() {
@@ -42,11 +42,11 @@ fn note_module_changes() {
     if crate::phase::recording_stopped() {
         return;
     }
-    let changes = crate::modules::refresh();
+    let changes = crate::capture::modules::refresh();
     if changes.loaded.is_empty() && changes.unloaded.is_empty() {
         return;
     }
-    let mut b = crate::buffers::take_buffer(0);
+    let mut b = crate::events::buffers::take_buffer(0);
     let events = changes.loaded.into_iter().map(Event::ModuleLoad).chain(
         changes
             .unloaded
@@ -54,17 +54,17 @@ fn note_module_changes() {
             .map(|id| Event::ModuleUnload { id }),
     );
     for ev in events {
-        if b.room() < crate::buffers::EVENT_RESERVE {
-            crate::buffers::submit(
-                core::mem::replace(&mut b, crate::buffers::take_buffer(0)),
+        if b.room() < crate::events::buffers::EVENT_RESERVE {
+            crate::events::buffers::submit(
+                core::mem::replace(&mut b, crate::events::buffers::take_buffer(0)),
                 true,
             );
         }
         if !b.push_event(&ev, None) {
-            crate::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+            crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
     }
-    crate::buffers::submit(b, true);
+    crate::events::buffers::submit(b, true);
 }
 
 #[no_mangle]
@@ -105,7 +105,7 @@ pub extern "C" fn _Fork() -> libc::pid_t {
 /// The parent's `Fork` event, with the child's pid.
 fn record_fork(pid: libc::pid_t) {
     if pid > 0 && !crate::phase::recording_stopped() {
-        if let crate::record::Entry::Record(ts) = crate::record::enter() {
+        if let crate::events::record::Entry::Record(ts) = crate::events::record::enter() {
             let t = ts.next_time();
             ts.emit(Some(t), |e, c| {
                 e.event(
@@ -116,7 +116,7 @@ fn record_fork(pid: libc::pid_t) {
                     },
                 )
             });
-            crate::record::leave(ts);
+            crate::events::record::leave(ts);
         }
     }
 }
@@ -177,7 +177,7 @@ fn exec_with(
     exec: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
     if foreign {
-        let mut storage = crate::exec_target::EnvWithoutAgent::new();
+        let mut storage = crate::runtime::exec_target::EnvWithoutAgent::new();
         let env = storage.build(envp, is_for_the_top_image).unwrap_or(envp);
         let finished = before_exec();
         let r = exec(env);
@@ -227,7 +227,7 @@ pub unsafe extern "C" fn execve(
         *const *const c_char,
         *const *const c_char,
     ) -> c_int = unsafe { core::mem::transmute(f) };
-    let foreign = crate::exec_target::is_foreign_path(path, false);
+    let foreign = crate::runtime::exec_target::is_foreign_path(path, false);
     // SAFETY: the caller's arguments, with the environment `exec_with` gives.
     exec_with(foreign, envp, |env| unsafe { real_execve(path, argv, env) })
 }
@@ -255,7 +255,7 @@ pub unsafe extern "C" fn execvpe(
         *const *const c_char,
         *const *const c_char,
     ) -> c_int = unsafe { core::mem::transmute(f) };
-    let foreign = crate::exec_target::is_foreign_path(file, true);
+    let foreign = crate::runtime::exec_target::is_foreign_path(file, true);
     // SAFETY: the caller's arguments, with the environment `exec_with` gives.
     exec_with(foreign, envp, |env| unsafe { real_fn(file, argv, env) })
 }
@@ -280,7 +280,7 @@ pub unsafe extern "C" fn fexecve(
     // SAFETY: glibc's fexecve.
     let real_fn: unsafe extern "C" fn(c_int, *const *const c_char, *const *const c_char) -> c_int =
         unsafe { core::mem::transmute(f) };
-    let foreign = crate::exec_target::is_foreign_fd(fd);
+    let foreign = crate::runtime::exec_target::is_foreign_fd(fd);
     // SAFETY: the caller's arguments, with the environment `exec_with` gives.
     exec_with(foreign, envp, |env| unsafe { real_fn(fd, argv, env) })
 }
@@ -312,7 +312,7 @@ pub unsafe extern "C" fn execveat(
         *const *const c_char,
         c_int,
     ) -> c_int = unsafe { core::mem::transmute(f) };
-    let foreign = crate::exec_target::is_foreign_at_dir(dirfd, path, flags);
+    let foreign = crate::runtime::exec_target::is_foreign_at_dir(dirfd, path, flags);
     // SAFETY: the caller's arguments, with the environment `exec_with` gives.
     exec_with(foreign, envp, |env| unsafe {
         real_fn(dirfd, path, argv, env, flags)
@@ -350,8 +350,8 @@ fn spawn_with(
     if path.is_null() || envp.is_null() || !crate::phase::owns_process() {
         return spawn(envp);
     }
-    if crate::exec_target::is_foreign_path(path, search) {
-        let mut storage = crate::exec_target::EnvWithoutAgent::new();
+    if crate::runtime::exec_target::is_foreign_path(path, search) {
+        let mut storage = crate::runtime::exec_target::EnvWithoutAgent::new();
         return spawn(storage.build(envp, is_for_the_top_image).unwrap_or(envp));
     }
     let (_keep, env) = env_with_agent(envp);
@@ -401,7 +401,7 @@ pub unsafe extern "C" fn posix_spawnp(
 #[inline(always)]
 fn exit_now(status: c_int) -> ! {
     if crate::phase::owns_process() {
-        crate::scan::note_exit_here();
+        crate::services::scan::note_exit_here();
         lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
     }
     let f = real(&REAL_EXIT, c"_exit");
@@ -417,7 +417,7 @@ static REAL_QUICK_EXIT: AtomicUsize = AtomicUsize::new(0);
 #[no_mangle]
 pub extern "C" fn quick_exit(status: c_int) -> ! {
     if crate::phase::owns_process() {
-        crate::scan::note_exit_here();
+        crate::services::scan::note_exit_here();
         lifecycle::finish(ExitKind::Code(status), lifecycle::Ending::Immediate);
     }
     let f = real(&REAL_QUICK_EXIT, c"quick_exit");
@@ -543,10 +543,10 @@ unsafe fn collect_args(
     (argv, at(i))
 }
 
-crate::arch::variadic_exec_trampoline!(execl, execl_collected);
-crate::arch::variadic_exec_trampoline!(execle, execle_collected);
-crate::arch::variadic_exec_trampoline!(execlp, execlp_collected);
-crate::arch::syscall_trampoline!(exit: _exit, execve: execve);
+crate::platform::arch::variadic_exec_trampoline!(execl, execl_collected);
+crate::platform::arch::variadic_exec_trampoline!(execle, execle_collected);
+crate::platform::arch::variadic_exec_trampoline!(execlp, execlp_collected);
+crate::platform::arch::syscall_trampoline!(exit: _exit, execve: execve);
 
 /// # Safety
 /// Called only by the `execl` trampoline.

@@ -19,7 +19,7 @@
 //! recorded where the program's operators call `malloc` and `free`, as for
 //! a program whose operators the agent never sees.
 
-use crate::sys::{any_symbol, next_symbol};
+use crate::platform::sys::{any_symbol, next_symbol};
 use core::ffi::{c_void, CStr};
 use core::sync::atomic::{AtomicU32, Ordering};
 use trapline_trace::AllocFn;
@@ -102,13 +102,13 @@ pub fn forwards(func: AllocFn) -> bool {
 fn work_out() -> u32 {
     // A lookup that fails makes dlsym allocate its message: as the agent's
     // nested calls, not the program's.
-    let ts = crate::thread::current_without_allocating();
+    let ts = crate::events::thread::current_without_allocating();
     ts.guard += 1;
-    let own = crate::next_alloc::module_of(work_out as *const () as usize).map(|m| m.0);
+    let own = crate::events::next_alloc::module_of(work_out as *const () as usize).map(|m| m.0);
     let mut replaced = 0u32;
     for (i, form) in FORMS.iter().enumerate() {
         let found = any_symbol(form.0);
-        if found != 0 && crate::next_alloc::module_of(found).map(|m| m.0) != own {
+        if found != 0 && crate::events::next_alloc::module_of(found).map(|m| m.0) != own {
             replaced |= 1 << i;
         }
     }

@@ -12,12 +12,12 @@
 use core::ffi::c_int;
 use core::sync::atomic::AtomicUsize;
 
-use crate::signals::MaskFn;
+use crate::platform::signals::MaskFn;
 
 static REAL_SIGPROCMASK: AtomicUsize = AtomicUsize::new(0);
 
 fn real(slot: &AtomicUsize, name: &core::ffi::CStr) -> MaskFn {
-    let f = crate::sys::cached_next_symbol(slot, name);
+    let f = crate::platform::sys::cached_next_symbol(slot, name);
     // SAFETY: the C library's function of that name, which has this signature.
     unsafe { core::mem::transmute::<usize, MaskFn>(f) }
 }
@@ -32,8 +32,8 @@ pub unsafe fn agent_signals_removed(set: *const libc::sigset_t) -> Option<libc::
         return None;
     }
     let signals = [
-        crate::profile::protected_signal(),
-        crate::scan::park_signal_in_use(),
+        crate::services::profile::protected_signal(),
+        crate::services::scan::park_signal_in_use(),
     ];
     // SAFETY: `set` is a valid sigset_t (the caller's contract).
     let has = |sig: c_int| sig != 0 && unsafe { libc::sigismember(set, sig) } == 1;
@@ -89,7 +89,14 @@ pub unsafe extern "C" fn pthread_sigmask(
     old: *mut libc::sigset_t,
 ) -> c_int {
     // SAFETY: forwarding the caller's arguments.
-    unsafe { without_agent_signals(crate::signals::real_pthread_sigmask(), how, set, old) }
+    unsafe {
+        without_agent_signals(
+            crate::platform::signals::real_pthread_sigmask(),
+            how,
+            set,
+            old,
+        )
+    }
 }
 
 /// Resolves the real functions (from the constructor, while dlsym is safe).

@@ -13,16 +13,16 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
-    if crate::profile::is_sampling_signal(sig) {
+    if crate::services::profile::is_sampling_signal(sig) {
         // SAFETY: the caller's sigaction arguments, passed on.
-        return unsafe { crate::profile::program_sigaction(sig, act, old) };
+        return unsafe { crate::services::profile::program_sigaction(sig, act, old) };
     }
-    if !(1..65).contains(&sig) || !crate::fatal_signals::is_fatal(sig) {
+    if !(1..65).contains(&sig) || !crate::runtime::fatal_signals::is_fatal(sig) {
         // SAFETY: pass-through.
-        return unsafe { crate::signals::real_sigaction()(sig, act, old) };
+        return unsafe { crate::platform::signals::real_sigaction()(sig, act, old) };
     }
     // SAFETY: the caller's sigaction arguments, passed on.
-    unsafe { crate::fatal_signals::program_sigaction(sig, act, old) }
+    unsafe { crate::runtime::fatal_signals::program_sigaction(sig, act, old) }
 }
 
 /// Sets or reads the thread's alternate signal stack, and keeps the
@@ -35,23 +35,23 @@ pub unsafe extern "C" fn sigaction(
 #[no_mangle]
 pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> c_int {
     // SAFETY: the caller's arguments, under sigaltstack's own contract.
-    let r = unsafe { crate::sys::sigaltstack(ss, old) };
+    let r = unsafe { crate::platform::sys::sigaltstack(ss, old) };
     if r != 0 {
         return r;
     }
-    let Some(ts) = crate::thread::current_if_any() else {
+    let Some(ts) = crate::events::thread::current_if_any() else {
         return r;
     };
     if ts.agent_altstack && !old.is_null() {
         // The agent's side stack (side_stack.rs): the program set none.
         // SAFETY: the kernel just wrote `old`, so it is writable.
-        unsafe { *old = crate::sys::ALTSTACK_DISABLED };
+        unsafe { *old = crate::platform::sys::ALTSTACK_DISABLED };
     }
     if !ss.is_null() {
         // The program's own setting replaces the agent's.
         ts.agent_altstack = false;
         // SAFETY: the kernel accepted `ss`, so it was readable.
-        ts.set_altstack(crate::thread::altstack_of(Some(unsafe { &*ss })));
+        ts.set_altstack(crate::events::thread::altstack_of(Some(unsafe { &*ss })));
     }
     r
 }

@@ -7,9 +7,11 @@
 //! trampolines (`with_return_address`) that hand their implementation the
 //! caller's return address, the key of the call-site stack cache.
 
-use crate::arch::{start_regs, with_return_address, MUTEX_KIND_OFFSET, MUTEX_OWNER_OFFSET};
-use crate::clock::monotonic_ns;
-use crate::sync::{self, CallSite};
+use crate::events::sync::{self, CallSite};
+use crate::platform::arch::{
+    start_regs, with_return_address, MUTEX_KIND_OFFSET, MUTEX_OWNER_OFFSET,
+};
+use crate::platform::clock::monotonic_ns;
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 use libc::{
@@ -30,9 +32,11 @@ fn resolve(slot: &AtomicUsize, name: &[u8]) -> usize {
 
 #[cold]
 fn resolve_slow(slot: &AtomicUsize, name: &[u8]) -> usize {
-    let f = core::ffi::CStr::from_bytes_with_nul(name).map_or(0, crate::sys::next_symbol);
+    let f = core::ffi::CStr::from_bytes_with_nul(name).map_or(0, crate::platform::sys::next_symbol);
     if f == 0 {
-        crate::sys::warn("a pthread function the agent wraps is missing from the C library");
+        crate::platform::sys::warn(
+            "a pthread function the agent wraps is missing from the C library",
+        );
         // SAFETY: abort has no preconditions; nothing sensible can follow.
         unsafe { libc::abort() };
     }
@@ -578,7 +582,8 @@ pub unsafe extern "C" fn pthread_exit(value: *mut c_void) -> ! {
 #[no_mangle]
 pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, value: *mut *mut c_void) -> c_int {
     let regs = start_regs();
-    let joined = crate::threads::tid_of(thread).or_else(|| crate::threads::kernel_tid(thread));
+    let joined = crate::events::threads::tid_of(thread)
+        .or_else(|| crate::events::threads::kernel_tid(thread));
     sync::join_waiting(joined.unwrap_or(0), regs);
     type F = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
     // SAFETY: the caller's arguments, passed through.
@@ -587,7 +592,7 @@ pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, value: *mut *mut 
         // Looked up after the join: before it, the thread may not have
         // started (and registered its tid) yet. Until another pthread_create
         // reuses the pthread_t, it still names the joined thread.
-        sync::joined(crate::threads::tid_of(thread).unwrap_or(0), regs);
+        sync::joined(crate::events::threads::tid_of(thread).unwrap_or(0), regs);
     }
     r
 }
@@ -596,7 +601,7 @@ pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, value: *mut *mut 
 /// As pthread_detach.
 #[no_mangle]
 pub unsafe extern "C" fn pthread_detach(thread: libc::pthread_t) -> c_int {
-    let tid = crate::threads::tid_of(thread).unwrap_or(0);
+    let tid = crate::events::threads::tid_of(thread).unwrap_or(0);
     type F = unsafe extern "C" fn(libc::pthread_t) -> c_int;
     // SAFETY: the caller's argument, passed through.
     let r = unsafe { real!(pthread_detach: F)(thread) };

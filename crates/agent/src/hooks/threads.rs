@@ -1,12 +1,12 @@
 //! pthread_create: the creator records `ThreadCreate`, and the new thread runs
 //! a wrapper that records `ThreadStart` before the program's start routine.
 
-use crate::arch::start_regs;
-use crate::thread::Provision;
-use crate::threads;
+use crate::events::thread::Provision;
+use crate::events::threads;
+use crate::platform::arch::start_regs;
 use core::ffi::c_void;
 
-use crate::sys::{real_pthread_create, StartRoutine};
+use crate::platform::sys::{real_pthread_create, StartRoutine};
 
 /// Resolves the real function (from the constructor, while dlsym is safe).
 pub fn resolve() {
@@ -39,9 +39,9 @@ extern "C" fn thread_main(p: *mut c_void) -> *mut c_void {
         parent_tid,
         create_id,
         provision,
-        crate::process_end::program_thread_started,
+        crate::services::process_end::program_thread_started,
     );
-    crate::profile::thread_begin();
+    crate::services::profile::thread_begin();
     // From here `arg` is in this thread's registers and stack.
     threads::starting_args::release(held);
     routine(arg)
@@ -58,7 +58,7 @@ pub unsafe extern "C" fn pthread_create(
 ) -> libc::c_int {
     let regs = start_regs();
     let real = real_pthread_create();
-    crate::lifecycle::wait_while_another_finishes();
+    crate::runtime::lifecycle::wait_while_another_finishes();
     if crate::phase::recording_stopped() {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { real(thread, attr, routine, arg) };
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn pthread_create(
     let start = Box::into_raw(Box::new(Start {
         routine,
         arg,
-        parent_tid: crate::sys::gettid(),
+        parent_tid: crate::platform::sys::gettid(),
         create_id,
         provision,
         held,

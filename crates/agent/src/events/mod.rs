@@ -1,0 +1,10 @@
+//! Per-thread state and buffers, and the recording of allocation, lock
+//! and thread events into them.
+
+pub mod buffers;
+pub mod next_alloc;
+pub mod record;
+pub mod sync;
+pub mod thread;
+pub mod threads;
+pub mod totals;

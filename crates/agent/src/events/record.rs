@@ -1,0 +1,698 @@
+//! What the hooks do around the real allocator: look the block up in the live
+//! table, detect misuse, capture the stack and append the event.
+
+use crate::events::thread::{self, Site, ThreadState};
+use crate::events::totals;
+use crate::platform::arch::StartRegs;
+use crate::tracking::live::{self, Block, Freed};
+use crate::tracking::untracked;
+use crate::{capture::stacks, platform::clock};
+use core::sync::atomic::Ordering;
+use trapline_trace::{AllocFn, ErrorKind, Event};
+
+/// How a hook may use the agent right now.
+pub enum Entry {
+    /// Recording: the thread state, guard taken.
+    Record(&'static mut ThreadState),
+    /// Inside the agent already (signal handler or agent-internal call).
+    Nested(&'static mut ThreadState),
+    /// Not recording (finished, or a thread of the agent).
+    Off,
+}
+
+#[inline]
+pub fn enter() -> Entry {
+    if crate::phase::recording_stopped() {
+        return Entry::Off;
+    }
+    enter_with(thread::current())
+}
+
+/// `enter` for hooks that the program's own allocator may call from inside
+/// itself (locks): never calls a C library function that allocates.
+#[inline]
+pub fn enter_without_allocating() -> Entry {
+    if crate::phase::recording_stopped() {
+        return Entry::Off;
+    }
+    enter_with(thread::current_without_allocating())
+}
+
+#[inline(always)]
+fn enter_with(ts: &'static mut ThreadState) -> Entry {
+    if ts.agent_thread || cfg!(feature = "layer-forward") {
+        return Entry::Off;
+    }
+    if ts.guard > 0 {
+        return Entry::Nested(ts);
+    }
+    ts.guard = 1;
+    // A signal handler on this thread reads the guard: the store must not
+    // move past the work it protects (free on the hot path: no instruction).
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    Entry::Record(ts)
+}
+
+#[inline]
+pub fn leave(ts: &mut ThreadState) {
+    if ts.deferred_n > 0 {
+        apply_deferred(ts);
+    }
+    core::sync::atomic::compiler_fence(Ordering::SeqCst);
+    ts.guard = 0;
+    crate::platform::arch::clear_scratch_registers();
+}
+
+#[cold]
+fn apply_deferred(ts: &mut ThreadState) {
+    while ts.deferred_n > 0 {
+        ts.deferred_n -= 1;
+        let addr = ts.deferred[ts.deferred_n];
+        let mut shard = live::shard_of(addr).locked();
+        let removed = shard.remove(addr);
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        ts.last_time = t;
+        if let Some(b) = removed {
+            totals::free(ts, b.size);
+            ts.emit(Some(t), |e, c| e.free(c, t, addr, AllocFn::Free, 0));
+        }
+        // Released only now that the table no longer holds it, so another
+        // thread cannot be handed this address while it is still listed.
+        // SAFETY: a block the program freed from a nested context (it was live).
+        unsafe { crate::events::next_alloc::free(addr as *mut u8) };
+    }
+}
+
+/// Queues a nested free of a tracked block for `apply_deferred`. Returns
+/// false if the queue is full: then the block is released at once and its
+/// table entry goes stale (counted as a lost event).
+fn defer_free(ts: &mut ThreadState, addr: u64) -> bool {
+    if ts.deferred_n < ts.deferred.len() {
+        ts.deferred[ts.deferred_n] = addr;
+        ts.deferred_n += 1;
+        true
+    } else {
+        crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+}
+
+/// Makes sure the trace being written holds the definition of `id`.
+#[inline(always)]
+pub fn ensure_stack(ts: &mut ThreadState, id: u32, new: bool) {
+    if id == 0 {
+        return;
+    }
+    let gen = crate::events::buffers::GEN.load(Ordering::Relaxed);
+    // Stacks this thread used last (its latest alloc and free stacks) are
+    // already known to be in this trace: skip the shared record.
+    if !new && (ts.ensured[0] == (id, gen) || ts.ensured[1] == (id, gen)) {
+        return;
+    }
+    ensure_stack_shared(ts, id, gen, new);
+}
+
+#[inline(never)]
+fn ensure_stack_shared(ts: &mut ThreadState, id: u32, gen: u32, new: bool) {
+    ts.ensured[ts.ensured_next] = (id, gen);
+    ts.ensured_next ^= 1;
+    let Some(rec) = stacks::record(id) else {
+        return;
+    };
+    if !new && rec.written_gen.load(Ordering::Relaxed) == gen {
+        return;
+    }
+    if rec.written_gen.swap(gen, Ordering::AcqRel) != gen || new {
+        let frames = stacks::frames(id);
+        ts.emit(None, |e, _| e.stack_def(id, frames));
+    }
+}
+
+/// Captures the stack from a hook's registers (with `site`'s cache) and makes
+/// sure the trace being written defines it. Returns the stack id (0: none).
+#[inline(always)]
+pub fn capture_stack(ts: &mut ThreadState, regs: StartRegs, site: Site) -> u32 {
+    capture_stack_then(ts, regs, site, || {})
+}
+
+/// `capture_stack`, running `before_unwinding` first when the stack changed
+/// (see `StackCapture::capture`).
+#[inline(always)]
+pub fn capture_stack_then(
+    ts: &mut ThreadState,
+    regs: StartRegs,
+    site: Site,
+    before_unwinding: impl FnOnce(),
+) -> u32 {
+    if cfg!(feature = "layer-no-stacks") {
+        return 0;
+    }
+    let cap = ts.capture(regs, site, before_unwinding);
+    let (id, gen) = (cap.id, crate::events::buffers::GEN.load(Ordering::Relaxed));
+    // Known to be in this trace: through the id cache, or as one of the
+    // stacks this thread used last (its latest alloc and free stacks).
+    if id == 0
+        || (!cap.new
+            && (cap.defined_in == gen || ts.ensured[0] == (id, gen) || ts.ensured[1] == (id, gen)))
+    {
+        return id;
+    }
+    ensure_stack_shared(ts, id, gen, cap.new);
+    ts.captures[site as usize].note_defined(id, gen);
+    id
+}
+
+/// Writes the definition of a stack id from any thread (snapshot, errors).
+pub fn ensure_stack_in(buf: &mut crate::events::buffers::Buffer, id: u32) -> bool {
+    if id == 0 {
+        return true;
+    }
+    let gen = crate::events::buffers::GEN.load(Ordering::Relaxed);
+    let Some(rec) = stacks::record(id) else {
+        return true;
+    };
+    if rec.written_gen.load(Ordering::Relaxed) == gen
+        || rec.written_gen.swap(gen, Ordering::AcqRel) == gen
+    {
+        return true;
+    }
+    let frames = stacks::frames(id);
+    buf.push(None, |e, _| e.stack_def(id, frames))
+}
+
+/// Records an allocation call that failed (`AllocFailed`): NULL for a
+/// request of at least a byte, an error from `posix_memalign`, or
+/// `std::bad_alloc` from `operator new`. Off the hot path.
+#[cold]
+pub fn failed(func: AllocFn, size: u64, align: u64, regs: StartRegs) {
+    if let Entry::Record(ts) = enter() {
+        let stack = capture_stack(ts, regs, Site::Alloc);
+        emit_failed(ts, func, size, align, stack);
+        leave(ts);
+    }
+}
+
+fn emit_failed(ts: &mut ThreadState, func: AllocFn, size: u64, align: u64, stack: u32) {
+    totals::failed(ts);
+    let time = ts.next_time();
+    let ev = Event::AllocFailed {
+        time,
+        func,
+        size,
+        align,
+        stack,
+    };
+    ts.emit(Some(time), |e, c| e.event(c, &ev));
+}
+
+/// Records an allocation that returned `addr`.
+#[inline]
+pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: StartRegs) {
+    if addr.is_null() {
+        // NULL for zero bytes is allowed; for more, the call failed.
+        if size != 0 {
+            failed(func, size as u64, align as u64, regs);
+        }
+        return;
+    }
+    let addr = addr as u64;
+    match enter() {
+        Entry::Record(ts) => {
+            #[cfg(feature = "capture-timing")]
+            let started = crate::platform::arch::cycles();
+            // Unwinding takes a few hundred cycles: load the table slot meanwhile.
+            let stack = capture_stack_then(ts, regs, Site::Alloc, || live::prefetch(addr));
+            if !live::storable(addr) {
+                untracked::insert(addr);
+            } else {
+                let mut shard = live::shard_of(addr).locked();
+                let replaced = shard.insert(
+                    addr,
+                    Block {
+                        size: size as u64,
+                        func,
+                        stack,
+                    },
+                );
+                let t = shard.stamp(clock::tick(), ts.last_time);
+                drop(shard);
+                ts.last_time = t;
+                totals::alloc(ts, size as u64, replaced, t);
+                ts.emit(Some(t), |e, c| {
+                    e.alloc(c, t, addr, size as u64, align as u64, func, stack)
+                });
+            }
+            leave(ts);
+            #[cfg(feature = "capture-timing")]
+            crate::capture::unwind::timing::add(
+                crate::capture::unwind::timing::ALLOC,
+                crate::platform::arch::cycles().wrapping_sub(started),
+            );
+        }
+        Entry::Nested(_) => untracked::insert(addr),
+        Entry::Off => {}
+    }
+}
+
+/// What a release's arguments say about its block, checked against it: the
+/// size (sized `operator delete`, C23's `free_sized`) and the alignment (C++'s
+/// aligned `operator delete`; 0: none given).
+#[derive(Clone, Copy)]
+pub struct Stated {
+    pub size: Option<u64>,
+    pub align: u64,
+}
+
+/// A release that does not match its live block, though the block is
+/// released all the same: another family (`free` of a `new` block), another
+/// size than allocated (a sized release), or C++'s aligned `delete` of a
+/// block from `new` without alignment or the reverse. With what the release
+/// gave, for the last two.
+fn mismatch(func: AllocFn, block: live::Block, stated: Stated) -> Option<(ErrorKind, u64)> {
+    if block.func.family() != func.family() {
+        return Some((ErrorKind::MismatchedFree, 0));
+    }
+    // The table keeps sizes below 2^38: a larger block cannot be compared.
+    match stated.size {
+        Some(size) if size != block.size && block.size < live::MAX_SIZE => {
+            return Some((ErrorKind::MismatchedSize, size))
+        }
+        _ => {}
+    }
+    let cxx = func.family() != trapline_trace::event::Family::Malloc;
+    (cxx && func.cxx_aligned() != block.func.cxx_aligned())
+        .then_some((ErrorKind::MismatchedAlignment, stated.align))
+}
+
+/// The block was allocated by an `operator new`, or is released by an
+/// `operator delete`, that the agent does not interpose (a library's own,
+/// over `malloc` and `free`): what looks like a mismatch is theirs to
+/// judge (private_operators.rs).
+#[cold]
+fn through_private_operators(alloc_stack: u32, release: StartRegs) -> bool {
+    let allocated_by = crate::capture::stacks::frames(alloc_stack).first().copied();
+    allocated_by.is_some_and(crate::capture::private_operators::call_from_private_operator)
+        || (release.pc_is_return_address
+            && crate::capture::private_operators::call_from_private_operator(release.pc))
+}
+
+/// Records a release of `addr`; returns whether to pass it to the C library.
+#[inline]
+pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
+    free_stating(
+        func,
+        addr,
+        Stated {
+            size: None,
+            align: 0,
+        },
+        regs,
+    )
+}
+
+/// `free` for a release that states the block's size or alignment.
+#[inline]
+pub fn free_stating(func: AllocFn, addr: *mut u8, stated: Stated, regs: StartRegs) -> bool {
+    if addr.is_null() {
+        return true;
+    }
+    let addr = addr as u64;
+    match enter() {
+        Entry::Record(ts) => {
+            #[cfg(feature = "capture-timing")]
+            let started = crate::platform::arch::cycles();
+            let pass = free_recorded(ts, func, addr, stated, regs);
+            leave(ts);
+            #[cfg(feature = "capture-timing")]
+            crate::capture::unwind::timing::add(
+                crate::capture::unwind::timing::FREE,
+                crate::platform::arch::cycles().wrapping_sub(started),
+            );
+            pass
+        }
+        // Inside the agent already: the table may be locked by this very
+        // thread. An untracked block goes straight back; a tracked one is
+        // released when the outer hook leaves.
+        Entry::Nested(ts) => untracked::remove(addr) || !defer_free(ts, addr),
+        Entry::Off => true,
+    }
+}
+
+fn free_recorded(
+    ts: &mut ThreadState,
+    func: AllocFn,
+    addr: u64,
+    stated: Stated,
+    regs: StartRegs,
+) -> bool {
+    let with_stack = crate::config::flag(&crate::config::OPTIONS.release_stacks);
+    let stack = if with_stack {
+        capture_stack_then(ts, regs, Site::Free, || live::prefetch_release(addr))
+    } else {
+        0
+    };
+    // An erroneous call always gets its stack (captured late without
+    // release stacks: the hook's frame is still there).
+    let error_stack = |ts: &mut ThreadState| {
+        if with_stack {
+            stack
+        } else {
+            capture_stack(ts, regs, Site::Free)
+        }
+    };
+    let mut shard = live::shard_of(addr).locked();
+    if let Some(block) = shard.remove(addr) {
+        shard.remember_free(Freed {
+            addr,
+            size: block.size,
+            func: block.func as u8,
+            alloc_stack: block.stack,
+            free_stack: stack,
+        });
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        ts.last_time = t;
+        totals::free(ts, block.size);
+        ts.emit(Some(t), |e, c| e.free(c, t, addr, func, stack));
+        if let Some((kind, given)) =
+            mismatch(func, block, stated).filter(|_| !through_private_operators(block.stack, regs))
+        {
+            let stack = error_stack(ts);
+            report(
+                ts,
+                Event::Error {
+                    time: t,
+                    kind,
+                    func,
+                    addr,
+                    stack,
+                    alloc_func: Some(block.func),
+                    alloc_size: block.size,
+                    alloc_stack: block.stack,
+                    free_stack: 0,
+                    passed_on: true,
+                    given,
+                },
+            );
+        }
+        return true;
+    }
+    if untracked::remove(addr) {
+        return true;
+    }
+    let freed = shard.recently_freed(addr);
+    let t = shard.stamp(clock::tick(), ts.last_time);
+    drop(shard);
+    ts.last_time = t;
+    let pass = crate::config::flag(&crate::config::OPTIONS.pass_invalid);
+    // A double free if this address was freed lately; else never allocated.
+    let f = freed.unwrap_or_default();
+    let stack = error_stack(ts);
+    report(
+        ts,
+        Event::Error {
+            time: t,
+            kind: if freed.is_some() {
+                ErrorKind::DoubleFree
+            } else {
+                ErrorKind::InvalidFree
+            },
+            func,
+            addr,
+            stack,
+            alloc_func: freed.and_then(|f| AllocFn::from_u8(f.func)),
+            alloc_size: f.size,
+            alloc_stack: f.alloc_stack,
+            free_stack: f.free_stack,
+            passed_on: pass,
+            given: 0,
+        },
+    );
+    pass
+}
+
+/// Writes an allocator-misuse event, with the definitions of the stacks it names.
+fn report(ts: &mut ThreadState, ev: Event) {
+    if let Event::Error {
+        time,
+        alloc_stack,
+        free_stack,
+        func,
+        kind,
+        ..
+    } = ev
+    {
+        totals::error(ts, func, kind);
+        ensure_stack(ts, alloc_stack, false);
+        ensure_stack(ts, free_stack, false);
+        ts.emit(Some(time), |e, c| e.event(c, &ev));
+    }
+}
+
+/// Reports a resize of `addr`, which is no block, with the lock of its
+/// shard (released here); returns whether to pass the call on.
+fn report_invalid_realloc(
+    ts: &mut ThreadState,
+    mut shard: live::Locked<'_>,
+    func: AllocFn,
+    addr: u64,
+    stack: u32,
+) -> bool {
+    let t = shard.stamp(clock::tick(), ts.last_time);
+    drop(shard);
+    ts.last_time = t;
+    let pass = crate::config::flag(&crate::config::OPTIONS.pass_invalid);
+    report(
+        ts,
+        Event::Error {
+            time: t,
+            kind: ErrorKind::InvalidRealloc,
+            func,
+            addr,
+            stack,
+            alloc_func: None,
+            alloc_size: 0,
+            alloc_stack: 0,
+            free_stack: 0,
+            passed_on: pass,
+            given: 0,
+        },
+    );
+    pass
+}
+
+/// realloc from a nested context (a signal handler inside the agent): the
+/// table cannot be touched. A tracked block is copied into a new untracked
+/// one and released later through the deferred queue, so its address is not
+/// reused while the table still lists it.
+fn realloc_nested(
+    ts: &mut ThreadState,
+    old: *mut u8,
+    size: usize,
+    real: impl FnOnce(*mut u8) -> *mut u8,
+) -> *mut u8 {
+    let old_addr = old as u64;
+    if old_addr == 0 || untracked::remove(old_addr) {
+        let p = real(old);
+        if p.is_null() && size != 0 && old_addr != 0 {
+            untracked::insert(old_addr); // failed: the old block stays
+        } else {
+            untracked::insert(p as u64);
+        }
+        return p;
+    }
+    if ts.deferred_n == ts.deferred.len() {
+        crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        return real(old);
+    }
+    if size == 0 {
+        defer_free(ts, old_addr);
+        return core::ptr::null_mut();
+    }
+    // SAFETY: glibc's allocator; `old` is a live block (tracked), so reading
+    // its usable size and copying from it is valid.
+    unsafe {
+        let p = crate::events::next_alloc::malloc(size);
+        if p.is_null() {
+            return p;
+        }
+        let usable = crate::events::next_alloc::usable_size(old);
+        core::ptr::copy_nonoverlapping(old, p, usable.min(size));
+        untracked::insert(p as u64);
+        defer_free(ts, old_addr);
+        p
+    }
+}
+
+/// realloc and reallocarray: validates the old pointer, calls `real`, records the move.
+#[inline]
+pub fn realloc(
+    func: AllocFn,
+    old: *mut u8,
+    size: usize,
+    regs: StartRegs,
+    real: impl FnOnce(*mut u8) -> *mut u8,
+) -> *mut u8 {
+    let old_addr = old as u64;
+    let ts = match enter() {
+        Entry::Record(ts) => ts,
+        Entry::Nested(ts) => return realloc_nested(ts, old, size, real),
+        Entry::Off => return real(old),
+    };
+    let stack = capture_stack(ts, regs, Site::Alloc);
+    let mut old_block = None;
+    if old_addr != 0 {
+        let mut shard = live::shard_of(old_addr).locked();
+        old_block = shard.remove(old_addr);
+        if let Some(b) = old_block {
+            // The old address's history ends here: stamp its shard, and
+            // remember the block so freeing it again is a double free.
+            shard.remember_free(Freed {
+                addr: old_addr,
+                size: b.size,
+                func: b.func as u8,
+                alloc_stack: b.stack,
+                free_stack: stack,
+            });
+            ts.last_time = shard.stamp(clock::tick(), ts.last_time);
+        }
+        if old_block.is_none() && !untracked::remove(old_addr) {
+            let pass = report_invalid_realloc(ts, shard, func, old_addr, stack);
+            leave(ts);
+            // Like memcheck: the bad call does nothing and returns NULL.
+            return if pass {
+                real(old)
+            } else {
+                core::ptr::null_mut()
+            };
+        }
+    }
+    let p = real(old);
+    let new_addr = p as u64;
+    if p.is_null() && size != 0 {
+        // Failed: the old block is untouched.
+        if let Some(b) = old_block {
+            live::shard_of(old_addr).locked().insert(old_addr, b);
+        }
+        emit_failed(ts, func, size as u64, 0, stack);
+        leave(ts);
+        return p;
+    }
+    let mut gained = None;
+    let t = if p.is_null() {
+        let mut shard = live::shard_of(old_addr).locked();
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        t
+    } else if live::storable(new_addr) {
+        let mut shard = live::shard_of(new_addr).locked();
+        let replaced = shard.insert(
+            new_addr,
+            Block {
+                size: size as u64,
+                func,
+                stack,
+            },
+        );
+        let t = shard.stamp(clock::tick(), ts.last_time);
+        drop(shard);
+        gained = Some((size as u64, replaced));
+        t
+    } else {
+        // The event names a block the table does not hold.
+        untracked::insert(new_addr);
+        totals::make_inexact();
+        ts.last_time
+    };
+    ts.last_time = t;
+    totals::realloc(ts, old_block.map(|b| b.size), gained, t);
+    ts.emit(Some(t), |e, c| {
+        e.event(
+            c,
+            &Event::Realloc {
+                time: t,
+                old_addr,
+                new_addr,
+                size: size as u64,
+                func,
+                stack,
+            },
+        )
+    });
+    leave(ts);
+    p
+}
+
+/// jemalloc's `xallocx`: validates the block, calls `real` (which returns
+/// the block's real size afterwards) and, when the block took a new size
+/// of at least `size` (it grew or shrank in place), records a realloc to
+/// the same address with that size. A call that could not resize changes
+/// nothing and is not recorded. Returns what `real` returned (0, like a
+/// failed resize, for a bad pointer not passed on).
+pub fn resize_in_place(
+    func: AllocFn,
+    ptr: *mut u8,
+    size: usize,
+    regs: StartRegs,
+    real: impl FnOnce(*mut u8) -> usize,
+) -> usize {
+    let addr = ptr as u64;
+    let ts = match enter() {
+        Entry::Record(ts) => ts,
+        // From inside the agent the table cannot be touched: the recorded
+        // size of a tracked block stays as it was.
+        Entry::Nested(_) | Entry::Off => return real(ptr),
+    };
+    let stack = capture_stack(ts, regs, Site::Alloc);
+    let mut shard = live::shard_of(addr).locked();
+    let old = shard.get(addr);
+    if old.is_none() && !untracked::is_listed(addr) {
+        let pass = report_invalid_realloc(ts, shard, func, addr, stack);
+        leave(ts);
+        return if pass { real(ptr) } else { 0 };
+    }
+    // The allocator is called without the shard's lock (it may allocate).
+    drop(shard);
+    let got = real(ptr);
+    let Some(old) = old else {
+        leave(ts); // untracked: nothing recorded about it
+        return got;
+    };
+    if got < size || got as u64 == old.size {
+        leave(ts);
+        return got;
+    }
+    let mut shard = live::shard_of(addr).locked();
+    // Gone meanwhile only if another thread released it during the call.
+    if shard.remove(addr).is_none() {
+        drop(shard);
+        leave(ts);
+        return got;
+    }
+    let block = Block {
+        size: got as u64,
+        func,
+        stack,
+    };
+    shard.insert(addr, block);
+    let t = shard.stamp(clock::tick(), ts.last_time);
+    drop(shard);
+    ts.last_time = t;
+    totals::realloc(ts, Some(old.size), Some((block.size, None)), t);
+    ts.emit(Some(t), |e, c| {
+        e.event(
+            c,
+            &Event::Realloc {
+                time: t,
+                old_addr: addr,
+                new_addr: addr,
+                size: block.size,
+                func,
+                stack,
+            },
+        )
+    });
+    leave(ts);
+    got
+}

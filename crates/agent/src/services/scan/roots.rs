@@ -1,0 +1,151 @@
+//! Where the roots are: which memory the scan reads for pointers.
+//!
+//! Every readable and writable mapping is a root (memcheck's rule: a pointer
+//! kept in a mapping the program made keeps its block alive), except:
+//! - malloc's own memory: `[heap]`, glibc's arena heaps (found at 64 MiB
+//!   aligned addresses by their `heap_info` header, whose first word points
+//!   to their arena and third word gives their size), and the extent of
+//!   every live block outside them (mmapped chunks). Only those extents are
+//!   cut out: the kernel merges adjacent anonymous mappings into one line of
+//!   /proc/self/maps, so a chunk may share a line with memory the program
+//!   mapped itself (Python's object arenas do). Blocks are read only when
+//!   marking reaches them, and free chunks never are;
+//! - the agent's own memory: its module's segments, its heap's mappings, the
+//!   stacks of its threads (the park table is in its heap);
+//! - kernel and device mappings (`[vvar]`, `[vdso]`, `/dev/*`).
+//!
+//! A mapping holding the stack pointer of a stopped thread is read from that
+//! stack pointer up (the park handler's frame sits just below the signal
+//! frame with the thread's registers, vector registers included; the
+//! thread's static TLS and descriptor lie above its stack). Everything below
+//! is dead. The scanning thread's own stack is read from where its live
+//! frames start: the caller of `exit`, or the entry stack of the process when
+//! `main` returned. A thread's own stack that it left through `swapcontext`
+//! or `setcontext` is read from where it left it (`hooks/context.rs`). Any
+//! other stack on which no stopped thread is (an alternate signal stack not
+//! in use, a coroutine stack switched away from, a thread that could not be
+//! stopped) is read whole.
+
+use crate::platform::proc_maps::{containing, Mapping, Special};
+
+/// glibc's arena heaps are aligned to their maximum size.
+const ARENA_HEAP_ALIGN: u64 = 64 << 20;
+
+/// Inputs of the root plan.
+pub struct Plan<'a> {
+    pub maps: &'a [Mapping],
+    /// Sorted, possibly overlapping ranges never read.
+    pub excluded: &'a [(u64, u64)],
+    /// Stack pointers of stopped threads and of the scanning thread, and
+    /// where threads left their own stacks for another.
+    pub stack_starts: &'a [u64],
+    /// The extent (chunk header included) of the first live block starting
+    /// in `[lo, hi)`.
+    pub next_block: &'a dyn Fn(u64, u64) -> Option<(u64, u64)>,
+    /// Reads one word, if readable.
+    pub read_word: &'a mut dyn FnMut(u64) -> Option<u64>,
+}
+
+/// The extent of a glibc arena heap starting at `at` (64 MiB aligned), if
+/// `at` holds one: `heap_info.ar_ptr` points into an aligned anonymous
+/// mapping and `heap_info.size` is at most the alignment.
+fn arena_heap_at(
+    maps: &[Mapping],
+    at: u64,
+    read_word: &mut dyn FnMut(u64) -> Option<u64>,
+) -> Option<(u64, u64)> {
+    let ar_ptr = read_word(at).filter(|&p| p != 0)?;
+    let size = read_word(at + 16).filter(|&s| s > 0 && s <= ARENA_HEAP_ALIGN)?;
+    let base = ar_ptr & !(ARENA_HEAP_ALIGN - 1);
+    let i = containing(maps, base)?;
+    (!maps[i].file).then_some((at, at + size))
+}
+
+/// The next piece of malloc memory at or after `cur` in `[cur, hi)`: an
+/// arena heap or a block's extent, whichever starts first.
+fn next_malloc_piece(
+    p: &mut Plan<'_>,
+    cur: u64,
+    hi: u64,
+    arena: &mut Option<(u64, u64)>,
+    arena_cursor: &mut u64,
+) -> Option<(u64, u64)> {
+    if arena.is_none_or(|(a, _)| a < cur) {
+        *arena = None;
+        let mut at = (*arena_cursor).max(cur).next_multiple_of(ARENA_HEAP_ALIGN);
+        while at < hi {
+            if let Some(h) = arena_heap_at(p.maps, at, p.read_word) {
+                *arena = Some(h);
+                break;
+            }
+            at += ARENA_HEAP_ALIGN;
+        }
+        *arena_cursor = at;
+    }
+    let block = (p.next_block)(cur, hi);
+    match (*arena, block) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Appends the root ranges to `out` (within its capacity: no allocation).
+pub fn plan(mut p: Plan<'_>, out: &mut Vec<(u64, u64)>) {
+    out.clear();
+    for m in p.maps {
+        if !m.readable || !m.writable || m.kind == Special::Kernel || m.kind == Special::Heap {
+            continue;
+        }
+        let mut lo = m.start;
+        if let Some(sp) = p
+            .stack_starts
+            .iter()
+            .copied()
+            .filter(|&sp| sp >= m.start && sp < m.end)
+            .min()
+        {
+            lo = sp & !7;
+        }
+        if m.file || m.kind == Special::Stack {
+            push_minus(out, lo, m.end, p.excluded);
+            continue;
+        }
+        let (mut arena, mut arena_cursor) = (None, 0);
+        let mut cur = lo;
+        while cur < m.end {
+            match next_malloc_piece(&mut p, cur, m.end, &mut arena, &mut arena_cursor) {
+                Some((a, b)) => {
+                    push_minus(out, cur, a.max(cur), p.excluded);
+                    cur = cur.max(b);
+                }
+                None => {
+                    push_minus(out, cur, m.end, p.excluded);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Pushes `[lo, hi)` minus the excluded ranges.
+fn push_minus(out: &mut Vec<(u64, u64)>, mut lo: u64, hi: u64, excluded: &[(u64, u64)]) {
+    if lo >= hi {
+        return;
+    }
+    let first = excluded.partition_point(|e| e.1 <= lo);
+    for &(a, b) in &excluded[first..] {
+        if a >= hi {
+            break;
+        }
+        if a > lo && out.len() < out.capacity() {
+            out.push((lo, a.min(hi)));
+        }
+        lo = lo.max(b);
+        if lo >= hi {
+            return;
+        }
+    }
+    if lo < hi && out.len() < out.capacity() {
+        out.push((lo, hi));
+    }
+}

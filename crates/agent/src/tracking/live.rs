@@ -1,0 +1,538 @@
+//! The live table: every block the program holds, with its size, allocation
+//! function and stack, plus a ring of recently freed blocks per shard so a
+//! double free can name the first free.
+//!
+//! 64 shards, each an open-addressing table (linear probing, backward-shift
+//! deletion, no tombstones) under its own lock. An entry is 16 bytes: the
+//! address shifted right by 3 (allocators align blocks to 8 bytes at least:
+//! glibc to 16, jemalloc, tcmalloc and mimalloc their 8-byte ones to 8)
+//! with the high bits of the stack id on top, and size / function / low
+//! stack bits. Tables
+//! grow by half when 80% full (any size: slots are picked by multiply-shift,
+//! not by a mask), so the load stays between 53% and 80% and a live block
+//! costs 20 to 30 bytes of table.
+
+use crate::platform::lock::SpinLock;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicUsize, Ordering};
+use trapline_trace::AllocFn;
+
+pub const SHARDS: usize = 64;
+/// Entries of a shard's ring of recent releases at first; it doubles, up
+/// to `FREED_RING_MAX`, while `FREED_GROWTH` (entries for all shards
+/// together) lasts. Shards hold whole 64 KiB chunks, so a program whose
+/// heap is a few chunks releases into a few shards only: with fixed rings
+/// of 512 its double frees more than a few thousand releases apart were
+/// taken for invalid frees (with rings by address hash, 32,768 apart). The
+/// growth budget lets two or three busy shards reach 32,768 entries (2 MiB
+/// more in all, at most).
+const FREED_RING: usize = 512;
+const FREED_RING_MAX: usize = 32768;
+static FREED_GROWTH: AtomicUsize = AtomicUsize::new(65536);
+
+const SIZE_BITS: u32 = 38;
+/// Sizes from this up are kept as this (a block of 256 GiB or more).
+pub const MAX_SIZE: u64 = (1 << SIZE_BITS) - 1;
+const FUNC_BITS: u32 = 6;
+const STACK_LO_BITS: u32 = 64 - SIZE_BITS - FUNC_BITS; // 20
+/// Addresses are kept divided by 8, the least alignment of a block.
+const ALIGN_SHIFT: u32 = 3;
+const ADDR_BITS: u32 = 48 - ALIGN_SHIFT;
+
+/// What the agent knows about a live block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub size: u64,
+    pub func: AllocFn,
+    pub stack: u32,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    key: u64, // 0 = empty
+    meta: u64,
+}
+
+fn pack(addr: u64, b: Block) -> Entry {
+    let size = b.size.min((1 << SIZE_BITS) - 1);
+    let stack = u64::from(b.stack);
+    let stack_lo = stack & ((1 << STACK_LO_BITS) - 1);
+    let stack_hi = stack >> STACK_LO_BITS;
+    Entry {
+        key: key_of(addr) | (stack_hi << ADDR_BITS),
+        meta: size | (u64::from(b.func as u8) << SIZE_BITS) | (stack_lo << (SIZE_BITS + FUNC_BITS)),
+    }
+}
+
+fn unpack(e: Entry) -> (u64, Block) {
+    let addr = addr_of(e);
+    let stack_hi = e.key >> ADDR_BITS;
+    let size = e.meta & ((1 << SIZE_BITS) - 1);
+    let func = AllocFn::from_u8(((e.meta >> SIZE_BITS) & ((1 << FUNC_BITS) - 1)) as u8)
+        .unwrap_or(AllocFn::Malloc);
+    let stack_lo = e.meta >> (SIZE_BITS + FUNC_BITS);
+    (
+        addr,
+        Block {
+            size,
+            func,
+            stack: ((stack_hi << STACK_LO_BITS) | stack_lo) as u32,
+        },
+    )
+}
+
+/// The key bits of an address (the table holds exact addresses: an
+/// interior pointer never matches its block).
+#[inline(always)]
+fn key_of(addr: u64) -> u64 {
+    addr >> ALIGN_SHIFT
+}
+
+/// The address an entry holds.
+#[inline(always)]
+fn addr_of(e: Entry) -> u64 {
+    (e.key & ((1 << ADDR_BITS) - 1)) << ALIGN_SHIFT
+}
+
+#[inline]
+fn hash(addr: u64) -> u64 {
+    key_of(addr).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The home slot of an address in a table of `n` slots.
+#[inline]
+fn home(addr: u64, n: usize) -> usize {
+    ((u128::from(hash(addr).rotate_left(32)) * n as u128) >> 64) as usize
+}
+
+#[inline]
+fn next(i: usize, n: usize) -> usize {
+    if i + 1 == n {
+        0
+    } else {
+        i + 1
+    }
+}
+
+/// Whether a block size is kept exactly (larger ones are clamped).
+#[inline]
+pub fn exact_size(size: u64) -> bool {
+    size < 1 << SIZE_BITS
+}
+
+/// Whether an address can be kept in the table (8-byte aligned, below 2^48:
+/// the blocks of glibc, jemalloc, tcmalloc and mimalloc always can).
+#[inline]
+pub fn storable(addr: u64) -> bool {
+    addr != 0 && addr & ((1 << ALIGN_SHIFT) - 1) == 0 && addr >> 48 == 0
+}
+
+/// The shard an address belongs to.
+#[inline]
+pub fn shard_of(addr: u64) -> &'static Shard {
+    &TABLE[(((addr >> SHARD_CHUNK_SHIFT) ^ (addr >> SHARD_REGION_SHIFT)) & (SHARDS as u64 - 1))
+        as usize]
+}
+
+/// A shard holds whole 64 KiB chunks of the address space, not addresses
+/// scattered by a hash: a thread allocates from its own arena (glibc gives
+/// threads heaps of their own, 64 MiB-aligned), so threads then mostly use
+/// shards of their own and each shard's lines stay in one core's cache.
+/// When every call of every thread touched a random one of the 64 shards,
+/// the lines moved between cores on nearly every call: 20 M malloc+free
+/// pairs took 1.2-1.6 s in 2 or 4 threads on two cores, now 0.8-1.0 s (one
+/// thread: 1.5 s either way). Consecutive chunks go round the shards; the
+/// bits from 64 MiB up are folded in so that heaps at the same offsets of
+/// their regions start on different shards.
+const SHARD_CHUNK_SHIFT: u32 = 16;
+const SHARD_REGION_SHIFT: u32 = 26;
+
+/// Starts loading the table slot where `addr` is or would go, without the
+/// lock, for a hook that has other work (the stack capture) to do before it
+/// takes the lock: the slot is a cache miss on most calls of a large
+/// program. The published location may be stale (the table just grew):
+/// a prefetch of it is harmless.
+#[inline(always)]
+pub fn prefetch(addr: u64) {
+    let shard = shard_of(addr);
+    let n = shard.slots_len.load(Ordering::Relaxed);
+    if n != 0 {
+        let at = shard.slots_at.load(Ordering::Relaxed);
+        crate::platform::arch::prefetch((at + home(addr, n) * size_of::<Entry>()) as *const u8);
+    }
+}
+
+/// `prefetch`, and the freed-ring entry a release of `addr` will write.
+#[inline(always)]
+pub fn prefetch_release(addr: u64) {
+    prefetch(addr);
+    let at = shard_of(addr).freed_at.load(Ordering::Relaxed);
+    if at != 0 {
+        crate::platform::arch::prefetch(at as *const u8);
+    }
+}
+
+/// A recently freed block.
+#[derive(Clone, Copy, Default)]
+pub struct Freed {
+    pub addr: u64,
+    pub size: u64,
+    pub func: u8,
+    pub alloc_stack: u32,
+    pub free_stack: u32,
+}
+
+struct ShardData {
+    slots: Vec<Entry>,
+    len: usize,
+    /// The `len` at which the next insert grows the table (80% of the
+    /// slots; 0 before the first, which makes the table).
+    grow_at: usize,
+    /// Strictly increasing event time of this shard (see `clock`).
+    last_time: u64,
+    freed: Vec<Freed>,
+    freed_next: usize,
+    bytes: u64,
+}
+
+/// One lock and one table, in lines of their own: the lock and the
+/// published locations share the first.
+#[repr(align(64))]
+pub struct Shard {
+    lock: SpinLock,
+    /// Where the slots are and how many, published under the lock whenever
+    /// they move, so that `prefetch` can find an address's slot without it.
+    slots_at: AtomicUsize,
+    slots_len: AtomicUsize,
+    /// The freed-ring entry the next release of this shard will write (0: none yet).
+    freed_at: AtomicUsize,
+    data: UnsafeCell<ShardData>,
+}
+
+// SAFETY: `data` is only touched while `lock` is held (see `Shard::locked`).
+unsafe impl Sync for Shard {}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_SHARD: Shard = Shard {
+    lock: SpinLock::new(),
+    slots_at: AtomicUsize::new(0),
+    slots_len: AtomicUsize::new(0),
+    freed_at: AtomicUsize::new(0),
+    data: UnsafeCell::new(ShardData {
+        slots: Vec::new(),
+        len: 0,
+        grow_at: 0,
+        last_time: 0,
+        freed: Vec::new(),
+        freed_next: 0,
+        bytes: 0,
+    }),
+};
+
+static TABLE: [Shard; SHARDS] = [EMPTY_SHARD; SHARDS];
+
+/// Makes a shard's ring of recent releases, or doubles it when it is about
+/// to wrap for the first time at its size (its entries are then in order,
+/// oldest first, so growing keeps them). Cold: a shard grows at most six
+/// times.
+#[cold]
+#[inline(never)]
+fn grow_freed_ring(ring: &mut Vec<Freed>) {
+    let len = ring.len();
+    if len == 0 {
+        *ring = vec![Freed::default(); FREED_RING];
+        return;
+    }
+    if len < FREED_RING_MAX
+        && FREED_GROWTH
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(len)
+            })
+            .is_ok()
+    {
+        ring.resize(len * 2, Freed::default());
+    }
+}
+
+/// A locked shard.
+pub struct Locked<'a> {
+    shard: &'a Shard,
+}
+
+impl Shard {
+    pub fn locked(&self) -> Locked<'_> {
+        self.lock.lock();
+        Locked { shard: self }
+    }
+
+    /// Locks with a bounded wait (the holder may be the interrupted thread itself).
+    pub fn try_locked(&self, spins: u32) -> Option<Locked<'_>> {
+        if spins == u32::MAX {
+            return Some(self.locked());
+        }
+        self.lock
+            .try_lock_for(spins)
+            .then_some(Locked { shard: self })
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.shard.lock.unlock();
+    }
+}
+
+impl Locked<'_> {
+    fn data(&mut self) -> &mut ShardData {
+        // SAFETY: we hold the shard lock for the lifetime of `self`.
+        unsafe { &mut *self.shard.data.get() }
+    }
+
+    /// A time for an event on this shard: not before the tick, strictly after
+    /// this shard's previous event and not before the thread's previous event.
+    #[inline]
+    pub fn stamp(&mut self, tick: u64, thread_last: u64) -> u64 {
+        let d = self.data();
+        let t = tick.max(d.last_time + 1).max(thread_last);
+        d.last_time = t;
+        t
+    }
+
+    /// Makes the table, or grows it, and publishes where it now is.
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self) {
+        let d = self.data();
+        if d.slots.is_empty() {
+            d.slots = vec![Entry::default(); 256];
+        } else {
+            grow(d);
+        }
+        d.grow_at = d.slots.len() * 4 / 5;
+        let (at, len) = (d.slots.as_ptr() as usize, d.slots.len());
+        self.shard.slots_at.store(at, Ordering::Relaxed);
+        self.shard.slots_len.store(len, Ordering::Relaxed);
+    }
+
+    /// Records a new live block, replacing a stale entry for the same
+    /// address (whose size it returns). Inlined into the hooks, with the
+    /// rare growth out of line: a call's prologue and epilogue were a fifth
+    /// of its instructions.
+    #[inline(always)]
+    pub fn insert(&mut self, addr: u64, block: Block) -> Option<u64> {
+        if self.data().len >= self.data().grow_at {
+            self.make_room();
+        }
+        let d = self.data();
+        let n = d.slots.len();
+        let mut i = home(addr, n);
+        let want = key_of(addr);
+        let mut replaced = None;
+        loop {
+            let e = d.slots[i];
+            if e.key == 0 {
+                d.len += 1;
+                break;
+            }
+            if e.key & ((1 << ADDR_BITS) - 1) == want {
+                let old = unpack(e).1.size;
+                d.bytes -= old;
+                replaced = Some(old);
+                break;
+            }
+            i = next(i, n);
+        }
+        d.slots[i] = pack(addr, block);
+        d.bytes += block.size;
+        replaced
+    }
+
+    /// What is known about a live block, leaving it in the table.
+    pub fn get(&mut self, addr: u64) -> Option<Block> {
+        let d = self.data();
+        find(d, addr).map(|i| unpack(d.slots[i]).1)
+    }
+
+    /// Removes a block and returns what was known about it.
+    #[inline(always)]
+    pub fn remove(&mut self, addr: u64) -> Option<Block> {
+        let d = self.data();
+        let i = find(d, addr)?;
+        let (_, block) = unpack(d.slots[i]);
+        d.bytes -= block.size;
+        d.len -= 1;
+        // Backward-shift deletion keeps every probe chain unbroken.
+        let n = d.slots.len();
+        let dist = |from: usize, to: usize| if to >= from { to - from } else { to + n - from };
+        let mut hole = i;
+        let mut j = next(i, n);
+        loop {
+            let e = d.slots[j];
+            if e.key == 0 {
+                break;
+            }
+            let h = home(addr_of(e), n);
+            // Move e into the hole unless its home lies in (hole, j].
+            if dist(h, j) >= dist(hole, j) {
+                d.slots[hole] = e;
+                hole = j;
+            }
+            j = next(j, n);
+        }
+        d.slots[hole] = Entry::default();
+        Some(block)
+    }
+
+    /// Remembers a free, so that a second free of the same address can be
+    /// reported with the first free's stack.
+    #[inline(always)]
+    pub fn remember_free(&mut self, f: Freed) {
+        let d = self.data();
+        let n = d.freed_next;
+        if n == d.freed.len() {
+            grow_freed_ring(&mut d.freed);
+        }
+        let len = d.freed.len();
+        if let Some(slot) = d.freed.get_mut(n & (len - 1)) {
+            // Field by field: a struct built just before and copied whole
+            // is reloaded with wide loads that stall on the narrow stores.
+            slot.addr = f.addr;
+            slot.size = f.size;
+            slot.func = f.func;
+            slot.alloc_stack = f.alloc_stack;
+            slot.free_stack = f.free_stack;
+        }
+        d.freed_next = n + 1;
+        let next_at = d.freed.as_ptr() as usize + ((n + 1) & (len - 1)) * size_of::<Freed>();
+        self.shard.freed_at.store(next_at, Ordering::Relaxed);
+    }
+
+    /// The most recent free of `addr` still remembered.
+    pub fn recently_freed(&mut self, addr: u64) -> Option<Freed> {
+        let d = self.data();
+        let len = d.freed.len();
+        let count = d.freed_next.min(len);
+        (0..count)
+            .map(|k| d.freed[(d.freed_next - 1 - k) & (len.max(1) - 1)])
+            .find(|f| f.addr == addr)
+    }
+
+    /// Appends every live block of this shard, as stored, to `out` (the
+    /// reachability scan copies the table without unpacking it).
+    pub fn copy_packed(&mut self, out: &mut Vec<Packed>) {
+        out.extend(
+            self.data()
+                .slots
+                .iter()
+                .filter(|e| e.key != 0)
+                .map(|&e| Packed(e)),
+        );
+    }
+
+    /// Number of live blocks of this shard.
+    pub fn len(&mut self) -> usize {
+        self.data().len
+    }
+
+    /// Calls `f` for every live block of this shard.
+    pub fn for_each(&mut self, mut f: impl FnMut(u64, Block)) {
+        for e in &self.data().slots {
+            if e.key != 0 {
+                let (a, b) = unpack(*e);
+                f(a, b);
+            }
+        }
+    }
+}
+
+/// A live block as the table stores it (16 bytes): the reachability scan
+/// sorts millions of these, so it keeps them packed.
+#[derive(Clone, Copy)]
+pub struct Packed(Entry);
+
+impl Packed {
+    /// A placeholder (scratch space of a sort).
+    pub const EMPTY: Packed = Packed(Entry { key: 0, meta: 0 });
+
+    /// The block's address.
+    #[inline]
+    pub fn addr(&self) -> u64 {
+        addr_of(self.0)
+    }
+
+    /// The block's requested size.
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.0.meta & ((1 << SIZE_BITS) - 1)
+    }
+
+    /// Everything known about the block.
+    pub fn block(&self) -> Block {
+        unpack(self.0).1
+    }
+}
+
+#[inline(always)]
+fn find(d: &ShardData, addr: u64) -> Option<usize> {
+    if d.slots.is_empty() || !storable(addr) {
+        return None;
+    }
+    let n = d.slots.len();
+    let mut i = home(addr, n);
+    let want = key_of(addr);
+    loop {
+        let e = d.slots[i];
+        if e.key == 0 {
+            return None;
+        }
+        if e.key & ((1 << ADDR_BITS) - 1) == want {
+            return Some(i);
+        }
+        i = next(i, n);
+    }
+}
+
+fn grow(d: &mut ShardData) {
+    let bigger = vec![Entry::default(); d.slots.len() + d.slots.len() / 2];
+    let old = core::mem::replace(&mut d.slots, bigger);
+    let n = d.slots.len();
+    for e in old.into_iter().filter(|e| e.key != 0) {
+        let mut i = home(addr_of(e), n);
+        while d.slots[i].key != 0 {
+            i = next(i, n);
+        }
+        d.slots[i] = e;
+    }
+}
+
+/// Locks every shard (fork prepare, final snapshot).
+pub fn lock_all() {
+    for s in &TABLE {
+        s.lock.lock();
+    }
+}
+
+/// Unlocks every shard locked by [`lock_all`].
+pub fn unlock_all() {
+    for s in &TABLE {
+        s.lock.unlock();
+    }
+}
+
+/// Frees every shard lock in the child after fork.
+pub fn reset_locks() {
+    for s in &TABLE {
+        s.lock.reset();
+    }
+}
+
+/// Every shard, for the snapshot.
+pub fn shards() -> &'static [Shard; SHARDS] {
+    &TABLE
+}
+
+#[cfg(test)]
+mod tests {
+    // The agent crate is a cdylib without a test harness; the table is
+    // exercised end to end by crates/cli/tests.
+}
