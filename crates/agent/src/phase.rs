@@ -30,7 +30,11 @@ const STOPPED: u64 = 1 << 4;
 const EXIT_HANDLERS_GONE: u64 = 1 << 5;
 const TID_SHIFT: u32 = 32;
 
-static WORD: AtomicU64 = AtomicU64::new(0);
+/// The lifecycle word's transitions, on any word (the agent's is `WORD`;
+/// a unit test makes its own).
+pub struct Word(AtomicU64);
+
+static WORD: Word = Word::new();
 /// pid of the process this agent state belongs to (a vfork child differs).
 static PID: AtomicU32 = AtomicU32::new(0);
 /// A page whose first word is nonzero in the process that set it and zero
@@ -40,89 +44,161 @@ static FORK_TOKEN: AtomicUsize = AtomicUsize::new(0);
 /// runtime: it resets the writer).
 static ON_ABANDON: AtomicUsize = AtomicUsize::new(0);
 
-#[inline]
-fn has(flag: u64) -> bool {
-    WORD.load(Ordering::Acquire) & flag != 0
-}
+impl Word {
+    pub const fn new() -> Word {
+        Word(AtomicU64::new(0))
+    }
 
-fn set(flag: u64, on: bool) {
-    if on {
-        WORD.fetch_or(flag, Ordering::AcqRel);
-    } else {
-        WORD.fetch_and(!flag, Ordering::AcqRel);
+    #[inline]
+    fn has(&self, flag: u64) -> bool {
+        self.0.load(Ordering::Acquire) & flag != 0
+    }
+
+    fn set(&self, flag: u64, on: bool) {
+        if on {
+            self.0.fetch_or(flag, Ordering::AcqRel);
+        } else {
+            self.0.fetch_and(!flag, Ordering::AcqRel);
+        }
+    }
+
+    /// Marks the agent initialized; true if it already was.
+    pub fn begin_init(&self) -> bool {
+        self.0.fetch_or(INITIALIZED, Ordering::AcqRel) & INITIALIZED != 0
+    }
+
+    pub fn initialized(&self) -> bool {
+        self.has(INITIALIZED)
+    }
+
+    /// Nothing more is recorded (see `STOPPED`).
+    #[inline]
+    pub fn recording_stopped(&self) -> bool {
+        self.has(STOPPED)
+    }
+
+    pub fn set_recording_stopped(&self, stopped: bool) {
+        self.set(STOPPED, stopped);
+    }
+
+    /// Marks the trace as being finished by `tid`; false if a finish had
+    /// already begun (on any thread).
+    pub fn begin_finish(&self, tid: u32, for_exec: bool) -> bool {
+        let mut began = false;
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                began = w & FINISHING == 0;
+                began.then(|| {
+                    let flags = w & !(FOR_EXEC | (u64::from(u32::MAX) << TID_SHIFT));
+                    flags
+                        | FINISHING
+                        | if for_exec { FOR_EXEC } else { 0 }
+                        | u64::from(tid) << TID_SHIFT
+                })
+            });
+        began
+    }
+
+    /// Some thread is finishing the trace.
+    pub fn finishing(&self) -> bool {
+        self.has(FINISHING)
+    }
+
+    /// The thread finishing the trace (0: none).
+    pub fn finishing_tid(&self) -> u32 {
+        (self.0.load(Ordering::Acquire) >> TID_SHIFT) as u32
+    }
+
+    pub fn finishing_for_exec(&self) -> bool {
+        self.has(FOR_EXEC)
+    }
+
+    pub fn trace_done(&self) -> bool {
+        self.has(TRACE_DONE)
+    }
+
+    pub fn set_trace_done(&self) {
+        self.set(TRACE_DONE, true);
+    }
+
+    /// A finish called off (a failed exec, a fork child's new trace): no
+    /// finish under way, none done.
+    pub fn finish_called_off(&self) {
+        self.0.fetch_and(
+            !(FINISHING | FOR_EXEC | TRACE_DONE | (u64::from(u32::MAX) << TID_SHIFT)),
+            Ordering::AcqRel,
+        );
+    }
+
+    pub fn exit_handlers_gone(&self) -> bool {
+        self.has(EXIT_HANDLERS_GONE)
+    }
+
+    pub fn set_exit_handlers_gone(&self) {
+        self.set(EXIT_HANDLERS_GONE, true);
     }
 }
 
 /// Marks the agent initialized; true if it already was.
 pub fn begin_init() -> bool {
-    WORD.fetch_or(INITIALIZED, Ordering::AcqRel) & INITIALIZED != 0
+    WORD.begin_init()
 }
 
 pub fn initialized() -> bool {
-    has(INITIALIZED)
+    WORD.initialized()
 }
 
 /// Nothing more is recorded (see `STOPPED`).
 #[inline]
 pub fn recording_stopped() -> bool {
-    has(STOPPED)
+    WORD.recording_stopped()
 }
 
 pub fn set_recording_stopped(stopped: bool) {
-    set(STOPPED, stopped);
+    WORD.set_recording_stopped(stopped)
 }
 
 /// Marks the trace as being finished by `tid`; false if a finish had
 /// already begun (on any thread).
 pub fn begin_finish(tid: u32, for_exec: bool) -> bool {
-    let mut began = false;
-    let _ = WORD.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-        began = w & FINISHING == 0;
-        began.then(|| {
-            let flags = w & !(FOR_EXEC | (u64::from(u32::MAX) << TID_SHIFT));
-            flags | FINISHING | if for_exec { FOR_EXEC } else { 0 } | u64::from(tid) << TID_SHIFT
-        })
-    });
-    began
+    WORD.begin_finish(tid, for_exec)
 }
 
 /// Some thread is finishing the trace.
 pub fn finishing() -> bool {
-    has(FINISHING)
+    WORD.finishing()
 }
 
 /// The thread finishing the trace (0: none).
 pub fn finishing_tid() -> u32 {
-    (WORD.load(Ordering::Acquire) >> TID_SHIFT) as u32
+    WORD.finishing_tid()
 }
 
 pub fn finishing_for_exec() -> bool {
-    has(FOR_EXEC)
+    WORD.finishing_for_exec()
 }
 
 pub fn trace_done() -> bool {
-    has(TRACE_DONE)
+    WORD.trace_done()
 }
 
 pub fn set_trace_done() {
-    set(TRACE_DONE, true);
+    WORD.set_trace_done()
 }
 
 /// A finish called off (a failed exec, a fork child's new trace): no
 /// finish under way, none done.
 pub fn finish_called_off() {
-    WORD.fetch_and(
-        !(FINISHING | FOR_EXEC | TRACE_DONE | (u64::from(u32::MAX) << TID_SHIFT)),
-        Ordering::AcqRel,
-    );
+    WORD.finish_called_off()
 }
 
 pub fn exit_handlers_gone() -> bool {
-    has(EXIT_HANDLERS_GONE)
+    WORD.exit_handlers_gone()
 }
 
 pub fn set_exit_handlers_gone() {
-    set(EXIT_HANDLERS_GONE, true);
+    WORD.set_exit_handlers_gone()
 }
 
 /// Notes the calling process as the one the agent's state belongs to
@@ -190,5 +266,40 @@ pub fn abandon_unreset_child() {
 
 /// In a fork child: the thread that was finishing is not in it.
 pub fn clear_finishing_tid() {
-    WORD.fetch_and(!(u64::from(u32::MAX) << TID_SHIFT), Ordering::AcqRel);
+    WORD.0
+        .fetch_and(!(u64::from(u32::MAX) << TID_SHIFT), Ordering::AcqRel);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Word, TID_SHIFT};
+    use core::sync::atomic::Ordering;
+
+    /// The finish begins once, on one thread, whole; a failed exec calls it
+    /// off; the other flags come and go on their own.
+    #[test]
+    fn the_lifecycle_word_moves_through_its_phases() {
+        let w = Word::new();
+        assert!(!w.begin_init());
+        assert!(w.begin_init());
+        assert!(w.initialized());
+        assert!(!w.finishing() && w.finishing_tid() == 0);
+        assert!(w.begin_finish(41, true));
+        assert!(!w.begin_finish(42, false));
+        assert!(w.finishing() && w.finishing_for_exec());
+        assert_eq!(w.finishing_tid(), 41);
+        w.set_trace_done();
+        w.set_recording_stopped(true);
+        assert!(w.trace_done() && w.recording_stopped());
+        w.finish_called_off();
+        assert!(!w.finishing() && !w.finishing_for_exec() && !w.trace_done());
+        assert_eq!(w.finishing_tid(), 0);
+        assert!(w.recording_stopped() && w.initialized());
+        assert!(w.begin_finish(43, false));
+        assert!(!w.finishing_for_exec());
+        w.0.fetch_and(!(u64::from(u32::MAX) << TID_SHIFT), Ordering::AcqRel);
+        assert!(w.finishing() && w.finishing_tid() == 0);
+        w.set_recording_stopped(false);
+        assert!(!w.recording_stopped());
+    }
 }

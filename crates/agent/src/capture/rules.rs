@@ -133,3 +133,74 @@ pub fn forget_all() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{forget_all, rule_for};
+    use crate::capture::modules;
+    use crate::platform::arch::Rule;
+    use crate::platform::side_stack::SideStack;
+
+    #[test]
+    fn rules_survive_their_encoding_and_offsets_too_large_become_other() {
+        let rules = [
+            Rule::EndOfStack,
+            Rule::Sp { cfa_offset: 8 },
+            Rule::Sp {
+                cfa_offset: 8 * ((1 << 13) - 1),
+            },
+            Rule::SpRestoreBp {
+                cfa_offset: 32,
+                bp_below_cfa: 16,
+            },
+            Rule::FramePointer,
+            Rule::SignalFrame,
+            Rule::Other,
+        ];
+        for r in rules {
+            assert_ne!(r.encode(), 0, "{r:?}");
+            assert_eq!(Rule::decode(r.encode()), r);
+        }
+        assert_eq!(
+            Rule::decode(
+                Rule::Sp {
+                    cfa_offset: 8 << 13
+                }
+                .encode()
+            ),
+            Rule::Other
+        );
+    }
+
+    #[inline(never)]
+    extern "C" fn some_function() -> u64 {
+        core::hint::black_box(7)
+    }
+
+    /// At a function's first instruction every x86-64 CFI says the return
+    /// address was just pushed: CFA = sp + 8. The table answers so from the
+    /// test binary's own .eh_frame, again from its cache, and again once
+    /// the modules changed and the cache was emptied; an address no module
+    /// covers has no rule.
+    #[test]
+    fn the_table_answers_from_the_programs_cfi_and_forgets_on_change() {
+        modules::refresh();
+        let (unwinders, gen) = modules::unwinder().expect("the test binary's modules");
+        let side = SideStack::new();
+        let mut context = None;
+        let entry = some_function as *const () as u64;
+        let want = Rule::Sp { cfa_offset: 8 }.encode();
+        assert_eq!(rule_for(entry, gen, unwinders, &mut context, &side), want);
+        assert_eq!(rule_for(entry, gen, unwinders, &mut context, &side), want);
+        forget_all();
+        assert_eq!(
+            rule_for(entry, gen + 1, unwinders, &mut context, &side),
+            want
+        );
+        assert_eq!(
+            rule_for(0x10, gen, unwinders, &mut context, &side),
+            Rule::Other.encode()
+        );
+        assert_eq!(some_function(), 7);
+    }
+}

@@ -293,3 +293,33 @@ pub fn reset_locks() {
     }
     ARENA.lock.reset();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{frames, hash_frames, intern, MAX_FRAMES};
+
+    /// A stack is interned once: the same identity gives the same id
+    /// without gathering its frames again, another gives a new id, and the
+    /// frames kept are the ones gathered (cut at MAX_FRAMES).
+    #[test]
+    fn a_stack_is_interned_once_and_its_frames_kept() {
+        let a = [0x1000_0001u64, 0x1000_0002, 0x1000_0003];
+        let (id, new) = intern(hash_frames(&a), |buf| {
+            buf[..3].copy_from_slice(&a);
+            3
+        })
+        .unwrap();
+        assert!(new);
+        assert_eq!(frames(id), a);
+        let again = intern(hash_frames(&a), |_| panic!("gathered twice")).unwrap();
+        assert_eq!(again, (id, false));
+        let b = [0x2000_0001u64; MAX_FRAMES];
+        let (other, new) = intern(hash_frames(&b), |buf| {
+            buf.copy_from_slice(&b);
+            MAX_FRAMES + 10
+        })
+        .unwrap();
+        assert!(new && other != id);
+        assert_eq!(frames(other), b);
+    }
+}

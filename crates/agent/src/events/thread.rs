@@ -885,3 +885,64 @@ impl SiteCache {
 pub const ROLE_UNKNOWN: u8 = 0;
 pub const ROLE_OWNER: u8 = 1;
 pub const ROLE_OTHER: u8 = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::{current, steal_all_into};
+    use crate::events::buffers;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use trapline_trace::{Decoder, Event};
+
+    /// The test's events in a buffer: the agent's hooks are live in this
+    /// binary too, so its threads' allocations are recorded beside them.
+    fn test_events(b: &buffers::Buffer) -> u64 {
+        let events = Decoder::new(&b.data[..b.len]).map(|e| e.expect("decodes"));
+        events
+            .filter(|e| matches!(e, Event::ThreadEnd { .. }))
+            .count() as u64
+    }
+
+    /// Four threads record 100,000 events each while another steals their
+    /// partly filled buffers as fast as it can (the writer's sweep): every
+    /// event arrives once, in a stolen buffer or in one its owner queued
+    /// (a full one, or its last by `flush`).
+    #[test]
+    fn the_stealer_takes_each_event_once_while_its_owner_records() {
+        const THREADS: u64 = 4;
+        const EVENTS: u64 = 100_000;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stolen = Arc::new(AtomicU64::new(0));
+        let stealer = {
+            let (stop, stolen) = (stop.clone(), stolen.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    steal_all_into(1000, |b| {
+                        stolen.fetch_add(test_events(&b), Ordering::Relaxed);
+                    });
+                }
+            })
+        };
+        let owners: Vec<_> = (0..THREADS)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let ts = current();
+                    for t in 1..=EVENTS {
+                        ts.emit(Some(t), |e, c| e.event(c, &Event::ThreadEnd { time: t }));
+                    }
+                    ts.flush();
+                })
+            })
+            .collect();
+        owners.into_iter().for_each(|t| t.join().unwrap());
+        stop.store(true, Ordering::Release);
+        stealer.join().unwrap();
+        let queued = buffers::with_queue(|q| {
+            let events = q.full.iter().map(|b| test_events(b)).sum::<u64>();
+            q.full.clear();
+            q.queued_bytes = 0;
+            events
+        });
+        assert_eq!(stolen.load(Ordering::Relaxed) + queued, THREADS * EVENTS);
+    }
+}

@@ -533,6 +533,46 @@ pub fn shards() -> &'static [Shard; SHARDS] {
 
 #[cfg(test)]
 mod tests {
-    // The agent crate is a cdylib without a test harness; the table is
-    // exercised end to end by crates/cli/tests.
+    use super::{shard_of, Block};
+    use trapline_trace::AllocFn;
+
+    fn block(size: u64) -> Block {
+        Block {
+            size,
+            func: AllocFn::Malloc,
+            stack: size as u32,
+        }
+    }
+
+    /// 20,000 blocks in one address range (the table grows many times),
+    /// every other one removed (backward-shift deletion must keep every
+    /// probe chain whole), one re-recorded over a stale entry: every lookup
+    /// answers as recorded.
+    #[test]
+    fn blocks_are_found_after_growth_and_removals() {
+        let base = 0x5a00_0000_0000u64;
+        let addr = |i: u64| base + i * 48;
+        for i in 0..20_000 {
+            assert_eq!(
+                shard_of(addr(i)).locked().insert(addr(i), block(i + 1)),
+                None
+            );
+        }
+        for i in (0..20_000).step_by(2) {
+            assert_eq!(
+                shard_of(addr(i)).locked().remove(addr(i)),
+                Some(block(i + 1))
+            );
+        }
+        for i in 0..20_000 {
+            let want = (i % 2 == 1).then(|| block(i + 1));
+            assert_eq!(shard_of(addr(i)).locked().get(addr(i)), want, "block {i}");
+        }
+        let stale = addr(1);
+        assert_eq!(shard_of(stale).locked().insert(stale, block(99)), Some(2));
+        assert_eq!(shard_of(stale).locked().get(stale), Some(block(99)));
+        for i in (1..20_000).step_by(2) {
+            assert!(shard_of(addr(i)).locked().remove(addr(i)).is_some());
+        }
+    }
 }
