@@ -6,7 +6,7 @@
 //! delta, one flags byte and a stack id, usually 5 to 8 bytes. A contended
 //! one adds its wait in nanoseconds.
 
-use super::{ChunkContext, DecodeError, Decoder, Encoder, Event, NoRoom};
+use super::{tag, ChunkContext, DecodeError, Decoder, Encoder, NoRoom};
 use crate::varint::zigzag;
 
 /// What kind of lock an event is about.
@@ -116,7 +116,7 @@ pub enum LockMisuse {
 }
 
 impl LockMisuse {
-    fn from_u8(v: u8) -> Option<LockMisuse> {
+    pub(super) fn from_u8(v: u8) -> Option<LockMisuse> {
         match v {
             1 => Some(LockMisuse::SelfDeadlock),
             2 => Some(LockMisuse::Refused),
@@ -206,22 +206,6 @@ pub enum LockEvent {
     Exit { time: u64, stack: u32 },
 }
 
-pub(super) mod tag {
-    pub const INIT: u8 = 64;
-    pub const DESTROY: u8 = 65;
-    pub const ACQUIRE: u8 = 66;
-    pub const RELEASE: u8 = 67;
-    pub const REQUEST: u8 = 68;
-    pub const FAILED: u8 = 69;
-    pub const MISUSE: u8 = 70;
-    pub const JOIN: u8 = 71;
-    pub const DETACH: u8 = 72;
-    pub const EXIT: u8 = 73;
-    pub const JOIN_WAIT: u8 = 74;
-    pub const FIRST: u8 = 64;
-    pub const LAST: u8 = 95;
-}
-
 /// Appends `v` (< 2^14) as a one- or two-byte varint at bit `bits` of `acc`.
 #[inline(always)]
 fn push_varint14(acc: &mut u128, bits: &mut u32, v: u64) {
@@ -236,7 +220,7 @@ fn push_varint14(acc: &mut u128, bits: &mut u32, v: u64) {
 }
 
 /// Flags byte: kind (bits 0-2), mode (bit 3), op (bits 4-5), contended (bit 6).
-fn flags(kind: LockKind, mode: LockMode, op: LockOp, contended: bool) -> u8 {
+pub(super) fn flags(kind: LockKind, mode: LockMode, op: LockOp, contended: bool) -> u8 {
     kind as u8 | (mode as u8) << 3 | (op as u8) << 4 | u8::from(contended) << 6
 }
 
@@ -273,7 +257,11 @@ impl LockEvent {
 }
 
 impl Encoder<'_> {
-    /// Encodes an acquisition without building an [`Event`] (the agent's hot path).
+    /// Encodes an acquisition without building an [`Event`](super::Event):
+    /// the agent's hot path for locks. Written by hand beside the table's
+    /// rows for `Acquire` and `Release`, which would cost the lock hooks an
+    /// event built and dispatched and a bounds check per field;
+    /// `tests/golden.rs` holds them to the same bytes.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn lock_acquire(
@@ -288,10 +276,10 @@ impl Encoder<'_> {
         stack: u32,
     ) -> Result<(), NoRoom> {
         let flags = flags(kind, mode, op, wait_ns.is_some());
-        if wait_ns.is_none() && self.packed(ctx, tag::ACQUIRE, time, addr, flags, stack) {
+        if wait_ns.is_none() && self.packed(ctx, tag::LOCK_ACQUIRE, time, addr, flags, stack) {
             return Ok(());
         }
-        self.byte(tag::ACQUIRE)?;
+        self.byte(tag::LOCK_ACQUIRE)?;
         self.time(ctx, time)?;
         self.addr(ctx, addr)?;
         self.byte(flags)?;
@@ -302,7 +290,8 @@ impl Encoder<'_> {
         Ok(())
     }
 
-    /// Encodes a release without building an [`Event`].
+    /// Encodes a release without building an [`Event`](super::Event) (see
+    /// [`Encoder::lock_acquire`]).
     #[inline]
     pub fn lock_release(
         &mut self,
@@ -312,10 +301,10 @@ impl Encoder<'_> {
         kind: LockKind,
         stack: u32,
     ) -> Result<(), NoRoom> {
-        if self.packed(ctx, tag::RELEASE, time, addr, kind as u8, stack) {
+        if self.packed(ctx, tag::LOCK_RELEASE, time, addr, kind as u8, stack) {
             return Ok(());
         }
-        self.byte(tag::RELEASE)?;
+        self.byte(tag::LOCK_RELEASE)?;
         self.time(ctx, time)?;
         self.addr(ctx, addr)?;
         self.byte(kind as u8)?;
@@ -359,275 +348,21 @@ impl Encoder<'_> {
         ctx.prev_addr = addr;
         true
     }
-
-    pub(super) fn lock_event(
-        &mut self,
-        ctx: &mut ChunkContext,
-        ev: &LockEvent,
-    ) -> Result<(), NoRoom> {
-        match *ev {
-            LockEvent::Init {
-                time,
-                addr,
-                kind,
-                stack,
-            }
-            | LockEvent::Destroy {
-                time,
-                addr,
-                kind,
-                stack,
-            } => {
-                let t = if matches!(ev, LockEvent::Init { .. }) {
-                    tag::INIT
-                } else {
-                    tag::DESTROY
-                };
-                self.byte(t)?;
-                self.time(ctx, time)?;
-                self.addr(ctx, addr)?;
-                self.byte(kind as u8)?;
-                self.u64(u64::from(stack))
-            }
-            LockEvent::Acquire {
-                time,
-                addr,
-                kind,
-                mode,
-                op,
-                wait_ns,
-                stack,
-            } => self.lock_acquire(ctx, time, addr, kind, mode, op, wait_ns, stack),
-            LockEvent::Release {
-                time,
-                addr,
-                kind,
-                stack,
-            } => self.lock_release(ctx, time, addr, kind, stack),
-            LockEvent::Request {
-                time,
-                addr,
-                kind,
-                mode,
-                stack,
-            } => {
-                self.byte(tag::REQUEST)?;
-                self.time(ctx, time)?;
-                self.addr(ctx, addr)?;
-                self.byte(flags(kind, mode, LockOp::Blocking, false))?;
-                self.u64(u64::from(stack))
-            }
-            LockEvent::Failed {
-                time,
-                addr,
-                kind,
-                mode,
-                op,
-                errno,
-                stack,
-            } => {
-                self.byte(tag::FAILED)?;
-                self.time(ctx, time)?;
-                self.addr(ctx, addr)?;
-                self.byte(flags(kind, mode, op, false))?;
-                self.u64(u64::from(errno as u32))?;
-                self.u64(u64::from(stack))
-            }
-            LockEvent::Misuse {
-                time,
-                addr,
-                kind,
-                misuse,
-                errno,
-                stack,
-            } => {
-                self.byte(tag::MISUSE)?;
-                self.time(ctx, time)?;
-                self.addr(ctx, addr)?;
-                self.byte(kind as u8)?;
-                self.byte(misuse as u8)?;
-                self.u64(u64::from(errno as u32))?;
-                self.u64(u64::from(stack))
-            }
-            LockEvent::Join {
-                time,
-                joined,
-                stack,
-            } => {
-                self.byte(tag::JOIN)?;
-                self.time(ctx, time)?;
-                self.u64(u64::from(joined))?;
-                self.u64(u64::from(stack))
-            }
-            LockEvent::JoinWait {
-                time,
-                joined,
-                stack,
-            } => {
-                self.byte(tag::JOIN_WAIT)?;
-                self.time(ctx, time)?;
-                self.u64(u64::from(joined))?;
-                self.u64(u64::from(stack))
-            }
-            LockEvent::Detach { time, detached } => {
-                self.byte(tag::DETACH)?;
-                self.time(ctx, time)?;
-                self.u64(u64::from(detached))
-            }
-            LockEvent::Exit { time, stack } => {
-                self.byte(tag::EXIT)?;
-                self.time(ctx, time)?;
-                self.u64(u64::from(stack))
-            }
-        }
-    }
 }
 
 impl Decoder<'_> {
-    fn lock_kind(&mut self, v: u8) -> Result<LockKind, DecodeError> {
-        LockKind::from_u8(v).ok_or(DecodeError::Invalid("lock kind"))
-    }
-
     /// (kind, mode, op, contended) from a flags byte.
-    fn lock_flags(&mut self) -> Result<(LockKind, LockMode, LockOp, bool), DecodeError> {
+    pub(super) fn lock_flags(&mut self) -> Result<(LockKind, LockMode, LockOp, bool), DecodeError> {
         let f = self.byte()?;
         if f & 0x80 != 0 {
             return Err(DecodeError::Invalid("lock flags"));
         }
-        let kind = self.lock_kind(f & 7)?;
+        let kind = LockKind::from_u8(f & 7).ok_or(DecodeError::Invalid("lock kind"))?;
         let mode = if f & 8 != 0 {
             LockMode::Shared
         } else {
             LockMode::Exclusive
         };
         Ok((kind, mode, LockOp::from_bits(f >> 4), f & 0x40 != 0))
-    }
-
-    fn errno(&mut self) -> Result<i32, DecodeError> {
-        let v = self.u32("errno")?;
-        Ok(v as i32)
-    }
-
-    pub(super) fn decode_lock(&mut self, t: u8) -> Result<Event, DecodeError> {
-        let ev = match t {
-            tag::INIT | tag::DESTROY => {
-                let time = self.time()?;
-                let addr = self.addr()?;
-                let b = self.byte()?;
-                let kind = self.lock_kind(b)?;
-                let stack = self.u32("stack id")?;
-                if t == tag::INIT {
-                    LockEvent::Init {
-                        time,
-                        addr,
-                        kind,
-                        stack,
-                    }
-                } else {
-                    LockEvent::Destroy {
-                        time,
-                        addr,
-                        kind,
-                        stack,
-                    }
-                }
-            }
-            tag::ACQUIRE => {
-                let time = self.time()?;
-                let addr = self.addr()?;
-                let (kind, mode, op, contended) = self.lock_flags()?;
-                let stack = self.u32("stack id")?;
-                let wait_ns = if contended { Some(self.u64()?) } else { None };
-                LockEvent::Acquire {
-                    time,
-                    addr,
-                    kind,
-                    mode,
-                    op,
-                    wait_ns,
-                    stack,
-                }
-            }
-            tag::RELEASE => {
-                let time = self.time()?;
-                let addr = self.addr()?;
-                let b = self.byte()?;
-                let kind = self.lock_kind(b)?;
-                let stack = self.u32("stack id")?;
-                LockEvent::Release {
-                    time,
-                    addr,
-                    kind,
-                    stack,
-                }
-            }
-            tag::REQUEST => {
-                let time = self.time()?;
-                let addr = self.addr()?;
-                let (kind, mode, _, _) = self.lock_flags()?;
-                let stack = self.u32("stack id")?;
-                LockEvent::Request {
-                    time,
-                    addr,
-                    kind,
-                    mode,
-                    stack,
-                }
-            }
-            tag::FAILED => {
-                let time = self.time()?;
-                let addr = self.addr()?;
-                let (kind, mode, op, _) = self.lock_flags()?;
-                let errno = self.errno()?;
-                let stack = self.u32("stack id")?;
-                LockEvent::Failed {
-                    time,
-                    addr,
-                    kind,
-                    mode,
-                    op,
-                    errno,
-                    stack,
-                }
-            }
-            tag::MISUSE => {
-                let time = self.time()?;
-                let addr = self.addr()?;
-                let b = self.byte()?;
-                let kind = self.lock_kind(b)?;
-                let misuse =
-                    LockMisuse::from_u8(self.byte()?).ok_or(DecodeError::Invalid("lock misuse"))?;
-                let errno = self.errno()?;
-                let stack = self.u32("stack id")?;
-                LockEvent::Misuse {
-                    time,
-                    addr,
-                    kind,
-                    misuse,
-                    errno,
-                    stack,
-                }
-            }
-            tag::JOIN => LockEvent::Join {
-                time: self.time()?,
-                joined: self.u32("thread id")?,
-                stack: self.u32("stack id")?,
-            },
-            tag::JOIN_WAIT => LockEvent::JoinWait {
-                time: self.time()?,
-                joined: self.u32("thread id")?,
-                stack: self.u32("stack id")?,
-            },
-            tag::DETACH => LockEvent::Detach {
-                time: self.time()?,
-                detached: self.u32("thread id")?,
-            },
-            tag::EXIT => LockEvent::Exit {
-                time: self.time()?,
-                stack: self.u32("stack id")?,
-            },
-            other => return Err(DecodeError::UnknownTag(other)),
-        };
-        Ok(Event::Lock(ev))
     }
 }
