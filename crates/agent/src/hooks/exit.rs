@@ -5,8 +5,9 @@
 //! entry point is a naked trampoline in arch (`exit`).
 //!
 //! `__libc_start_main`: runs the program's `main` from `main_returning`, the
-//! one place where a return from `main` passes through the agent (design.md
-//! 9.9: after a vfork child used up the exit handlers, nothing else does).
+//! one place where a return from `main` passes through the agent (design.md,
+//! "vfork, posix_spawn and system": after a vfork child used up the exit
+//! handlers, nothing else does).
 
 use crate::platform::arch::CALLEE_SAVED;
 use core::ffi::{c_char, c_int, c_void};
