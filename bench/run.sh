@@ -525,29 +525,7 @@ bench_spawn() {
 # ---------------------------------------------------------------- cc1
 
 fetch_sqlite() {
-    local proj=$WORK/sqlite-fetch
-    mkdir -p "$proj/src"
-    cat >"$proj/Cargo.toml" <<'EOF'
-[package]
-name = "sqlite-fetch"
-version = "0.0.0"
-edition = "2021"
-publish = false
-
-[workspace]
-
-[dependencies]
-libsqlite3-sys = { version = "=0.30.1", features = ["bundled"] }
-EOF
-    echo 'fn main() {}' >"$proj/src/main.rs"
-    (cd "$proj" && cargo fetch -q >&2)
-    local f
-    f=$(registry_sqlite_c)
-    if [[ -z $f ]]; then
-        log "sqlite3.c not found under ${CARGO_HOME:-$HOME/.cargo}/registry/src after cargo fetch"
-        return 1
-    fi
-    SQLITE_C=$f
+    SQLITE_C=$(fetch_sqlite_into "$WORK/sqlite-fetch") || return 1
     log "sqlite3.c: $SQLITE_C ($(stat -c %s "$SQLITE_C") bytes)"
 }
 

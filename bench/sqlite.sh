@@ -18,3 +18,32 @@ cut_sqlite_slice() {
     head -n "$end" "$src" >"$out"
     echo "$end"
 }
+
+# fetch_sqlite_into DIR: fetches the libsqlite3-sys 0.30.1 crate (its
+# bundled amalgamation) with a throwaway cargo project in DIR and prints
+# the path of its sqlite3.c.
+fetch_sqlite_into() {
+    local proj=$1
+    mkdir -p "$proj/src"
+    cat >"$proj/Cargo.toml" <<'EOF'
+[package]
+name = "sqlite-fetch"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[workspace]
+
+[dependencies]
+libsqlite3-sys = { version = "=0.30.1", features = ["bundled"] }
+EOF
+    echo 'fn main() {}' >"$proj/src/main.rs"
+    (cd "$proj" && cargo fetch -q >&2)
+    local f
+    f=$(registry_sqlite_c)
+    if [[ -z $f ]]; then
+        echo "sqlite3.c not found under ${CARGO_HOME:-$HOME/.cargo}/registry/src after cargo fetch" >&2
+        return 1
+    fi
+    echo "$f"
+}
