@@ -62,7 +62,7 @@ NEW=$(commit_of "$2")
 build_agent "$1" old
 build_agent "$2" new
 gcc -O2 -fomit-frame-pointer -g -o "$WORK/depth" "$BENCH_DIR/src/depth.c"
-SQLITE_C=${SQLITE_C:-$(registry_sqlite_c)}
+SQLITE_C=${SQLITE_C:-$(registry_sqlite_c || true)}
 if [[ ! -f ${SQLITE_C:-} ]]; then
     SQLITE_C=$(fetch_sqlite_into "$WORK/sqlite-fetch")
 fi
@@ -71,17 +71,17 @@ slice_end=$(cut_sqlite_slice "$SQLITE_C" "$SLICE" "$SLICE_FROM")
 CC1=$(gcc -print-prog-name=cc1)
 MULTIARCH=$(gcc -print-multiarch)
 
-# run TOOL CMD...: the command under TOOL (native, old, new), its stdout in
-# out.txt; prints the wall seconds.
+# run TOOL CMD...: the command under TOOL (native, old, new), its stdout and
+# stderr in out.txt and err.txt; prints the wall seconds.
 run() {
     local tool=$1 start end
     shift
     rm -f "$WORK"/trace.*
     start=$(date +%s.%N)
     if [[ $tool == native ]]; then
-        "$@" >"$WORK/out.txt"
+        "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"
     else
-        LD_PRELOAD=$WORK/$tool.so TRAPLINE_OUTPUT=$WORK/trace "$@" >"$WORK/out.txt"
+        LD_PRELOAD=$WORK/$tool.so TRAPLINE_OUTPUT=$WORK/trace "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"
     fi
     end=$(date +%s.%N)
     echo "$start $end" | awk '{ printf "%.4f\n", $2 - $1 }'

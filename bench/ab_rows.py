@@ -47,7 +47,7 @@ def main():
                 "commit": commits[tool],
                 "cpu": os.environ["CPU"],
                 "workload": names[workload],
-                "tool": "native" if tool == "native" else f"trapline ({commits[tool]})",
+                "tool": "native" if tool == "native" else "trapline",
                 "rounds": len(values),
             }
             if workload == "micro":
