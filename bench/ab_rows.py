@@ -51,9 +51,9 @@ def main():
                 "rounds": len(values),
             }
             if workload == "micro":
-                row["median_ns_per_pair"] = round(median, 2)
+                row["ns_per_pair"] = round(median, 2)
                 if tool != "native":
-                    row["added_ns_per_pair"] = round(median - base, 2)
+                    row["ns_added_per_pair"] = round(median - base, 2)
             else:
                 row["median_s"] = round(median, 3)
                 row["ratio_to_native"] = round(median / base, 3)
@@ -63,7 +63,7 @@ def main():
         for row in rows:
             out.write(json.dumps(row) + "\n")
     for row in rows:
-        figures = {k: v for k, v in row.items() if k.startswith(("median", "added", "ratio"))}
+        figures = {k: v for k, v in row.items() if k.startswith(("median", "ns_", "ratio"))}
         print(row["workload"].split(":")[0], row["tool"], figures)
 
 
