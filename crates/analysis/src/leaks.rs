@@ -16,6 +16,7 @@ use std::io::{Read, Seek};
 use serde::Serialize;
 use trapline_trace::{AllocFn, ErrorKind, Event, TraceError, Verdict};
 
+use crate::growth::{Growth, GrowthTracker};
 use crate::index::{MergedEvent, MergedEvents, TraceIndex};
 use crate::replay::{Block, HeapReplay};
 use crate::report::{
@@ -55,6 +56,9 @@ pub struct LeaksReport {
     pub scans_skipped: Vec<SkippedScan>,
     /// The suppressions that hid records, with what they hid.
     pub suppressions: Vec<SuppressionMatch>,
+    /// Allocation sites that kept growing through the run and have no loss
+    /// record, fastest first.
+    pub growing_sites: Vec<GrowingSite>,
     /// With `--history`: per allocation site with lost blocks, how each scan
     /// judged it; null otherwise.
     pub history: Option<Vec<SiteHistory>>,
@@ -102,6 +106,8 @@ fn scan_record(verdict: Verdict, stack_id: u32, func: AllocFn, t: Totals) -> Los
         stack_id,
         stack: Vec::new(),
         suppression: None,
+        verdicts: Vec::new(),
+        growth: None,
     }
 }
 
@@ -139,7 +145,7 @@ pub struct LeaksSummary {
 }
 
 /// Blocks allocated from the same stack by the same function, still live.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LossRecord {
     /// With a scan: `"definitely_lost"`, `"indirectly_lost"`,
     /// `"possibly_lost"` or `"still_reachable"`. Without one:
@@ -165,6 +171,28 @@ pub struct LossRecord {
     /// A Valgrind suppression that hides this record (`--gen-suppressions`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub suppression: Option<String>,
+    /// What is wrong with the site, strongest first, drawn from
+    /// `"unreachable"` (definitely or indirectly lost), `"growing"` (its
+    /// live bytes kept rising to the end: `growth`) and `"unfreed_at_exit"`
+    /// (the process ended with the blocks allocated).
+    pub verdicts: Vec<&'static str>,
+    /// Why the site was judged growing (null unless it was).
+    pub growth: Option<Growth>,
+}
+
+/// An allocation site whose live bytes kept growing through the run but
+/// that has no loss record: its blocks were freed by the end, or its
+/// records are of a kind not listed (`--kinds`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GrowingSite {
+    /// The allocation function (C or C++ spelling).
+    pub allocated_by: &'static str,
+    /// The trace's stack id.
+    pub stack_id: u32,
+    /// The allocation stack, innermost first, inlined frames expanded.
+    pub stack: Vec<FrameReport>,
+    /// Why the site was judged growing.
+    pub growth: Growth,
 }
 
 /// A suppression that hid loss records.
@@ -313,6 +341,8 @@ struct LeaksPass {
     error_index: HashMap<(ErrorKind, AllocFn, u32), usize>,
     failures: Vec<FailureRecord>,
     failure_index: HashMap<(AllocFn, u32), usize>,
+    /// Each allocation site's live bytes over the run.
+    growth: Option<GrowthTracker>,
     /// The release function called at each release stack (the first seen):
     /// names the first release of a double-freed block, whose `Error` event
     /// gives only that release's stack.
@@ -345,7 +375,17 @@ impl Hasher for StackIdHasher {
 impl LeaksPass {
     fn observe(&mut self, m: &MergedEvent) {
         self.facts.observe(m.time, &m.event);
-        self.heap.apply(&m.event);
+        match &mut self.growth {
+            Some(g) => {
+                if m.time != 0 {
+                    g.advance(m.time);
+                }
+                self.heap.apply_observed(&m.event, |b, allocated| {
+                    g.changed((b.stack, b.func), b.size, allocated)
+                });
+            }
+            None => self.heap.apply(&m.event),
+        }
         self.scans.observe(&m.event);
         match &m.event {
             Event::Error {
@@ -423,8 +463,16 @@ pub fn analyze_with<R: Read + Seek>(
     options: &LeaksOptions,
 ) -> Result<LeaksReport, TraceError> {
     let index = TraceIndex::build(input)?;
+    let timed = index.chunks.iter().filter(|c| c.header.last_time != 0);
+    let start = timed
+        .clone()
+        .map(|c| c.header.first_time)
+        .min()
+        .unwrap_or(0);
+    let end = timed.map(|c| c.header.last_time).max().unwrap_or(0);
     let mut pass = LeaksPass {
         scans: ScanCollector::new(options.history),
+        growth: Some(GrowthTracker::new(start, end)),
         ..LeaksPass::default()
     };
     let mut merged = MergedEvents::new(input, &index);
@@ -434,6 +482,11 @@ pub fn analyze_with<R: Read + Seek>(
     let stopped = merged.read_status();
     drop(merged);
 
+    let mut growing = pass
+        .growth
+        .take()
+        .map(GrowthTracker::growing)
+        .unwrap_or_default();
     let has_exit_snapshot = pass.facts.has_exit_snapshot();
     let (kind, source, groups) = match has_exit_snapshot {
         true => (
@@ -496,6 +549,8 @@ pub fn analyze_with<R: Read + Seek>(
                 stack_id,
                 stack: Vec::new(),
                 suppression: None,
+                verdicts: Vec::new(),
+                growth: None,
             })
             .collect(),
     };
@@ -592,6 +647,34 @@ pub fn analyze_with<R: Read + Seek>(
             r.suppression = Some(crate::suppressions::generate(r.kind, func, &r.stack));
         }
     }
+    let func_of = |name: &str| {
+        AllocFn::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .unwrap_or(AllocFn::Malloc)
+    };
+    for r in &mut records {
+        r.growth = growing.get(&(r.stack_id, func_of(r.allocated_by))).cloned();
+        r.verdicts = verdicts_of(r.kind, r.growth.is_some());
+    }
+    for r in &records {
+        growing.remove(&(r.stack_id, func_of(r.allocated_by)));
+    }
+    let mut growing_sites: Vec<GrowingSite> = growing
+        .into_iter()
+        .map(|((stack_id, func), growth)| GrowingSite {
+            allocated_by: func.name(),
+            stack_id,
+            stack: symbolizer.stack(&facts.stacks, stack_id),
+            growth,
+        })
+        .collect();
+    growing_sites.sort_by(|a, b| {
+        b.growth
+            .bytes_per_second
+            .total_cmp(&a.growth.bytes_per_second)
+            .then(a.stack_id.cmp(&b.stack_id))
+    });
     if let Some(h) = history.as_mut() {
         for site in h.iter_mut() {
             site.stack = symbolizer.stack(&facts.stacks, site.stack_id);
@@ -632,6 +715,7 @@ pub fn analyze_with<R: Read + Seek>(
             error_contexts: errors.len() as u64,
         },
         records,
+        growing_sites,
         scan,
         scans_skipped: pass.scans.take_skipped(),
         suppressions: matches,
@@ -646,6 +730,21 @@ pub fn analyze_with<R: Read + Seek>(
         warnings: symbolizer.warnings(),
         problem,
     })
+}
+
+/// A loss record's verdicts, strongest first.
+fn verdicts_of(kind: &str, growing: bool) -> Vec<&'static str> {
+    let unreachable =
+        kind == Verdict::DefinitelyLost.name() || kind == Verdict::IndirectlyLost.name();
+    let unfreed = kind != KIND_LIVE_AT_END_OF_TRACE;
+    [
+        (unreachable, "unreachable"),
+        (growing, "growing"),
+        (unfreed, "unfreed_at_exit"),
+    ]
+    .into_iter()
+    .filter_map(|(holds, name)| holds.then_some(name))
+    .collect()
 }
 
 fn error_record(
@@ -831,6 +930,9 @@ pub fn render_text(r: &LeaksReport) -> String {
             thousands(n as u64)
         )
         .unwrap();
+        if let Some(g) = &rec.growth {
+            growth_text(&mut out, &p, g);
+        }
         stack_text(
             &mut out,
             &p,
@@ -851,6 +953,23 @@ pub fn render_text(r: &LeaksReport) -> String {
             thousands(r.summary.records_omitted)
         )
         .unwrap();
+        writeln!(out, "{p}").unwrap();
+    }
+
+    for site in &r.growing_sites {
+        writeln!(
+            out,
+            "{p}An allocation site kept growing, with no loss record (its blocks were freed, or are of a kind not listed):"
+        )
+        .unwrap();
+        growth_text(&mut out, &p, &site.growth);
+        stack_text(
+            &mut out,
+            &p,
+            Some(site.allocated_by),
+            &site.stack,
+            site.stack_id,
+        );
         writeln!(out, "{p}").unwrap();
     }
 
@@ -877,6 +996,20 @@ pub fn render_text(r: &LeaksReport) -> String {
     warnings_text(&mut out, &p, &r.warnings);
     footer_text(&mut out, &p, r.events_lost, &r.trace);
     out
+}
+
+/// "growing: +R bytes/s for S s (confidence C), A -> B bytes live".
+fn growth_text(out: &mut String, p: &str, g: &Growth) {
+    writeln!(
+        out,
+        "{p}   growing: +{} bytes/s for {:.1} s (confidence {:.2}), {} -> {} bytes live",
+        thousands(g.bytes_per_second.round() as u64),
+        g.growing_for_seconds,
+        g.confidence,
+        thousands(g.live_bytes_first),
+        thousands(g.live_bytes_last)
+    )
+    .unwrap();
 }
 
 /// "N" or, for a leader with indirect bytes, "N (D direct, I indirect)".

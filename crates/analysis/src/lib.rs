@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod deadlocks;
+pub mod growth;
 pub mod index;
 pub mod leaks;
 pub mod locks;

@@ -284,6 +284,13 @@ impl<V: LiveValue> HeapReplay<V> {
     /// and allocates the new one (possibly at the same address).
     #[inline]
     pub fn apply(&mut self, ev: &Event) {
+        self.apply_observed(ev, |_, _| {});
+    }
+
+    /// As `apply`, calling `changed(block, true)` for each block allocated
+    /// and `changed(block, false)` for each live block released.
+    #[inline]
+    pub fn apply_observed(&mut self, ev: &Event, mut changed: impl FnMut(&V, bool)) {
         match *ev {
             Event::Alloc {
                 addr,
@@ -291,8 +298,8 @@ impl<V: LiveValue> HeapReplay<V> {
                 func,
                 stack,
                 ..
-            } => self.allocate(addr, V::new(size, func, stack)),
-            Event::Free { addr, .. } => self.release(addr),
+            } => self.allocate(addr, V::new(size, func, stack), &mut changed),
+            Event::Free { addr, .. } => self.release(addr, &mut changed),
             Event::Realloc {
                 old_addr,
                 new_addr,
@@ -305,30 +312,33 @@ impl<V: LiveValue> HeapReplay<V> {
                     return;
                 }
                 if old_addr != 0 {
-                    self.release(old_addr);
+                    self.release(old_addr, &mut changed);
                 }
                 if new_addr != 0 {
-                    self.allocate(new_addr, V::new(size, func, stack));
+                    self.allocate(new_addr, V::new(size, func, stack), &mut changed);
                 }
             }
             _ => {}
         }
     }
 
-    fn allocate(&mut self, addr: u64, block: V) {
+    fn allocate(&mut self, addr: u64, block: V, changed: &mut impl FnMut(&V, bool)) {
         self.usage.allocs += 1;
         self.usage.bytes_allocated += block.size();
         // An address still live means its release was not recorded.
         if let Some(old) = self.live.insert(addr, block) {
             self.live_bytes -= old.size();
+            changed(&old, false);
         }
         self.live_bytes += block.size();
+        changed(&block, true);
     }
 
-    fn release(&mut self, addr: u64) {
+    fn release(&mut self, addr: u64, changed: &mut impl FnMut(&V, bool)) {
         self.usage.frees += 1;
         if let Some(old) = self.live.remove(addr) {
             self.live_bytes -= old.size();
+            changed(&old, false);
         }
     }
 }

@@ -1019,3 +1019,68 @@ fn error_exitcode_and_generated_suppressions() {
     let clean_status = output_of(cmd, "trapline leaks");
     assert_eq!(clean_status.code(), 0, "{}", clean_status.describe());
 }
+
+/// The innermost frame of a site is at `marker`'s line of `source`.
+fn site_at(stack: &Value, source: &str, marker: &str) -> bool {
+    let line = marker_line(source, marker);
+    stack.as_array().and_then(|s| s.first()).is_some_and(|f| {
+        basename(f.get("file")) == source && f.get("line").and_then(Value::as_u64) == Some(line)
+    })
+}
+
+/// growth.c: of four allocation sites, the one that leaks a block per
+/// request and the list that keeps growing but is never read again are
+/// judged growing; a cache that fills and then holds, and a working set
+/// taken and given back within each request, are not. The leak's record
+/// says unreachable, growing and unfreed at exit; the list, still
+/// reachable, is listed among the growing sites when only lost blocks are
+/// asked for, and carries its verdicts on its own record when every kind
+/// is.
+#[test]
+fn sites_that_keep_growing_are_told_from_a_cache_that_fills_and_holds() {
+    let (dir, all) = judged("growth", "growth.c");
+    let verdicts = |r: &Value| -> Vec<String> {
+        field(r, "verdicts")
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let leak = record_at(&all, "definitely_lost", "growth.c", "LEAK");
+    assert_eq!(bytes_blocks(leak), (48 * 20_000, 20_000));
+    assert_eq!(
+        verdicts(leak),
+        ["unreachable", "growing", "unfreed_at_exit"]
+    );
+    let growth = field(leak, "growth");
+    let rate = field(growth, "bytes_per_second").as_f64().unwrap();
+    assert!(rate > 0.0, "{}", pretty(growth));
+    assert!(
+        field(growth, "confidence").as_f64().unwrap() > 0.9,
+        "{}",
+        pretty(growth)
+    );
+    let list = record_at(&all, "still_reachable", "growth.c", "LIST");
+    assert_eq!(bytes_blocks(list), (64 * 20_000, 20_000));
+    assert_eq!(verdicts(list), ["growing", "unfreed_at_exit"]);
+    let cache = record_at(&all, "still_reachable", "growth.c", "CACHE");
+    assert_eq!(bytes_blocks(cache), (256 * 2_000, 2_000));
+    assert_eq!(verdicts(cache), ["unfreed_at_exit"]);
+    assert!(field(cache, "growth").is_null());
+    // Every growing site has its record here; WORK has none (all freed) and
+    // does not grow.
+    assert_eq!(field(&all, "growing_sites").as_array().unwrap().len(), 0);
+
+    // Only the lost kinds listed: the list's growth is told all the same.
+    let lost = leaks_with(&dir.trace(), &[]);
+    let sites = field(&lost, "growing_sites").as_array().unwrap();
+    assert_eq!(sites.len(), 1, "{}", pretty(&lost));
+    assert!(
+        site_at(field(&sites[0], "stack"), "growth.c", "LIST"),
+        "{}",
+        pretty(&sites[0])
+    );
+    let text = leaks_text(&dir.trace(), &[]);
+    assert!(text.contains("An allocation site kept growing"), "{text}");
+}

@@ -1,0 +1,270 @@
+//! Allocation sites whose live memory keeps growing.
+//!
+//! A streaming pass beside the heap replay: it keeps each site's live bytes
+//! (a site is an allocation stack and function) and samples them at
+//! `SAMPLES` evenly spaced times of the run. A site grows when its series
+//! rises steadily and is still rising at the end:
+//!
+//! - the trend is the Theil-Sen slope (the median of the slopes between
+//!   every pair of samples), which a burst or a few outliers do not move;
+//! - its confidence is Kendall's tau (pairs that rise minus pairs that fall,
+//!   over all pairs): 1 for a series that only climbs, near 0 for a working
+//!   set that comes and goes;
+//! - a bounded cache fills and then stays: its slope over the last third of
+//!   the run is about 0, where a leak's is what it was all along.
+//!
+//! The samples stop short of the run's end, where exit handlers and the C
+//! library's freeres release what a service holds for its whole life.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use trapline_trace::AllocFn;
+
+/// Samples per site over the run.
+pub const SAMPLES: usize = 64;
+/// Least Kendall tau of a growing site's samples.
+const MIN_CONFIDENCE: f64 = 0.6;
+/// A growing site's slope over the last third of the run, as a share of
+/// its slope over the whole run, at least.
+const MIN_LATE_SHARE: f64 = 0.5;
+/// Least rise of a growing site's live bytes, first sample to last: below
+/// it, a site's growth is no news a user needs (reachability still judges
+/// its blocks).
+const MIN_RISE_BYTES: u64 = 64 << 10;
+
+/// Why a site was judged growing.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Growth {
+    /// Theil-Sen slope of the site's live bytes, bytes per second.
+    pub bytes_per_second: f64,
+    /// Kendall's tau of the samples, from -1 to 1.
+    pub confidence: f64,
+    /// Since when the site has grown: the last time its live bytes were at
+    /// their lowest level of the rest of the run, seconds before the last
+    /// sample.
+    pub growing_for_seconds: f64,
+    /// Live bytes at the first and the last sample.
+    pub live_bytes_first: u64,
+    pub live_bytes_last: u64,
+    /// Samples judged (`SAMPLES` unless the run was too short to time).
+    pub samples: u32,
+}
+
+/// An allocation site: its stack id and allocation function.
+pub type Site = (u32, AllocFn);
+
+#[derive(Default)]
+struct SiteSeries {
+    live: u64,
+    samples: Vec<u64>,
+}
+
+/// The per-site series, fed with every heap change in time order.
+pub struct GrowthTracker {
+    start: u64,
+    end: u64,
+    /// Sample times taken so far.
+    times: Vec<u64>,
+    sites: HashMap<Site, SiteSeries>,
+}
+
+impl GrowthTracker {
+    /// A tracker for a run whose timed events span `start..=end`
+    /// (nanoseconds of trace time).
+    pub fn new(start: u64, end: u64) -> GrowthTracker {
+        GrowthTracker {
+            start,
+            end,
+            times: Vec::new(),
+            sites: HashMap::new(),
+        }
+    }
+
+    /// The time of sample `i`: evenly spaced, the last one short of the end.
+    fn sample_time(&self, i: usize) -> u64 {
+        let span = u128::from(self.end.saturating_sub(self.start));
+        self.start + (span * (i as u128 + 1) / (SAMPLES as u128 + 1)) as u64
+    }
+
+    /// Takes every sample due before an event at `time`.
+    pub fn advance(&mut self, time: u64) {
+        if self.end <= self.start {
+            return;
+        }
+        while self.times.len() < SAMPLES && self.sample_time(self.times.len()) <= time {
+            let t = self.sample_time(self.times.len());
+            let n = self.times.len();
+            for s in self.sites.values_mut() {
+                s.samples.resize(n, 0);
+                s.samples.push(s.live);
+            }
+            self.times.push(t);
+        }
+    }
+
+    /// A block of `size` bytes from `site` was allocated (`true`) or
+    /// released.
+    pub fn changed(&mut self, site: Site, size: u64, allocated: bool) {
+        let s = self.sites.entry(site).or_default();
+        s.live = if allocated {
+            s.live + size
+        } else {
+            s.live.saturating_sub(size)
+        };
+    }
+
+    /// The growing sites, after the last event.
+    pub fn growing(mut self) -> HashMap<Site, Growth> {
+        self.advance(u64::MAX);
+        let n = self.times.len();
+        let times: Vec<f64> = self.times.iter().map(|&t| t as f64 / 1e9).collect();
+        let mut out = HashMap::new();
+        for (site, mut s) in self.sites {
+            s.samples.resize(n, 0);
+            if let Some(g) = judge(&times, &s.samples) {
+                out.insert(site, g);
+            }
+        }
+        out
+    }
+}
+
+/// Whether a series (samples `ys` at `times` seconds) grows, and why.
+pub fn judge(times: &[f64], ys: &[u64]) -> Option<Growth> {
+    let n = ys.len();
+    if n < 8 || times.len() != n {
+        return None;
+    }
+    let (first, last) = (ys[0], ys[n - 1]);
+    if last < first.saturating_add(MIN_RISE_BYTES) {
+        return None;
+    }
+    let slope = theil_sen(times, ys)?;
+    let confidence = kendall_tau(ys);
+    let late = n - n / 3;
+    let late_slope = theil_sen(&times[late..], &ys[late..])?;
+    if slope <= 0.0 || confidence < MIN_CONFIDENCE || late_slope < MIN_LATE_SHARE * slope {
+        return None;
+    }
+    // The latest sample at the lowest level of the rest of the series.
+    let mut since = n - 1;
+    let mut low = ys[n - 1];
+    for i in (0..n).rev() {
+        if ys[i] < low {
+            low = ys[i];
+            since = i;
+        }
+    }
+    Some(Growth {
+        bytes_per_second: slope,
+        confidence,
+        growing_for_seconds: times[n - 1] - times[since],
+        live_bytes_first: first,
+        live_bytes_last: last,
+        samples: n as u32,
+    })
+}
+
+/// The Theil-Sen slope: the median of the slopes between every pair of
+/// points (none with fewer than two distinct times).
+pub fn theil_sen(xs: &[f64], ys: &[u64]) -> Option<f64> {
+    let mut slopes = Vec::with_capacity(xs.len() * xs.len() / 2);
+    for i in 0..xs.len() {
+        for j in i + 1..xs.len() {
+            let dx = xs[j] - xs[i];
+            if dx > 0.0 {
+                slopes.push((ys[j] as f64 - ys[i] as f64) / dx);
+            }
+        }
+    }
+    if slopes.is_empty() {
+        return None;
+    }
+    let mid = slopes.len() / 2;
+    let (_, &mut m, _) = slopes.select_nth_unstable_by(mid, f64::total_cmp);
+    Some(if slopes.len() % 2 == 1 {
+        m
+    } else {
+        let below = slopes[..mid].iter().copied().fold(f64::MIN, f64::max);
+        (below + m) / 2.0
+    })
+}
+
+/// Kendall's tau-a of a series against its order: rising pairs minus
+/// falling pairs, over all pairs (ties count for neither).
+pub fn kendall_tau(ys: &[u64]) -> f64 {
+    let n = ys.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let mut score = 0i64;
+    for i in 0..n {
+        for j in i + 1..n {
+            score += i64::from(ys[j] > ys[i]) - i64::from(ys[j] < ys[i]);
+        }
+    }
+    score as f64 / (n * (n - 1) / 2) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn times(n: usize) -> Vec<f64> {
+        (0..n).map(|i| i as f64).collect()
+    }
+
+    #[test]
+    fn the_median_slope_ignores_a_burst() {
+        let mut ys: Vec<u64> = (0..20).map(|i| 1000 * i).collect();
+        ys[7] = 1_000_000;
+        assert_eq!(theil_sen(&times(20), &ys), Some(1000.0));
+        assert_eq!(kendall_tau(&(0..10).collect::<Vec<u64>>()), 1.0);
+        assert_eq!(kendall_tau(&[5; 10]), 0.0);
+        assert_eq!(theil_sen(&[1.0, 1.0], &[1, 2]), None);
+    }
+
+    /// A leak climbs to the end; a cache that fills and stays, a working set
+    /// that comes and goes, and a rise too small to matter do not grow.
+    #[test]
+    fn a_leak_grows_and_a_cache_a_working_set_and_a_trickle_do_not() {
+        let n = SAMPLES;
+        let t = times(n);
+        let leak: Vec<u64> = (0..n as u64).map(|i| 10_000 * i + 500 * (i % 3)).collect();
+        let g = judge(&t, &leak).expect("a leak grows");
+        assert!((g.bytes_per_second - 10_000.0).abs() < 600.0, "{g:?}");
+        assert!(
+            g.confidence > 0.95 && g.growing_for_seconds == (n - 1) as f64,
+            "{g:?}"
+        );
+        let cache: Vec<u64> = (0..n as u64).map(|i| 40_000 * i.min(20)).collect();
+        assert_eq!(judge(&t, &cache), None);
+        let working: Vec<u64> = (0..n as u64)
+            .map(|i| 500_000 + 90_000 * (i * 7 % 5))
+            .collect();
+        assert_eq!(judge(&t, &working), None);
+        let trickle: Vec<u64> = (0..n as u64).map(|i| 100 * i).collect();
+        assert_eq!(judge(&t, &trickle), None);
+        // Growth that began half way: the time since is half the run.
+        let late: Vec<u64> = (0..n as u64)
+            .map(|i| 300_000 + 20_000 * i.saturating_sub(32))
+            .collect();
+        let g = judge(&t, &late).expect("grows since the middle");
+        assert_eq!(g.growing_for_seconds, (n - 1 - 32) as f64);
+    }
+
+    #[test]
+    fn the_tracker_samples_each_site_over_the_run() {
+        let mut tr = GrowthTracker::new(0, 65_000);
+        let (grower, steady) = ((1, AllocFn::Malloc), (2, AllocFn::Malloc));
+        tr.changed(steady, 1 << 20, true);
+        for ms in 0..65_000u64 {
+            tr.advance(ms);
+            tr.changed(grower, 100, true);
+        }
+        let growing = tr.growing();
+        assert!(growing.contains_key(&grower) && !growing.contains_key(&steady));
+        assert_eq!(growing[&grower].samples, SAMPLES as u32);
+    }
+}
