@@ -61,6 +61,8 @@ pub struct Options {
     pub scan_times: AtomicBool,
     /// Check there is room for a scan before one (`ENV_SCAN_CHECK`).
     pub scan_check_room: AtomicBool,
+    /// Serve the control socket (`--control`, `--watch`).
+    pub control: AtomicBool,
 }
 
 pub static OPTIONS: Options = Options {
@@ -77,6 +79,7 @@ pub static OPTIONS: Options = Options {
     scan_at_exit: AtomicBool::new(true),
     scan_times: AtomicBool::new(false),
     scan_check_room: AtomicBool::new(true),
+    control: AtomicBool::new(false),
 };
 
 /// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`).
@@ -115,6 +118,7 @@ pub fn read_from_environment(pid: u32) {
     set(&o.scan_at_exit, !is(env::SCAN, "0"));
     set(&o.scan_times, is(ENV_SCAN_TIMES, "1"));
     set(&o.scan_check_room, !is(ENV_SCAN_CHECK, "0"));
+    set(&o.control, is(env::CONTROL, "1"));
     let _ = OUTPUT.set(var(env::OUTPUT).unwrap_or_else(|| format!("trapline-{pid}.trace")));
 }
 

@@ -581,3 +581,24 @@ pub fn status_warnings(status: &TraceStatus) -> Vec<String> {
     }
     lines
 }
+
+/// The stacks `ids` of a trace, symbolized: for a reader of a trace that
+/// is still being written (`trapline watch`), which needs only the stack
+/// definitions and modules recorded so far.
+pub fn symbolized_stacks<R: std::io::Read + std::io::Seek>(
+    input: &mut R,
+    ids: &[u32],
+) -> Result<HashMap<u32, Vec<FrameReport>>, trapline_trace::TraceError> {
+    let index = crate::index::TraceIndex::build(input)?;
+    let mut facts = Facts::default();
+    for m in crate::index::MergedEvents::new(input, &index) {
+        if matches!(m.event, Event::StackDef { .. } | Event::ModuleLoad(_)) {
+            facts.observe(m.time, &m.event);
+        }
+    }
+    let mut symbolizer = facts.symbolizer();
+    Ok(ids
+        .iter()
+        .map(|&id| (id, symbolizer.stack(&facts.stacks, id)))
+        .collect())
+}

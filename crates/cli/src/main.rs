@@ -11,6 +11,7 @@ mod run;
 mod stats;
 mod trace_names;
 mod trace_output;
+mod watch;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -55,6 +56,9 @@ enum Command {
     Locks(locks::LocksArgs),
     /// Potential deadlocks (lock-order cycles), actual deadlocks and lock misuse.
     Deadlocks(deadlocks::DeadlocksArgs),
+    /// Watch a process started with `run --control`: live bytes per
+    /// allocation site, and the sites that keep growing, while it runs.
+    Watch(watch::WatchArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Command::Profile(args) => profile::main(args),
         Command::Locks(args) => locks::main(args),
         Command::Deadlocks(args) => deadlocks::main(args),
+        Command::Watch(args) => watch::main(args),
     }
 }
 

@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// Do not scan for reachability at exit (leaks then shows blocks unfreed at exit, unjudged).
     #[arg(long)]
     pub no_scan: bool,
+    /// Serve the control socket that `trapline watch PID` asks, while the
+    /// program runs (in $XDG_RUNTIME_DIR/trapline, else /tmp/trapline-UID).
+    #[arg(long)]
+    pub control: bool,
     /// Stop the command with SIGTERM after SECS seconds (SIGKILL 10 s later if
     /// it is still running); the agent completes the trace on SIGTERM. For
     /// programs that may hang, e.g. in a deadlock. Exit status 124 then.
@@ -466,6 +470,7 @@ pub fn main(args: RunArgs) -> ExitCode {
                 .map(|p| ((p * 10_000.0).round() as u64).to_string()),
         ),
         (env::PROFILE_HZ, args.profile.map(|hz| hz.to_string())),
+        (env::CONTROL, args.control.then(|| "1".to_string())),
     ];
     for (name, value) in options {
         match value {

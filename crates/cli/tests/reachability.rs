@@ -1047,7 +1047,7 @@ fn sites_that_keep_growing_are_told_from_a_cache_that_fills_and_holds() {
             .map(|v| v.as_str().unwrap().to_owned())
             .collect()
     };
-    let leak = record_at(&all, "definitely_lost", "growth.c", "LEAK");
+    let leak = record_at(&all, "definitely_lost", "service_sites.h", "LEAK");
     assert_eq!(bytes_blocks(leak), (48 * 20_000, 20_000));
     assert_eq!(
         verdicts(leak),
@@ -1061,10 +1061,10 @@ fn sites_that_keep_growing_are_told_from_a_cache_that_fills_and_holds() {
         "{}",
         pretty(growth)
     );
-    let list = record_at(&all, "still_reachable", "growth.c", "LIST");
+    let list = record_at(&all, "still_reachable", "service_sites.h", "LIST");
     assert_eq!(bytes_blocks(list), (64 * 20_000, 20_000));
     assert_eq!(verdicts(list), ["growing", "unfreed_at_exit"]);
-    let cache = record_at(&all, "still_reachable", "growth.c", "CACHE");
+    let cache = record_at(&all, "still_reachable", "service_sites.h", "CACHE");
     assert_eq!(bytes_blocks(cache), (256 * 2_000, 2_000));
     assert_eq!(verdicts(cache), ["unfreed_at_exit"]);
     assert!(field(cache, "growth").is_null());
@@ -1077,7 +1077,7 @@ fn sites_that_keep_growing_are_told_from_a_cache_that_fills_and_holds() {
     let sites = field(&lost, "growing_sites").as_array().unwrap();
     assert_eq!(sites.len(), 1, "{}", pretty(&lost));
     assert!(
-        site_at(field(&sites[0], "stack"), "growth.c", "LIST"),
+        site_at(field(&sites[0], "stack"), "service_sites.h", "LIST"),
         "{}",
         pretty(&sites[0])
     );

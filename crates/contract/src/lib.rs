@@ -1,7 +1,8 @@
 //! The contract between `trapline run` and the agent it preloads, defined
 //! once for both sides: the environment variables that carry the options,
-//! the names of the trace files of a process tree, and which programs the
-//! dynamic loader can preload the agent into. No allocation in [`elf`]: the
+//! the names of the trace files of a process tree, the control socket
+//! `trapline watch` talks to, and which programs the dynamic loader can
+//! preload the agent into. No allocation in [`elf`]: the
 //! agent reads exec targets from vfork children.
 
 #![forbid(unsafe_code)]
@@ -34,6 +35,8 @@ pub mod env {
     pub const IGNORE_SIGPIPE: &str = "TRAPLINE_IGNORE_SIGPIPE";
     /// The agent library `trapline run` preloads, when not beside it.
     pub const AGENT: &str = "TRAPLINE_AGENT";
+    /// `1`: serve the control socket (`--control`, `--watch`).
+    pub const CONTROL: &str = "TRAPLINE_CONTROL";
     /// What the agent's own file name contains (to find it in `LD_PRELOAD`).
     pub const AGENT_FILE_STEM: &str = "libtrapline_agent";
 
@@ -50,6 +53,37 @@ pub mod env {
             .strip_prefix(name.as_bytes())
             .is_some_and(|rest| rest.first() == Some(&b'='))
     }
+}
+
+/// The control socket: where a traced process's agent serves `trapline
+/// watch`, and what it answers.
+pub mod control {
+    /// The directory of the sockets: `$XDG_RUNTIME_DIR/trapline` when that
+    /// is an absolute path, else `/tmp/trapline-UID`. Only its owner may
+    /// enter it (mode 0700), and the agent serves nothing from a directory
+    /// of another owner or mode.
+    pub fn socket_dir(xdg_runtime_dir: Option<&str>, uid: u32) -> String {
+        match xdg_runtime_dir.filter(|d| d.starts_with('/')) {
+            Some(d) => format!("{}/trapline", d.trim_end_matches('/')),
+            None => format!("/tmp/trapline-{uid}"),
+        }
+    }
+
+    /// The socket of process `pid` in `dir`.
+    pub fn socket_path(dir: &str, pid: u32) -> String {
+        format!("{dir}/{pid}.sock")
+    }
+
+    /// A request, one line: the live blocks summed per allocation site.
+    /// The answer, one line of JSON: `{"pid", "time_ns", "trace",
+    /// "sites": [[stack_id, "function", bytes, blocks], ...]}`.
+    pub const SITES: &str = "sites";
+    /// A request: the agent's counters. The answer: `{"pid", "time_ns",
+    /// "events", "events_lost", "requests"}`.
+    pub const COUNTERS: &str = "counters";
+    /// Longest request line the agent reads; a longer one, or a line that
+    /// is no request, is answered `{"error": "..."}`.
+    pub const MAX_REQUEST: usize = 256;
 }
 
 /// The trace files of a traced process tree: the top process writes TRACE;

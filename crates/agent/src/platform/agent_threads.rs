@@ -23,6 +23,22 @@ pub fn note_current() {
     }
 }
 
+/// Notes `tid` as one of the agent's before it runs (its starter knows
+/// its tid; the thread notes its stack when it runs, `note_current`).
+pub fn note(tid: u32) {
+    if tid == 0 {
+        return;
+    }
+    for t in &TIDS {
+        if t.load(Ordering::Acquire) == tid
+            || t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            return;
+        }
+    }
+}
+
 /// Forgets an agent thread that has ended (its tid may come back as a
 /// program thread's).
 pub fn forget(tid: u32) {

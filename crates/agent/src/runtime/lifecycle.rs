@@ -339,6 +339,7 @@ pub fn init(resolve_hooks: fn()) {
             on_exit(at_exit, core::ptr::null_mut());
         }
         writer::start(periodic);
+        crate::services::control::start();
     } else {
         phase::set_recording_stopped(true);
     }
@@ -618,6 +619,8 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         crate::platform::heap::KEEP_MAPPINGS.store(true, Ordering::Relaxed);
     }
     crate::services::profile::stop(signal);
+    // No watcher asks anything of a process that is finishing its trace.
+    crate::services::control::stop();
     #[cfg(feature = "capture-timing")]
     crate::capture::unwind::timing::report();
     // Like memcheck: let the C and C++ runtimes free their own buffers so
@@ -968,6 +971,7 @@ fn fork_child_restart() {
     phase::clear_finishing_tid();
     crate::AGENT_HEAP.reset_lock();
     crate::services::scan::reset_in_child();
+    crate::services::control::reset_in_child();
     writer::reset_in_child();
     stacks::reset_locks();
     live::reset_locks();

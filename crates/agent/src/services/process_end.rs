@@ -81,10 +81,11 @@ pub fn program_has_ended(writer_tid: u32, sweep: bool) -> bool {
     if !listing.settled {
         return false;
     }
-    let alive = tids[..listing.len]
-        .iter()
-        .copied()
-        .find(|&tid| tid != writer_tid && !crate::platform::tasks::has_ended(tid));
+    // The agent's other threads (the control socket's) end with the process.
+    let agents = crate::platform::agent_threads::others();
+    let alive = tids[..listing.len].iter().copied().find(|&tid| {
+        tid != writer_tid && !agents.contains(&tid) && !crate::platform::tasks::has_ended(tid)
+    });
     match alive {
         None => true,
         // Only the thread that is ending: look again at the next wake.

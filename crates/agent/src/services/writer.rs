@@ -195,7 +195,7 @@ pub fn move_trace_fd() {
 /// The lowest descriptor for the trace file: high, where programs rarely
 /// look (they get the same numbers as without trapline) and rarely `dup2`
 /// onto; below the soft limit on open files.
-fn high_fd_floor() -> i32 {
+pub fn high_fd_floor() -> i32 {
     let soft = sys::soft_limit(libc::RLIMIT_NOFILE).unwrap_or(1024);
     soft.saturating_sub(24).min(1000) as i32
 }
@@ -366,7 +366,7 @@ fn end_for_program(scratch: &mut Vec<u8>) -> ! {
 /// it without finishing the trace (its handler leaves agent threads
 /// alone), and in a program that blocks SIGTERM everywhere to `sigwait`
 /// for it, the writer took it and the process died.
-const WRITER_BLOCKED: u64 = {
+pub const WRITER_BLOCKED: u64 = {
     let mut mask = !0u64;
     let mut i = 0;
     while i < sys::FAULT_SIGNALS.len() {
@@ -382,7 +382,7 @@ static CREATOR_MASK: AtomicU64 = AtomicU64::new(0);
 
 /// rt_sigprocmask on the calling thread (the system call: the
 /// `pthread_sigmask` symbol is the agent's own hook). Returns the old mask.
-fn set_signal_mask(how: libc::c_int, mask: u64) -> u64 {
+pub fn set_signal_mask(how: libc::c_int, mask: u64) -> u64 {
     let mut old: u64 = 0;
     // SAFETY: rt_sigprocmask with 8-byte masks we own.
     unsafe {

@@ -1,0 +1,141 @@
+//! `trapline watch PID` against a service started with `trapline run
+//! --control`: the agent answers on its socket while the program runs, and
+//! the watcher, which may come and go, finds the sites that keep growing.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// `trapline watch PID ARGS...` to its end: (status, stdout, stderr).
+fn watch(pid: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(trapline())
+        .arg("watch")
+        .arg(pid)
+        .args(args)
+        .output()
+        .expect("run trapline watch");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `trapline run --control` of watched_service.c, and the service's pid.
+fn start_service(dir: &TestDir) -> (std::process::Child, String) {
+    let prog = compile_c(dir, "watched_service.c");
+    let mut child = run_command(dir, &["--control"], &prog, &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
+    let first = read_stdout_line(&mut child);
+    let pid = first
+        .trim()
+        .strip_prefix("pid=")
+        .expect("the service prints its pid");
+    (child, pid.to_owned())
+}
+
+/// The site of `look` with a frame at `marker`.
+fn site<'a>(look: &'a Value, marker: &str) -> Option<&'a Value> {
+    let line = marker_line("service_sites.h", marker);
+    field(look, "sites").as_array().unwrap().iter().find(|s| {
+        field(s, "stack").as_array().unwrap().iter().any(|f| {
+            basename(f.get("file")) == "service_sites.h"
+                && f.get("line").and_then(Value::as_u64) == Some(line)
+        })
+    })
+}
+
+/// watched_service.c: a leak per request and a list never read again keep
+/// growing; a cache that filled and holds, and a working set, do not. The
+/// watcher is started three times without disturbing the program: twice to
+/// see the cache full, once for fifteen looks. The socket goes with the
+/// process.
+#[test]
+fn a_watcher_finds_the_sites_that_keep_growing_while_the_program_runs() {
+    let dir = TestDir::new("watch");
+    let (mut child, pid) = start_service(&dir);
+    // The cache holds its 2,000 entries before the looks that judge begin.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cache never filled"
+        );
+        let (code, out, err) = watch(&pid, &["--count", "1", "--format", "jsonl", "--top", "10"]);
+        assert_eq!(code, 0, "{err}");
+        let look: Value = serde_json::from_str(out.trim()).expect("one JSON look");
+        if site(&look, "CACHE").is_some_and(|s| as_u64(s, "bytes") == 256 * 2_000) {
+            break;
+        }
+    }
+    let (code, out, err) = watch(
+        &pid,
+        &[
+            "--count",
+            "15",
+            "--interval",
+            "0.1",
+            "--format",
+            "jsonl",
+            "--top",
+            "10",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let looks: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(looks.len(), 15);
+    let last = looks.last().unwrap();
+    for marker in ["LEAK", "LIST"] {
+        let s = site(last, marker).unwrap_or_else(|| panic!("{marker} in {}", pretty(last)));
+        assert!(!field(s, "growth").is_null(), "{marker}: {}", pretty(s));
+    }
+    let cache = site(last, "CACHE").expect("the cache is among the largest");
+    assert!(field(cache, "growth").is_null(), "{}", pretty(cache));
+    if let Some(work) = site(last, "WORK") {
+        assert!(field(work, "growth").is_null(), "{}", pretty(work));
+    }
+    // Standard input closes: the service ends as it would untraced.
+    drop(child.stdin.take());
+    let status = child.wait().expect("trapline run ends");
+    assert_eq!(status.code(), Some(0));
+    let (code, _, err) = watch(&pid, &["--count", "1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no control socket"), "{err}");
+}
+
+/// A client that sends garbage, or leaves mid-request, changes nothing: the
+/// next watcher is answered.
+#[test]
+fn garbage_and_a_client_that_leaves_do_not_disturb_the_agent() {
+    let dir = TestDir::new("watch_garbage");
+    let (mut child, pid) = start_service(&dir);
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir_name = trapline_contract::control::socket_dir(
+        std::env::var("XDG_RUNTIME_DIR").ok().as_deref(),
+        uid,
+    );
+    let path = trapline_contract::control::socket_path(&dir_name, pid.parse().unwrap());
+    let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+    s.write_all(b"no such request\n").unwrap();
+    let mut answer = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(&s), &mut answer).unwrap();
+    assert!(answer.contains("\"error\""), "{answer}");
+    // Half a request, then gone.
+    s.write_all(b"sit").unwrap();
+    drop(s);
+    let (code, out, err) = watch(&pid, &["--count", "1", "--format", "jsonl"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"looks\":1"), "{out}");
+    drop(child.stdin.take());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
