@@ -113,8 +113,8 @@ fn a_watcher_finds_the_sites_that_keep_growing_while_the_program_runs() {
     assert!(err.contains("no control socket"), "{err}");
 }
 
-/// A client that sends garbage, or leaves mid-request, changes nothing: the
-/// next watcher is answered.
+/// A client that sends garbage, leaves mid-request, or stays connected
+/// asking nothing changes nothing: a watcher is answered.
 #[test]
 fn garbage_and_a_client_that_leaves_do_not_disturb_the_agent() {
     let dir = TestDir::new("watch_garbage");
@@ -133,9 +133,13 @@ fn garbage_and_a_client_that_leaves_do_not_disturb_the_agent() {
     // Half a request, then gone.
     s.write_all(b"sit").unwrap();
     drop(s);
+    // Another client stays connected and asks nothing: a watcher is
+    // answered beside it.
+    let idle = std::os::unix::net::UnixStream::connect(&path).expect("connect");
     let (code, out, err) = watch(&pid, &["--count", "1", "--format", "jsonl"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"looks\":1"), "{out}");
+    drop(idle);
     drop(child.stdin.take());
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }

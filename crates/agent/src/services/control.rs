@@ -13,8 +13,9 @@
 //! could wait for the agent heap's lock, which fork takes after the
 //! shards'), and sums them with no lock held. A client that sends garbage
 //! gets an error line; one that disconnects mid-request is dropped (answers
-//! are sent with MSG_NOSIGNAL). One client is served at a time; others wait
-//! in the listen queue.
+//! are sent with MSG_NOSIGNAL), and so is one that stops reading its answers
+//! for 5 s. Up to 8 clients are served at once (poll); more wait in the
+//! listen queue.
 
 use crate::platform::sys;
 use crate::services::writer;
@@ -185,69 +186,137 @@ pub fn reset_in_child() {
     SERVER_TID.store(0, Ordering::Relaxed);
 }
 
+/// Clients served at once; more wait in the listen queue.
+const MAX_CLIENTS: usize = 8;
+/// A client that does not read its answers for this long is dropped: it
+/// must not hold up the others.
+const SEND_TIMEOUT_S: libc::time_t = 5;
+
+/// A connected client and the part of a request line it has sent.
+struct Client {
+    fd: i32,
+    pending: Vec<u8>,
+}
+
 extern "C" fn serve_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     crate::platform::agent_threads::note_current();
     crate::events::thread::mark_agent_thread();
     SERVER_TID.store(sys::gettid(), Ordering::Release);
     // SAFETY: naming our own thread; the name fits in 16 bytes.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-ctl".as_ptr()) };
+    let mut clients: Vec<Client> = Vec::with_capacity(MAX_CLIENTS);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CLIENTS + 1);
     loop {
-        let fd = LISTEN_FD.load(Ordering::Acquire);
-        if fd < 0 {
+        let listen_fd = LISTEN_FD.load(Ordering::Acquire);
+        if listen_fd < 0 {
             break;
         }
-        // SAFETY: accepting on our listening descriptor.
-        let conn = unsafe {
-            libc::accept4(
-                fd,
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if conn < 0 {
+        fds.clear();
+        // Not listening while full: a new client waits in the queue.
+        let accepting = clients.len() < MAX_CLIENTS;
+        let events = if accepting { libc::POLLIN } else { 0 };
+        fds.push(libc::pollfd {
+            fd: listen_fd,
+            events,
+            revents: 0,
+        });
+        fds.extend(clients.iter().map(|c| libc::pollfd {
+            fd: c.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        // SAFETY: polling descriptors of ours, `fds.len()` entries.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
             // SAFETY: errno is this thread's.
-            match unsafe { *libc::__errno_location() } {
-                libc::EINTR | libc::ECONNABORTED | libc::EMFILE | libc::ENFILE => continue,
-                // Closed under us (the finish, or a program that closed
-                // every descriptor): nothing more to serve.
-                _ => break,
+            if unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        // Clients first, from the last, so that removals keep the indices.
+        for i in (0..clients.len()).rev() {
+            if fds[i + 1].revents != 0 && !serve(&mut clients[i]) {
+                // SAFETY: the client's descriptor, ours.
+                unsafe { libc::close(clients[i].fd) };
+                clients.swap_remove(i);
             }
         }
-        serve(conn);
-        // SAFETY: the connection's descriptor, ours.
-        unsafe { libc::close(conn) };
+        if fds[0].revents & (libc::POLLERR | libc::POLLNVAL | libc::POLLHUP) != 0 {
+            // Closed under us (the finish, or a program that closed every
+            // descriptor): nothing more to serve.
+            break;
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            if let Some(fd) = accept(listen_fd) {
+                clients.push(Client {
+                    fd,
+                    pending: Vec::new(),
+                });
+            }
+        }
+    }
+    for c in clients {
+        // SAFETY: the client's descriptor, ours.
+        unsafe { libc::close(c.fd) };
     }
     core::ptr::null_mut()
 }
 
-/// Answers one client's requests until it disconnects.
-fn serve(conn: i32) {
-    let mut pending: Vec<u8> = Vec::new();
+/// A new client, its answers bounded in time (`SEND_TIMEOUT_S`).
+fn accept(listen_fd: i32) -> Option<i32> {
+    // SAFETY: accepting on our listening descriptor.
+    let fd = unsafe {
+        libc::accept4(
+            listen_fd,
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let timeout = libc::timeval {
+        tv_sec: SEND_TIMEOUT_S,
+        tv_usec: 0,
+    };
+    // SAFETY: setting an option of our socket from a value we own.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&raw const timeout).cast(),
+            core::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    Some(fd)
+}
+
+/// Reads what a client sent and answers each whole request line; false
+/// when the client is gone, sent too long a line, or does not read.
+fn serve(client: &mut Client) -> bool {
     let mut buf = [0u8; 512];
-    loop {
-        // SAFETY: reading at most buf.len() bytes into buf.
-        let n = unsafe { libc::read(conn, buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            // SAFETY: errno is this thread's.
-            if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
-                continue;
-            }
-            return;
-        }
-        pending.extend_from_slice(&buf[..n as usize]);
-        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            let answer = answer(&line[..line.len() - 1]);
-            if !send_all(conn, answer.as_bytes()) {
-                return;
-            }
-        }
-        if pending.len() > control::MAX_REQUEST {
-            let _ = send_all(conn, b"{\"error\":\"request too long\"}\n");
-            return;
+    // SAFETY: reading at most buf.len() bytes into buf.
+    let n = unsafe { libc::read(client.fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        // SAFETY: errno is this thread's.
+        return n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR;
+    }
+    client.pending.extend_from_slice(&buf[..n as usize]);
+    while let Some(end) = client.pending.iter().position(|&b| b == b'\n') {
+        let line: Vec<u8> = client.pending.drain(..=end).collect();
+        let answer = answer(&line[..line.len() - 1]);
+        if !send_all(client.fd, answer.as_bytes()) {
+            return false;
         }
     }
+    if client.pending.len() > control::MAX_REQUEST {
+        let _ = send_all(client.fd, b"{\"error\":\"request too long\"}\n");
+        return false;
+    }
+    true
 }
 
 fn send_all(conn: i32, mut bytes: &[u8]) -> bool {
