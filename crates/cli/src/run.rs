@@ -81,6 +81,19 @@ pub struct RunArgs {
     /// program runs (in $XDG_RUNTIME_DIR/trapline, else /tmp/trapline-UID).
     #[arg(long)]
     pub control: bool,
+    /// Also watch the program while it runs (implies --control): a
+    /// `trapline watch` writes one JSON look every SECS seconds (default 1)
+    /// to OUTPUT.watch.jsonl, and the summary names the sites that kept
+    /// growing.
+    #[arg(
+        long,
+        value_name = "SECS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "1",
+        value_parser = parse_seconds
+    )]
+    pub watch: Option<f64>,
     /// Stop the command with SIGTERM after SECS seconds (SIGKILL 10 s later if
     /// it is still running); the agent completes the trace on SIGTERM. For
     /// programs that may hang, e.g. in a deadlock. Exit status 124 then.
@@ -470,7 +483,10 @@ pub fn main(args: RunArgs) -> ExitCode {
                 .map(|p| ((p * 10_000.0).round() as u64).to_string()),
         ),
         (env::PROFILE_HZ, args.profile.map(|hz| hz.to_string())),
-        (env::CONTROL, args.control.then(|| "1".to_string())),
+        (
+            env::CONTROL,
+            (args.control || args.watch.is_some()).then(|| "1".to_string()),
+        ),
     ];
     for (name, value) in options {
         match value {
@@ -544,6 +560,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     let child_pid = Pid::from_raw(child.id() as i32);
+    let watcher = args
+        .watch
+        .and_then(|secs| crate::watch::start_beside(child_pid.as_raw() as u32, secs, &output));
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
         for sig in signals.forever() {
@@ -565,6 +584,7 @@ pub fn main(args: RunArgs) -> ExitCode {
     };
     handle.close();
     let _ = forwarder.join();
+    let watched = watcher.map(crate::watch::Beside::finish);
 
     let code: u8 = match (status.code(), status.signal()) {
         _ if timed_out => EXIT_TIMED_OUT,
@@ -584,6 +604,11 @@ pub fn main(args: RunArgs) -> ExitCode {
                 "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
                 last_image.display()
             );
+        }
+        if let Some(w) = watched {
+            for line in w {
+                eprintln!("==trapline== {line}");
+            }
         }
     }
     ExitCode::from(code)

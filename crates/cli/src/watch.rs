@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,10 @@ pub struct WatchArgs {
     /// one JSON object per look (jsonl).
     #[arg(long, value_enum, default_value_t = WatchFormat::Text)]
     pub format: WatchFormat,
+    /// Wait up to SECS seconds for the process's socket to appear (a
+    /// process just started).
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    pub wait: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -95,6 +99,12 @@ pub fn main(args: WatchArgs) -> ExitCode {
     let uid = nix::unistd::geteuid().as_raw();
     let dir = control::socket_dir(std::env::var("XDG_RUNTIME_DIR").ok().as_deref(), uid);
     let path = control::socket_path(&dir, args.pid);
+    if let Some(secs) = args.wait {
+        let deadline = Instant::now() + Duration::from_secs_f64(secs);
+        while !Path::new(&path).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     let stream = match UnixStream::connect(&path) {
         Ok(s) => s,
         Err(e) => {
@@ -163,6 +173,115 @@ pub fn main(args: WatchArgs) -> ExitCode {
             return ExitCode::SUCCESS;
         }
         std::thread::sleep(interval);
+    }
+}
+
+/// A `trapline watch` that `trapline run --watch` started beside the
+/// program, writing its looks to `TRACE.watch.jsonl`.
+pub struct Beside {
+    child: std::process::Child,
+    looks: PathBuf,
+}
+
+/// Starts watching process `pid` every `secs` seconds, its looks next to
+/// the trace `trace`; None (with a warning) if it cannot start.
+pub fn start_beside(pid: u32, secs: f64, trace: &Path) -> Option<Beside> {
+    let mut looks = trace.as_os_str().to_owned();
+    looks.push(".watch.jsonl");
+    let looks = PathBuf::from(looks);
+    let started = std::fs::File::create(&looks).and_then(|out| {
+        std::process::Command::new(std::env::current_exe()?)
+            .args([
+                "watch",
+                &pid.to_string(),
+                "--format",
+                "jsonl",
+                "--wait",
+                "30",
+            ])
+            .arg("--interval")
+            .arg(secs.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+    });
+    match started {
+        Ok(child) => Some(Beside { child, looks }),
+        Err(e) => {
+            eprintln!(
+                "==trapline== cannot watch the program ({}): {e}",
+                looks.display()
+            );
+            None
+        }
+    }
+}
+
+impl Beside {
+    /// The program has ended: waits for the watcher (which sees its socket
+    /// go) and returns the summary lines, the sites still growing at its
+    /// last look.
+    pub fn finish(mut self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let text = std::fs::read_to_string(&self.looks).unwrap_or_default();
+        let last: Option<Value> = text
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok());
+        let Some(last) = last else {
+            return vec![format!("watch: no look taken ({})", self.looks.display())];
+        };
+        let mut lines = vec![format!(
+            "watch: {} looks in {}",
+            last.get("looks").and_then(Value::as_u64).unwrap_or(0),
+            self.looks.display()
+        )];
+        let sites = last.get("sites").and_then(Value::as_array);
+        for s in sites.into_iter().flatten() {
+            let Some(rate) = s
+                .pointer("/growth/bytes_per_second")
+                .and_then(Value::as_f64)
+            else {
+                continue;
+            };
+            let place = s
+                .get("stack")
+                .and_then(Value::as_array)
+                .and_then(|frames| {
+                    frames
+                        .iter()
+                        .find(|f| f.get("function").is_some_and(|v| !v.is_null()))
+                })
+                .map_or_else(
+                    || format!("stack {}", s.get("stack_id").unwrap_or(&Value::Null)),
+                    |f| {
+                        let name = f.get("function").and_then(Value::as_str).unwrap_or("?");
+                        match (
+                            f.get("file").and_then(Value::as_str),
+                            f.get("line").and_then(Value::as_u64),
+                        ) {
+                            (Some(file), Some(line)) => {
+                                let file = Path::new(file)
+                                    .file_name()
+                                    .map_or(file.into(), |n| n.to_string_lossy());
+                                format!("{name} ({file}:{line})")
+                            }
+                            _ => name.to_owned(),
+                        }
+                    },
+                );
+            lines.push(format!(
+                "watch: still growing at the last look: {place}, +{} bytes/s",
+                thousands(rate as u64)
+            ));
+        }
+        lines
     }
 }
 

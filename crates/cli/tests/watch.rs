@@ -143,3 +143,52 @@ fn garbage_and_a_client_that_leaves_do_not_disturb_the_agent() {
     drop(child.stdin.take());
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// `trapline run --watch`: the watcher runs beside the program, its looks
+/// go to TRACE.watch.jsonl, and the summary names the sites still growing
+/// at the last look, by function and line: the leak and the list, not the
+/// cache.
+#[test]
+fn run_watch_names_the_growing_sites_in_its_summary() {
+    let dir = TestDir::new("run_watch");
+    let prog = compile_c(&dir, "watched_service.c");
+    let mut child = run_command(&dir, &["--watch=0.1"], &prog, &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
+    read_stdout_line(&mut child);
+    let mut looks_file = dir.trace().into_os_string();
+    looks_file.push(".watch.jsonl");
+    // Until a look has judged both growing sites.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no look found both");
+        let text = std::fs::read_to_string(&looks_file).unwrap_or_default();
+        let last = text
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok());
+        let growing = |look: &Value, marker| {
+            site(look, marker).is_some_and(|s| !field(s, "growth").is_null())
+        };
+        if last.is_some_and(|l| growing(&l, "LEAK") && growing(&l, "LIST")) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("trapline run ends");
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = |marker| marker_line("service_sites.h", marker);
+    for (function, marker) in [("leak", "LEAK"), ("remember", "LIST")] {
+        let said = format!(
+            "still growing at the last look: {function} (service_sites.h:{})",
+            line(marker)
+        );
+        assert!(stderr.contains(&said), "{said}\n{stderr}");
+    }
+    assert!(!stderr.contains("cache_put"), "{stderr}");
+}
