@@ -41,6 +41,44 @@ fn start_service(dir: &TestDir) -> (std::process::Child, String) {
     (child, pid.to_owned())
 }
 
+/// Waits (asking with one-look watchers) until the service's cache holds
+/// its 2,000 entries: the service has served that many requests.
+fn until_cache_is_full(pid: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cache never filled"
+        );
+        let (code, out, err) = watch(pid, &["--count", "1", "--format", "jsonl", "--top", "10"]);
+        assert_eq!(code, 0, "{err}");
+        let look: Value = serde_json::from_str(out.trim()).expect("one JSON look");
+        if site(&look, "CACHE").is_some_and(|s| as_u64(s, "bytes") == 256 * 2_000) {
+            break;
+        }
+    }
+}
+
+/// The control socket of process `pid`.
+fn socket_of(pid: &str) -> String {
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = trapline_contract::control::socket_dir(
+        std::env::var("XDG_RUNTIME_DIR").ok().as_deref(),
+        uid,
+    );
+    trapline_contract::control::socket_path(&dir, pid.parse().unwrap())
+}
+
+/// Connects to `path`, sends one request line, and returns the connection
+/// and the answer's line.
+fn ask(path: &str, request: &str) -> (std::os::unix::net::UnixStream, String) {
+    let mut s = std::os::unix::net::UnixStream::connect(path).expect("connect");
+    s.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(&s), &mut answer).unwrap();
+    (s, answer)
+}
+
 /// The site of `look` with a frame at `marker`.
 fn site<'a>(look: &'a Value, marker: &str) -> Option<&'a Value> {
     let line = marker_line("service_sites.h", marker);
@@ -62,19 +100,7 @@ fn a_watcher_finds_the_sites_that_keep_growing_while_the_program_runs() {
     let dir = TestDir::new("watch");
     let (mut child, pid) = start_service(&dir);
     // The cache holds its 2,000 entries before the looks that judge begin.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cache never filled"
-        );
-        let (code, out, err) = watch(&pid, &["--count", "1", "--format", "jsonl", "--top", "10"]);
-        assert_eq!(code, 0, "{err}");
-        let look: Value = serde_json::from_str(out.trim()).expect("one JSON look");
-        if site(&look, "CACHE").is_some_and(|s| as_u64(s, "bytes") == 256 * 2_000) {
-            break;
-        }
-    }
+    until_cache_is_full(&pid);
     let (code, out, err) = watch(
         &pid,
         &[
@@ -119,16 +145,8 @@ fn a_watcher_finds_the_sites_that_keep_growing_while_the_program_runs() {
 fn garbage_and_a_client_that_leaves_do_not_disturb_the_agent() {
     let dir = TestDir::new("watch_garbage");
     let (mut child, pid) = start_service(&dir);
-    let uid = nix::unistd::geteuid().as_raw();
-    let dir_name = trapline_contract::control::socket_dir(
-        std::env::var("XDG_RUNTIME_DIR").ok().as_deref(),
-        uid,
-    );
-    let path = trapline_contract::control::socket_path(&dir_name, pid.parse().unwrap());
-    let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
-    s.write_all(b"no such request\n").unwrap();
-    let mut answer = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(&s), &mut answer).unwrap();
+    let path = socket_of(&pid);
+    let (mut s, answer) = ask(&path, "no such request");
     assert!(answer.contains("\"error\""), "{answer}");
     // Half a request, then gone.
     s.write_all(b"sit").unwrap();
@@ -191,4 +209,38 @@ fn run_watch_names_the_growing_sites_in_its_summary() {
         assert!(stderr.contains(&said), "{said}\n{stderr}");
     }
     assert!(!stderr.contains("cache_put"), "{stderr}");
+}
+
+/// A scan asked for on the socket runs while the program runs and is in
+/// the trace as snapshot 1: the leak's blocks of that moment are
+/// definitely lost there, the list's still reachable.
+#[test]
+fn a_scan_asked_for_on_the_socket_is_a_snapshot_of_the_trace() {
+    let dir = TestDir::new("watch_scan");
+    let (mut child, pid) = start_service(&dir);
+    until_cache_is_full(&pid);
+    let (s, answer) = ask(&socket_of(&pid), "scan");
+    let answer: Value = serde_json::from_str(&answer).expect("one JSON line");
+    assert_eq!(answer["scan"], 1, "{answer}");
+    assert!(as_u64(&answer, "blocks") > 0, "{answer}");
+    drop(s);
+    drop(child.stdin.take());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let first = leaks_with(&dir.trace(), &["--snapshot", "1", "--kinds", "all"]);
+    assert_eq!(field(field(&first, "scan"), "trigger"), "periodic");
+    let kind_at = |marker| {
+        let line = marker_line("service_sites.h", marker);
+        field(&first, "records")
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                let top = &field(r, "stack")[0];
+                basename(top.get("file")) == "service_sites.h"
+                    && top.get("line").and_then(Value::as_u64) == Some(line)
+            })
+            .map(|r| field(r, "kind").as_str().unwrap().to_owned())
+    };
+    assert_eq!(kind_at("LEAK").as_deref(), Some("definitely_lost"));
+    assert_eq!(kind_at("LIST").as_deref(), Some("still_reachable"));
 }

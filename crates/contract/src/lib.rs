@@ -78,6 +78,11 @@ pub mod control {
     /// The answer, one line of JSON: `{"pid", "time_ns", "trace",
     /// "sites": [[stack_id, "function", bytes, blocks], ...]}`.
     pub const SITES: &str = "sites";
+    /// A request: a reachability scan now, written to the trace as a
+    /// periodic one. The answer: `{"pid", "time_ns", "scan", "blocks",
+    /// "pause_ns"}`, or an error (another scan under way, the process
+    /// finishing, a scan skipped for lack of memory).
+    pub const SCAN: &str = "scan";
     /// A request: the agent's counters. The answer: `{"pid", "time_ns",
     /// "events", "events_lost", "requests"}`.
     pub const COUNTERS: &str = "counters";

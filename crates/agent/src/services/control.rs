@@ -354,6 +354,19 @@ fn answer(request: &[u8]) -> String {
             }
             out.push_str("]}\n");
         }
+        control::SCAN => match crate::services::scan::on_request() {
+            Ok((scan, blocks, pause_ns)) => {
+                let _ = writeln!(
+                    out,
+                    "{{\"pid\":{pid},\"time_ns\":{time},\"scan\":{scan},\"blocks\":{blocks},\"pause_ns\":{pause_ns}}}"
+                );
+            }
+            Err(why) => {
+                out.push_str("{\"error\":");
+                json_string(&mut out, &why);
+                out.push_str("}\n");
+            }
+        },
         control::COUNTERS => {
             let events = crate::events::buffers::EVENTS_SUBMITTED.load(Ordering::Relaxed);
             let lost = crate::events::buffers::EVENTS_LOST.load(Ordering::Relaxed);

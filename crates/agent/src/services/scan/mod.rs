@@ -134,20 +134,47 @@ pub fn periodic_tick() {
         }));
         return;
     }
-    if !SCAN_LOCK.try_lock_for(1) {
-        return;
+    if let Some(outcome) = scan_while_running(1) {
+        emit::to_writer(&outcome);
+    }
+}
+
+/// A scan while the program runs, trigger periodic, its pause counted
+/// against the periodic budget; none when the lock could not be had within
+/// `spins` rounds (another scan) or the exit began meanwhile.
+fn scan_while_running(spins: u32) -> Option<Result<Outcome, Skipped>> {
+    if !SCAN_LOCK.try_lock_for(spins) {
+        return None;
     }
     if crate::phase::finishing() {
-        // The exit began while this tick waited for the lock.
+        // The exit began while this waited for the lock.
         SCAN_LOCK.unlock();
-        return;
+        return None;
     }
     let outcome = run_locked(ScanTrigger::Periodic, &mut ExitHold::none());
     SCAN_LOCK.unlock();
     if let Ok(o) = &outcome {
         PERIODIC_PAUSE_NS.fetch_add(o.stats.pause_ns, Ordering::Relaxed);
     }
+    Some(outcome)
+}
+
+/// A reachability scan now, asked for on the control socket: written to
+/// the trace as a periodic one (`trapline leaks --snapshot N`). Returns the
+/// scan's number, blocks judged and pause in nanoseconds, or why none ran.
+pub fn on_request() -> Result<(u32, u64, u64), String> {
+    if crate::phase::recording_stopped() || crate::phase::finishing() {
+        return Err("the process is finishing its trace".to_string());
+    }
+    let Some(outcome) = scan_while_running(50_000_000) else {
+        return Err("another scan is under way".to_string());
+    };
+    let answer = match &outcome {
+        Ok(o) => Ok((o.scan, o.stats.blocks, o.stats.pause_ns)),
+        Err(s) => Err(format!("skipped: {}", s.why.reason.name())),
+    };
     emit::to_writer(&outcome);
+    answer
 }
 
 /// A scan that was due and did not run (`Event::ScanSkipped`).
