@@ -43,7 +43,11 @@ static SERVER_TID: AtomicU32 = AtomicU32::new(0);
 /// another live agent serves, is refused with a warning: the program runs
 /// on unwatched.
 pub fn start() {
-    if !crate::config::flag(&crate::config::OPTIONS.control) {
+    // The process `trapline run` started, not its descendants: a build's
+    // thousands of short processes would each pay for a socket and a
+    // thread no one asks.
+    let options = &crate::config::OPTIONS;
+    if !crate::config::flag(&options.control) || !crate::config::flag(&options.top) {
         return;
     }
     if let Err(why) = listen() {
