@@ -24,6 +24,7 @@ use crate::report::{
     warnings_text, Facts, FrameReport, ProcessReport, StackSymbolizer, TraceStatus,
 };
 pub use crate::report::{BytesBlocks, HeapUsage};
+use crate::staleness::Staleness;
 use crate::suppressions::Suppression;
 pub use crate::verdicts::{HistoryPoint, ScanReport, SiteHistory, SkippedScan};
 use crate::verdicts::{ScanCollector, Totals};
@@ -108,6 +109,7 @@ fn scan_record(verdict: Verdict, stack_id: u32, func: AllocFn, t: Totals) -> Los
         suppression: None,
         verdicts: Vec::new(),
         growth: None,
+        staleness: None,
     }
 }
 
@@ -173,11 +175,14 @@ pub struct LossRecord {
     pub suppression: Option<String>,
     /// What is wrong with the site, strongest first, drawn from
     /// `"unreachable"` (definitely or indirectly lost), `"growing"` (its
-    /// live bytes kept rising to the end: `growth`) and `"unfreed_at_exit"`
-    /// (the process ended with the blocks allocated).
+    /// live bytes kept rising to the end: `growth`), `"stale"` (a watcher
+    /// saw its watched blocks go untouched: `staleness`) and
+    /// `"unfreed_at_exit"` (the process ended with the blocks allocated).
     pub verdicts: Vec<&'static str>,
     /// Why the site was judged growing (null unless it was).
     pub growth: Option<Growth>,
+    /// Why a watcher judged the site stale (null unless one did).
+    pub staleness: Option<Staleness>,
 }
 
 /// An allocation site whose live bytes kept growing through the run but
@@ -191,8 +196,12 @@ pub struct GrowingSite {
     pub stack_id: u32,
     /// The allocation stack, innermost first, inlined frames expanded.
     pub stack: Vec<FrameReport>,
+    /// `"growing"`, and `"stale"` when a watcher judged it so.
+    pub verdicts: Vec<&'static str>,
     /// Why the site was judged growing.
     pub growth: Growth,
+    /// Why a watcher judged the site stale (null unless one did).
+    pub staleness: Option<Staleness>,
 }
 
 /// A suppression that hid loss records.
@@ -347,6 +356,8 @@ struct LeaksPass {
     /// names the first release of a double-freed block, whose `Error` event
     /// gives only that release's stack.
     release_fn: StackMap<AllocFn>,
+    /// Each site's latest stale verdict from a watcher (`SiteVerdict`).
+    stale: HashMap<(u32, AllocFn), Staleness>,
 }
 
 /// A map keyed by stack id, hashed with one multiplication: it is updated
@@ -407,6 +418,31 @@ impl LeaksPass {
             }
             Event::Free { func, stack, .. } if *stack != 0 => {
                 self.release_fn.entry(*stack).or_insert(*func);
+            }
+            Event::SiteVerdict {
+                stack,
+                func,
+                kinds,
+                watched_blocks,
+                untouched_blocks,
+                untouched_ns,
+                ..
+            } => {
+                let site = (*stack, *func);
+                if kinds & trapline_trace::event::site_verdict::STALE != 0 {
+                    self.stale.insert(
+                        site,
+                        Staleness {
+                            watched_blocks: *watched_blocks,
+                            untouched_blocks: *untouched_blocks,
+                            touched_blocks: watched_blocks.saturating_sub(*untouched_blocks),
+                            untouched_seconds: *untouched_ns as f64 / 1e9,
+                            last_access_seconds_ago: None,
+                        },
+                    );
+                } else {
+                    self.stale.remove(&site);
+                }
             }
             Event::AllocFailed {
                 time,
@@ -551,6 +587,7 @@ pub fn analyze_with<R: Read + Seek>(
                 suppression: None,
                 verdicts: Vec::new(),
                 growth: None,
+                staleness: None,
             })
             .collect(),
     };
@@ -653,20 +690,32 @@ pub fn analyze_with<R: Read + Seek>(
             .find(|f| f.name() == name)
             .unwrap_or(AllocFn::Malloc)
     };
+    let mut stale = std::mem::take(&mut pass.stale);
     for r in &mut records {
-        r.growth = growing.get(&(r.stack_id, func_of(r.allocated_by))).cloned();
-        r.verdicts = verdicts_of(r.kind, r.growth.is_some());
+        let site = (r.stack_id, func_of(r.allocated_by));
+        r.growth = growing.get(&site).cloned();
+        r.staleness = stale.get(&site).cloned();
+        r.verdicts = verdicts_of(r.kind, r.growth.is_some(), r.staleness.is_some());
     }
     for r in &records {
         growing.remove(&(r.stack_id, func_of(r.allocated_by)));
+        stale.remove(&(r.stack_id, func_of(r.allocated_by)));
     }
     let mut growing_sites: Vec<GrowingSite> = growing
         .into_iter()
-        .map(|((stack_id, func), growth)| GrowingSite {
-            allocated_by: func.name(),
-            stack_id,
-            stack: symbolizer.stack(&facts.stacks, stack_id),
-            growth,
+        .map(|((stack_id, func), growth)| {
+            let staleness = stale.get(&(stack_id, func)).cloned();
+            GrowingSite {
+                allocated_by: func.name(),
+                stack_id,
+                stack: symbolizer.stack(&facts.stacks, stack_id),
+                verdicts: [Some("growing"), staleness.as_ref().map(|_| "stale")]
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+                growth,
+                staleness,
+            }
         })
         .collect();
     growing_sites.sort_by(|a, b| {
@@ -733,13 +782,14 @@ pub fn analyze_with<R: Read + Seek>(
 }
 
 /// A loss record's verdicts, strongest first.
-fn verdicts_of(kind: &str, growing: bool) -> Vec<&'static str> {
+fn verdicts_of(kind: &str, growing: bool, stale: bool) -> Vec<&'static str> {
     let unreachable =
         kind == Verdict::DefinitelyLost.name() || kind == Verdict::IndirectlyLost.name();
     let unfreed = kind != KIND_LIVE_AT_END_OF_TRACE;
     [
         (unreachable, "unreachable"),
         (growing, "growing"),
+        (stale, "stale"),
         (unfreed, "unfreed_at_exit"),
     ]
     .into_iter()
@@ -933,6 +983,9 @@ pub fn render_text(r: &LeaksReport) -> String {
         if let Some(g) = &rec.growth {
             growth_text(&mut out, &p, g);
         }
+        if let Some(st) = &rec.staleness {
+            staleness_text(&mut out, &p, st);
+        }
         stack_text(
             &mut out,
             &p,
@@ -963,6 +1016,9 @@ pub fn render_text(r: &LeaksReport) -> String {
         )
         .unwrap();
         growth_text(&mut out, &p, &site.growth);
+        if let Some(st) = &site.staleness {
+            staleness_text(&mut out, &p, st);
+        }
         stack_text(
             &mut out,
             &p,
@@ -996,6 +1052,18 @@ pub fn render_text(r: &LeaksReport) -> String {
     warnings_text(&mut out, &p, &r.warnings);
     footer_text(&mut out, &p, r.events_lost, &r.trace);
     out
+}
+
+/// "stale: U of W watched blocks untouched for at least S s".
+fn staleness_text(out: &mut String, p: &str, s: &Staleness) {
+    writeln!(
+        out,
+        "{p}   stale: {} of {} watched blocks untouched for at least {:.1} s",
+        thousands(s.untouched_blocks),
+        thousands(s.watched_blocks),
+        s.untouched_seconds
+    )
+    .unwrap();
 }
 
 /// "growing: +R bytes/s for S s (confidence C), A -> B bytes live".

@@ -244,3 +244,122 @@ fn a_scan_asked_for_on_the_socket_is_a_snapshot_of_the_trace() {
     assert_eq!(kind_at("LEAK").as_deref(), Some("definitely_lost"));
     assert_eq!(kind_at("LIST").as_deref(), Some("still_reachable"));
 }
+
+/// The site of `look` with a frame at `marker` of `file`.
+fn site_in<'a>(look: &'a Value, file: &str, marker: &str) -> Option<&'a Value> {
+    let line = marker_line(file, marker);
+    field(look, "sites").as_array().unwrap().iter().find(|s| {
+        field(s, "stack").as_array().unwrap().iter().any(|f| {
+            basename(f.get("file")) == file && f.get("line").and_then(Value::as_u64) == Some(line)
+        })
+    })
+}
+
+fn verdicts(v: &Value) -> Vec<&str> {
+    field(v, "verdicts")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect()
+}
+
+/// leaky_server.c, two worker threads answering a local client at 2,000
+/// requests a second: the watcher finds the dropped copies and the history
+/// nobody reads growing and stale (their watched blocks untouched for 4 s),
+/// and neither the cache (full, read at every request) nor the working
+/// set. The server checks every byte it reads, the watched ones included,
+/// and ends as untraced; `trapline leaks` shows the watcher's verdicts.
+#[test]
+fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
+    let dir = TestDir::new("watch_server");
+    let prog = compile_c(&dir, "leaky_server.c");
+    let mut child = run_command(&dir, &["--control"], &prog, &["2000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
+    let first = read_stdout_line(&mut child);
+    let pid = first.trim().strip_prefix("pid=").expect("pid").to_owned();
+    let (code, out, err) = watch(
+        &pid,
+        &[
+            "--wait",
+            "30",
+            "--count",
+            "24",
+            "--stale-after",
+            "4",
+            "--format",
+            "jsonl",
+            "--top",
+            "10",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let last: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last.pointer("/monitor/mechanism").and_then(Value::as_str),
+        Some("userfaultfd"),
+        "{}",
+        pretty(&last)
+    );
+    for marker in ["LEAK", "HISTORY"] {
+        let s = site_in(&last, "leaky_server.c", marker)
+            .unwrap_or_else(|| panic!("{marker} in {}", pretty(&last)));
+        let v = verdicts(s);
+        assert!(
+            v.contains(&"growing") && v.contains(&"stale"),
+            "{marker}: {}",
+            pretty(s)
+        );
+    }
+    for marker in ["CACHE", "WORKING"] {
+        let s = site_in(&last, "leaky_server.c", marker)
+            .unwrap_or_else(|| panic!("{marker} in {}", pretty(&last)));
+        assert!(verdicts(s).is_empty(), "{marker}: {}", pretty(s));
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("trapline run ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" history="), "{stdout}");
+    // Offline: the watcher's stale verdicts are in the trace.
+    let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
+    let record = |marker| {
+        let line = marker_line("leaky_server.c", marker);
+        field(&report, "records")
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                field(r, "stack").as_array().unwrap().iter().any(|f| {
+                    basename(f.get("file")) == "leaky_server.c"
+                        && f.get("line").and_then(Value::as_u64) == Some(line)
+                })
+            })
+            .unwrap_or_else(|| panic!("{marker} record in {}", pretty(&report)))
+            .clone()
+    };
+    let leak = record("LEAK");
+    assert_eq!(
+        verdicts(&leak),
+        ["unreachable", "growing", "stale", "unfreed_at_exit"],
+        "{}",
+        pretty(&leak)
+    );
+    assert!(as_u64(field(&leak, "staleness"), "untouched_blocks") >= 4);
+    let history = record("HISTORY");
+    assert_eq!(
+        verdicts(&history),
+        ["growing", "stale", "unfreed_at_exit"],
+        "{}",
+        pretty(&history)
+    );
+}

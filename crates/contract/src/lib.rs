@@ -76,19 +76,63 @@ pub mod control {
 
     /// A request, one line: the live blocks summed per allocation site.
     /// The answer, one line of JSON: `{"pid", "time_ns", "trace",
-    /// "sites": [[stack_id, "function", bytes, blocks], ...]}`.
+    /// "since_ns", "sites": [{"stack", "fn", "bytes", "blocks", "ages",
+    /// "new_blocks", "new_bytes", "gone_blocks"}, ...]}`. `ages` counts the
+    /// site's blocks by age, in the buckets [`AGE_BUCKETS_S`] bound; the
+    /// `new_` and `gone_` counts are since this client's previous `sites`
+    /// (`since_ns` before; blocks born and released between two requests
+    /// are in neither).
     pub const SITES: &str = "sites";
+    /// Upper bounds, in seconds, of the age buckets of `sites` (a last
+    /// bucket holds the older blocks).
+    pub const AGE_BUCKETS_S: [u64; 5] = [1, 10, 60, 600, 3600];
     /// A request: a reachability scan now, written to the trace as a
     /// periodic one. The answer: `{"pid", "time_ns", "scan", "blocks",
-    /// "pause_ns"}`, or an error (another scan under way, the process
-    /// finishing, a scan skipped for lack of memory).
+    /// "pause_ns", "lost": [[stack_id, "fn", bytes, blocks], ...]}` (the
+    /// definitely and indirectly lost blocks per site), or an error
+    /// (another scan under way, the process finishing, a scan skipped for
+    /// lack of memory).
     pub const SCAN: &str = "scan";
     /// A request: the agent's counters. The answer: `{"pid", "time_ns",
-    /// "events", "events_lost", "requests"}`.
+    /// "events", "events_lost", "requests", "access_monitor", "faults",
+    /// "fault_ns", "arms", "arm_ns", "armed_pages"}`; `access_monitor` is
+    /// the mechanism in use (`userfaultfd`), `off` before the first `arm`,
+    /// or why none can be used.
     pub const COUNTERS: &str = "counters";
+    /// A request: `blocks STACK FN N MIN_AGE_MS`, up to N of the site's
+    /// live blocks at least MIN_AGE_MS old, spread over their ages (every
+    /// k-th, oldest first). The answer:
+    /// `{"blocks": [[addr, size, age_ms], ...]}`.
+    pub const BLOCKS: &str = "blocks";
+    /// A request: `arm HOT_AGE_MS ADDR...`, watch for the first access to
+    /// the pages of these live blocks (at most [`PAGES_PER_BLOCK`] of
+    /// each). A page is left out if it is not private anonymous memory,
+    /// already watched, or holds a live block younger than HOT_AGE_MS or
+    /// of a site none of the named blocks is of.
+    /// The answer: `{"armed": [[addr, [page, ...]], ...], "refused": [[addr,
+    /// "why"], ...]}`.
+    pub const ARM: &str = "arm";
+    /// At most this many pages of one block are watched (spread over it).
+    pub const PAGES_PER_BLOCK: u64 = 8;
+    /// A request: `disarm all`, or `disarm ADDR...` (the pages of these
+    /// blocks): given back unaccessed. The answer: `{"disarmed": pages}`.
+    pub const DISARM: &str = "disarm";
+    /// A request: what became of the watched pages. The answer:
+    /// `{"armed_pages", "watches": [[page, "outcome", armed_at_ns,
+    /// ended_at_ns, tid], ...]}`, outcome one of `armed`, `touched`,
+    /// `released` (given back unaccessed: a block on it was released, or
+    /// the process forked), `removed` (the program unmapped it),
+    /// `interrupted` (an agent thread read it). A watch that has ended is
+    /// reported once.
+    pub const WATCHES: &str = "watches";
+    /// A request: `verdict STACK FN KINDS GROWTH_BPS WATCHED UNTOUCHED
+    /// UNTOUCHED_MS LAST_ACCESS_NS`, a watcher's verdict on a site, written
+    /// into the trace (`Event::SiteVerdict`) for the analyses to show
+    /// offline. The answer: `{"written": true}`.
+    pub const VERDICT: &str = "verdict";
     /// Longest request line the agent reads; a longer one, or a line that
     /// is no request, is answered `{"error": "..."}`.
-    pub const MAX_REQUEST: usize = 256;
+    pub const MAX_REQUEST: usize = 65536;
 }
 
 /// The trace files of a traced process tree: the top process writes TRACE;

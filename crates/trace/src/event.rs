@@ -671,8 +671,40 @@ pub enum Event {
         /// not seen (format version 5).
         allocator_library: Option<String>,
     },
+    /// The control socket the agent serves (`trapline run --control`),
+    /// after `Recording` (format version 11).
+    ControlSocket {
+        path: String,
+    },
+    /// A watcher's verdict on an allocation site while the program ran
+    /// (`trapline watch`; format version 11). The latest one of a site
+    /// stands.
+    SiteVerdict {
+        time: u64,
+        stack: u32,
+        func: AllocFn,
+        /// `site_verdict::GROWING` and `site_verdict::STALE` bits.
+        kinds: u64,
+        /// The growth's Theil-Sen slope (0 when not growing).
+        growth_bytes_per_second: u64,
+        /// Blocks of the site whose pages were watched, and how many of
+        /// them no access reached.
+        watched_blocks: u64,
+        untouched_blocks: u64,
+        /// The untouched blocks went untouched at least this long.
+        untouched_ns: u64,
+        /// Trace time of the latest access seen to a watched block of the
+        /// site (0: none).
+        last_access_ns: u64,
+    },
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
+}
+
+/// The bits of `Event::SiteVerdict`'s `kinds`.
+pub mod site_verdict {
+    pub const GROWING: u64 = 1;
+    pub const STALE: u64 = 2;
 }
 
 impl Event {
@@ -696,6 +728,7 @@ impl Event {
             | Event::Sample { time, .. }
             | Event::SamplesSkipped { time, .. }
             | Event::SamplesMissed { time, .. }
+            | Event::SiteVerdict { time, .. }
             | Event::ProfileStop { time, .. } => Some(*time),
             Event::Lock(l) => Some(l.time()),
             _ => None,
@@ -729,12 +762,16 @@ pub(crate) mod tag {
     /// `ScanEnd` with `mappings_not_excluded` (format version 9; written
     /// only when it is not 0).
     pub const SCAN_END_WITH_MAPPINGS: u8 = 39;
+    /// Format version 11.
+    pub const SITE_VERDICT: u8 = 40;
     pub const FORK: u8 = 48;
     pub const END: u8 = 49;
     pub const RUN_TOTALS: u8 = 50;
     pub const RECORDING: u8 = 51;
     /// `RunTotals` with the failed allocation calls (format version 7).
     pub const RUN_TOTALS_WITH_FAILED: u8 = 52;
+    /// Format version 11.
+    pub const CONTROL_SOCKET: u8 = 53;
     // 64..=95: locks and thread synchronisation.
     pub const LOCK_INIT: u8 = 64;
     pub const LOCK_DESTROY: u8 = 65;

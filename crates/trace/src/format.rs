@@ -25,9 +25,10 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// `MismatchedSize` and `MismatchedAlignment`, whose `Error` event ends with
 /// what the release gave, and `AllocFailed`, tag 20; 8 `ScanSkipped`, tag
 /// 38; 9 `ScanEnd` with the mappings the scan could not leave out of its
-/// roots, tag 39; 10 the lock event `JoinWait`, tag 74, and the lock kind `Unknown`, 6; older files are
-/// read unchanged).
-pub const FORMAT_VERSION: u16 = 10;
+/// roots, tag 39; 10 the lock event `JoinWait`, tag 74, and the lock kind
+/// `Unknown`, 6; 11 `SiteVerdict`, tag 40, and `ControlSocket`, tag 53;
+/// older files are read unchanged).
+pub const FORMAT_VERSION: u16 = 11;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

@@ -4,6 +4,7 @@
 use crate::events::thread::{self, Site, ThreadState};
 use crate::events::totals;
 use crate::platform::arch::StartRegs;
+use crate::tracking::access;
 use crate::tracking::live::{self, Block, Freed};
 use crate::tracking::untracked;
 use crate::{capture::stacks, platform::clock};
@@ -227,6 +228,7 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                 untracked::insert(addr);
             } else {
                 let mut shard = live::shard_of(addr).locked();
+                let t = shard.stamp(clock::tick(), ts.last_time);
                 let replaced = shard.insert(
                     addr,
                     Block {
@@ -235,7 +237,6 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                         stack,
                     },
                 );
-                let t = shard.stamp(clock::tick(), ts.last_time);
                 drop(shard);
                 ts.last_time = t;
                 totals::alloc(ts, size as u64, replaced, t);
@@ -372,6 +373,9 @@ fn free_recorded(
         });
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
+        // A watched page must be back before the allocator may hand it to
+        // the kernel (no lock held: the monitor's lock comes first).
+        access::before_release(addr, block.size);
         ts.last_time = t;
         totals::free(ts, block.size);
         ts.emit(Some(t), |e, c| e.free(c, t, addr, func, stack));
@@ -568,6 +572,9 @@ pub fn realloc(
             };
         }
     }
+    if let Some(b) = old_block {
+        access::before_release(old_addr, b.size);
+    }
     let p = real(old);
     let new_addr = p as u64;
     if p.is_null() && size != 0 {
@@ -587,6 +594,7 @@ pub fn realloc(
         t
     } else if live::storable(new_addr) {
         let mut shard = live::shard_of(new_addr).locked();
+        let t = shard.stamp(clock::tick(), ts.last_time);
         let replaced = shard.insert(
             new_addr,
             Block {
@@ -595,7 +603,6 @@ pub fn realloc(
                 stack,
             },
         );
-        let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
         gained = Some((size as u64, replaced));
         t
@@ -654,6 +661,9 @@ pub fn resize_in_place(
     }
     // The allocator is called without the shard's lock (it may allocate).
     drop(shard);
+    if let Some(b) = old {
+        access::before_release(addr, b.size);
+    }
     let got = real(ptr);
     let Some(old) = old else {
         leave(ts); // untracked: nothing recorded about it
@@ -675,8 +685,8 @@ pub fn resize_in_place(
         func,
         stack,
     };
-    shard.insert(addr, block);
     let t = shard.stamp(clock::tick(), ts.last_time);
+    shard.insert(addr, block);
     drop(shard);
     ts.last_time = t;
     totals::realloc(ts, Some(old.size), Some((block.size, None)), t);

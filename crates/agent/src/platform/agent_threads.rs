@@ -57,6 +57,11 @@ pub fn forget_all() {
     }
 }
 
+/// Whether `tid` is one of the agent's threads.
+pub fn contains(tid: u32) -> bool {
+    tid != 0 && TIDS.iter().any(|t| t.load(Ordering::Acquire) == tid)
+}
+
 /// The agent's own threads but the caller.
 pub fn others() -> Vec<u32> {
     let me = crate::platform::sys::gettid();

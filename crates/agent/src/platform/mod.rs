@@ -14,3 +14,4 @@ pub mod side_stack;
 pub mod signals;
 pub mod sys;
 pub mod tasks;
+pub mod uffd;

@@ -621,6 +621,8 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     crate::services::profile::stop(signal);
     // No watcher asks anything of a process that is finishing its trace.
     crate::services::control::stop();
+    // Every watched page back, before freeres and the scan read them.
+    crate::tracking::access::give_all_back();
     #[cfg(feature = "capture-timing")]
     crate::capture::unwind::timing::report();
     // Like memcheck: let the C and C++ runtimes free their own buffers so
@@ -928,6 +930,10 @@ extern "C" fn fork_prepare() {
     // pass through the hooks as nested calls, or they wait for these locks
     // forever. Taken first: creating the thread's state takes the registry.
     thread::current_without_allocating().guard += 1;
+    // First: watched pages must be back before the kernel copies the
+    // memory (a child's would have nothing behind them); giving them back
+    // allocates nothing.
+    crate::tracking::access::before_fork();
     crate::services::profile::fork_prepare();
     crate::events::threads::lock();
     thread::lock_all();
@@ -946,6 +952,7 @@ extern "C" fn fork_parent() {
     thread::unlock_all();
     crate::events::threads::unlock();
     crate::services::profile::fork_parent();
+    crate::tracking::access::after_fork_parent();
     end_fork_window();
 }
 
@@ -972,6 +979,7 @@ fn fork_child_restart() {
     crate::AGENT_HEAP.reset_lock();
     crate::services::scan::reset_in_child();
     crate::services::control::reset_in_child();
+    crate::tracking::access::after_fork_child();
     writer::reset_in_child();
     stacks::reset_locks();
     live::reset_locks();

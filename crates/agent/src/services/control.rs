@@ -19,7 +19,7 @@
 
 use crate::platform::sys;
 use crate::services::writer;
-use crate::tracking::live;
+use crate::tracking::{access, live};
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -141,30 +141,47 @@ fn listen() -> Result<(), String> {
         stop();
         return Err("cannot start its thread".to_string());
     }
+    // Announced in the trace, for a reader that wants to ask the process.
+    let mut buf = crate::events::buffers::take_buffer(0);
+    if !buf.push_event(&trapline_trace::Event::ControlSocket { path }, None) {
+        crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+    }
+    crate::events::buffers::submit(buf, false);
     Ok(())
 }
 
-/// Starts the serving thread with every signal the writer blocks blocked.
+/// Starts the serving thread.
 fn spawn() -> bool {
+    match spawn_thread(serve_main) {
+        Some(tid) => {
+            SERVER_TID.store(tid, Ordering::Release);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Starts an agent thread running `main`, with every signal the writer
+/// blocks blocked; its tid.
+fn spawn_thread(main: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -> Option<u32> {
     let park = 1u64 << (crate::services::scan::world::park_signal() - 1);
     let old = writer::set_signal_mask(libc::SIG_BLOCK, writer::WRITER_BLOCKED & !park);
-    // SAFETY: a detached thread running `serve_main`, which takes no argument.
-    let ok = unsafe {
+    // SAFETY: a detached thread running `main`, which takes no argument.
+    let tid = unsafe {
         let mut t: libc::pthread_t = 0;
         let mut attr: libc::pthread_attr_t = core::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        let r = sys::create_untraced(&mut t, &attr, serve_main, core::ptr::null_mut());
+        let r = sys::create_untraced(&mut t, &attr, main, core::ptr::null_mut());
         libc::pthread_attr_destroy(&mut attr);
-        if r == 0 {
+        (r == 0).then(|| {
             let tid = crate::events::threads::kernel_tid(t).unwrap_or(0);
-            SERVER_TID.store(tid, Ordering::Release);
             crate::platform::agent_threads::note(tid);
-        }
-        r == 0
+            tid
+        })
     };
     writer::set_signal_mask(libc::SIG_SETMASK, old);
-    ok
+    tid
 }
 
 /// Stops serving: the socket file goes (the process is finishing its
@@ -200,6 +217,9 @@ const SEND_TIMEOUT_S: libc::time_t = 5;
 struct Client {
     fd: i32,
     pending: Vec<u8>,
+    /// Blocks per site at this client's previous `sites`, and its time.
+    previous: HashMap<(u32, AllocFn), u64>,
+    previous_ns: u64,
 }
 
 extern "C" fn serve_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
@@ -256,6 +276,8 @@ extern "C" fn serve_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
                 clients.push(Client {
                     fd,
                     pending: Vec::new(),
+                    previous: HashMap::new(),
+                    previous_ns: 0,
                 });
             }
         }
@@ -311,7 +333,7 @@ fn serve(client: &mut Client) -> bool {
     client.pending.extend_from_slice(&buf[..n as usize]);
     while let Some(end) = client.pending.iter().position(|&b| b == b'\n') {
         let line: Vec<u8> = client.pending.drain(..=end).collect();
-        let answer = answer(&line[..line.len() - 1]);
+        let answer = answer(&line[..line.len() - 1], client);
         if !send_all(client.fd, answer.as_bytes()) {
             return false;
         }
@@ -341,52 +363,420 @@ fn send_all(conn: i32, mut bytes: &[u8]) -> bool {
 }
 
 /// The answer to one request line, one line of JSON.
-fn answer(request: &[u8]) -> String {
+fn answer(request: &[u8], client: &mut Client) -> String {
     REQUESTS.fetch_add(1, Ordering::Relaxed);
     let request = core::str::from_utf8(request).unwrap_or("").trim();
+    let mut words = request.split_ascii_whitespace();
+    let verb = words.next().unwrap_or("");
+    let args: Vec<&str> = words.collect();
     let pid = crate::phase::owner();
     let time = crate::platform::clock::precise_now();
     let mut out = String::new();
-    match request {
-        control::SITES => {
-            let _ = write!(out, "{{\"pid\":{pid},\"time_ns\":{time},\"trace\":");
-            json_string(&mut out, crate::config::output().unwrap_or(""));
-            out.push_str(",\"sites\":[");
-            for (i, ((stack, func), (bytes, blocks))) in sites().into_iter().enumerate() {
-                let sep = if i == 0 { "" } else { "," };
-                let _ = write!(out, "{sep}[{stack},\"{}\",{bytes},{blocks}]", func.name());
-            }
-            out.push_str("]}\n");
+    let result = match verb {
+        control::SITES if args.is_empty() => {
+            sites_answer(&mut out, client, pid, time);
+            Ok(())
         }
-        control::SCAN => match crate::services::scan::on_request() {
-            Ok((scan, blocks, pause_ns)) => {
-                let _ = writeln!(
-                    out,
-                    "{{\"pid\":{pid},\"time_ns\":{time},\"scan\":{scan},\"blocks\":{blocks},\"pause_ns\":{pause_ns}}}"
-                );
-            }
-            Err(why) => {
-                out.push_str("{\"error\":");
-                json_string(&mut out, &why);
-                out.push_str("}\n");
-            }
-        },
-        control::COUNTERS => {
-            let events = crate::events::buffers::EVENTS_SUBMITTED.load(Ordering::Relaxed);
-            let lost = crate::events::buffers::EVENTS_LOST.load(Ordering::Relaxed);
-            let requests = REQUESTS.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{{\"pid\":{pid},\"time_ns\":{time},\"events\":{events},\"events_lost\":{lost},\"requests\":{requests}}}"
-            );
+        control::SCAN if args.is_empty() => scan_answer(&mut out, pid, time),
+        control::COUNTERS if args.is_empty() => {
+            counters_answer(&mut out, pid, time);
+            Ok(())
         }
-        _ => {
-            out.push_str("{\"error\":");
-            json_string(&mut out, &format!("unknown request {request:?}"));
-            out.push_str("}\n");
+        control::BLOCKS => blocks_answer(&mut out, &args, time),
+        control::ARM => arm_answer(&mut out, &args, time),
+        control::DISARM => disarm_answer(&mut out, &args),
+        control::WATCHES if args.is_empty() => {
+            watches_answer(&mut out);
+            Ok(())
         }
+        control::VERDICT => verdict_answer(&mut out, &args, time),
+        _ => Err(format!("unknown request {request:?}")),
+    };
+    if let Err(why) = result {
+        out.clear();
+        out.push_str("{\"error\":");
+        json_string(&mut out, &why);
+        out.push_str("}\n");
     }
     out
+}
+
+fn number(args: &[&str], i: usize, what: &str) -> Result<u64, String> {
+    let word = args.get(i).ok_or_else(|| format!("{what} missing"))?;
+    let parsed = match word.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => word.parse(),
+    };
+    parsed.map_err(|_| format!("{what}: `{word}` is not a number"))
+}
+
+fn function(args: &[&str], i: usize) -> Result<AllocFn, String> {
+    let word = args.get(i).copied().unwrap_or("");
+    AllocFn::ALL
+        .iter()
+        .copied()
+        .find(|f| f.name() == word)
+        .ok_or_else(|| format!("`{word}` is no allocation function"))
+}
+
+fn sites_answer(out: &mut String, client: &mut Client, pid: u32, time: u64) {
+    let since = client.previous_ns;
+    let _ = write!(
+        out,
+        "{{\"pid\":{pid},\"time_ns\":{time},\"since_ns\":{since},\"trace\":"
+    );
+    json_string(out, crate::config::output().unwrap_or(""));
+    out.push_str(",\"sites\":[");
+    let sites = sites(time, since);
+    for (i, s) in sites.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let before = client.previous.get(&s.site).copied().unwrap_or(0);
+        let gone = (before + s.new_blocks).saturating_sub(s.blocks);
+        let _ = write!(
+            out,
+            "{sep}{{\"stack\":{},\"fn\":\"{}\",\"bytes\":{},\"blocks\":{},\"ages\":{:?},\"new_blocks\":{},\"new_bytes\":{},\"gone_blocks\":{gone}}}",
+            s.site.0,
+            s.site.1.name(),
+            s.bytes,
+            s.blocks,
+            s.ages,
+            s.new_blocks,
+            s.new_bytes
+        );
+    }
+    out.push_str("]}\n");
+    client.previous = sites.iter().map(|s| (s.site, s.blocks)).collect();
+    client.previous_ns = time;
+}
+
+fn scan_answer(out: &mut String, pid: u32, time: u64) -> Result<(), String> {
+    let (scan, blocks, pause_ns, lost) = crate::services::scan::on_request()?;
+    let _ = write!(
+        out,
+        "{{\"pid\":{pid},\"time_ns\":{time},\"scan\":{scan},\"blocks\":{blocks},\"pause_ns\":{pause_ns},\"lost\":["
+    );
+    for (i, ((stack, func), (bytes, n))) in lost.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(out, "{sep}[{stack},\"{}\",{bytes},{n}]", func.name());
+    }
+    out.push_str("]}\n");
+    Ok(())
+}
+
+fn counters_answer(out: &mut String, pid: u32, time: u64) {
+    let events = crate::events::buffers::EVENTS_SUBMITTED.load(Ordering::Relaxed);
+    let lost = crate::events::buffers::EVENTS_LOST.load(Ordering::Relaxed);
+    let requests = REQUESTS.load(Ordering::Relaxed);
+    let _ = write!(
+        out,
+        "{{\"pid\":{pid},\"time_ns\":{time},\"events\":{events},\"events_lost\":{lost},\"requests\":{requests},\"access_monitor\":"
+    );
+    json_string(out, &monitor_state());
+    let _ = writeln!(
+        out,
+        ",\"faults\":{},\"fault_ns\":{},\"arms\":{},\"arm_ns\":{},\"armed_pages\":{}}}",
+        access::FAULTS.load(Ordering::Relaxed),
+        access::FAULT_NS.load(Ordering::Relaxed),
+        access::ARMS.load(Ordering::Relaxed),
+        access::ARM_NS.load(Ordering::Relaxed),
+        access::armed()
+    );
+}
+
+/// Why access monitoring could not start (None: not asked yet).
+static MONITOR_REFUSED: OnceLock<&'static str> = OnceLock::new();
+
+fn monitor_state() -> String {
+    if access::fd() >= 0 {
+        "userfaultfd".to_string()
+    } else if let Some(why) = MONITOR_REFUSED.get() {
+        format!("unavailable: {why}")
+    } else {
+        "off".to_string()
+    }
+}
+
+/// Every live block: (address, size, birth, site), by address.
+fn all_blocks() -> Vec<(u64, u64, u64, (u32, AllocFn))> {
+    let mut out = Vec::new();
+    for shard in live::shards() {
+        let n = shard.locked().len();
+        out.reserve(n + n / 8 + 16);
+        let room = out.capacity();
+        shard.locked().for_each_born(|addr, b, born| {
+            if out.len() < room {
+                out.push((addr, b.size, born, (b.stack, b.func)));
+            }
+        });
+    }
+    out.sort_unstable_by_key(|b| b.0);
+    out
+}
+
+fn blocks_answer(out: &mut String, args: &[&str], time: u64) -> Result<(), String> {
+    let stack = number(args, 0, "stack")? as u32;
+    let func = function(args, 1)?;
+    let n = number(args, 2, "count")?.min(access::MAX_PAGES as u64) as usize;
+    let min_age = number(args, 3, "age")?.saturating_mul(1_000_000);
+    let mut found: Vec<(u64, u64, u64)> = Vec::new();
+    for shard in live::shards() {
+        // No allocation under the shard's lock: counted, room made, copied.
+        let mut count = 0usize;
+        shard.locked().for_each_born(|_, b, born| {
+            if b.stack == stack && b.func == func && time.saturating_sub(born) >= min_age {
+                count += 1;
+            }
+        });
+        let mut mine = Vec::with_capacity(count + 16);
+        let room = mine.capacity();
+        shard.locked().for_each_born(|addr, b, born| {
+            if b.stack == stack
+                && b.func == func
+                && time.saturating_sub(born) >= min_age
+                && mine.len() < room
+            {
+                mine.push((addr, b.size, born));
+            }
+        });
+        found.extend(mine);
+    }
+    // Spread over their ages: the oldest are often of a start-up phase
+    // whose pages other sites share.
+    found.sort_unstable_by_key(|b| (b.2, b.0));
+    if found.len() > n {
+        let len = found.len();
+        found = (0..n).map(|k| found[k * len / n]).collect();
+    }
+    out.push_str("{\"blocks\":[");
+    for (i, (addr, size, born)) in found.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(
+            out,
+            "{sep}[{addr},{size},{}]",
+            time.saturating_sub(*born) / 1_000_000
+        );
+    }
+    out.push_str("]}\n");
+    Ok(())
+}
+
+/// The pages of a block that are watched: all of a small one's, else
+/// `PAGES_PER_BLOCK` spread from its first to its last.
+fn pages_of(addr: u64, size: u64) -> Vec<u64> {
+    let first = addr & !(access::PAGE - 1);
+    let last = (addr + size.max(1) - 1) & !(access::PAGE - 1);
+    let count = (last - first) / access::PAGE + 1;
+    if count <= control::PAGES_PER_BLOCK {
+        return (0..count).map(|k| first + k * access::PAGE).collect();
+    }
+    let mut pages: Vec<u64> = (0..control::PAGES_PER_BLOCK)
+        .map(|k| first + (k * (count - 1) / (control::PAGES_PER_BLOCK - 1)) * access::PAGE)
+        .collect();
+    pages.dedup();
+    pages
+}
+
+/// Starts access monitoring if it has not started: the userfaultfd and
+/// the thread that serves its faults.
+fn start_monitor() -> Result<(), String> {
+    if access::fd() >= 0 {
+        return Ok(());
+    }
+    if let Some(why) = MONITOR_REFUSED.get() {
+        return Err(format!("access monitoring unavailable: {why}"));
+    }
+    match access::open() {
+        Ok(_) => {
+            if spawn_thread(fault_main).is_none() {
+                return Err("cannot start the fault thread".to_string());
+            }
+            Ok(())
+        }
+        Err(why) => {
+            let _ = MONITOR_REFUSED.set(why);
+            Err(format!("access monitoring unavailable: {why}"))
+        }
+    }
+}
+
+fn arm_answer(out: &mut String, args: &[&str], time: u64) -> Result<(), String> {
+    let hot_age = number(args, 0, "hot age")?.saturating_mul(1_000_000);
+    let wanted: Vec<u64> = (1..args.len())
+        .map(|i| number(args, i, "address"))
+        .collect::<Result<_, _>>()?;
+    start_monitor()?;
+    let blocks = all_blocks();
+    let maps = crate::platform::proc_maps::read();
+    // The sites the request names: a page is watched only if every block
+    // on it is of one of them (another site's block there, a cache entry
+    // read all the time, would make the page's first access its access).
+    let named: std::collections::HashSet<(u32, AllocFn)> = wanted
+        .iter()
+        .filter_map(|a| blocks.binary_search_by_key(a, |b| b.0).ok())
+        .map(|i| blocks[i].3)
+        .collect();
+    let mut armed: Vec<(u64, Vec<u64>)> = Vec::new();
+    let mut refused: Vec<(u64, &str)> = Vec::new();
+    for &addr in &wanted {
+        let Ok(at) = blocks.binary_search_by_key(&addr, |b| b.0) else {
+            refused.push((addr, "not a live block"));
+            continue;
+        };
+        let size = blocks[at].1;
+        let mut pages = Vec::new();
+        let mut why = "no page could be watched";
+        for page in pages_of(addr, size) {
+            let end = page + access::PAGE;
+            let anonymous = crate::platform::proc_maps::containing(&maps, page).is_some_and(|i| {
+                let m = &maps[i];
+                !m.file
+                    && m.readable
+                    && m.writable
+                    && m.end >= end
+                    && m.kind != crate::platform::proc_maps::Special::Stack
+            });
+            if !anonymous {
+                why = "not in private anonymous memory";
+                continue;
+            }
+            // The live blocks overlapping the page: none may be young, or
+            // of a site the request does not name.
+            let from = blocks.partition_point(|b| b.0 + b.1.max(1) <= page);
+            let on_page = || blocks[from..].iter().take_while(|b| b.0 < end);
+            if on_page().any(|b| time.saturating_sub(b.2) < hot_age) {
+                why = "shares a page with a younger block";
+                continue;
+            }
+            if on_page().any(|b| !named.contains(&b.3)) {
+                why = "shares a page with another site's block";
+                continue;
+            }
+            match access::arm(page, time) {
+                Ok(()) => pages.push(page),
+                Err(access::Refusal::AlreadyWatched) => {
+                    why = "page already watched";
+                }
+                Err(access::Refusal::Full) => {
+                    why = "as many pages watched as allowed";
+                }
+                Err(access::Refusal::Kernel(_)) => why = "the kernel refused the page",
+                Err(access::Refusal::NotOpen) => why = "access monitoring not started",
+            }
+        }
+        if !pages.is_empty() {
+            armed.push((addr, pages));
+        } else {
+            refused.push((addr, why));
+        }
+    }
+    out.push_str("{\"armed\":[");
+    for (i, (addr, pages)) in armed.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(out, "{sep}[{addr},{pages:?}]");
+    }
+    out.push_str("],\"refused\":[");
+    for (i, (addr, why)) in refused.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(out, "{sep}[{addr},\"{why}\"]");
+    }
+    out.push_str("]}\n");
+    Ok(())
+}
+
+fn disarm_answer(out: &mut String, args: &[&str]) -> Result<(), String> {
+    let before = access::armed();
+    if args == ["all"] {
+        access::disarm(0, u64::MAX);
+    } else {
+        for i in 0..args.len() {
+            let addr = number(args, i, "address")?;
+            let size = live::shard_of(addr)
+                .locked()
+                .get(addr)
+                .map_or(1, |b| b.size);
+            access::disarm(
+                addr & !(access::PAGE - 1),
+                (addr + size.max(1) - 1) & !(access::PAGE - 1),
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{{\"disarmed\":{}}}",
+        before.saturating_sub(access::armed())
+    );
+    Ok(())
+}
+
+fn watches_answer(out: &mut String) {
+    let watches = access::take_report();
+    let _ = write!(out, "{{\"armed_pages\":{},\"watches\":[", access::armed());
+    for (i, w) in watches.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(
+            out,
+            "{sep}[{},\"{}\",{},{},{}]",
+            w.page,
+            w.outcome.name(),
+            w.armed_at,
+            w.ended_at,
+            w.tid
+        );
+    }
+    out.push_str("]}\n");
+}
+
+fn verdict_answer(out: &mut String, args: &[&str], time: u64) -> Result<(), String> {
+    let stack = number(args, 0, "stack")? as u32;
+    let func = function(args, 1)?;
+    let mut n = [0u64; 6];
+    let names = [
+        "kinds",
+        "growth",
+        "watched",
+        "untouched",
+        "untouched ms",
+        "last access",
+    ];
+    for (k, v) in n.iter_mut().enumerate() {
+        *v = number(args, k + 2, names[k])?;
+    }
+    let ev = trapline_trace::Event::SiteVerdict {
+        time,
+        stack,
+        func,
+        kinds: n[0],
+        growth_bytes_per_second: n[1],
+        watched_blocks: n[2],
+        untouched_blocks: n[3],
+        untouched_ns: n[4].saturating_mul(1_000_000),
+        last_access_ns: n[5],
+    };
+    let mut buf = crate::events::buffers::take_buffer(0);
+    crate::events::record::ensure_stack_in(&mut buf, stack);
+    if !buf.push_event(&ev, Some(time)) {
+        crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+    }
+    crate::events::buffers::submit(buf, false);
+    out.push_str("{\"written\":true}\n");
+    Ok(())
+}
+
+/// The fault thread: serves the faults of watched pages until the
+/// userfaultfd goes (a fork child has neither).
+extern "C" fn fault_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
+    crate::platform::agent_threads::note_current();
+    crate::events::thread::mark_agent_thread();
+    // SAFETY: naming our own thread; the name fits in 16 bytes.
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-fault".as_ptr()) };
+    let fd = access::fd();
+    let uffd = core::mem::ManuallyDrop::new(crate::platform::uffd::Uffd(fd));
+    while access::fd() == fd {
+        if let Some(m) = uffd.next_message(1000) {
+            access::serve(&m, crate::platform::agent_threads::contains);
+        }
+    }
+    core::ptr::null_mut()
 }
 
 fn json_string(out: &mut String, s: &str) {
@@ -404,11 +794,22 @@ fn json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// One allocation site's live blocks.
+struct SiteNow {
+    site: (u32, AllocFn),
+    bytes: u64,
+    blocks: u64,
+    ages: [u64; control::AGE_BUCKETS_S.len() + 1],
+    /// Blocks (and bytes) born after `since`.
+    new_blocks: u64,
+    new_bytes: u64,
+}
+
 /// Live bytes and blocks per allocation site (stack, function), largest
-/// first.
-fn sites() -> Vec<((u32, AllocFn), (u64, u64))> {
-    let mut totals: HashMap<(u32, AllocFn), (u64, u64)> = HashMap::new();
-    let mut blocks: Vec<live::Block> = Vec::new();
+/// first, with their ages at `now` and what was born after `since`.
+fn sites(now: u64, since: u64) -> Vec<SiteNow> {
+    let mut totals: HashMap<(u32, AllocFn), SiteNow> = HashMap::new();
+    let mut blocks: Vec<(live::Block, u64)> = Vec::new();
     for shard in live::shards() {
         // Room first, with no lock held; blocks added meanwhile past it are
         // left for the next request.
@@ -416,18 +817,32 @@ fn sites() -> Vec<((u32, AllocFn), (u64, u64))> {
         blocks.clear();
         blocks.reserve(n + n / 8 + 16);
         let room = blocks.capacity();
-        shard.locked().for_each(|_, b| {
+        shard.locked().for_each_born(|_, b, born| {
             if blocks.len() < room {
-                blocks.push(b);
+                blocks.push((b, born));
             }
         });
-        for b in &blocks {
-            let t = totals.entry((b.stack, b.func)).or_default();
-            t.0 += b.size;
-            t.1 += 1;
+        for (b, born) in &blocks {
+            let t = totals.entry((b.stack, b.func)).or_insert(SiteNow {
+                site: (b.stack, b.func),
+                bytes: 0,
+                blocks: 0,
+                ages: Default::default(),
+                new_blocks: 0,
+                new_bytes: 0,
+            });
+            t.bytes += b.size;
+            t.blocks += 1;
+            let age_s = now.saturating_sub(*born) / 1_000_000_000;
+            let bucket = control::AGE_BUCKETS_S.partition_point(|&limit| age_s >= limit);
+            t.ages[bucket] += 1;
+            if since != 0 && *born > since {
+                t.new_blocks += 1;
+                t.new_bytes += b.size;
+            }
         }
     }
-    let mut out: Vec<_> = totals.into_iter().collect();
-    out.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0 .0.cmp(&b.0 .0)));
+    let mut out: Vec<SiteNow> = totals.into_values().collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.0.cmp(&b.site.0)));
     out
 }

@@ -3,14 +3,14 @@
 //! double free can name the first free.
 //!
 //! 64 shards, each an open-addressing table (linear probing, backward-shift
-//! deletion, no tombstones) under its own lock. An entry is 16 bytes: the
+//! deletion, no tombstones) under its own lock. An entry is 24 bytes: the
 //! address shifted right by 3 (allocators align blocks to 8 bytes at least:
 //! glibc to 16, jemalloc, tcmalloc and mimalloc their 8-byte ones to 8)
 //! with the high bits of the stack id on top, and size / function / low
-//! stack bits. Tables
-//! grow by half when 80% full (any size: slots are picked by multiply-shift,
-//! not by a mask), so the load stays between 53% and 80% and a live block
-//! costs 20 to 30 bytes of table.
+//! stack bits, and the block's birth to the millisecond (a watcher's ages).
+//! Tables grow by half when 80% full (any size: slots are picked by
+//! multiply-shift, not by a mask), so the load stays between 53% and 80%
+//! and a live block costs 30 to 45 bytes of table.
 
 use crate::platform::lock::SpinLock;
 use core::cell::UnsafeCell;
@@ -51,7 +51,13 @@ pub struct Block {
 struct Entry {
     key: u64, // 0 = empty
     meta: u64,
+    /// When the block was recorded, in units of `BORN_SHIFT` (the age a
+    /// watcher asks for; it wraps after 52 days).
+    born: u32,
 }
+
+/// Birth times are kept in units of 2^20 ns (1.05 ms).
+pub const BORN_SHIFT: u32 = 20;
 
 fn pack(addr: u64, b: Block) -> Entry {
     let size = b.size.min((1 << SIZE_BITS) - 1);
@@ -61,10 +67,16 @@ fn pack(addr: u64, b: Block) -> Entry {
     Entry {
         key: key_of(addr) | (stack_hi << ADDR_BITS),
         meta: size | (u64::from(b.func as u8) << SIZE_BITS) | (stack_lo << (SIZE_BITS + FUNC_BITS)),
+        born: 0,
     }
 }
 
 fn unpack(e: Entry) -> (u64, Block) {
+    unpack_parts(e.key, e.meta)
+}
+
+fn unpack_parts(key: u64, meta: u64) -> (u64, Block) {
+    let e = Entry { key, meta, born: 0 };
     let addr = addr_of(e);
     let stack_hi = e.key >> ADDR_BITS;
     let size = e.meta & ((1 << SIZE_BITS) - 1);
@@ -315,7 +327,8 @@ impl Locked<'_> {
     }
 
     /// Records a new live block, replacing a stale entry for the same
-    /// address (whose size it returns). Inlined into the hooks, with the
+    /// address (whose size it returns), born at this shard's latest stamp
+    /// (callers stamp first). Inlined into the hooks, with the
     /// rare growth out of line: a call's prologue and epilogue were a fifth
     /// of its instructions.
     #[inline(always)]
@@ -342,7 +355,9 @@ impl Locked<'_> {
             }
             i = next(i, n);
         }
-        d.slots[i] = pack(addr, block);
+        let mut e = pack(addr, block);
+        e.born = (d.last_time >> BORN_SHIFT) as u32;
+        d.slots[i] = e;
         d.bytes += block.size;
         replaced
     }
@@ -425,7 +440,10 @@ impl Locked<'_> {
                 .slots
                 .iter()
                 .filter(|e| e.key != 0)
-                .map(|&e| Packed(e)),
+                .map(|e| Packed {
+                    key: e.key,
+                    meta: e.meta,
+                }),
         );
     }
 
@@ -443,32 +461,46 @@ impl Locked<'_> {
             }
         }
     }
+
+    /// Calls `f` for every live block of this shard with its birth time
+    /// (trace nanoseconds, to 1 ms).
+    pub fn for_each_born(&mut self, mut f: impl FnMut(u64, Block, u64)) {
+        for e in &self.data().slots {
+            if e.key != 0 {
+                let (a, b) = unpack(*e);
+                f(a, b, u64::from(e.born) << BORN_SHIFT);
+            }
+        }
+    }
 }
 
-/// A live block as the table stores it (16 bytes): the reachability scan
-/// sorts millions of these, so it keeps them packed.
+/// A live block as the table stores it, less its birth (16 bytes): the
+/// reachability scan sorts millions of these, so it keeps them packed.
 #[derive(Clone, Copy)]
-pub struct Packed(Entry);
+pub struct Packed {
+    key: u64,
+    meta: u64,
+}
 
 impl Packed {
     /// A placeholder (scratch space of a sort).
-    pub const EMPTY: Packed = Packed(Entry { key: 0, meta: 0 });
+    pub const EMPTY: Packed = Packed { key: 0, meta: 0 };
 
     /// The block's address.
     #[inline]
     pub fn addr(&self) -> u64 {
-        addr_of(self.0)
+        unpack_parts(self.key, 0).0
     }
 
     /// The block's requested size.
     #[inline]
     pub fn size(&self) -> u64 {
-        self.0.meta & ((1 << SIZE_BITS) - 1)
+        self.meta & ((1 << SIZE_BITS) - 1)
     }
 
     /// Everything known about the block.
     pub fn block(&self) -> Block {
-        unpack(self.0).1
+        unpack_parts(self.key, self.meta).1
     }
 }
 

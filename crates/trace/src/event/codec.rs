@@ -809,4 +809,16 @@ event_codec! {
         reason: Byte(ProfileStopReason::from_u8, "profile stop reason"),
     },
     SAMPLES_MISSED => SamplesMissed { time: Time, periods: U64 },
+    SITE_VERDICT => SiteVerdict {
+        time: Time,
+        stack: Stack,
+        func: Func,
+        kinds: U64,
+        growth_bytes_per_second: U64,
+        watched_blocks: U64,
+        untouched_blocks: U64,
+        untouched_ns: U64,
+        last_access_ns: U64,
+    },
+    CONTROL_SOCKET => ControlSocket { path: Str("control socket path") },
 }

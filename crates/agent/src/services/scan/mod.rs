@@ -30,7 +30,7 @@ use crate::platform::lock::RawLock;
 use crate::platform::sys;
 use crate::tracking::live::{self, Packed};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use trapline_trace::{ScanSkipReason, ScanStats, ScanTrigger, Verdict};
+use trapline_trace::{AllocFn, ScanSkipReason, ScanStats, ScanTrigger, Verdict};
 
 /// Nanoseconds the periodic scans have paused the program.
 static PERIODIC_PAUSE_NS: AtomicU64 = AtomicU64::new(0);
@@ -162,7 +162,11 @@ fn scan_while_running(spins: u32) -> Option<Result<Outcome, Skipped>> {
 /// A reachability scan now, asked for on the control socket: written to
 /// the trace as a periodic one (`trapline leaks --snapshot N`). Returns the
 /// scan's number, blocks judged and pause in nanoseconds, or why none ran.
-pub fn on_request() -> Result<(u32, u64, u64), String> {
+/// What a requested scan found: its number, blocks, pause, and the
+/// unreachable (definitely and indirectly lost) bytes and blocks per site.
+pub type RequestedScan = (u32, u64, u64, Vec<((u32, AllocFn), (u64, u64))>);
+
+pub fn on_request() -> Result<RequestedScan, String> {
     if crate::phase::recording_stopped() || crate::phase::finishing() {
         return Err("the process is finishing its trace".to_string());
     }
@@ -170,7 +174,20 @@ pub fn on_request() -> Result<(u32, u64, u64), String> {
         return Err("another scan is under way".to_string());
     };
     let answer = match &outcome {
-        Ok(o) => Ok((o.scan, o.stats.blocks, o.stats.pause_ns)),
+        Ok(o) => {
+            let mut lost: std::collections::HashMap<(u32, AllocFn), (u64, u64)> =
+                std::collections::HashMap::new();
+            o.for_each(|_, b, verdict, _| {
+                if matches!(verdict, Verdict::DefinitelyLost | Verdict::IndirectlyLost) {
+                    let t = lost.entry((b.stack, b.func)).or_default();
+                    t.0 += b.size;
+                    t.1 += 1;
+                }
+            });
+            let mut lost: Vec<_> = lost.into_iter().collect();
+            lost.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0 .0.cmp(&b.0 .0)));
+            Ok((o.scan, o.stats.blocks, o.stats.pause_ns, lost))
+        }
         Err(s) => Err(format!("skipped: {}", s.why.reason.name())),
     };
     emit::to_writer(&outcome);
