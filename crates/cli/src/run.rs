@@ -83,8 +83,8 @@ pub struct RunArgs {
     pub control: bool,
     /// Also watch the program while it runs (implies --control): a
     /// `trapline watch` writes one JSON look every SECS seconds (default 1)
-    /// to OUTPUT.watch.jsonl, and the summary names the sites that kept
-    /// growing.
+    /// to OUTPUT.watch.jsonl, and the summary names the sites judged
+    /// growing or stale at its last look.
     #[arg(
         long,
         value_name = "SECS",
@@ -94,6 +94,10 @@ pub struct RunArgs {
         value_parser = parse_seconds
     )]
     pub watch: Option<f64>,
+    /// With --watch: a watched block untouched for SECS seconds is stale
+    /// (`trapline watch --stale-after`).
+    #[arg(long, value_name = "SECS", requires = "watch", value_parser = parse_seconds)]
+    pub stale_after: Option<f64>,
     /// Stop the command with SIGTERM after SECS seconds (SIGKILL 10 s later if
     /// it is still running); the agent completes the trace on SIGTERM. For
     /// programs that may hang, e.g. in a deadlock. Exit status 124 then.
@@ -560,9 +564,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     let child_pid = Pid::from_raw(child.id() as i32);
-    let watcher = args
-        .watch
-        .and_then(|secs| crate::watch::start_beside(child_pid.as_raw() as u32, secs, &output));
+    let watcher = args.watch.and_then(|secs| {
+        crate::watch::start_beside(child_pid.as_raw() as u32, secs, args.stale_after, &output)
+    });
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
         for sig in signals.forever() {

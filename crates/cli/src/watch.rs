@@ -397,7 +397,7 @@ pub struct Beside {
 
 /// Starts watching process `pid` every `secs` seconds, its looks next to
 /// the trace `trace`; None (with a warning) if it cannot start.
-pub fn start_beside(pid: u32, secs: f64, trace: &Path) -> Option<Beside> {
+pub fn start_beside(pid: u32, secs: f64, stale_after: Option<f64>, trace: &Path) -> Option<Beside> {
     let mut looks = trace.as_os_str().to_owned();
     looks.push(".watch.jsonl");
     let looks = PathBuf::from(looks);
@@ -413,6 +413,7 @@ pub fn start_beside(pid: u32, secs: f64, trace: &Path) -> Option<Beside> {
             ])
             .arg("--interval")
             .arg(secs.to_string())
+            .args(stale_after.map(|s| format!("--stale-after={s}")))
             .stdin(std::process::Stdio::null())
             .stdout(out)
             .stderr(std::process::Stdio::null())
@@ -456,12 +457,16 @@ impl Beside {
         )];
         let sites = last.get("sites").and_then(Value::as_array);
         for s in sites.into_iter().flatten() {
-            let Some(rate) = s
-                .pointer("/growth/bytes_per_second")
-                .and_then(Value::as_f64)
-            else {
+            let verdicts: Vec<&str> = s
+                .get("verdicts")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            if verdicts.is_empty() {
                 continue;
-            };
+            }
             let place = s
                 .get("stack")
                 .and_then(Value::as_array)
@@ -488,9 +493,29 @@ impl Beside {
                         }
                     },
                 );
+            let mut evidence = Vec::new();
+            if let Some(rate) = s
+                .pointer("/growth/bytes_per_second")
+                .and_then(Value::as_f64)
+            {
+                evidence.push(format!("+{} bytes/s", thousands(rate as u64)));
+            }
+            if verdicts.contains(&"stale") {
+                let n = |k: &str| {
+                    s.pointer(&format!("/staleness/{k}"))
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0)
+                };
+                evidence.push(format!(
+                    "{} of {} watched blocks untouched",
+                    thousands(n("untouched_blocks")),
+                    thousands(n("watched_blocks"))
+                ));
+            }
             lines.push(format!(
-                "watch: still growing at the last look: {place}, +{} bytes/s",
-                thousands(rate as u64)
+                "watch: {} at the last look: {place}, {}",
+                verdicts.join(", "),
+                evidence.join(", ")
             ));
         }
         lines

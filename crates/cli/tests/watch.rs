@@ -203,7 +203,7 @@ fn run_watch_names_the_growing_sites_in_its_summary() {
     let line = |marker| marker_line("service_sites.h", marker);
     for (function, marker) in [("leak", "LEAK"), ("remember", "LIST")] {
         let said = format!(
-            "still growing at the last look: {function} (service_sites.h:{})",
+            "watch: growing at the last look: {function} (service_sites.h:{})",
             line(marker)
         );
         assert!(stderr.contains(&said), "{said}\n{stderr}");
@@ -362,4 +362,144 @@ fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
         "{}",
         pretty(&history)
     );
+}
+
+/// watched_pages.c asks its own agent to watch a block's pages, then
+/// reads into one with read(2) (the kernel writes it) and forks: both work
+/// as without trapline (the child sees every byte), the kernel's write is
+/// the page's access, and the fork gives the other pages back first.
+#[test]
+fn watched_pages_stay_whole_through_read_and_fork() {
+    let dir = TestDir::new("watched_pages");
+    let prog = compile_c(&dir, "watched_pages.c");
+    let out = run_command(&dir, &["--control"], &prog, &[])
+        .output()
+        .expect("run trapline run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for check in [
+        "read(2) into a watched page: ok",
+        "fork child sees every byte: ok",
+        "the program sees every byte: ok",
+    ] {
+        assert!(stdout.contains(check), "{check}\n{stdout}");
+    }
+    let json_after = |prefix: &str| -> Value {
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("{prefix}\n{stdout}"));
+        serde_json::from_str(line).unwrap()
+    };
+    let armed = json_after("arm: ");
+    let block = armed["armed"][0][0].as_u64().unwrap();
+    let pages: Vec<u64> = armed["armed"][0][1]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert_eq!(pages.len(), 8, "{armed}");
+    let last_page = (block + (1 << 20) - 1) & !4095;
+    let watches = json_after("watches: ");
+    let outcomes: Vec<(u64, &str, u64)> = watches["watches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w[0].as_u64().unwrap(),
+                w[1].as_str().unwrap(),
+                w[4].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(outcomes.len(), 8, "{watches}");
+    for (page, outcome, tid) in outcomes {
+        if page == last_page {
+            assert_eq!(outcome, "touched", "{watches}");
+            assert!(tid > 0, "{watches}");
+        } else {
+            assert_eq!(outcome, "released", "{watches}");
+        }
+    }
+}
+
+/// Bad input for a watcher: a socket file left by a process that ended is
+/// named as such; two watchers at once are both answered; a watcher killed
+/// while pages are watched leaves the server answering, a new watcher is
+/// served, and the server ends as untraced with every byte it reads intact.
+#[test]
+fn stale_sockets_second_watchers_and_killed_watchers_are_handled() {
+    let dir = TestDir::new("watch_bad_input");
+    let uid = nix::unistd::geteuid().as_raw();
+    let sockets = trapline_contract::control::socket_dir(
+        std::env::var("XDG_RUNTIME_DIR").ok().as_deref(),
+        uid,
+    );
+    std::fs::create_dir_all(&sockets).unwrap();
+    let gone = 4_194_000u32;
+    let path = trapline_contract::control::socket_path(&sockets, gone);
+    let _ = std::fs::remove_file(&path);
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let (code, _, err) = watch(&gone.to_string(), &["--count", "1"]);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("left from a process that has ended"), "{err}");
+
+    let prog = compile_c(&dir, "leaky_server.c");
+    let mut child = run_command(&dir, &["--control"], &prog, &["2000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
+    let first = read_stdout_line(&mut child);
+    let pid = first.trim().strip_prefix("pid=").expect("pid").to_owned();
+    // A watcher that watches pages, killed once it has armed some.
+    let mut doomed = Command::new(trapline())
+        .args(["watch", &pid, "--wait", "30", "--interval", "0.2"])
+        .args(["--stale-after", "4", "--format", "jsonl"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut looks = std::io::BufReader::new(doomed.stdout.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut looks, &mut line).unwrap() > 0,
+            "the watcher ended"
+        );
+        let look: Value = serde_json::from_str(&line).unwrap();
+        if look
+            .pointer("/monitor/armed_pages")
+            .and_then(Value::as_u64)
+            .is_some_and(|n| n > 0)
+        {
+            break;
+        }
+    }
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    // Two watchers at once, after it: both answered.
+    let second = Command::new(trapline())
+        .args(["watch", &pid, "--count", "3", "--interval", "0.1"])
+        .args(["--format", "jsonl"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, out, err) = watch(
+        &pid,
+        &["--count", "3", "--interval", "0.1", "--format", "jsonl"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let second = second.wait_with_output().unwrap();
+    assert_eq!(second.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&second.stdout).lines().count(), 3);
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("trapline run ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains(" history="), "{stdout}");
 }

@@ -121,8 +121,8 @@ pub mod control {
     /// `{"armed_pages", "watches": [[page, "outcome", armed_at_ns,
     /// ended_at_ns, tid], ...]}`, outcome one of `armed`, `touched`,
     /// `released` (given back unaccessed: a block on it was released, or
-    /// the process forked), `removed` (the program unmapped it),
-    /// `interrupted` (an agent thread read it). A watch that has ended is
+    /// the process forked), `interrupted` (an agent thread, a scan, read
+    /// it). A watch that has ended is
     /// reported once.
     pub const WATCHES: &str = "watches";
     /// A request: `verdict STACK FN KINDS GROWTH_BPS WATCHED UNTOUCHED

@@ -72,11 +72,9 @@ const IOC_NEW: u64 = 0xAA00;
 const MODE_MISSING: u64 = 1;
 const MODE_WP: u64 = 2;
 
-pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
 pub const FEATURE_THREAD_ID: u64 = 1 << 8;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
-pub const EVENT_UNMAP: u8 = 0x16;
 
 /// One message read from a userfaultfd (`struct uffd_msg`, 32 bytes).
 #[repr(C)]

@@ -661,6 +661,7 @@ fn arm_answer(out: &mut String, args: &[&str], time: u64) -> Result<(), String> 
                 }
                 Err(access::Refusal::Kernel(_)) => why = "the kernel refused the page",
                 Err(access::Refusal::NotOpen) => why = "access monitoring not started",
+                Err(access::Refusal::Paused) => why = "a scan is under way",
             }
         }
         if !pages.is_empty() {

@@ -15,14 +15,20 @@
 //! The fault thread (services' control) reads the fault, copies the page
 //! back (UFFDIO_COPY, which wakes every waiter) and unregisters it. A page
 //! is given back without an access (and marked so) when a block on it is
-//! released or reallocated (the allocator could return its memory to the
-//! kernel, and the copy aside would then be stale), before a fork (a child
-//! would otherwise inherit a page with nothing behind it: the kernel does
-//! not carry the registration into it), before the exit's scan, and when
-//! the program itself removes or unmaps it (the kernel's removal events;
-//! the page is then empty, as it would be without trapline). An agent
-//! thread's access (a periodic scan reading the heap) gives the page back
-//! marked `Interrupted`, not touched.
+//! released or reallocated (the allocator could hand the page to the
+//! kernel, which would leave the copy aside stale, or move it with
+//! mremap, which would leave an empty page behind), before a fork (the
+//! kernel does not carry the registration into a child, whose page would
+//! read as zeros), and before the exit's scan. An agent thread's access (a
+//! periodic scan reading the heap) gives the page back marked
+//! `Interrupted`, not touched.
+//!
+//! Limits: a page the program itself drops (madvise) or moves (mremap)
+//! while it is watched, without releasing the block on it, comes back
+//! with its contents of the moment it was armed; a raw clone or fork
+//! system call (not glibc's fork) bypasses the fork handler. The kernel's
+//! removal events would say so, but the remover then waits for the fault
+//! thread, and no page can be copied back while one is pending.
 //!
 //! Every step runs under one lock. The fault thread, the lock's holders and
 //! the arming thread never touch a watched page themselves, so a fault is
@@ -47,8 +53,6 @@ pub enum Outcome {
     /// Given back unaccessed: a block on it was released or reallocated,
     /// or the process forks or ends.
     Released,
-    /// The program removed or unmapped the page itself.
-    Removed,
     /// An agent thread read it (a scan): given back, nothing learned.
     Interrupted,
 }
@@ -59,7 +63,6 @@ impl Outcome {
             Outcome::Armed => "armed",
             Outcome::Touched => "touched",
             Outcome::Released => "released",
-            Outcome::Removed => "removed",
             Outcome::Interrupted => "interrupted",
         }
     }
@@ -104,6 +107,8 @@ static SHARED: Shared = Shared {
     }),
 };
 
+/// A scan is under way: nothing is armed until it ends.
+static PAUSED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 /// Pages armed now: 0 lets a release skip the lock.
 static ARMED: AtomicU64 = AtomicU64::new(0);
 /// The lowest and highest armed page (a release far from both skips the lock).
@@ -131,10 +136,12 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
 pub fn open() -> Result<i32, &'static str> {
     with(|s| {
         if s.uffd.is_none() {
-            // Not the removal events of madvise: arming removes the page
-            // itself, under the lock the fault thread would need to read
-            // the event, which the remover waits for.
-            let features = uffd::FEATURE_THREAD_ID | uffd::FEATURE_EVENT_UNMAP;
+            // No removal, unmapping or fork events: the remover would wait
+            // for the fault thread to read them (arming's own madvise
+            // under the lock the fault thread needs, for one), and while
+            // one is pending the kernel refuses to copy a page back
+            // (EAGAIN). Releases give pages back first instead.
+            let features = uffd::FEATURE_THREAD_ID;
             let u = Uffd::open(features)?;
             // Room for every watch now: giving a page back (in a release
             // hook, or before a fork) must not allocate.
@@ -153,6 +160,8 @@ pub fn open() -> Result<i32, &'static str> {
 pub enum Refusal {
     AlreadyWatched,
     Full,
+    /// A scan is reading the heap.
+    Paused,
     /// The kernel refused (a mapping it cannot watch, or a range another
     /// userfaultfd of the program's own watches).
     Kernel(i32),
@@ -185,6 +194,9 @@ pub fn arm(page: u64, now: u64) -> Result<(), Refusal> {
         let Some(u) = s.uffd.as_ref() else {
             return Err(Refusal::NotOpen);
         };
+        if PAUSED.load(Ordering::Relaxed) {
+            return Err(Refusal::Paused);
+        }
         if s.watches
             .iter()
             .any(|w| w.page == page && w.outcome == Outcome::Armed)
@@ -254,13 +266,18 @@ fn give_back(s: &mut State, i: usize, outcome: Outcome, now: u64, tid: u32) {
     if w.outcome != Outcome::Armed {
         return;
     }
-    if outcome != Outcome::Removed {
-        // EEXIST: the page is back already (nothing to copy).
-        let _ = u.copy(w.page, s.aside[i], PAGE);
+    // EEXIST: the page is back already; ENOENT: its mapping is gone (the
+    // program unmapped it). Any other failure leaves the page registered
+    // and away, to be given back at its next fault: unregistering it
+    // would leave it empty.
+    match u.copy(w.page, s.aside[i], PAGE) {
+        Ok(()) | Err(libc::EEXIST) | Err(libc::ENOENT) => {}
+        Err(_) => return,
     }
     let _ = u.unregister(w.page, PAGE);
     w.outcome = outcome;
-    w.ended_at = now;
+    // The coarse tick may lag the precise time the watch was armed at.
+    w.ended_at = now.max(w.armed_at);
     w.tid = tid;
     s.spare.push(s.aside[i]);
     s.aside[i] = 0;
@@ -300,19 +317,34 @@ fn release_pages(first: u64, last: u64) {
     });
 }
 
-/// Gives every armed page back unaccessed (exit, and the fork prepare
-/// handler, which keeps the lock: `after_fork_parent` and
-/// `after_fork_child` release it).
+/// Gives every armed page back unaccessed, for good: the process is
+/// finishing its trace (exec or exit), and arms nothing more.
 pub fn give_all_back() {
-    if ARMED.load(Ordering::Relaxed) == 0 {
-        return;
-    }
+    PAUSED.store(true, Ordering::Relaxed);
     let now = crate::platform::clock::tick();
     with(|s| {
         for i in 0..s.watches.len() {
             give_back(s, i, Outcome::Released, now, 0);
         }
     });
+}
+
+/// Before a scan reads the heap: every armed page back (`Interrupted`),
+/// and no arming until [`resume`].
+pub fn pause() {
+    with(|s| {
+        PAUSED.store(true, Ordering::Relaxed);
+        if ARMED.load(Ordering::Relaxed) != 0 {
+            let now = crate::platform::clock::tick();
+            for i in 0..s.watches.len() {
+                give_back(s, i, Outcome::Interrupted, now, 0);
+            }
+        }
+    });
+}
+
+pub fn resume() {
+    PAUSED.store(false, Ordering::Relaxed);
 }
 
 pub fn before_fork() {
@@ -349,54 +381,44 @@ pub fn after_fork_child() {
 pub fn serve(message: &uffd::Message, is_agent: impl Fn(u32) -> bool) {
     let started = crate::platform::clock::monotonic_ns();
     let now = crate::platform::clock::tick();
-    match message.event {
-        uffd::EVENT_PAGEFAULT => {
-            let page = message.arg1 & !(PAGE - 1);
-            let tid = message.arg2 as u32;
-            with(|s| {
-                let at = s
-                    .watches
-                    .iter()
-                    .position(|w| w.page == page && w.outcome == Outcome::Armed);
-                match at {
-                    Some(i) => {
-                        let outcome = if is_agent(tid) {
-                            Outcome::Interrupted
-                        } else {
-                            Outcome::Touched
-                        };
-                        give_back(s, i, outcome, now, tid);
-                    }
-                    None => {
-                        // Served already (another thread's fault on the same
-                        // page: woken, it retries), or a page the kernel
-                        // dropped (it reads as zeros, as without us).
-                        if let Some(u) = s.uffd.as_ref() {
-                            if u.zero(page, PAGE).is_err() {
-                                let _ = u.wake(page, PAGE);
-                            }
+    // Page faults are the only messages asked for.
+    if message.event != uffd::EVENT_PAGEFAULT {
+        return;
+    }
+    {
+        let page = message.arg1 & !(PAGE - 1);
+        let tid = message.arg2 as u32;
+        with(|s| {
+            let at = s
+                .watches
+                .iter()
+                .position(|w| w.page == page && w.outcome == Outcome::Armed);
+            match at {
+                Some(i) => {
+                    let outcome = if is_agent(tid) {
+                        Outcome::Interrupted
+                    } else {
+                        Outcome::Touched
+                    };
+                    give_back(s, i, outcome, now, tid);
+                }
+                None => {
+                    // Served already (another thread's fault on the same
+                    // page: woken, it retries), or a page the kernel
+                    // dropped (it reads as zeros, as without us).
+                    if let Some(u) = s.uffd.as_ref() {
+                        if u.zero(page, PAGE).is_err() {
+                            let _ = u.wake(page, PAGE);
                         }
                     }
                 }
-            });
-            FAULTS.fetch_add(1, Ordering::Relaxed);
-            FAULT_NS.fetch_add(
-                crate::platform::clock::monotonic_ns().saturating_sub(started),
-                Ordering::Relaxed,
-            );
-        }
-        uffd::EVENT_UNMAP => {
-            let (start, end) = (message.arg0, message.arg1);
-            with(|s| {
-                for i in 0..s.watches.len() {
-                    let w = s.watches[i];
-                    if w.outcome == Outcome::Armed && w.page >= start && w.page < end {
-                        give_back(s, i, Outcome::Removed, now, 0);
-                    }
-                }
-            });
-        }
-        _ => {}
+            }
+        });
+        FAULTS.fetch_add(1, Ordering::Relaxed);
+        FAULT_NS.fetch_add(
+            crate::platform::clock::monotonic_ns().saturating_sub(started),
+            Ordering::Relaxed,
+        );
     }
 }
 

@@ -151,7 +151,12 @@ fn scan_while_running(spins: u32) -> Option<Result<Outcome, Skipped>> {
         SCAN_LOCK.unlock();
         return None;
     }
+    // Watched pages back first: the scan reads the heap, and a fault taken
+    // while the world is stopped would wait for the monitor's lock, which
+    // a stopped thread may hold.
+    crate::tracking::access::pause();
     let outcome = run_locked(ScanTrigger::Periodic, &mut ExitHold::none());
+    crate::tracking::access::resume();
     SCAN_LOCK.unlock();
     if let Ok(o) = &outcome {
         PERIODIC_PAUSE_NS.fetch_add(o.stats.pause_ns, Ordering::Relaxed);
@@ -159,13 +164,13 @@ fn scan_while_running(spins: u32) -> Option<Result<Outcome, Skipped>> {
     Some(outcome)
 }
 
-/// A reachability scan now, asked for on the control socket: written to
-/// the trace as a periodic one (`trapline leaks --snapshot N`). Returns the
-/// scan's number, blocks judged and pause in nanoseconds, or why none ran.
 /// What a requested scan found: its number, blocks, pause, and the
 /// unreachable (definitely and indirectly lost) bytes and blocks per site.
 pub type RequestedScan = (u32, u64, u64, Vec<((u32, AllocFn), (u64, u64))>);
 
+/// A reachability scan now, asked for on the control socket: written to
+/// the trace as a periodic one (`trapline leaks --snapshot N`), or why
+/// none ran.
 pub fn on_request() -> Result<RequestedScan, String> {
     if crate::phase::recording_stopped() || crate::phase::finishing() {
         return Err("the process is finishing its trace".to_string());
