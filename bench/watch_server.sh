@@ -50,7 +50,7 @@ for line in open(sys.argv[1]):
     runs.setdefault(tool, []).append(float(value))
 looks = [json.loads(l) for l in open(sys.argv[3]) if l.strip()]
 last = looks[-1]
-monitor = max((l.get("monitor") or {} for l in looks), key=lambda m: m.get("faults", 0))
+monitor = last.get("monitor") or {}
 now = datetime.datetime.now(datetime.timezone.utc)
 native = statistics.median(runs["native"])
 trapline = statistics.median(runs["trapline"])
@@ -70,11 +70,12 @@ with open(sys.argv[2], "a") as out:
             row["throughput_vs_trapline"] = round(trapline / median, 3)
             row["looks_last_run"] = last["looks"]
             row["faults_last_run"] = monitor.get("faults", 0)
-            row["fault_seconds_last_run"] = round(monitor.get("fault_seconds", 0.0), 4)
+            row["fault_and_arm_seconds_last_run"] = round(monitor.get("fault_seconds", 0.0), 4)
+            row["pages_watched_at_last_look"] = monitor.get("armed_pages", 0)
             row["stale_sites_last_look"] = sum("stale" in s["verdicts"] for s in last["sites"])
         row["values"] = values
         out.write(json.dumps(row) + "\n")
         print(names[tool], row["median_s"], "s", row["ratio_to_native"], "x native",
               row.get("throughput_vs_trapline", ""), row.get("faults_last_run", ""),
-              row.get("fault_seconds_last_run", ""))
+              row.get("fault_and_arm_seconds_last_run", ""))
 PY

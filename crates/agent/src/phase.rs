@@ -8,6 +8,7 @@
 //! child shares the agent's memory, and a child of a raw fork system call
 //! has a copy of it without the writer thread (`in_unreset_child`).
 
+use crate::platform::callback::Callback;
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// The constructor has run.
@@ -42,7 +43,7 @@ static PID: AtomicU32 = AtomicU32::new(0);
 static FORK_TOKEN: AtomicUsize = AtomicUsize::new(0);
 /// What stops the agent in a child `in_unreset_child` found (registered by
 /// runtime: it resets the writer).
-static ON_ABANDON: AtomicUsize = AtomicUsize::new(0);
+static ON_ABANDON: Callback<fn()> = Callback::new();
 
 impl Word {
     pub const fn new() -> Word {
@@ -249,17 +250,14 @@ pub fn in_unreset_child() -> bool {
 
 /// Registers how the agent stops in such a child.
 pub fn on_abandon(f: fn()) {
-    ON_ABANDON.store(f as usize, Ordering::Release);
+    ON_ABANDON.set(f);
 }
 
 /// Stops the agent in a process `in_unreset_child` found: it records no
 /// more and writes nothing.
 pub fn abandon_unreset_child() {
     set_recording_stopped(true);
-    let f = ON_ABANDON.load(Ordering::Acquire);
-    if f != 0 {
-        // SAFETY: only `on_abandon` stores here, a `fn()`.
-        let f: fn() = unsafe { core::mem::transmute(f) };
+    if let Some(f) = ON_ABANDON.get() {
         f();
     }
 }

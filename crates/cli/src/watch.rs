@@ -291,6 +291,8 @@ const TRAP_NS: f64 = 5_000.0;
 const BLOCKS_PER_SITE: usize = 32;
 const MIN_BLOCKS_PER_SITE: usize = 2;
 const MAX_BLOCKS_PER_SITE: usize = 512;
+/// Blocks remembered as accessed or refused, at most.
+const MAX_REMEMBERED: usize = 100_000;
 
 pub fn main(args: WatchArgs) -> ExitCode {
     let uid = nix::unistd::geteuid().as_raw();
@@ -645,6 +647,11 @@ impl Watcher {
         if let Some(err) = answer.get("error").and_then(Value::as_str) {
             a.monitor.mechanism = err.to_owned();
             return;
+        }
+        // Addresses come back as new blocks: a long run forgets them now
+        // and then rather than skip new blocks for ever.
+        if a.done.len() > MAX_REMEMBERED {
+            a.done.clear();
         }
         // A block refused is not asked for again (its pages are shared).
         let refused = answer.get("refused").and_then(Value::as_array);

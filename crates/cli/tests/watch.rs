@@ -245,14 +245,36 @@ fn a_scan_asked_for_on_the_socket_is_a_snapshot_of_the_trace() {
     assert_eq!(kind_at("LIST").as_deref(), Some("still_reachable"));
 }
 
-/// The site of `look` with a frame at `marker` of `file`.
-fn site_in<'a>(look: &'a Value, file: &str, marker: &str) -> Option<&'a Value> {
+/// Whether `v`'s stack has a frame at `marker` of `file`.
+fn has_frame_at(v: &Value, file: &str, marker: &str) -> bool {
     let line = marker_line(file, marker);
-    field(look, "sites").as_array().unwrap().iter().find(|s| {
-        field(s, "stack").as_array().unwrap().iter().any(|f| {
-            basename(f.get("file")) == file && f.get("line").and_then(Value::as_u64) == Some(line)
-        })
+    field(v, "stack").as_array().unwrap().iter().any(|f| {
+        basename(f.get("file")) == file && f.get("line").and_then(Value::as_u64) == Some(line)
     })
+}
+
+/// The entry of `list` (sites of a look, records of a report) with a
+/// frame at `marker` of leaky_server.c.
+fn entry_at<'a>(list: &'a Value, marker: &str) -> Option<&'a Value> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|s| has_frame_at(s, "leaky_server.c", marker))
+}
+
+/// `trapline run --control` of leaky_server.c at 2,000 requests a second,
+/// and the server's pid.
+fn start_server(dir: &TestDir) -> (std::process::Child, String) {
+    let prog = compile_c(dir, "leaky_server.c");
+    let mut child = run_command(dir, &["--control"], &prog, &["2000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
+    let first = read_stdout_line(&mut child);
+    let pid = first.trim().strip_prefix("pid=").expect("pid").to_owned();
+    (child, pid)
 }
 
 fn verdicts(v: &Value) -> Vec<&str> {
@@ -273,15 +295,7 @@ fn verdicts(v: &Value) -> Vec<&str> {
 #[test]
 fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
     let dir = TestDir::new("watch_server");
-    let prog = compile_c(&dir, "leaky_server.c");
-    let mut child = run_command(&dir, &["--control"], &prog, &["2000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start trapline run");
-    let first = read_stdout_line(&mut child);
-    let pid = first.trim().strip_prefix("pid=").expect("pid").to_owned();
+    let (mut child, pid) = start_server(&dir);
     let (code, out, err) = watch(
         &pid,
         &[
@@ -306,7 +320,7 @@ fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
         pretty(&last)
     );
     for marker in ["LEAK", "HISTORY"] {
-        let s = site_in(&last, "leaky_server.c", marker)
+        let s = entry_at(field(&last, "sites"), marker)
             .unwrap_or_else(|| panic!("{marker} in {}", pretty(&last)));
         let v = verdicts(s);
         assert!(
@@ -316,7 +330,7 @@ fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
         );
     }
     for marker in ["CACHE", "WORKING"] {
-        let s = site_in(&last, "leaky_server.c", marker)
+        let s = entry_at(field(&last, "sites"), marker)
             .unwrap_or_else(|| panic!("{marker} in {}", pretty(&last)));
         assert!(verdicts(s).is_empty(), "{marker}: {}", pretty(s));
     }
@@ -333,17 +347,7 @@ fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
     // Offline: the watcher's stale verdicts are in the trace.
     let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
     let record = |marker| {
-        let line = marker_line("leaky_server.c", marker);
-        field(&report, "records")
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| {
-                field(r, "stack").as_array().unwrap().iter().any(|f| {
-                    basename(f.get("file")) == "leaky_server.c"
-                        && f.get("line").and_then(Value::as_u64) == Some(line)
-                })
-            })
+        entry_at(field(&report, "records"), marker)
             .unwrap_or_else(|| panic!("{marker} record in {}", pretty(&report)))
             .clone()
     };
@@ -447,15 +451,7 @@ fn stale_sockets_second_watchers_and_killed_watchers_are_handled() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("left from a process that has ended"), "{err}");
 
-    let prog = compile_c(&dir, "leaky_server.c");
-    let mut child = run_command(&dir, &["--control"], &prog, &["2000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start trapline run");
-    let first = read_stdout_line(&mut child);
-    let pid = first.trim().strip_prefix("pid=").expect("pid").to_owned();
+    let (mut child, pid) = start_server(&dir);
     // A watcher that watches pages, killed once it has armed some.
     let mut doomed = Command::new(trapline())
         .args(["watch", &pid, "--wait", "30", "--interval", "0.2"])

@@ -9,9 +9,10 @@
 //! alive for threads that may still be using them.
 
 use crate::platform::arch::ArchUnwinder;
+use crate::platform::callback::Callback;
 use crate::platform::lock::RawLock;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
 use trapline_trace::event::segment_flags;
 use trapline_trace::{ModuleInfo, Segment};
@@ -474,10 +475,7 @@ pub fn refresh() -> Changes {
         };
         UNWINDER.store(p, Ordering::Release);
         GENERATION.fetch_add(1, Ordering::AcqRel);
-        let on_change = ON_CHANGE.load(Ordering::Acquire);
-        if on_change != 0 {
-            // SAFETY: only `on_change` stores here, a `fn()`.
-            let on_change: fn() = unsafe { core::mem::transmute(on_change) };
+        if let Some(on_change) = ON_CHANGE.get() {
             on_change();
         }
     }
@@ -486,11 +484,11 @@ pub fn refresh() -> Changes {
 
 /// What `refresh` calls once the unwinder has changed: the rule cache above
 /// forgets the rules it took from the old one (`on_change`).
-static ON_CHANGE: AtomicUsize = AtomicUsize::new(0);
+static ON_CHANGE: Callback<fn()> = Callback::new();
 
 /// Registers what to call whenever the set of modules changes.
 pub fn on_change(f: fn()) {
-    ON_CHANGE.store(f as usize, Ordering::Release);
+    ON_CHANGE.set(f);
 }
 
 /// Every module currently known, as trace records (a fork child re-announces them).

@@ -9,6 +9,7 @@
 use crate::capture::unwind::{Bounds, Captured, StackCapture};
 use crate::events::buffers::Buffer;
 use crate::platform::arch::StartRegs;
+use crate::platform::callback::Callback;
 use crate::platform::lock::{RawLock, SpinLock};
 use crate::platform::sys;
 use core::cell::UnsafeCell;
@@ -206,13 +207,12 @@ impl Provision {
 /// What a program thread's end does beyond flushing its buffer (the
 /// profiler's teardown, its `ThreadEnd`, the count of running threads):
 /// registered by runtime, which knows those services.
-static PROGRAM_THREAD_ENDING: core::sync::atomic::AtomicUsize =
-    core::sync::atomic::AtomicUsize::new(0);
+static PROGRAM_THREAD_ENDING: Callback<fn(&mut ThreadState)> = Callback::new();
 
 /// Registers what a program thread's end runs, with the guard held and its
 /// buffer still its own.
 pub fn on_program_thread_ending(f: fn(&mut ThreadState)) {
-    PROGRAM_THREAD_ENDING.store(f as usize, Ordering::Release);
+    PROGRAM_THREAD_ENDING.set(f);
 }
 
 /// Threads between leaving the registry and handing over their last buffer
@@ -242,11 +242,7 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     let mut state = unsafe { Box::from_raw(ts) };
     state.guard += 1;
     if !state.agent_thread && !crate::phase::recording_stopped() {
-        let ended = PROGRAM_THREAD_ENDING.load(Ordering::Acquire);
-        if ended != 0 {
-            // SAFETY: only `on_program_thread_ending` stores here, a `fn`
-            // of this type.
-            let ended: fn(&mut ThreadState) = unsafe { core::mem::transmute(ended) };
+        if let Some(ended) = PROGRAM_THREAD_ENDING.get() {
             ended(&mut state);
         }
     }

@@ -16,15 +16,16 @@
 //! the precise clock itself, publishes it and wakes the writer, which ticks
 //! again. Nanoseconds lose their two low bits, which no analysis sees.
 
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::platform::callback::Callback;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// What ends the ticker's sleep (`on_ticker_asleep`): the writer's wake.
-static WAKE_TICKER: AtomicUsize = AtomicUsize::new(0);
+static WAKE_TICKER: Callback<fn()> = Callback::new();
 
 /// The ticker (the writer) registers how a reader that finds it asleep
 /// wakes it.
 pub fn on_ticker_asleep(wake: fn()) {
-    WAKE_TICKER.store(wake as usize, Ordering::Release);
+    WAKE_TICKER.set(wake);
 }
 
 /// Monotonic nanoseconds at trace time 0.
@@ -107,10 +108,7 @@ fn tick_slow(word: u64) -> u64 {
     match ended {
         Ok(before) => {
             // This reader ended the sleep: the writer ticks again.
-            let wake = WAKE_TICKER.load(Ordering::Acquire);
-            if wake != 0 {
-                // SAFETY: only `on_ticker_asleep` stores here, a `fn()`.
-                let wake: fn() = unsafe { core::mem::transmute(wake) };
+            if let Some(wake) = WAKE_TICKER.get() {
                 wake();
             }
             t.max(before & !FLAGS)

@@ -4,6 +4,7 @@
 
 pub mod agent_threads;
 pub mod arch;
+pub mod callback;
 pub mod clock;
 pub mod futex;
 pub mod heap;

@@ -5,6 +5,7 @@
 //! that handler is registered in (by runtime, which knows how to finish
 //! the trace).
 
+use crate::platform::callback::Callback;
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -20,7 +21,7 @@ static REAL_PTHREAD_SIGMASK: AtomicUsize = AtomicUsize::new(0);
 /// (the program's view: SIG_DFL).
 static OURS: [AtomicBool; 65] = [const { AtomicBool::new(false) }; 65];
 /// The fatal-signal handler (`set_fatal_handler`).
-static FATAL_HANDLER: AtomicUsize = AtomicUsize::new(0);
+static FATAL_HANDLER: Callback<Handler> = Callback::new();
 
 /// The C library's sigaction.
 pub fn real_sigaction() -> SigactionFn {
@@ -82,15 +83,11 @@ pub fn set_agent_owns(sig: c_int, owns: bool) {
 /// Registers the handler that finishes the trace when a signal kills the
 /// program.
 pub fn set_fatal_handler(handler: Handler) {
-    FATAL_HANDLER.store(handler as usize, Ordering::Release);
+    FATAL_HANDLER.set(handler);
 }
 
 /// The fatal-signal handler, for installing it or for passing a signal on
 /// to it from another of the agent's handlers.
 pub fn fatal_handler() -> Option<Handler> {
-    match FATAL_HANDLER.load(Ordering::Acquire) {
-        0 => None,
-        // SAFETY: only `set_fatal_handler` stores here, a `Handler`.
-        f => Some(unsafe { core::mem::transmute::<usize, Handler>(f) }),
-    }
+    FATAL_HANDLER.get()
 }

@@ -18,6 +18,20 @@ pub struct Listing {
     pub settled: bool,
 }
 
+/// The process's threads that have not ended, from a settled listing
+/// (None: the listing did not settle, or the kernel's count is unknown).
+/// Allocates: not from a signal handler.
+pub fn live_threads() -> Option<Vec<u32>> {
+    let mut tids = vec![0u32; kernel_count()? as usize + 64];
+    let listing = list(&mut [0u8; 4096], &mut tids);
+    if !listing.settled {
+        return None;
+    }
+    tids.truncate(listing.len);
+    tids.retain(|&tid| !has_ended(tid));
+    Some(tids)
+}
+
 /// Lists the tids of the process's tasks into `out`; `dirents` receives
 /// the directory entries (getdents64), without allocating.
 ///

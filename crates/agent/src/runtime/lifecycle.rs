@@ -621,8 +621,12 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     crate::services::profile::stop(signal);
     // No watcher asks anything of a process that is finishing its trace.
     crate::services::control::stop();
-    // Every watched page back, before freeres and the scan read them.
-    crate::tracking::access::give_all_back();
+    // Every watched page back, before freeres and the scan read them (not
+    // from a fatal signal: the crashed thread may hold the monitor's lock,
+    // and nothing reads the heap then).
+    if !signal {
+        crate::tracking::access::give_all_back();
+    }
     #[cfg(feature = "capture-timing")]
     crate::capture::unwind::timing::report();
     // Like memcheck: let the C and C++ runtimes free their own buffers so

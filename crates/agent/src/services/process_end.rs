@@ -76,16 +76,15 @@ pub fn program_has_ended(writer_tid: u32, sweep: bool) -> bool {
     }
     // A listing that missed a task would end the process under it: only a
     // settled one counts (the writer may allocate, from the agent's heap).
-    let mut tids = vec![0u32; crate::platform::tasks::kernel_count().unwrap_or(0) as usize + 64];
-    let listing = crate::platform::tasks::list(&mut [0u8; 2048], &mut tids);
-    if !listing.settled {
+    let Some(tids) = crate::platform::tasks::live_threads() else {
         return false;
-    }
+    };
     // The agent's other threads (the control socket's) end with the process.
     let agents = crate::platform::agent_threads::others();
-    let alive = tids[..listing.len].iter().copied().find(|&tid| {
-        tid != writer_tid && !agents.contains(&tid) && !crate::platform::tasks::has_ended(tid)
-    });
+    let alive = tids
+        .iter()
+        .copied()
+        .find(|&tid| tid != writer_tid && !agents.contains(&tid));
     match alive {
         None => true,
         // Only the thread that is ending: look again at the next wake.

@@ -352,17 +352,10 @@ pub fn other_program_threads() -> Option<u32> {
     let me = sys::gettid();
     let writer = crate::services::writer::tid();
     let agents = crate::platform::agent_threads::others();
-    let mut tids = vec![0u32; crate::platform::tasks::kernel_count()? as usize + 64];
-    let listing = crate::platform::tasks::list(&mut [0u8; 4096], &mut tids);
-    if !listing.settled {
-        return None;
-    }
-    let others = tids[..listing.len].iter().filter(|&&tid| {
-        tid != me
-            && tid != writer
-            && !agents.contains(&tid)
-            && !crate::platform::tasks::has_ended(tid)
-    });
+    let tids = crate::platform::tasks::live_threads()?;
+    let others = tids
+        .iter()
+        .filter(|&&tid| tid != me && tid != writer && !agents.contains(&tid));
     Some(others.count() as u32)
 }
 
