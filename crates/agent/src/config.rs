@@ -63,6 +63,11 @@ pub struct Options {
     pub scan_check_room: AtomicBool,
     /// Serve the control socket (`--control`, `--watch`).
     pub control: AtomicBool,
+    /// Record allocations and releases (`--record` with `mem`; off, the
+    /// allocation hooks pass every call straight on).
+    pub record_memory: AtomicBool,
+    /// Record locks, condition waits and joins (`--record` with `locks`).
+    pub record_locks: AtomicBool,
 }
 
 pub static OPTIONS: Options = Options {
@@ -80,6 +85,8 @@ pub static OPTIONS: Options = Options {
     scan_times: AtomicBool::new(false),
     scan_check_room: AtomicBool::new(true),
     control: AtomicBool::new(false),
+    record_memory: AtomicBool::new(true),
+    record_locks: AtomicBool::new(true),
 };
 
 /// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`).
@@ -119,6 +126,16 @@ pub fn read_from_environment(pid: u32) {
     set(&o.scan_times, is(ENV_SCAN_TIMES, "1"));
     set(&o.scan_check_room, !is(ENV_SCAN_CHECK, "0"));
     set(&o.control, is(env::CONTROL, "1"));
+    if let Some(list) = var(env::RECORD) {
+        let on = |name: &str| list.split(',').any(|r| r.trim() == name);
+        set(&o.record_memory, on(env::RECORD_MEMORY));
+        set(&o.record_locks, on(env::RECORD_LOCKS));
+    }
+    if !flag(&o.record_memory) {
+        // No live table to judge.
+        set(&o.scan_at_exit, false);
+        o.scan_every_ms.store(0, Ordering::Relaxed);
+    }
     let _ = OUTPUT.set(var(env::OUTPUT).unwrap_or_else(|| format!("trapline-{pid}.trace")));
 }
 
@@ -130,4 +147,17 @@ pub fn output() -> Option<&'static str> {
 #[inline]
 pub fn flag(f: &AtomicBool) -> bool {
     f.load(Ordering::Relaxed)
+}
+
+/// Whether allocations are recorded (one load: the allocation hooks ask
+/// at every call).
+#[inline(always)]
+pub fn memory_recorded() -> bool {
+    OPTIONS.record_memory.load(Ordering::Relaxed)
+}
+
+/// Whether locks are recorded (one load, at every lock hook).
+#[inline(always)]
+pub fn locks_recorded() -> bool {
+    OPTIONS.record_locks.load(Ordering::Relaxed)
 }

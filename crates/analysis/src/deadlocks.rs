@@ -58,6 +58,9 @@ pub struct DeadlocksReport {
     pub process: ProcessReport,
     /// Whether the trace holds any lock event at all.
     pub has_lock_events: bool,
+    /// Whether locks were recorded (`trapline run --record` without
+    /// `locks` leaves them out).
+    pub locks_recorded: bool,
     /// Counts.
     pub summary: DeadlocksSummary,
     /// Potential deadlocks first, then lock-order inversions.
@@ -805,6 +808,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     Ok(DeadlocksReport {
         process: facts.process_report(),
         has_lock_events: state.saw_lock_events,
+        locks_recorded: !facts.locks_off,
         summary: DeadlocksSummary {
             potential_deadlocks: count("potential_deadlock"),
             lock_order_inversions: count("lock_order_inversion"),
@@ -1072,12 +1076,8 @@ pub fn render_text(r: &DeadlocksReport) -> String {
     )
     .unwrap();
     writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
-    if !r.has_lock_events {
-        writeln!(
-            out,
-            "{p}The trace holds no lock events: the program took no pthread mutex, rwlock or spinlock while recorded."
-        )
-        .unwrap();
+    if let Some(why) = crate::report::no_lock_events(r.locks_recorded, r.has_lock_events) {
+        writeln!(out, "{p}{why}").unwrap();
         footer_text(&mut out, &p, r.events_lost, &r.trace);
         return out;
     }

@@ -776,7 +776,12 @@ pub fn analyze_with<R: Read + Seek>(
         release_stacks: !facts.no_release_stacks,
         trace,
         // Module files are read while symbolizing: only now are these known.
-        warnings: symbolizer.warnings(),
+        warnings: facts
+            .memory_off
+            .then(|| crate::report::MEMORY_NOT_RECORDED.to_owned())
+            .into_iter()
+            .chain(symbolizer.warnings())
+            .collect(),
         problem,
     })
 }

@@ -35,6 +35,9 @@ pub struct LocksReport {
     pub process: ProcessReport,
     /// Whether the trace holds any lock event at all.
     pub has_lock_events: bool,
+    /// Whether locks were recorded (`trapline run --record` without
+    /// `locks` leaves them out).
+    pub locks_recorded: bool,
     /// Totals over every lock.
     pub totals: LockTotals,
     /// Per lock and mode: most contended first, then most owner changes,
@@ -346,6 +349,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
     Ok(LocksReport {
         process: facts.process_report(),
         has_lock_events: state.saw_lock_events,
+        locks_recorded: !facts.locks_off,
         totals,
         locks,
         errors,
@@ -380,12 +384,8 @@ pub fn render_text(r: &LocksReport) -> String {
     let mut out = String::new();
     writeln!(out, "{p}trapline locks: lock contention").unwrap();
     writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
-    if !r.has_lock_events {
-        writeln!(
-            out,
-            "{p}The trace holds no lock events: the program took no pthread mutex, rwlock or spinlock while recorded."
-        )
-        .unwrap();
+    if let Some(why) = crate::report::no_lock_events(r.locks_recorded, r.has_lock_events) {
+        writeln!(out, "{p}{why}").unwrap();
         footer_text(&mut out, &p, r.events_lost, &r.trace);
         return out;
     }

@@ -212,6 +212,10 @@ pub(crate) struct Facts {
     snapshot_end: Option<BytesBlocks>,
     /// The recording kept no stacks for releases (`--no-release-stacks`).
     pub no_release_stacks: bool,
+    /// The trace was recorded without allocations (`--record` without
+    /// `mem`), or without locks.
+    pub memory_off: bool,
+    pub locks_off: bool,
     /// See `TraceStatus::allocator_shadowed_by`.
     pub allocator_shadowed_by: Option<String>,
     /// See `TraceStatus::allocator_library`.
@@ -239,8 +243,12 @@ impl Facts {
                 no_release_stacks,
                 allocator_shadowed_by,
                 allocator_library,
+                memory_recorded,
+                locks_recorded,
             } => {
                 self.no_release_stacks |= *no_release_stacks;
+                self.memory_off |= !*memory_recorded;
+                self.locks_off |= !*locks_recorded;
                 if allocator_shadowed_by.is_some() {
                     self.allocator_shadowed_by = allocator_shadowed_by.clone();
                 }
@@ -516,6 +524,22 @@ pub fn footer_text(out: &mut String, p: &str, events_lost: Option<u64>, status: 
 pub fn warnings_text(out: &mut String, p: &str, warnings: &[String]) {
     for w in warnings {
         writeln!(out, "{p}warning: {w}").unwrap();
+    }
+}
+
+/// The warning of a trace recorded without the allocation recorder.
+pub const MEMORY_NOT_RECORDED: &str =
+    "allocations were not recorded (trapline run --record without mem): nothing here is about the heap";
+
+/// Why a lock report has nothing to show, if it has not: the run did not
+/// record locks, or the program took none.
+pub fn no_lock_events(locks_recorded: bool, has_lock_events: bool) -> Option<&'static str> {
+    if !locks_recorded {
+        Some("Locks were not recorded (trapline run --record without locks).")
+    } else if !has_lock_events {
+        Some("The trace holds no lock events: the program took no pthread mutex, rwlock or spinlock while recorded.")
+    } else {
+        None
     }
 }
 

@@ -21,11 +21,22 @@ use crate::report::{
 };
 use crate::verdicts::SkippedScan;
 
+/// The recorders a run had on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Recorded {
+    /// Allocations and releases.
+    pub memory: bool,
+    /// Locks, condition waits and joins.
+    pub locks: bool,
+}
+
 /// The `trapline stats` report (its JSON form is the stable schema).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StatsReport {
     /// The traced process.
     pub process: ProcessReport,
+    /// What the run recorded (`trapline run --record`).
+    pub recorded: Recorded,
     /// Run time in nanoseconds: the end record's time, or the last recorded
     /// time when the trace has no end record.
     pub duration_ns: u64,
@@ -418,6 +429,10 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
         .collect();
     let events = facts.events;
     Ok(StatsReport {
+        recorded: Recorded {
+            memory: !facts.memory_off,
+            locks: !facts.locks_off,
+        },
         process: facts.process_report(),
         duration_ns,
         duration_seconds: seconds(duration_ns),
@@ -475,6 +490,21 @@ pub fn render_text(r: &StatsReport) -> String {
     let mut out = String::new();
     writeln!(out, "{p}trapline stats: allocation statistics").unwrap();
     writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
+    if !r.recorded.memory || !r.recorded.locks {
+        let off: Vec<&str> = [
+            (r.recorded.memory, "allocations"),
+            (r.recorded.locks, "locks"),
+        ]
+        .into_iter()
+        .filter_map(|(on, what)| (!on).then_some(what))
+        .collect();
+        writeln!(
+            out,
+            "{p}Not recorded (trapline run --record): {}",
+            off.join(", ")
+        )
+        .unwrap();
+    }
     let exit = r
         .process
         .exit

@@ -61,10 +61,22 @@ pub struct RunArgs {
         value_name = "HZ",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "999",
+        default_missing_value = DEFAULT_PROFILE_HZ_TEXT,
         value_parser = clap::value_parser!(u32).range(1..=100_000)
     )]
     pub profile: Option<u32>,
+    /// What to record, comma-separated: `mem` (allocations and releases:
+    /// leaks, allocation errors, heap), `locks` (locks, condition waits and
+    /// joins: contention, deadlocks, misuse), `cpu` (CPU samples, as
+    /// --profile). Default: mem,locks. The hooks of a recorder that is off
+    /// pass every call straight on.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = [env::RECORD_MEMORY, env::RECORD_LOCKS, env::RECORD_CPU]
+    )]
+    pub record: Option<Vec<String>>,
     /// Also judge every live block by reachability every SECS seconds while
     /// the program runs (each scan is a snapshot; see `trapline leaks --history`).
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
@@ -129,6 +141,10 @@ fn parse_percent(s: &str) -> Result<f64, String> {
 }
 
 /// A positive number of seconds (decimals allowed), at least a millisecond.
+/// CPU samples per second of a thread's CPU time, when not given.
+const DEFAULT_PROFILE_HZ: u32 = 999;
+const DEFAULT_PROFILE_HZ_TEXT: &str = "999";
+
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.001 => Ok(v),
@@ -464,6 +480,12 @@ pub fn main(args: RunArgs) -> ExitCode {
     // environment (and an inherited value removed): the program then sees
     // two variables of trapline's, `LD_PRELOAD` and `TRAPLINE_OUTPUT`, where
     // it saw eight.
+    let recorded = |r: &str| {
+        args.record
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|x| x == r))
+            && (r != env::RECORD_CPU || args.record.is_some())
+    };
     let options = [
         (env::FOLLOW, args.no_follow.then(|| "0".to_string())),
         (
@@ -486,7 +508,22 @@ pub fn main(args: RunArgs) -> ExitCode {
             args.scan_budget
                 .map(|p| ((p * 10_000.0).round() as u64).to_string()),
         ),
-        (env::PROFILE_HZ, args.profile.map(|hz| hz.to_string())),
+        (
+            env::PROFILE_HZ,
+            args.profile
+                .or_else(|| recorded(env::RECORD_CPU).then_some(DEFAULT_PROFILE_HZ))
+                .map(|hz| hz.to_string()),
+        ),
+        (
+            env::RECORD,
+            args.record.as_ref().map(|_| {
+                [env::RECORD_MEMORY, env::RECORD_LOCKS]
+                    .into_iter()
+                    .filter(|r| recorded(r))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }),
+        ),
         (
             env::CONTROL,
             (args.control || args.watch.is_some()).then(|| "1".to_string()),

@@ -37,6 +37,13 @@ pub mod env {
     pub const AGENT: &str = "TRAPLINE_AGENT";
     /// `1`: serve the control socket (`--control`, `--watch`).
     pub const CONTROL: &str = "TRAPLINE_CONTROL";
+    /// The recorders on, comma-separated from [`RECORD_MEMORY`] and
+    /// [`RECORD_LOCKS`] (absent: both; CPU samples are `PROFILE_HZ`'s).
+    /// A hook whose recorder is off passes the call straight on.
+    pub const RECORD: &str = "TRAPLINE_RECORD";
+    pub const RECORD_MEMORY: &str = "mem";
+    pub const RECORD_LOCKS: &str = "locks";
+    pub const RECORD_CPU: &str = "cpu";
     /// What the agent's own file name contains (to find it in `LD_PRELOAD`).
     pub const AGENT_FILE_STEM: &str = "libtrapline_agent";
 

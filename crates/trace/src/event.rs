@@ -670,6 +670,12 @@ pub enum Event {
         /// through that library's own functions (`mallocx`, `tc_free`) are
         /// not seen (format version 5).
         allocator_library: Option<String>,
+        /// Allocations and releases were recorded (`--record` without
+        /// `mem` clears it: the trace has none; format version 11).
+        memory_recorded: bool,
+        /// Locks, condition waits and joins were recorded (`--record`
+        /// without `locks` clears it; format version 11).
+        locks_recorded: bool,
     },
     /// The control socket the agent serves (`trapline run --control`),
     /// after `Recording` (format version 11).

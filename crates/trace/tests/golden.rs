@@ -47,6 +47,8 @@ fn golden() -> Vec<(Event, &'static str)> {
                 no_release_stacks: false,
                 allocator_shadowed_by: None,
                 allocator_library: None,
+                memory_recorded: true,
+                locks_recorded: true,
             },
             "33 00",
         ),
@@ -55,6 +57,8 @@ fn golden() -> Vec<(Event, &'static str)> {
                 no_release_stacks: true,
                 allocator_shadowed_by: Some("/opt/app/bin/server".into()),
                 allocator_library: None,
+                memory_recorded: true,
+                locks_recorded: true,
             },
             "33 03 13 2f 6f 70 74 2f 61 70 70 2f 62 69 6e 2f 73 65 72 76 65 72",
         ),
@@ -63,6 +67,8 @@ fn golden() -> Vec<(Event, &'static str)> {
                 no_release_stacks: false,
                 allocator_shadowed_by: None,
                 allocator_library: Some("/usr/lib/libjemalloc.so.2".into()),
+                memory_recorded: true,
+                locks_recorded: true,
             },
             "33 04 19 2f 75 73 72 2f 6c 69 62 2f 6c 69 62 6a 65 6d 61 6c 6c 6f 63 2e 73 6f 2e 32",
         ),
@@ -71,8 +77,30 @@ fn golden() -> Vec<(Event, &'static str)> {
                 no_release_stacks: true,
                 allocator_shadowed_by: Some("libmimalloc.so".into()),
                 allocator_library: Some("libtcmalloc.so.4".into()),
+                memory_recorded: true,
+                locks_recorded: true,
             },
             "33 07 0e 6c 69 62 6d 69 6d 61 6c 6c 6f 63 2e 73 6f 10 6c 69 62 74 63 6d 61 6c 6c 6f 63 2e 73 6f 2e 34",
+        ),
+        (
+            Event::Recording {
+                no_release_stacks: false,
+                allocator_shadowed_by: None,
+                allocator_library: None,
+                memory_recorded: false,
+                locks_recorded: true,
+            },
+            "33 08",
+        ),
+        (
+            Event::Recording {
+                no_release_stacks: false,
+                allocator_shadowed_by: None,
+                allocator_library: None,
+                memory_recorded: true,
+                locks_recorded: false,
+            },
+            "33 10",
         ),
         (
             Event::ModuleLoad(ModuleInfo {
@@ -934,5 +962,5 @@ fn damaged_events_decode_as_before() {
         decode(&[tag, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     }
     // To find what changed: print `results` before and after, and diff.
-    assert_eq!((cases, crc.finalize()), (8646, 0x77f2_d770));
+    assert_eq!((cases, crc.finalize()), (8686, 0x6387_e118));
 }

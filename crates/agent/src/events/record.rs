@@ -187,6 +187,9 @@ pub fn ensure_stack_in(buf: &mut crate::events::buffers::Buffer, id: u32) -> boo
 /// `std::bad_alloc` from `operator new`. Off the hot path.
 #[cold]
 pub fn failed(func: AllocFn, size: u64, align: u64, regs: StartRegs) {
+    if !crate::config::memory_recorded() {
+        return;
+    }
     if let Entry::Record(ts) = enter() {
         let stack = capture_stack(ts, regs, Site::Alloc);
         emit_failed(ts, func, size, align, stack);
@@ -210,6 +213,9 @@ fn emit_failed(ts: &mut ThreadState, func: AllocFn, size: u64, align: u64, stack
 /// Records an allocation that returned `addr`.
 #[inline]
 pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: StartRegs) {
+    if !crate::config::memory_recorded() {
+        return;
+    }
     if addr.is_null() {
         // NULL for zero bytes is allowed; for more, the call failed.
         if size != 0 {
@@ -315,7 +321,7 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 /// `free` for a release that states the block's size or alignment.
 #[inline]
 pub fn free_stating(func: AllocFn, addr: *mut u8, stated: Stated, regs: StartRegs) -> bool {
-    if addr.is_null() {
+    if addr.is_null() || !crate::config::memory_recorded() {
         return true;
     }
     let addr = addr as u64;
@@ -538,6 +544,9 @@ pub fn realloc(
     regs: StartRegs,
     real: impl FnOnce(*mut u8) -> *mut u8,
 ) -> *mut u8 {
+    if !crate::config::memory_recorded() {
+        return real(old);
+    }
     let old_addr = old as u64;
     let ts = match enter() {
         Entry::Record(ts) => ts,
@@ -644,6 +653,9 @@ pub fn resize_in_place(
     regs: StartRegs,
     real: impl FnOnce(*mut u8) -> usize,
 ) -> usize {
+    if !crate::config::memory_recorded() {
+        return real(ptr);
+    }
     let addr = ptr as u64;
     let ts = match enter() {
         Entry::Record(ts) => ts,

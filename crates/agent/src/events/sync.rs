@@ -161,6 +161,9 @@ fn site_stack_miss(
 /// Runs `f` with this thread's state if it records; hooks pass through otherwise.
 #[inline(always)]
 fn recording(f: impl FnOnce(&mut ThreadState)) {
+    if !crate::config::locks_recorded() {
+        return;
+    }
     if let Entry::Record(ts) = record::enter_without_allocating() {
         f(ts);
         record::leave(ts);

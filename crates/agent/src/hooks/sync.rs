@@ -162,6 +162,9 @@ fn mutex_acquire(
     site: CallSite,
     wait: impl FnOnce() -> c_int + Copy,
 ) -> c_int {
+    if !crate::config::locks_recorded() {
+        return wait();
+    }
     // SAFETY: the caller's mutex, passed through.
     let r = unsafe { real!(pthread_mutex_trylock: MutexFn)(m) };
     let addr = m as u64;
@@ -240,8 +243,10 @@ extern "C" fn mutex_trylock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int
 with_return_address!(pthread_mutex_trylock, mutex_trylock, "rsi", "rdx");
 
 extern "C" fn mutex_unlock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
-    let site = CallSite { ret, sp };
-    sync::releasing(m as u64, mutex_kind(m), true, Some(mutex_owner(m)), site);
+    if crate::config::locks_recorded() {
+        let site = CallSite { ret, sp };
+        sync::releasing(m as u64, mutex_kind(m), true, Some(mutex_owner(m)), site);
+    }
     // SAFETY: the caller's mutex, passed through.
     unsafe { real!(pthread_mutex_unlock: MutexFn)(m) }
 }
@@ -299,6 +304,9 @@ fn rw_acquire(
     site: CallSite,
     wait: impl FnOnce() -> c_int,
 ) -> c_int {
+    if !crate::config::locks_recorded() {
+        return wait();
+    }
     // SAFETY: the caller's rwlock, passed through.
     let r = unsafe {
         match mode {
@@ -444,6 +452,10 @@ init_and_destroy!(
 // Spinlocks.
 
 extern "C" fn spin_lock(l: *mut pthread_spinlock_t, ret: u64, sp: u64) -> c_int {
+    if !crate::config::locks_recorded() {
+        // SAFETY: the caller's spinlock, passed through.
+        return unsafe { real!(pthread_spin_lock: SpinFn)(l) };
+    }
     let site = CallSite { ret, sp };
     // SAFETY: the caller's spinlock, passed through.
     let r = unsafe { real!(pthread_spin_trylock: SpinFn)(l) };
@@ -495,6 +507,9 @@ fn cond_wait_around(
     site: CallSite,
     wait: impl FnOnce() -> c_int,
 ) -> c_int {
+    if !crate::config::locks_recorded() {
+        return wait();
+    }
     let kind = mutex_kind(m);
     sync::releasing(m as u64, kind, true, Some(mutex_owner(m)), site);
     let r = wait();
@@ -581,11 +596,15 @@ pub unsafe extern "C" fn pthread_exit(value: *mut c_void) -> ! {
 /// As pthread_join.
 #[no_mangle]
 pub unsafe extern "C" fn pthread_join(thread: libc::pthread_t, value: *mut *mut c_void) -> c_int {
+    type F = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
+    if !crate::config::locks_recorded() {
+        // SAFETY: the caller's arguments, passed through.
+        return unsafe { real!(pthread_join: F)(thread, value) };
+    }
     let regs = start_regs();
     let joined = crate::events::threads::tid_of(thread)
         .or_else(|| crate::events::threads::kernel_tid(thread));
     sync::join_waiting(joined.unwrap_or(0), regs);
-    type F = unsafe extern "C" fn(libc::pthread_t, *mut *mut c_void) -> c_int;
     // SAFETY: the caller's arguments, passed through.
     let r = unsafe { real!(pthread_join: F)(thread, value) };
     if r == 0 {

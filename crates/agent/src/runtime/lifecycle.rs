@@ -114,11 +114,20 @@ fn header_buffer() -> Box<Buffer> {
         .get_or_init(|| shadowing_allocator(&exe))
         .clone();
     let allocator_library = crate::events::next_alloc::library();
-    if no_release_stacks || allocator_shadowed_by.is_some() || allocator_library.is_some() {
+    let memory_recorded = config::memory_recorded();
+    let locks_recorded = config::locks_recorded();
+    if no_release_stacks
+        || allocator_shadowed_by.is_some()
+        || allocator_library.is_some()
+        || !memory_recorded
+        || !locks_recorded
+    {
         let recording = Event::Recording {
             no_release_stacks,
             allocator_shadowed_by,
             allocator_library,
+            memory_recorded,
+            locks_recorded,
         };
         if !b.push_event(&recording, None) {
             crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);

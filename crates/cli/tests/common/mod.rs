@@ -570,7 +570,7 @@ pub fn analysis(subcommand: &str, trace: &Path) -> Finished {
     finished
 }
 
-fn analysis_json(subcommand: &str, trace: &Path) -> Value {
+pub fn analysis_json(subcommand: &str, trace: &Path) -> Value {
     let finished = analysis(subcommand, trace);
     assert_eq!(
         finished.code(),

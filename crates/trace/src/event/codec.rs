@@ -467,21 +467,36 @@ const RECORDING_SHADOWED_BIT: u32 = 1;
 /// Bit saying the allocator library's path follows (after the shadowing
 /// module's, if both; format version 5).
 const RECORDING_LIBRARY_BIT: u32 = 2;
+/// Bits saying allocations, or locks, were not recorded (format version
+/// 11): a trace without them was recorded with both.
+const RECORDING_NO_MEMORY_BIT: u32 = 3;
+const RECORDING_NO_LOCKS_BIT: u32 = 4;
+
+/// `Recording`'s fields, in the order of the event.
+type RecordingFields = (bool, Option<String>, Option<String>, bool, bool);
 
 /// `Recording`'s options: a flag word (so later options need no new tag)
 /// whose bits say which of the optional module paths follow it.
 struct RecordingOptions;
 
-impl Put<(&bool, &Option<String>, &Option<String>)> for RecordingOptions {
+impl Put<(&bool, &Option<String>, &Option<String>, &bool, &bool)> for RecordingOptions {
     fn put(
         &self,
         e: &mut Encoder<'_>,
         _: &mut ChunkContext,
-        (no_release_stacks, shadowed_by, library): (&bool, &Option<String>, &Option<String>),
+        (no_release_stacks, shadowed_by, library, memory, locks): (
+            &bool,
+            &Option<String>,
+            &Option<String>,
+            &bool,
+            &bool,
+        ),
     ) -> Result<(), NoRoom> {
         let flags = u64::from(*no_release_stacks)
             | u64::from(shadowed_by.is_some()) << RECORDING_SHADOWED_BIT
-            | u64::from(library.is_some()) << RECORDING_LIBRARY_BIT;
+            | u64::from(library.is_some()) << RECORDING_LIBRARY_BIT
+            | u64::from(!*memory) << RECORDING_NO_MEMORY_BIT
+            | u64::from(!*locks) << RECORDING_NO_LOCKS_BIT;
         e.u64(flags)?;
         for module in [shadowed_by, library].into_iter().flatten() {
             e.bytes(module.as_bytes())?;
@@ -490,26 +505,30 @@ impl Put<(&bool, &Option<String>, &Option<String>)> for RecordingOptions {
     }
 }
 
-impl Get<(bool, Option<String>, Option<String>)> for RecordingOptions {
-    fn get(
-        &self,
-        d: &mut Decoder<'_>,
-    ) -> Result<(bool, Option<String>, Option<String>), DecodeError> {
+impl Get<RecordingFields> for RecordingOptions {
+    fn get(&self, d: &mut Decoder<'_>) -> Result<RecordingFields, DecodeError> {
         let flags = d.u64()?;
-        if flags >> (RECORDING_LIBRARY_BIT + 1) != 0 {
+        if flags >> (RECORDING_NO_LOCKS_BIT + 1) != 0 {
             return Err(DecodeError::Invalid("recording flags"));
         }
-        let shadowed_by = if flags >> RECORDING_SHADOWED_BIT & 1 != 0 {
+        let bit = |b: u32| flags >> b & 1 != 0;
+        let shadowed_by = if bit(RECORDING_SHADOWED_BIT) {
             Some(d.string("shadowing module")?)
         } else {
             None
         };
-        let library = if flags >> RECORDING_LIBRARY_BIT & 1 != 0 {
+        let library = if bit(RECORDING_LIBRARY_BIT) {
             Some(d.string("allocator library")?)
         } else {
             None
         };
-        Ok((flags & 1 != 0, shadowed_by, library))
+        Ok((
+            flags & 1 != 0,
+            shadowed_by,
+            library,
+            !bit(RECORDING_NO_MEMORY_BIT),
+            !bit(RECORDING_NO_LOCKS_BIT),
+        ))
     }
 }
 
@@ -766,7 +785,8 @@ event_codec! {
         failed_allocations: U64 if t == tag::RUN_TOTALS_WITH_FAILED,
     }),
     RECORDING => Recording {
-        (no_release_stacks, allocator_shadowed_by, allocator_library): RecordingOptions,
+        (no_release_stacks, allocator_shadowed_by, allocator_library, memory_recorded, locks_recorded):
+            RecordingOptions,
     },
 
     LOCK_INIT => Lock(LockEvent::Init { time: Time, addr: Addr, kind: LockKindByte, stack: Stack }),
