@@ -60,6 +60,10 @@ pub struct LeaksReport {
     /// Allocation sites that kept growing through the run and have no loss
     /// record, fastest first.
     pub growing_sites: Vec<GrowingSite>,
+    /// Allocation sites a watcher judged stale that have no loss record and
+    /// did not grow (a bounded set of blocks nobody reads, of a kind not
+    /// listed), most untouched blocks first.
+    pub stale_sites: Vec<StaleSite>,
     /// With `--history`: per allocation site with lost blocks, how each scan
     /// judged it; null otherwise.
     pub history: Option<Vec<SiteHistory>>,
@@ -202,6 +206,20 @@ pub struct GrowingSite {
     pub growth: Growth,
     /// Why a watcher judged the site stale (null unless one did).
     pub staleness: Option<Staleness>,
+}
+
+/// An allocation site judged stale by a watcher, with no loss record and
+/// no growth.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StaleSite {
+    /// The allocation function (C or C++ spelling).
+    pub allocated_by: &'static str,
+    /// The trace's stack id.
+    pub stack_id: u32,
+    /// The allocation stack, innermost first, inlined frames expanded.
+    pub stack: Vec<FrameReport>,
+    /// Why the site was judged stale.
+    pub staleness: Staleness,
 }
 
 /// A suppression that hid loss records.
@@ -704,7 +722,7 @@ pub fn analyze_with<R: Read + Seek>(
     let mut growing_sites: Vec<GrowingSite> = growing
         .into_iter()
         .map(|((stack_id, func), growth)| {
-            let staleness = stale.get(&(stack_id, func)).cloned();
+            let staleness = stale.remove(&(stack_id, func));
             GrowingSite {
                 allocated_by: func.name(),
                 stack_id,
@@ -722,6 +740,21 @@ pub fn analyze_with<R: Read + Seek>(
         b.growth
             .bytes_per_second
             .total_cmp(&a.growth.bytes_per_second)
+            .then(a.stack_id.cmp(&b.stack_id))
+    });
+    let mut stale_sites: Vec<StaleSite> = stale
+        .into_iter()
+        .map(|((stack_id, func), staleness)| StaleSite {
+            allocated_by: func.name(),
+            stack_id,
+            stack: symbolizer.stack(&facts.stacks, stack_id),
+            staleness,
+        })
+        .collect();
+    stale_sites.sort_by(|a, b| {
+        b.staleness
+            .untouched_blocks
+            .cmp(&a.staleness.untouched_blocks)
             .then(a.stack_id.cmp(&b.stack_id))
     });
     if let Some(h) = history.as_mut() {
@@ -765,6 +798,7 @@ pub fn analyze_with<R: Read + Seek>(
         },
         records,
         growing_sites,
+        stale_sites,
         scan,
         scans_skipped: pass.scans.take_skipped(),
         suppressions: matches,
@@ -1024,6 +1058,22 @@ pub fn render_text(r: &LeaksReport) -> String {
         if let Some(st) = &site.staleness {
             staleness_text(&mut out, &p, st);
         }
+        stack_text(
+            &mut out,
+            &p,
+            Some(site.allocated_by),
+            &site.stack,
+            site.stack_id,
+        );
+        writeln!(out, "{p}").unwrap();
+    }
+    for site in &r.stale_sites {
+        writeln!(
+            out,
+            "{p}A watcher found an allocation site's blocks untouched, with no loss record (its blocks were freed, or are of a kind not listed):"
+        )
+        .unwrap();
+        staleness_text(&mut out, &p, &site.staleness);
         stack_text(
             &mut out,
             &p,

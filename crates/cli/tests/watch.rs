@@ -499,3 +499,66 @@ fn stale_sockets_second_watchers_and_killed_watchers_are_handled() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains(" history="), "{stdout}");
 }
+
+/// `trapline run --watch --stale-after 4` of leaky_server.c: once a look
+/// has judged both leak sites growing and stale, standard input closes,
+/// and the summary names them by function and line with their verdicts
+/// and evidence, and neither the cache nor the working set.
+#[test]
+fn run_watch_names_a_servers_stale_and_growing_sites_in_its_summary() {
+    let dir = TestDir::new("run_watch_server");
+    let prog = compile_c(&dir, "leaky_server.c");
+    // Unchecked: reading the history back at the end would be an access.
+    let mut child = run_command(
+        &dir,
+        &["--watch", "--stale-after", "4"],
+        &prog,
+        &["2000", "0", "unchecked"],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start trapline run");
+    read_stdout_line(&mut child);
+    let mut looks_file = dir.trace().into_os_string();
+    looks_file.push(".watch.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no look within 60 s found both leak sites growing and stale"
+        );
+        let text = std::fs::read_to_string(&looks_file).unwrap_or_default();
+        let last = text
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok());
+        let judged = |look: &Value, marker| {
+            entry_at(field(look, "sites"), marker).is_some_and(|s| {
+                let v = verdicts(s);
+                v.contains(&"growing") && v.contains(&"stale")
+            })
+        };
+        if last.is_some_and(|l| judged(&l, "LEAK") && judged(&l, "HISTORY")) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("trapline run ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    for (function, marker) in [("keep_reply_copy", "LEAK"), ("log_request", "HISTORY")] {
+        let said = format!(
+            "watch: growing, stale at the last look: {function} (leaky_server.c:{}), +",
+            marker_line("leaky_server.c", marker)
+        );
+        assert!(stderr.contains(&said), "{said}\n{stderr}");
+    }
+    assert!(stderr.contains("watched blocks untouched"), "{stderr}");
+    for function in ["cache_fill", "working_set_init"] {
+        assert!(!stderr.contains(function), "{stderr}");
+    }
+}
