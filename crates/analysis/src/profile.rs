@@ -44,8 +44,12 @@ pub struct ProfileReport {
     pub samples: u64,
     /// `samples / rate_hz`: CPU seconds the samples stand for.
     pub cpu_seconds: f64,
-    /// Periods that struck inside trapline's agent (its own recording work)
-    /// or where no stack could be taken: counted, not attributed.
+    /// Of `samples`, periods that struck inside trapline's agent while it
+    /// served a call of the program's: charged to that call's stack under
+    /// the function `[trapline agent]` (its self time is the tool's cost).
+    pub samples_in_agent: u64,
+    /// Periods that struck in the agent's own code outside a call of the
+    /// program's, or where no stack could be taken: counted, not attributed.
     pub samples_skipped: u64,
     /// Periods of CPU time no timer signal came for (the kernel checks CPU
     /// timers at ticks that find the thread running; on a busy machine a
@@ -215,6 +219,8 @@ pub fn analyze<R: Read + Seek>(
     let mut stopped_early = None;
     // Periods per (tid, stack id), and skipped periods and names per thread.
     let mut by_stack: HashMap<(u32, u32), u64> = HashMap::new();
+    // Periods inside the agent per (tid, stack id of the call it served).
+    let mut in_agent: HashMap<(u32, u32), u64> = HashMap::new();
     let mut skipped: HashMap<u32, u64> = HashMap::new();
     let mut missed: HashMap<u32, u64> = HashMap::new();
     let mut names: HashMap<u32, String> = HashMap::new();
@@ -227,6 +233,9 @@ pub fn analyze<R: Read + Seek>(
             }
             Event::Sample { stack, periods, .. } => {
                 *by_stack.entry((m.tid, *stack)).or_default() += u64::from(*periods);
+            }
+            Event::AgentSamples { stack, periods, .. } => {
+                *in_agent.entry((m.tid, *stack)).or_default() += u64::from(*periods);
             }
             Event::SamplesSkipped { periods, .. } => {
                 *skipped.entry(m.tid).or_default() += periods;
@@ -275,6 +284,31 @@ pub fn analyze<R: Read + Seek>(
         keys.insert(id, k);
     }
 
+    // A call's stack holds return addresses (an allocation's), under the
+    // agent's own pseudo-function.
+    let mut agent_keys: HashMap<u32, Vec<FunctionKey>> = HashMap::new();
+    let mut agent_folded: HashMap<u32, String> = HashMap::new();
+    for &(_, id) in in_agent.keys() {
+        if agent_keys.contains_key(&id) {
+            continue;
+        }
+        let frames = symbolizer.stack(&facts.stacks, id);
+        let mut k = vec![FunctionKey {
+            function: AGENT_FUNCTION.to_string(),
+            file: None,
+            module: None,
+        }];
+        k.extend(
+            frames
+                .iter()
+                .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
+                .map(FunctionKey::of),
+        );
+        let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
+        agent_folded.insert(id, line.join(";"));
+        agent_keys.insert(id, k);
+    }
+
     let mut all = Counts::default();
     let mut per_thread: HashMap<u32, (u64, Counts)> = HashMap::new();
     let mut folded: HashMap<&str, u64> = HashMap::new();
@@ -288,6 +322,21 @@ pub fn analyze<R: Read + Seek>(
             samples += periods;
             all.add(frames, periods);
             if let Some(line) = folded_names.get(&id).filter(|l| !l.is_empty()) {
+                *folded.entry(line.as_str()).or_default() += periods;
+            }
+        }
+    }
+    let mut samples_in_agent = 0;
+    for (&(tid, id), &periods) in &in_agent {
+        let frames = agent_keys.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+        let t = per_thread.entry(tid).or_default();
+        t.0 += periods;
+        t.1.add(frames, periods);
+        if thread.is_none_or(|want| want == tid) {
+            samples += periods;
+            samples_in_agent += periods;
+            all.add(frames, periods);
+            if let Some(line) = agent_folded.get(&id) {
                 *folded.entry(line.as_str()).or_default() += periods;
             }
         }
@@ -360,6 +409,7 @@ pub fn analyze<R: Read + Seek>(
         thread_filter: thread,
         samples,
         cpu_seconds: samples as f64 / f64::from(rate_hz.max(1)),
+        samples_in_agent,
         samples_skipped,
         samples_missed,
         stopped_early,
@@ -374,6 +424,9 @@ pub fn analyze<R: Read + Seek>(
 
 /// File name of the agent library, whose frames are left out of profiles.
 const AGENT_LIBRARY: &str = "libtrapline_agent.so";
+
+/// The pseudo-function of the agent's time inside the program's calls.
+pub const AGENT_FUNCTION: &str = "[trapline agent]";
 
 fn is_agent_frame(f: &FrameReport) -> bool {
     f.module
@@ -424,10 +477,18 @@ pub fn render_text(r: &ProfileReport) -> String {
         r.cpu_seconds
     )
     .unwrap();
+    if r.samples_in_agent > 0 {
+        writeln!(
+            out,
+            "{p}In the agent: {} of the samples struck inside trapline's agent while it served the program's calls; they are charged to those calls, under {AGENT_FUNCTION}",
+            thousands(r.samples_in_agent)
+        )
+        .unwrap();
+    }
     if r.samples_skipped > 0 {
         writeln!(
             out,
-            "{p}Skipped: {} samples struck inside trapline's agent (its own recording work) and are not attributed",
+            "{p}Skipped: {} samples struck in trapline's agent outside the program's calls, or got no stack, and are not attributed",
             thousands(r.samples_skipped)
         )
         .unwrap();

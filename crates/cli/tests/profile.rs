@@ -542,3 +542,47 @@ fn agent_diagnostics_never_go_to_a_reused_descriptor_2() {
         "the program's own data\n"
     );
 }
+
+/// profile_alloc.c: 0.4 s of CPU allocating and releasing in churn. The
+/// samples that strike inside the agent while it serves those calls are
+/// charged to them, under `[trapline agent]` called from churn at the
+/// MALLOC and FREE lines, not skipped: with the samples in the program's
+/// own code, churn holds all the samples.
+#[test]
+fn samples_inside_the_agent_are_charged_to_the_calls_it_serves() {
+    let dir = TestDir::new("profile_alloc");
+    let prog = compile_c(&dir, "profile_alloc.c");
+    let (run, reports, covered) =
+        record_covered(&dir, &prog, &[], |d| vec![profile(&d.trace(), &[])]);
+    assert_eq!(run.stdout, "churned\n");
+    let report = &reports[0];
+    let samples = as_u64(report, "samples");
+    let in_agent = as_u64(report, "samples_in_agent");
+    assert!(in_agent > 0, "{}", pretty(report));
+    let agent = function(field(report, "functions"), "[trapline agent]");
+    assert_eq!(as_u64(agent, "self"), in_agent);
+    assert_eq!(as_u64(agent, "total"), in_agent);
+    // Every in-agent sample is under churn, called from main.
+    let folded = profile_cmd(&dir.trace(), "folded", &[]);
+    assert_eq!(folded.code(), 0, "{}", folded.describe());
+    let mut charged = 0;
+    for line in folded.stdout.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if stack.ends_with(";[trapline agent]") {
+            assert!(stack.ends_with(";main;churn;[trapline agent]"), "{line}");
+            charged += count.parse::<u64>().unwrap();
+        }
+    }
+    assert_eq!(charged, in_agent, "{}", folded.stdout);
+    if covered {
+        let churn = function(field(report, "functions"), "churn");
+        assert_share(
+            "total of churn",
+            percent(as_u64(churn, "total"), samples),
+            100.0,
+            report,
+        );
+    }
+}

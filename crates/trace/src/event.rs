@@ -624,9 +624,19 @@ pub enum Event {
         stack: u32,
         periods: u32,
     },
+    /// Sampling periods that struck while the chunk's thread was inside
+    /// trapline's agent, serving the program's call with stack `stack`
+    /// (return addresses, as an allocation's; 0: a call whose stack was not
+    /// taken): the agent's time, charged to the call that entered it
+    /// (format version 11).
+    AgentSamples {
+        time: u64,
+        stack: u32,
+        periods: u32,
+    },
     /// Sampling periods of the chunk's thread with no sample: the signal
-    /// struck while the thread was inside trapline's agent (its time is the
-    /// tool's, not the program's), or no stack could be taken.
+    /// struck in the agent's own code outside a call of the program's (a
+    /// hook's entry, an agent thread), or no stack could be taken.
     SamplesSkipped {
         time: u64,
         periods: u64,
@@ -732,6 +742,7 @@ impl Event {
             | Event::End { time, .. }
             | Event::ProfileStart { time, .. }
             | Event::Sample { time, .. }
+            | Event::AgentSamples { time, .. }
             | Event::SamplesSkipped { time, .. }
             | Event::SamplesMissed { time, .. }
             | Event::SiteVerdict { time, .. }
@@ -797,6 +808,8 @@ pub(crate) mod tag {
     pub const SAMPLES_SKIPPED: u8 = 98;
     pub const PROFILE_STOP: u8 = 99;
     pub const SAMPLES_MISSED: u8 = 100;
+    /// Format version 11.
+    pub const AGENT_SAMPLES: u8 = 101;
 }
 
 /// Longest frames list a stack may have in a trace; longer input is corrupt.

@@ -26,7 +26,8 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// what the release gave, and `AllocFailed`, tag 20; 8 `ScanSkipped`, tag
 /// 38; 9 `ScanEnd` with the mappings the scan could not leave out of its
 /// roots, tag 39; 10 the lock event `JoinWait`, tag 74, and the lock kind
-/// `Unknown`, 6; 11 `SiteVerdict`, tag 40, and `ControlSocket`, tag 53;
+/// `Unknown`, 6; 11 `SiteVerdict`, tag 40, `ControlSocket`, tag 53,
+/// `AgentSamples`, tag 101, and `Recording`'s recorder bits;
 /// older files are read unchanged).
 pub const FORMAT_VERSION: u16 = 11;
 /// Size of the file header.

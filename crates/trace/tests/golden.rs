@@ -769,6 +769,14 @@ fn golden() -> Vec<(Event, &'static str)> {
             },
             "35 17 2f 74 6d 70 2f 74 72 61 70 6c 69 6e 65 2d 30 2f 34 32 2e 73 6f 63 6b",
         ),
+        (
+            Event::AgentSamples {
+                time: T0 + 5_000_006,
+                stack: 9,
+                periods: 3,
+            },
+            "65 02 09 03",
+        ),
     ]
 }
 
@@ -962,5 +970,5 @@ fn damaged_events_decode_as_before() {
         decode(&[tag, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     }
     // To find what changed: print `results` before and after, and diff.
-    assert_eq!((cases, crc.finalize()), (8686, 0x6387_e118));
+    assert_eq!((cases, crc.finalize()), (8726, 0x5d1b_c584));
 }

@@ -48,6 +48,7 @@ fn enter_with(ts: &'static mut ThreadState) -> Entry {
         return Entry::Nested(ts);
     }
     ts.guard = 1;
+    ts.entered_stack = 0;
     // A signal handler on this thread reads the guard: the store must not
     // move past the work it protects (free on the hot path: no instruction).
     core::sync::atomic::compiler_fence(Ordering::SeqCst);
@@ -59,9 +60,32 @@ pub fn leave(ts: &mut ThreadState) {
     if ts.deferred_n > 0 {
         apply_deferred(ts);
     }
+    if ts.agent_periods.load(Ordering::Relaxed) != 0 {
+        write_agent_samples(ts);
+    }
     core::sync::atomic::compiler_fence(Ordering::SeqCst);
     ts.guard = 0;
     crate::platform::arch::clear_scratch_registers();
+}
+
+/// Writes the sampling periods that struck inside the hook this thread is
+/// leaving, charged to the program's call it served (its stack, taken for
+/// the call's event; 0 when none was).
+#[cold]
+fn write_agent_samples(ts: &mut ThreadState) {
+    let periods = ts.agent_periods.swap(0, Ordering::Relaxed);
+    let stack = ts.entered_stack;
+    let time = ts.next_time();
+    ts.emit(Some(time), |e, c| {
+        e.event(
+            c,
+            &Event::AgentSamples {
+                time,
+                stack,
+                periods,
+            },
+        )
+    });
 }
 
 #[cold]
@@ -151,6 +175,7 @@ pub fn capture_stack_then(
     }
     let cap = ts.capture(regs, site, before_unwinding);
     let (id, gen) = (cap.id, crate::events::buffers::GEN.load(Ordering::Relaxed));
+    ts.entered_stack = id;
     // Known to be in this trace: through the id cache, or as one of the
     // stacks this thread used last (its latest alloc and free stacks).
     if id == 0

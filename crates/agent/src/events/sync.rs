@@ -124,6 +124,7 @@ fn site_stack(ts: &mut ThreadState, lock: u64, site: CallSite) -> (u32, u32) {
     if let Some(c) = ts.lock_sites.as_ref() {
         let s = &c.slots[i];
         if s.lock == lock && s.ret == site.ret && s.sp == site.sp && s.gen == gen {
+            ts.entered_stack = s.id;
             return (s.id, s.lock_slot);
         }
     }

@@ -30,6 +30,11 @@ pub struct ThreadState {
     /// Depth of agent code on this thread's stack; >0 means a nested call
     /// (signal handler, or a libc function the agent called) passes through.
     pub guard: u32,
+    /// Sampling periods that struck while this thread was inside a hook
+    /// (the profiler's handler adds, the hook's `leave` writes them out).
+    pub agent_periods: core::sync::atomic::AtomicU32,
+    /// The stack of the program's call the hook serves (0: not taken).
+    pub entered_stack: u32,
     pub tid: u32,
     /// Never records (the writer thread).
     pub agent_thread: bool,
@@ -386,6 +391,8 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
     });
     let ts = Box::into_raw(Box::new(ThreadState {
         guard: 1, // the set-up below may allocate through the hooks
+        agent_periods: core::sync::atomic::AtomicU32::new(0),
+        entered_stack: 0,
         tid,
         agent_thread: false,
         counted_running: false,

@@ -197,7 +197,10 @@ pub fn thread_end(ts: &mut thread::ThreadState) {
     let missed = missed_periods(slot, ts.tid);
     release_slot(slot);
     let time = ts.next_time();
-    write_skipped(ts, time, SKIPPED[slot].swap(0, Ordering::Relaxed));
+    // Periods inside a hook no leave wrote out (the thread ends inside
+    // agent code) are skipped ones: counted, not charged.
+    let pending = u64::from(ts.agent_periods.swap(0, Ordering::Relaxed));
+    write_skipped(ts, time, SKIPPED[slot].swap(0, Ordering::Relaxed) + pending);
     write_missed(ts, time, missed);
     let mut name = [0u8; 17];
     // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL-terminated.
@@ -236,7 +239,8 @@ pub fn stop(from_signal: bool) {
     let ts = thread::current();
     ts.guard += 1;
     let time = ts.next_time();
-    write_skipped(ts, time, skipped);
+    let pending = u64::from(ts.agent_periods.swap(0, Ordering::Relaxed));
+    write_skipped(ts, time, skipped + pending);
     write_missed(ts, time, missed);
     for &tid in &tids[..ntids] {
         if let Some(name) = read_comm(tid) {
@@ -408,8 +412,16 @@ fn sample(regs: arch::StartRegs, periods: u32) {
         return;
     };
     SIGNALLED[slot].fetch_add(u64::from(periods), Ordering::Relaxed);
-    // Inside the agent: its buffer, caches or a lock may be mid-use.
-    if ts.agent_thread || ts.guard > 0 || modules::is_agent_pc(regs.pc) {
+    // Inside a hook: its buffer, caches or a lock may be mid-use, so the
+    // hook writes these periods as it leaves, charged to the program's call
+    // it serves (record::leave).
+    if !ts.agent_thread && ts.guard > 0 {
+        ts.agent_periods.fetch_add(periods, Ordering::Relaxed);
+        return;
+    }
+    // The agent's own code outside a call of the program's (a hook's
+    // entry), or an agent thread.
+    if ts.agent_thread || modules::is_agent_pc(regs.pc) {
         SKIPPED[slot].fetch_add(u64::from(periods), Ordering::Relaxed);
         return;
     }

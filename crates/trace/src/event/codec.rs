@@ -823,6 +823,7 @@ event_codec! {
 
     PROFILE_START => ProfileStart { time: Time, hz: U32("sampling rate"), signal: U32("signal") },
     SAMPLE => Sample { time: Time, stack: Stack, periods: U32("sample periods") },
+    AGENT_SAMPLES => AgentSamples { time: Time, stack: Stack, periods: U32("sample periods") },
     SAMPLES_SKIPPED => SamplesSkipped { time: Time, periods: U64 },
     PROFILE_STOP => ProfileStop {
         time: Time,
