@@ -796,6 +796,24 @@ pub fn steal_all_into(spins: u32, mut sink: impl FnMut(Box<Buffer>)) {
     REGISTRY.lock.unlock();
 }
 
+/// Takes every thread's sampling periods still pending inside a hook (the
+/// process is finishing: no hook will write them), summed.
+pub fn take_pending_agent_periods() -> u64 {
+    if !REGISTRY.lock.try_lock_for(1000) {
+        return 0;
+    }
+    // SAFETY: guarded by the registry lock.
+    let reg = unsafe { &*REGISTRY.reg.get() };
+    let pending = reg
+        .threads
+        .iter()
+        // SAFETY: registered states stay alive until unregistered under this lock.
+        .map(|&ts| u64::from(unsafe { &*ts }.agent_periods.swap(0, Ordering::Relaxed)))
+        .sum();
+    REGISTRY.lock.unlock();
+    pending
+}
+
 /// Fork prepare: hold the registry and every buffer lock.
 pub fn lock_all() {
     REGISTRY.lock.lock();

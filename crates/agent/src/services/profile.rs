@@ -236,10 +236,12 @@ pub fn stop(from_signal: bool) {
     if from_signal {
         return;
     }
+    // Every thread's periods no hook will write out now: skipped ones.
+    let pending = thread::take_pending_agent_periods();
     let ts = thread::current();
     ts.guard += 1;
     let time = ts.next_time();
-    let pending = u64::from(ts.agent_periods.swap(0, Ordering::Relaxed));
+    let pending = pending + u64::from(ts.agent_periods.swap(0, Ordering::Relaxed));
     write_skipped(ts, time, skipped + pending);
     write_missed(ts, time, missed);
     for &tid in &tids[..ntids] {
