@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Real programs under each recorder: the sqlite3 shell on a heavy query,
-# perl, python3.11, node, and xz -T2, run natively, under `trapline run`
+# perl, python3.11, node, xz -T2, gcc's cc1plus on a C++ file that
+# includes the whole standard library, and a two-thread allocator stress
+# (bench/src/threads_pairs.c), run natively, under `trapline run`
 # (full: memory and locks), `trapline run --record mem`, `trapline run
 # --record locks`, and `heaptrack -r` (recording only, as trapline does),
 # interleaved round by round. The figure is the wall time of the whole
@@ -10,7 +12,8 @@
 #
 #   bench/workloads.sh           (release build of this tree)
 #
-# Knobs (environment): ROUNDS=3, WORKLOADS="sqlite3 perl python node xz",
+# Knobs (environment): ROUNDS=3,
+# WORKLOADS="sqlite3 perl python node xz cc1plus stress",
 # TOOLS="native trapline mem locks heaptrack".
 set -euo pipefail
 
@@ -18,7 +21,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$BENCH_DIR/.." && pwd)
 WORK=$BENCH_DIR/work/workloads
 ROUNDS=${ROUNDS:-3}
-WORKLOADS=${WORKLOADS:-"sqlite3 perl python node xz"}
+WORKLOADS=${WORKLOADS:-"sqlite3 perl python node xz cc1plus stress"}
 TOOLS=${TOOLS:-"native trapline mem locks heaptrack"}
 mkdir -p "$WORK"
 
@@ -39,6 +42,37 @@ while n < 48 << 20:
     n += len(line)
 ' >"$WORK/xz-input"
 fi
+
+# cc1plus's input: every standard header, preprocessed once, and code that
+# instantiates containers and algorithms over several types.
+CC1PLUS=$(g++ -print-prog-name=cc1plus)
+n=0
+if [[ ! -s $WORK/std.ii ]]; then
+    {
+        echo '#include <bits/stdc++.h>'
+        for t in int long double std::string 'std::vector<int>' 'std::pair<int, std::string>'; do
+            n=$((n + 1))
+            cat <<CXX
+namespace w$n {
+using T = $t;
+std::map<T, std::vector<T>> index_of(const std::vector<T> &v) {
+    std::map<T, std::vector<T>> m;
+    for (const auto &x : v) m[x].push_back(x);
+    return m;
+}
+std::set<T> sorted(std::vector<T> v) { std::sort(v.begin(), v.end()); return {v.begin(), v.end()}; }
+std::unordered_map<std::size_t, std::list<T>> buckets(const std::vector<T> &v) {
+    std::unordered_map<std::size_t, std::list<T>> b;
+    for (std::size_t i = 0; i < v.size(); i++) b[i % 7].push_back(v[i]);
+    return b;
+}
+}
+CXX
+        done
+    } >"$WORK/std.cc"
+    g++ -std=c++20 -E "$WORK/std.cc" -o "$WORK/std.ii"
+fi
+gcc -O2 -pthread -o "$WORK/threads_pairs" "$BENCH_DIR/src/threads_pairs.c"
 
 SQLITE_SQL="CREATE TABLE t(a INTEGER, b TEXT);
 WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400000)
@@ -61,6 +95,8 @@ seconds() {
         python) cmd=(python3.11 -c "$PYTHON_SCRIPT") ;;
         node) cmd=(node -e "$NODE_SCRIPT") ;;
         xz) cmd=(xz -T2 -6 -c "$WORK/xz-input") ;;
+        cc1plus) cmd=("$CC1PLUS" -quiet -std=c++20 -O2 "$WORK/std.ii" -o /dev/null) ;;
+        stress) cmd=("$WORK/threads_pairs" 20000000 2) ;;
     esac
     local -a pre
     case $tool in
@@ -105,6 +141,8 @@ describe = {
     "python": "python3.11: a dict of 1,500,000 strings",
     "node": "node: a Map of 1,500,000 strings",
     "xz": "xz -T2 -6 of 48 MiB of text",
+    "cc1plus": "gcc 12 cc1plus -O2 on bits/stdc++.h and container code",
+    "stress": "threads_pairs: 20 M malloc+free pairs in 2 threads",
 }
 names = {"native": "native", "trapline": "trapline", "mem": "trapline --record mem",
          "locks": "trapline --record locks", "heaptrack": os.environ["HEAPTRACK"] + " -r"}
