@@ -218,9 +218,8 @@ pub fn analyze<R: Read + Seek>(
     let mut start: Option<(u32, u32)> = None;
     let mut stopped_early = None;
     // Periods per (tid, stack id), and skipped periods and names per thread.
-    let mut by_stack: HashMap<(u32, u32), u64> = HashMap::new();
-    // Periods inside the agent per (tid, stack id of the call it served).
-    let mut in_agent: HashMap<(u32, u32), u64> = HashMap::new();
+    // Periods per (tid, where they struck, stack id).
+    let mut by_stack: HashMap<(u32, Struck, u32), u64> = HashMap::new();
     let mut skipped: HashMap<u32, u64> = HashMap::new();
     let mut missed: HashMap<u32, u64> = HashMap::new();
     let mut names: HashMap<u32, String> = HashMap::new();
@@ -232,10 +231,12 @@ pub fn analyze<R: Read + Seek>(
                 start.get_or_insert((*hz, *signal));
             }
             Event::Sample { stack, periods, .. } => {
-                *by_stack.entry((m.tid, *stack)).or_default() += u64::from(*periods);
+                *by_stack
+                    .entry((m.tid, Struck::Program, *stack))
+                    .or_default() += u64::from(*periods);
             }
             Event::AgentSamples { stack, periods, .. } => {
-                *in_agent.entry((m.tid, *stack)).or_default() += u64::from(*periods);
+                *by_stack.entry((m.tid, Struck::Agent, *stack)).or_default() += u64::from(*periods);
             }
             Event::SamplesSkipped { periods, .. } => {
                 *skipped.entry(m.tid).or_default() += periods;
@@ -265,39 +266,28 @@ pub fn analyze<R: Read + Seek>(
 
     // Symbolize each distinct stack once.
     let mut symbolizer = facts.symbolizer();
-    let mut keys: HashMap<u32, Vec<FunctionKey>> = HashMap::new();
-    let mut folded_names: HashMap<u32, String> = HashMap::new();
-    let mut ids: Vec<u32> = by_stack.keys().map(|&(_, id)| id).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    for id in ids {
-        let frames = symbolizer.sample_stack(&facts.stacks, id);
+    let mut keys: HashMap<(Struck, u32), Vec<FunctionKey>> = HashMap::new();
+    let mut folded_names: HashMap<(Struck, u32), String> = HashMap::new();
+    let mut stacks: Vec<(Struck, u32)> = by_stack.keys().map(|&(_, s, id)| (s, id)).collect();
+    stacks.sort_unstable();
+    stacks.dedup();
+    for (struck, id) in stacks {
+        // A sample's frame 0 is the interrupted instruction; the stack of a
+        // call the agent served holds return addresses (an allocation's),
+        // under the agent's own pseudo-function.
+        let (frames, mut k) = match struck {
+            Struck::Program => (symbolizer.sample_stack(&facts.stacks, id), Vec::new()),
+            Struck::Agent => (
+                symbolizer.stack(&facts.stacks, id),
+                vec![FunctionKey {
+                    function: AGENT_FUNCTION.to_string(),
+                    file: None,
+                    module: None,
+                }],
+            ),
+        };
         // The agent's own frames (its pthread_create wrapper under every
         // thread's start routine) are not the program's.
-        let k: Vec<FunctionKey> = frames
-            .iter()
-            .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
-            .map(FunctionKey::of)
-            .collect();
-        let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
-        folded_names.insert(id, line.join(";"));
-        keys.insert(id, k);
-    }
-
-    // A call's stack holds return addresses (an allocation's), under the
-    // agent's own pseudo-function.
-    let mut agent_keys: HashMap<u32, Vec<FunctionKey>> = HashMap::new();
-    let mut agent_folded: HashMap<u32, String> = HashMap::new();
-    for &(_, id) in in_agent.keys() {
-        if agent_keys.contains_key(&id) {
-            continue;
-        }
-        let frames = symbolizer.stack(&facts.stacks, id);
-        let mut k = vec![FunctionKey {
-            function: AGENT_FUNCTION.to_string(),
-            file: None,
-            module: None,
-        }];
         k.extend(
             frames
                 .iter()
@@ -305,38 +295,27 @@ pub fn analyze<R: Read + Seek>(
                 .map(FunctionKey::of),
         );
         let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
-        agent_folded.insert(id, line.join(";"));
-        agent_keys.insert(id, k);
+        folded_names.insert((struck, id), line.join(";"));
+        keys.insert((struck, id), k);
     }
 
     let mut all = Counts::default();
     let mut per_thread: HashMap<u32, (u64, Counts)> = HashMap::new();
     let mut folded: HashMap<&str, u64> = HashMap::new();
     let mut samples = 0;
-    for (&(tid, id), &periods) in &by_stack {
-        let frames = keys.get(&id).map(Vec::as_slice).unwrap_or(&[]);
-        let t = per_thread.entry(tid).or_default();
-        t.0 += periods;
-        t.1.add(frames, periods);
-        if thread.is_none_or(|want| want == tid) {
-            samples += periods;
-            all.add(frames, periods);
-            if let Some(line) = folded_names.get(&id).filter(|l| !l.is_empty()) {
-                *folded.entry(line.as_str()).or_default() += periods;
-            }
-        }
-    }
     let mut samples_in_agent = 0;
-    for (&(tid, id), &periods) in &in_agent {
-        let frames = agent_keys.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+    for (&(tid, struck, id), &periods) in &by_stack {
+        let frames = keys.get(&(struck, id)).map(Vec::as_slice).unwrap_or(&[]);
         let t = per_thread.entry(tid).or_default();
         t.0 += periods;
         t.1.add(frames, periods);
         if thread.is_none_or(|want| want == tid) {
             samples += periods;
-            samples_in_agent += periods;
+            if struck == Struck::Agent {
+                samples_in_agent += periods;
+            }
             all.add(frames, periods);
-            if let Some(line) = agent_folded.get(&id) {
+            if let Some(line) = folded_names.get(&(struck, id)).filter(|l| !l.is_empty()) {
                 *folded.entry(line.as_str()).or_default() += periods;
             }
         }
@@ -424,6 +403,14 @@ pub fn analyze<R: Read + Seek>(
 
 /// File name of the agent library, whose frames are left out of profiles.
 const AGENT_LIBRARY: &str = "libtrapline_agent.so";
+
+/// Where a stack's samples struck: in the program, or inside the agent
+/// serving the program's call whose stack it is (`AgentSamples`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Struck {
+    Program,
+    Agent,
+}
 
 /// The pseudo-function of the agent's time inside the program's calls.
 pub const AGENT_FUNCTION: &str = "[trapline agent]";

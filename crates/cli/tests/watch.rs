@@ -79,15 +79,41 @@ fn ask(path: &str, request: &str) -> (std::os::unix::net::UnixStream, String) {
     (s, answer)
 }
 
-/// The site of `look` with a frame at `marker`.
+/// The site of `look` with a frame at `marker` of service_sites.h.
 fn site<'a>(look: &'a Value, marker: &str) -> Option<&'a Value> {
-    let line = marker_line("service_sites.h", marker);
-    field(look, "sites").as_array().unwrap().iter().find(|s| {
-        field(s, "stack").as_array().unwrap().iter().any(|f| {
-            basename(f.get("file")) == "service_sites.h"
-                && f.get("line").and_then(Value::as_u64) == Some(line)
-        })
-    })
+    entry_at(field(look, "sites"), "service_sites.h", marker)
+}
+
+/// The entry of `list` (sites of a look, records of a report) with a
+/// frame at `marker` of `file`.
+fn entry_at<'a>(list: &'a Value, file: &str, marker: &str) -> Option<&'a Value> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|s| has_frame_at(s, file, marker))
+}
+
+/// Waits, at most `secs` seconds, for the last look `trapline run
+/// --watch` wrote beside the trace of `dir` to satisfy `judged`.
+fn until_a_look(dir: &TestDir, secs: u64, what: &str, judged: impl Fn(&Value) -> bool) {
+    let mut looks_file = dir.trace().into_os_string();
+    looks_file.push(".watch.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no look within {secs} s found {what}"
+        );
+        let text = std::fs::read_to_string(&looks_file).unwrap_or_default();
+        let last = text
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok());
+        if last.is_some_and(|l| judged(&l)) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// watched_service.c: a leak per request and a list never read again keep
@@ -177,25 +203,11 @@ fn run_watch_names_the_growing_sites_in_its_summary() {
         .spawn()
         .expect("start trapline run");
     read_stdout_line(&mut child);
-    let mut looks_file = dir.trace().into_os_string();
-    looks_file.push(".watch.jsonl");
-    // Until a look has judged both growing sites.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        assert!(std::time::Instant::now() < deadline, "no look found both");
-        let text = std::fs::read_to_string(&looks_file).unwrap_or_default();
-        let last = text
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok());
-        let growing = |look: &Value, marker| {
-            site(look, marker).is_some_and(|s| !field(s, "growth").is_null())
-        };
-        if last.is_some_and(|l| growing(&l, "LEAK") && growing(&l, "LIST")) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let growing =
+        |look: &Value, marker| site(look, marker).is_some_and(|s| !field(s, "growth").is_null());
+    until_a_look(&dir, 120, "both growing sites", |l| {
+        growing(l, "LEAK") && growing(l, "LIST")
+    });
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("trapline run ends");
     assert_eq!(out.status.code(), Some(0));
@@ -251,15 +263,6 @@ fn has_frame_at(v: &Value, file: &str, marker: &str) -> bool {
     field(v, "stack").as_array().unwrap().iter().any(|f| {
         basename(f.get("file")) == file && f.get("line").and_then(Value::as_u64) == Some(line)
     })
-}
-
-/// The entry of `list` (sites of a look, records of a report) with a
-/// frame at `marker` of leaky_server.c.
-fn entry_at<'a>(list: &'a Value, marker: &str) -> Option<&'a Value> {
-    list.as_array()
-        .unwrap()
-        .iter()
-        .find(|s| has_frame_at(s, "leaky_server.c", marker))
 }
 
 /// `trapline run --control` of leaky_server.c at 2,000 requests a second,
@@ -320,7 +323,7 @@ fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
         pretty(&last)
     );
     for marker in ["LEAK", "HISTORY"] {
-        let s = entry_at(field(&last, "sites"), marker)
+        let s = entry_at(field(&last, "sites"), "leaky_server.c", marker)
             .unwrap_or_else(|| panic!("{marker} in {}", pretty(&last)));
         let v = verdicts(s);
         assert!(
@@ -330,7 +333,7 @@ fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
         );
     }
     for marker in ["CACHE", "WORKING"] {
-        let s = entry_at(field(&last, "sites"), marker)
+        let s = entry_at(field(&last, "sites"), "leaky_server.c", marker)
             .unwrap_or_else(|| panic!("{marker} in {}", pretty(&last)));
         assert!(verdicts(s).is_empty(), "{marker}: {}", pretty(s));
     }
@@ -347,7 +350,7 @@ fn a_watcher_finds_a_servers_leak_and_history_growing_and_stale() {
     // Offline: the watcher's stale verdicts are in the trace.
     let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
     let record = |marker| {
-        entry_at(field(&report, "records"), marker)
+        entry_at(field(&report, "records"), "leaky_server.c", marker)
             .unwrap_or_else(|| panic!("{marker} record in {}", pretty(&report)))
             .clone()
     };
@@ -521,30 +524,15 @@ fn run_watch_names_a_servers_stale_and_growing_sites_in_its_summary() {
     .spawn()
     .expect("start trapline run");
     read_stdout_line(&mut child);
-    let mut looks_file = dir.trace().into_os_string();
-    looks_file.push(".watch.jsonl");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no look within 60 s found both leak sites growing and stale"
-        );
-        let text = std::fs::read_to_string(&looks_file).unwrap_or_default();
-        let last = text
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str::<Value>(l).ok());
-        let judged = |look: &Value, marker| {
-            entry_at(field(look, "sites"), marker).is_some_and(|s| {
-                let v = verdicts(s);
-                v.contains(&"growing") && v.contains(&"stale")
-            })
-        };
-        if last.is_some_and(|l| judged(&l, "LEAK") && judged(&l, "HISTORY")) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    let judged = |look: &Value, marker| {
+        entry_at(field(look, "sites"), "leaky_server.c", marker).is_some_and(|s| {
+            let v = verdicts(s);
+            v.contains(&"growing") && v.contains(&"stale")
+        })
+    };
+    until_a_look(&dir, 60, "both leak sites growing and stale", |l| {
+        judged(l, "LEAK") && judged(l, "HISTORY")
+    });
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("trapline run ends");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -142,12 +142,20 @@ fn listen() -> Result<(), String> {
         return Err("cannot start its thread".to_string());
     }
     // Announced in the trace, for a reader that wants to ask the process.
+    queue_event(&trapline_trace::Event::ControlSocket { path }, None, 0);
+    Ok(())
+}
+
+/// Hands one event (with the definition of `stack`, unless 0) to the
+/// writer in an agent buffer of its own; one that does not fit is counted
+/// as lost.
+fn queue_event(ev: &trapline_trace::Event, time: Option<u64>, stack: u32) {
     let mut buf = crate::events::buffers::take_buffer(0);
-    if !buf.push_event(&trapline_trace::Event::ControlSocket { path }, None) {
+    crate::events::record::ensure_stack_in(&mut buf, stack);
+    if !buf.push_event(ev, time) {
         crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
     }
     crate::events::buffers::submit(buf, false);
-    Ok(())
 }
 
 /// Starts the serving thread.
@@ -500,17 +508,33 @@ fn monitor_state() -> String {
 fn all_blocks() -> Vec<(u64, u64, u64, (u32, AllocFn))> {
     let mut out = Vec::new();
     for shard in live::shards() {
-        let n = shard.locked().len();
-        out.reserve(n + n / 8 + 16);
-        let room = out.capacity();
-        shard.locked().for_each_born(|addr, b, born| {
-            if out.len() < room {
-                out.push((addr, b.size, born, (b.stack, b.func)));
-            }
+        copy_shard(shard, &mut out, |addr, b, born| {
+            Some((addr, b.size, born, (b.stack, b.func)))
         });
     }
     out.sort_unstable_by_key(|b| b.0);
     out
+}
+
+/// Appends what `keep` makes of each live block of `shard` (address,
+/// block, birth) to `out`. The room is reserved first, with no lock held
+/// (allocating under a shard lock could wait for the agent heap's lock,
+/// which fork takes after the shards'): the shard's length bounds what
+/// `keep` can keep, and blocks added meanwhile past it are left for the
+/// next request.
+fn copy_shard<T>(
+    shard: &live::Shard,
+    out: &mut Vec<T>,
+    mut keep: impl FnMut(u64, live::Block, u64) -> Option<T>,
+) {
+    let n = shard.locked().len();
+    out.reserve(n + n / 8 + 16);
+    let room = out.capacity();
+    shard.locked().for_each_born(|addr, b, born| {
+        if out.len() < room {
+            out.extend(keep(addr, b, born));
+        }
+    });
 }
 
 fn blocks_answer(out: &mut String, args: &[&str], time: u64) -> Result<(), String> {
@@ -520,25 +544,10 @@ fn blocks_answer(out: &mut String, args: &[&str], time: u64) -> Result<(), Strin
     let min_age = number(args, 3, "age")?.saturating_mul(1_000_000);
     let mut found: Vec<(u64, u64, u64)> = Vec::new();
     for shard in live::shards() {
-        // No allocation under the shard's lock: counted, room made, copied.
-        let mut count = 0usize;
-        shard.locked().for_each_born(|_, b, born| {
-            if b.stack == stack && b.func == func && time.saturating_sub(born) >= min_age {
-                count += 1;
-            }
+        copy_shard(shard, &mut found, |addr, b, born| {
+            (b.stack == stack && b.func == func && time.saturating_sub(born) >= min_age)
+                .then_some((addr, b.size, born))
         });
-        let mut mine = Vec::with_capacity(count + 16);
-        let room = mine.capacity();
-        shard.locked().for_each_born(|addr, b, born| {
-            if b.stack == stack
-                && b.func == func
-                && time.saturating_sub(born) >= min_age
-                && mine.len() < room
-            {
-                mine.push((addr, b.size, born));
-            }
-        });
-        found.extend(mine);
     }
     // Spread over their ages: the oldest are often of a start-up phase
     // whose pages other sites share.
@@ -753,12 +762,7 @@ fn verdict_answer(out: &mut String, args: &[&str], time: u64) -> Result<(), Stri
         untouched_ns: n[4].saturating_mul(1_000_000),
         last_access_ns: n[5],
     };
-    let mut buf = crate::events::buffers::take_buffer(0);
-    crate::events::record::ensure_stack_in(&mut buf, stack);
-    if !buf.push_event(&ev, Some(time)) {
-        crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
-    }
-    crate::events::buffers::submit(buf, false);
+    queue_event(&ev, Some(time), stack);
     out.push_str("{\"written\":true}\n");
     Ok(())
 }
@@ -812,17 +816,8 @@ fn sites(now: u64, since: u64) -> Vec<SiteNow> {
     let mut totals: HashMap<(u32, AllocFn), SiteNow> = HashMap::new();
     let mut blocks: Vec<(live::Block, u64)> = Vec::new();
     for shard in live::shards() {
-        // Room first, with no lock held; blocks added meanwhile past it are
-        // left for the next request.
-        let n = shard.locked().len();
         blocks.clear();
-        blocks.reserve(n + n / 8 + 16);
-        let room = blocks.capacity();
-        shard.locked().for_each_born(|_, b, born| {
-            if blocks.len() < room {
-                blocks.push((b, born));
-            }
-        });
+        copy_shard(shard, &mut blocks, |_, b, born| Some((b, born)));
         for (b, born) in &blocks {
             let t = totals.entry((b.stack, b.func)).or_insert(SiteNow {
                 site: (b.stack, b.func),

@@ -168,8 +168,9 @@ pub enum Refusal {
     NotOpen,
 }
 
-fn aside_page(s: &mut State) -> Option<u64> {
-    if let Some(p) = s.spare.pop() {
+/// A page to keep a watched page's contents in: a spare one, or a new one.
+fn aside_page(spare: &mut Vec<u64>) -> Option<u64> {
+    if let Some(p) = spare.pop() {
         return Some(p);
     }
     // SAFETY: a fresh private mapping of ours.
@@ -206,8 +207,7 @@ pub fn arm(page: u64, now: u64) -> Result<(), Refusal> {
         if ARMED.load(Ordering::Relaxed) as usize >= MAX_PAGES {
             return Err(Refusal::Full);
         }
-        let u = core::mem::ManuallyDrop::new(Uffd(u.0));
-        let Some(aside) = aside_page(s) else {
+        let Some(aside) = aside_page(&mut s.spare) else {
             return Err(Refusal::Full);
         };
         // A page never touched is mapped now (the zero page, for a read):
@@ -306,27 +306,28 @@ pub fn before_release(addr: u64, size: u64) {
 #[cold]
 #[inline(never)]
 fn release_pages(first: u64, last: u64) {
+    with(|s| give_back_pages(s, first, last, Outcome::Released));
+}
+
+/// Gives every armed page in `[first, last]` back with `outcome` (lock held).
+fn give_back_pages(s: &mut State, first: u64, last: u64, outcome: Outcome) {
+    if ARMED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
     let now = crate::platform::clock::tick();
-    with(|s| {
-        for i in 0..s.watches.len() {
-            let w = s.watches[i];
-            if w.outcome == Outcome::Armed && w.page >= first && w.page <= last {
-                give_back(s, i, Outcome::Released, now, 0);
-            }
+    for i in 0..s.watches.len() {
+        let page = s.watches[i].page;
+        if page >= first && page <= last {
+            give_back(s, i, outcome, now, 0);
         }
-    });
+    }
 }
 
 /// Gives every armed page back unaccessed, for good: the process is
 /// finishing its trace (exec or exit), and arms nothing more.
 pub fn give_all_back() {
     PAUSED.store(true, Ordering::Relaxed);
-    let now = crate::platform::clock::tick();
-    with(|s| {
-        for i in 0..s.watches.len() {
-            give_back(s, i, Outcome::Released, now, 0);
-        }
-    });
+    with(|s| give_back_pages(s, 0, u64::MAX, Outcome::Released));
 }
 
 /// Before a scan reads the heap: every armed page back (`Interrupted`),
@@ -334,12 +335,7 @@ pub fn give_all_back() {
 pub fn pause() {
     with(|s| {
         PAUSED.store(true, Ordering::Relaxed);
-        if ARMED.load(Ordering::Relaxed) != 0 {
-            let now = crate::platform::clock::tick();
-            for i in 0..s.watches.len() {
-                give_back(s, i, Outcome::Interrupted, now, 0);
-            }
-        }
+        give_back_pages(s, 0, u64::MAX, Outcome::Interrupted);
     });
 }
 
@@ -351,12 +347,7 @@ pub fn before_fork() {
     SHARED.lock.lock();
     // SAFETY: the lock is held (until the parent or child handler).
     let s = unsafe { &mut *SHARED.state.get() };
-    if ARMED.load(Ordering::Relaxed) != 0 {
-        let now = crate::platform::clock::tick();
-        for i in 0..s.watches.len() {
-            give_back(s, i, Outcome::Released, now, 0);
-        }
-    }
+    give_back_pages(s, 0, u64::MAX, Outcome::Released);
 }
 
 pub fn after_fork_parent() {
