@@ -68,6 +68,9 @@ pub struct Options {
     pub record_memory: AtomicBool,
     /// Record locks, condition waits and joins (`--record` with `locks`).
     pub record_locks: AtomicBool,
+    /// Sampled recording: the mean bytes between allocations that take a
+    /// full stack (0: every allocation does).
+    pub sample_bytes: AtomicU64,
 }
 
 pub static OPTIONS: Options = Options {
@@ -87,6 +90,7 @@ pub static OPTIONS: Options = Options {
     control: AtomicBool::new(false),
     record_memory: AtomicBool::new(true),
     record_locks: AtomicBool::new(true),
+    sample_bytes: AtomicU64::new(0),
 };
 
 /// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`).
@@ -131,6 +135,14 @@ pub fn read_from_environment(pid: u32) {
         set(&o.record_memory, on(env::RECORD_MEMORY));
         set(&o.record_locks, on(env::RECORD_LOCKS));
     }
+    if let Some(n) = var(env::SAMPLE_BYTES).and_then(|v| v.parse::<u64>().ok()) {
+        o.sample_bytes.store(n, Ordering::Relaxed);
+        if n != 0 {
+            // A release's stack would cost what sampling saves; erroneous
+            // releases still get theirs.
+            set(&o.release_stacks, false);
+        }
+    }
     if !flag(&o.record_memory) {
         // No live table to judge.
         set(&o.scan_at_exit, false);
@@ -160,4 +172,11 @@ pub fn memory_recorded() -> bool {
 #[inline(always)]
 pub fn locks_recorded() -> bool {
     OPTIONS.record_locks.load(Ordering::Relaxed)
+}
+
+/// The mean bytes between sampled allocations (0: not sampling; one load,
+/// at every allocation).
+#[inline(always)]
+pub fn sample_bytes() -> u64 {
+    OPTIONS.sample_bytes.load(Ordering::Relaxed)
 }

@@ -24,6 +24,7 @@ use crate::report::{
     warnings_text, Facts, FrameReport, ProcessReport, StackSymbolizer, TraceStatus,
 };
 pub use crate::report::{BytesBlocks, HeapUsage};
+use crate::sampling::{Estimate, Sampling, SamplingReport};
 use crate::staleness::Staleness;
 use crate::suppressions::Suppression;
 pub use crate::verdicts::{HistoryPoint, ScanReport, SiteHistory, SkippedScan};
@@ -86,6 +87,12 @@ pub struct LeaksReport {
     /// `trapline run --no-release-stacks`, when the `free_stack` of errors is
     /// empty (the stack of each erroneous call itself is still recorded).
     pub release_stacks: bool,
+    /// Sampled recording (`trapline run --sample`): how it sampled; null
+    /// when every allocation took its full stack. Records then either
+    /// group the blocks of one caller that took no full stack
+    /// (`caller_only`), or count the sampled blocks of one full stack and
+    /// estimate all of its blocks (`estimate`).
+    pub sampling: Option<SamplingReport>,
     /// Whether the trace was complete.
     pub trace: TraceStatus,
     /// Problems met while symbolizing, one sentence each: a module file that
@@ -102,6 +109,8 @@ pub struct LeaksReport {
 fn scan_record(verdict: Verdict, stack_id: u32, func: AllocFn, t: Totals) -> LossRecord {
     let definite = verdict == Verdict::DefinitelyLost;
     LossRecord {
+        caller_only: false,
+        estimate: Some(t.estimate.estimate()),
         kind: verdict.name(),
         bytes: t.bytes + if definite { t.indirect_bytes } else { 0 },
         blocks: t.blocks,
@@ -187,6 +196,16 @@ pub struct LossRecord {
     pub growth: Option<Growth>,
     /// Why a watcher judged the site stale (null unless one did).
     pub staleness: Option<Staleness>,
+    /// Sampled recording: the stack holds only the allocation's caller,
+    /// and the record groups the blocks allocated there that took no full
+    /// stack (absent when false).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub caller_only: bool,
+    /// Sampled recording, a record of a full stack: what every block with
+    /// this stack comes to, estimated from the sampled ones the record
+    /// counts (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<Estimate>,
 }
 
 /// An allocation site whose live bytes kept growing through the run but
@@ -347,12 +366,10 @@ struct PendingError {
 }
 
 /// Groups of live blocks: (stack, function) → bytes and blocks.
-type Groups = HashMap<(u32, AllocFn), BytesBlocks>;
+type Groups = HashMap<(u32, AllocFn), Totals>;
 
-fn add(groups: &mut Groups, stack: u32, func: AllocFn, size: u64) {
-    let g = groups.entry((stack, func)).or_default();
-    g.bytes += size;
-    g.blocks += 1;
+fn add(groups: &mut Groups, stack: u32, func: AllocFn, size: u64, sampling: Option<Sampling>) {
+    groups.entry((stack, func)).or_default().add(size, sampling);
 }
 
 /// State of the pass over the trace.
@@ -409,8 +426,16 @@ impl LeaksPass {
                 if m.time != 0 {
                     g.advance(m.time);
                 }
+                let facts = &self.facts;
                 self.heap.apply_observed(&m.event, |b, allocated| {
-                    g.changed((b.stack, b.func), b.size, allocated)
+                    // A sampled stack's blocks stand for all of its blocks.
+                    let size = match facts.sampling {
+                        Some(s) if b.stack != 0 && !facts.caller_only.contains(&b.stack) => {
+                            s.weight_bytes(b.size)
+                        }
+                        _ => b.size,
+                    };
+                    g.changed((b.stack, b.func), size, allocated)
                 });
             }
             None => self.heap.apply(&m.event),
@@ -496,7 +521,13 @@ impl LeaksPass {
             // of SnapshotBegin and SnapshotEnd (see Facts::has_exit_snapshot).
             Event::LiveBlock {
                 size, func, stack, ..
-            } => add(&mut self.snapshot, *stack, *func, *size),
+            } => add(
+                &mut self.snapshot,
+                *stack,
+                *func,
+                *size,
+                self.facts.sampling,
+            ),
             _ => {}
         }
     }
@@ -551,7 +582,7 @@ pub fn analyze_with<R: Read + Seek>(
         false => {
             let mut g = Groups::new();
             for b in pass.heap.live.values() {
-                add(&mut g, b.stack, b.func, b.size);
+                add(&mut g, b.stack, b.func, b.size, pass.facts.sampling);
             }
             (KIND_LIVE_AT_END_OF_TRACE, "replay", g)
         }
@@ -594,6 +625,8 @@ pub fn analyze_with<R: Read + Seek>(
         None => groups
             .into_iter()
             .map(|((stack_id, func), bb)| LossRecord {
+                caller_only: false,
+                estimate: Some(bb.estimate.estimate()),
                 kind,
                 bytes: bb.bytes,
                 blocks: bb.blocks,
@@ -609,6 +642,12 @@ pub fn analyze_with<R: Read + Seek>(
             })
             .collect(),
     };
+    for r in &mut records {
+        r.caller_only = facts.sampling.is_some() && facts.caller_only.contains(&r.stack_id);
+        if facts.sampling.is_none() || r.caller_only || r.stack_id == 0 {
+            r.estimate = None;
+        }
+    }
     let first_frame = |r: &LossRecord| {
         facts
             .stacks
@@ -808,6 +847,9 @@ pub fn analyze_with<R: Read + Seek>(
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
         release_stacks: !facts.no_release_stacks,
+        sampling: facts.sampling.map(|s| SamplingReport {
+            mean_bytes: s.mean_bytes,
+        }),
         trace,
         // Module files are read while symbolizing: only now are these known.
         warnings: facts
@@ -954,6 +996,14 @@ pub fn render_text(r: &LeaksReport) -> String {
         )
         .unwrap();
     }
+    if let Some(sampling) = &r.sampling {
+        writeln!(
+            out,
+            "{p}SAMPLED RECORDING: every block is counted, but only about one per {} bytes allocated took its full stack. A record of a full stack counts its sampled blocks and estimates all of them (95% interval); a record of a caller groups the blocks allocated there that took no full stack.",
+            thousands(sampling.mean_bytes)
+        )
+        .unwrap();
+    }
     if let Some(lost) = r.events_lost.filter(|&n| n > 0) {
         writeln!(
             out,
@@ -1019,6 +1069,24 @@ pub fn render_text(r: &LeaksReport) -> String {
             thousands(n as u64)
         )
         .unwrap();
+        if rec.caller_only {
+            writeln!(
+                out,
+                "{p}   (sampled recording: these blocks took no full stack; the stack is their caller)"
+            )
+            .unwrap();
+        }
+        if let Some(e) = &rec.estimate {
+            writeln!(
+                out,
+                "{p}   estimated for this stack: {} bytes ± {} in {} blocks, from {} sampled blocks",
+                thousands(e.bytes),
+                thousands(e.bytes_error),
+                thousands(e.blocks),
+                thousands(e.sampled_blocks)
+            )
+            .unwrap();
+        }
         if let Some(g) = &rec.growth {
             growth_text(&mut out, &p, g);
         }

@@ -19,6 +19,7 @@ pub mod lockstate;
 pub mod profile;
 mod replay;
 pub mod report;
+pub mod sampling;
 pub mod staleness;
 pub mod stats;
 pub mod suppressions;

@@ -220,6 +220,10 @@ pub(crate) struct Facts {
     pub allocator_shadowed_by: Option<String>,
     /// See `TraceStatus::allocator_library`.
     pub allocator_library: Option<String>,
+    /// How the allocations' stacks were sampled (`--sample`; None: all full).
+    pub sampling: Option<crate::sampling::Sampling>,
+    /// The stacks that hold only an unsampled allocation's caller.
+    pub caller_only: std::collections::HashSet<u32>,
 }
 
 impl Facts {
@@ -239,13 +243,22 @@ impl Facts {
             Event::StackDef { id, frames } => {
                 self.stacks.entry(*id).or_insert_with(|| frames.clone());
             }
+            Event::CallerOnlyStack { id } => {
+                self.caller_only.insert(*id);
+            }
             Event::Recording {
                 no_release_stacks,
                 allocator_shadowed_by,
                 allocator_library,
                 memory_recorded,
                 locks_recorded,
+                sample_bytes,
             } => {
+                if *sample_bytes != 0 {
+                    self.sampling = Some(crate::sampling::Sampling {
+                        mean_bytes: *sample_bytes,
+                    });
+                }
                 self.no_release_stacks |= *no_release_stacks;
                 self.memory_off |= !*memory_recorded;
                 self.locks_off |= !*locks_recorded;

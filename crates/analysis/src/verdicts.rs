@@ -6,6 +6,7 @@
 //! analysis only groups, filters and suppresses. Blocks carry their scan's
 //! number, so chunks of several scans may come in any order.
 
+use crate::sampling::{EstimateSum, Sampling};
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
@@ -14,11 +15,25 @@ use trapline_trace::{AllocFn, Event, ScanSkipReason, ScanStats, ScanTrigger, Ver
 use crate::report::{seconds, BytesBlocks, FrameReport};
 
 /// Totals of one group of blocks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Totals {
     pub bytes: u64,
     pub blocks: u64,
     pub indirect_bytes: u64,
+    /// In a sampled trace: what the group's blocks stand for, were they
+    /// sampled (meaningful only for a group of a full stack).
+    pub estimate: EstimateSum,
+}
+
+impl Totals {
+    /// Adds a block of `size` bytes.
+    pub fn add(&mut self, size: u64, sampling: Option<Sampling>) {
+        self.bytes += size;
+        self.blocks += 1;
+        if let Some(s) = sampling {
+            self.estimate.add(s, size);
+        }
+    }
 }
 
 /// A loss record's key: kind, stack id, allocation function.
@@ -98,6 +113,7 @@ pub(crate) struct ScanCollector {
     scans: BTreeMap<u32, ScanFacts>,
     blocks: Option<HashMap<u64, BlockHistory>>,
     skipped: Vec<SkippedScan>,
+    sampling: Option<Sampling>,
 }
 
 impl ScanCollector {
@@ -107,6 +123,7 @@ impl ScanCollector {
             scans: BTreeMap::new(),
             blocks: history.then(HashMap::new),
             skipped: Vec::new(),
+            sampling: None,
         }
     }
 
@@ -115,6 +132,11 @@ impl ScanCollector {
             self.skipped.push(s);
         }
         match ev {
+            Event::Recording { sample_bytes, .. } if *sample_bytes != 0 => {
+                self.sampling = Some(Sampling {
+                    mean_bytes: *sample_bytes,
+                })
+            }
             Event::ScanBegin {
                 time,
                 scan,
@@ -139,8 +161,7 @@ impl ScanCollector {
                     .groups
                     .entry((*verdict, *stack, *func))
                     .or_default();
-                t.bytes += size;
-                t.blocks += 1;
+                t.add(*size, self.sampling);
                 t.indirect_bytes += indirect_bytes;
                 if let Some(blocks) = &mut self.blocks {
                     let lost = matches!(verdict, Verdict::DefinitelyLost | Verdict::IndirectlyLost);

@@ -30,6 +30,36 @@ pub const EXIT_TIMED_OUT: u8 = 124;
 /// After SIGTERM at the timeout, how long the command may take to end before SIGKILL.
 const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// A byte count with an optional binary suffix: `4096`, `512K`, `1M`, `2G`.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return Err(format!("'{s}' is not a byte count (like 4096, 512K, 1M)")),
+    };
+    match digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_shl(shift))
+    {
+        Some(n) if n > 0 && n >> shift == digits.parse::<u64>().unwrap_or(0) => Ok(n),
+        _ => Err(format!(
+            "'{s}' is not a byte count of at least 1 (like 4096, 512K, 1M)"
+        )),
+    }
+}
+
 /// File name of the agent library.
 pub const AGENT_FILE: &str = "libtrapline_agent.so";
 
@@ -77,6 +107,21 @@ pub struct RunArgs {
         value_parser = [env::RECORD_MEMORY, env::RECORD_LOCKS, env::RECORD_CPU]
     )]
     pub record: Option<Vec<String>>,
+    /// Sampled recording, for production: every allocation is still
+    /// recorded (counts, bytes, errors and reachability stay exact), but
+    /// only about one per BYTES allocated (default 512K, a Poisson process
+    /// over bytes) takes its full call stack; the others record their
+    /// caller only. Reports scale the sampled stacks to estimates with
+    /// error bars. Releases take no stack (as --no-release-stacks).
+    #[arg(
+        long,
+        value_name = "BYTES",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "512K",
+        value_parser = parse_bytes
+    )]
+    pub sample: Option<u64>,
     /// Also judge every live block by reachability every SECS seconds while
     /// the program runs (each scan is a snapshot; see `trapline leaks --history`).
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
@@ -528,6 +573,7 @@ pub fn main(args: RunArgs) -> ExitCode {
             env::CONTROL,
             (args.control || args.watch.is_some()).then(|| "1".to_string()),
         ),
+        (env::SAMPLE_BYTES, args.sample.map(|b| b.to_string())),
     ];
     for (name, value) in options {
         match value {

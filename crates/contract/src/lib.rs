@@ -44,6 +44,12 @@ pub mod env {
     pub const RECORD_MEMORY: &str = "mem";
     pub const RECORD_LOCKS: &str = "locks";
     pub const RECORD_CPU: &str = "cpu";
+    /// Sampled recording (`--sample`): the mean bytes allocated between
+    /// two allocations that take a full stack (absent: every one does).
+    pub const SAMPLE_BYTES: &str = "TRAPLINE_SAMPLE";
+    /// `--sample`'s mean when none is given: about one stack per 512 KiB
+    /// allocated, as tcmalloc's and jemalloc's heap profilers sample.
+    pub const DEFAULT_SAMPLE_BYTES: u64 = 512 << 10;
     /// What the agent's own file name contains (to find it in `LD_PRELOAD`).
     pub const AGENT_FILE_STEM: &str = "libtrapline_agent";
 

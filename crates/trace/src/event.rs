@@ -473,6 +473,12 @@ pub enum Event {
         id: u32,
         frames: Vec<u64>,
     },
+    /// The stack `id`, defined by the [`Event::StackDef`] just before, holds
+    /// only the allocation call's caller: sampled recording took it for an
+    /// allocation it did not sample (format version 12).
+    CallerOnlyStack {
+        id: u32,
+    },
     /// The thread is about to call pthread_create: everything it did before
     /// happens-before the new thread. `create_id` is unique in the process and
     /// names the child's [`Event::ThreadStart`].
@@ -686,6 +692,13 @@ pub enum Event {
         /// Locks, condition waits and joins were recorded (`--record`
         /// without `locks` clears it; format version 11).
         locks_recorded: bool,
+        /// Sampled recording (`--sample`): the mean bytes allocated between
+        /// two allocations whose full stack was taken, drawn as a Poisson
+        /// process over bytes, so a block of `size` bytes was sampled with
+        /// probability `1 - exp(-size / sample_bytes)`. The stacks of the
+        /// others hold only their caller ([`Event::CallerOnlyStack`]). 0:
+        /// every allocation's full stack (format version 12).
+        sample_bytes: u64,
     },
     /// The control socket the agent serves (`trapline run --control`),
     /// after `Recording` (format version 11).
@@ -763,6 +776,7 @@ pub(crate) mod tag {
     pub const THREAD_CREATE: u8 = 6;
     pub const THREAD_START: u8 = 7;
     pub const THREAD_END: u8 = 8;
+    pub const CALLER_ONLY_STACK: u8 = 9;
     pub const ALLOC: u8 = 16;
     pub const FREE: u8 = 17;
     pub const REALLOC: u8 = 18;
@@ -1052,6 +1066,20 @@ impl<'a> Encoder<'a> {
         self.byte(tag::STACK_DEF)?;
         self.u64(u64::from(id))?;
         codec::Frames::put_slice(self, frames)
+    }
+
+    /// Encodes a caller-only stack's definition: its `StackDef` of one frame
+    /// and the [`Event::CallerOnlyStack`] that marks it, both or neither.
+    pub fn caller_only_stack_def(&mut self, id: u32, caller: u64) -> Result<(), NoRoom> {
+        let at = self.pos;
+        let done = self.stack_def(id, &[caller]).and_then(|()| {
+            self.byte(tag::CALLER_ONLY_STACK)?;
+            self.u64(u64::from(id))
+        });
+        if done.is_err() {
+            self.pos = at;
+        }
+        done
     }
 
     /// Encodes any event.

@@ -29,7 +29,7 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// `Unknown`, 6; 11 `SiteVerdict`, tag 40, `ControlSocket`, tag 53,
 /// `AgentSamples`, tag 101, and `Recording`'s recorder bits;
 /// older files are read unchanged).
-pub const FORMAT_VERSION: u16 = 11;
+pub const FORMAT_VERSION: u16 = 12;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

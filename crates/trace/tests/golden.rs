@@ -49,6 +49,7 @@ fn golden() -> Vec<(Event, &'static str)> {
                 allocator_library: None,
                 memory_recorded: true,
                 locks_recorded: true,
+                sample_bytes: 0,
             },
             "33 00",
         ),
@@ -59,6 +60,7 @@ fn golden() -> Vec<(Event, &'static str)> {
                 allocator_library: None,
                 memory_recorded: true,
                 locks_recorded: true,
+                sample_bytes: 0,
             },
             "33 03 13 2f 6f 70 74 2f 61 70 70 2f 62 69 6e 2f 73 65 72 76 65 72",
         ),
@@ -69,6 +71,7 @@ fn golden() -> Vec<(Event, &'static str)> {
                 allocator_library: Some("/usr/lib/libjemalloc.so.2".into()),
                 memory_recorded: true,
                 locks_recorded: true,
+                sample_bytes: 0,
             },
             "33 04 19 2f 75 73 72 2f 6c 69 62 2f 6c 69 62 6a 65 6d 61 6c 6c 6f 63 2e 73 6f 2e 32",
         ),
@@ -79,6 +82,7 @@ fn golden() -> Vec<(Event, &'static str)> {
                 allocator_library: Some("libtcmalloc.so.4".into()),
                 memory_recorded: true,
                 locks_recorded: true,
+                sample_bytes: 0,
             },
             "33 07 0e 6c 69 62 6d 69 6d 61 6c 6c 6f 63 2e 73 6f 10 6c 69 62 74 63 6d 61 6c 6c 6f 63 2e 73 6f 2e 34",
         ),
@@ -89,6 +93,7 @@ fn golden() -> Vec<(Event, &'static str)> {
                 allocator_library: None,
                 memory_recorded: false,
                 locks_recorded: true,
+                sample_bytes: 0,
             },
             "33 08",
         ),
@@ -99,8 +104,20 @@ fn golden() -> Vec<(Event, &'static str)> {
                 allocator_library: None,
                 memory_recorded: true,
                 locks_recorded: false,
+                sample_bytes: 0,
             },
             "33 10",
+        ),
+        (
+            Event::Recording {
+                no_release_stacks: true,
+                allocator_shadowed_by: None,
+                allocator_library: None,
+                memory_recorded: true,
+                locks_recorded: true,
+                sample_bytes: 512 << 10,
+            },
+            "33 21 80 80 20",
         ),
         (
             Event::ModuleLoad(ModuleInfo {
@@ -166,6 +183,7 @@ fn golden() -> Vec<(Event, &'static str)> {
             },
             "05 f0 a2 04 00",
         ),
+        (Event::CallerOnlyStack { id: 70_001 }, "09 f1 a2 04"),
         (
             Event::ThreadCreate {
                 time: T0,
@@ -922,6 +940,37 @@ fn direct_encoders_match_the_event_encoder() {
     assert_eq!(checked, 2 * 14);
 }
 
+/// The agent's caller-only stack definition is a `StackDef` of one frame
+/// and the `CallerOnlyStack` marking it, or nothing when they do not fit.
+#[test]
+fn caller_only_stack_definitions_come_whole() {
+    let caller = 0x5555_5555_4abc;
+    let events = [
+        Event::StackDef {
+            id: 7,
+            frames: vec![caller],
+        },
+        Event::CallerOnlyStack { id: 7 },
+    ];
+    let want: Vec<u8> = encode_all(&events)
+        .into_iter()
+        .flat_map(|(_, bytes)| bytes)
+        .collect();
+    for room in 0..want.len() + 2 {
+        let mut buf = vec![0u8; room];
+        let mut enc = Encoder::new(&mut buf);
+        let done = enc.caller_only_stack_def(7, caller);
+        let n = enc.len();
+        match done {
+            Ok(()) => assert_eq!(hex(&buf[..n]), hex(&want)),
+            Err(_) => {
+                assert!(room < want.len());
+                assert_eq!(n, 0, "nothing half-written with room {room}");
+            }
+        }
+    }
+}
+
 /// Tags that only older agents wrote still decode.
 #[test]
 fn run_totals_without_failed_allocations_decode() {
@@ -970,5 +1019,5 @@ fn damaged_events_decode_as_before() {
         decode(&[tag, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     }
     // To find what changed: print `results` before and after, and diff.
-    assert_eq!((cases, crc.finalize()), (8726, 0x5d1b_c584));
+    assert_eq!((cases, crc.finalize()), (8816, 0x49e7_2be9));
 }

@@ -21,6 +21,8 @@ const DIR_PAGES: usize = 1 << 16;
 pub struct StackRec {
     frames: *const u64,
     len: u32,
+    /// Holds only an unsampled allocation's caller (`intern_caller`).
+    pub caller_only: bool,
     /// Generation of the trace file that holds this stack's definition.
     pub written_gen: AtomicU32,
 }
@@ -160,7 +162,7 @@ fn store_frames(frames: &[u64]) -> *const u64 {
     p
 }
 
-fn publish(frames: &[u64]) -> Option<u32> {
+fn publish(frames: &[u64], caller_only: bool) -> Option<u32> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     if id == u32::MAX {
         return None;
@@ -172,6 +174,7 @@ fn publish(frames: &[u64]) -> Option<u32> {
             .map(|_| StackRec {
                 frames: core::ptr::null(),
                 len: 0,
+                caller_only: false,
                 written_gen: AtomicU32::new(0),
             })
             .collect();
@@ -198,6 +201,7 @@ fn publish(frames: &[u64]) -> Option<u32> {
         let r = page.add(id as usize % DIR_PAGE);
         (*r).frames = stored;
         (*r).len = frames.len() as u32;
+        (*r).caller_only = caller_only;
     }
     Some(id)
 }
@@ -229,6 +233,30 @@ pub fn prefetch_slot(hash: StackHash) {
 /// ids are exhausted.
 pub fn intern(
     hash: StackHash,
+    frames: impl FnOnce(&mut [u64; MAX_FRAMES]) -> usize,
+) -> Option<(u32, bool)> {
+    intern_marked(hash, false, frames)
+}
+
+/// The length a caller-only stack's identity is sealed with: no stack of
+/// real frames has it, so the caller-only stack of a return address is
+/// never the full stack that holds that one frame.
+const CALLER_ONLY_LEN: usize = usize::MAX;
+
+/// The id of the stack that holds only `caller`, the return address of an
+/// allocation that sampled recording did not sample (its definition is
+/// marked caller-only in the trace). Returns (id, newly created).
+pub fn intern_caller(caller: u64) -> Option<(u32, bool)> {
+    let hash = hash_finish(hash_step(HASH_SEED, caller), CALLER_ONLY_LEN);
+    intern_marked(hash, true, |buf| {
+        buf[0] = caller;
+        1
+    })
+}
+
+fn intern_marked(
+    hash: StackHash,
+    caller_only: bool,
     frames: impl FnOnce(&mut [u64; MAX_FRAMES]) -> usize,
 ) -> Option<(u32, bool)> {
     let shard = &TABLE[(hash.0 >> 60) as usize % SHARDS];
@@ -265,7 +293,7 @@ pub fn intern(
     }
     let mut buf = [0u64; MAX_FRAMES];
     let n = frames(&mut buf).min(MAX_FRAMES);
-    let id = publish(&buf[..n])?;
+    let id = publish(&buf[..n], caller_only)?;
     d.slots[i] = (hash, id);
     d.len += 1;
     Some((id, true))

@@ -4,6 +4,7 @@
 pub mod buffers;
 pub mod next_alloc;
 pub mod record;
+pub mod sampling;
 pub mod sync;
 pub mod thread;
 pub mod threads;

@@ -1,6 +1,7 @@
 //! What the hooks do around the real allocator: look the block up in the live
 //! table, detect misuse, capture the stack and append the event.
 
+use crate::events::sampling;
 use crate::events::thread::{self, Site, ThreadState};
 use crate::events::totals;
 use crate::platform::arch::StartRegs;
@@ -150,7 +151,7 @@ fn ensure_stack_shared(ts: &mut ThreadState, id: u32, gen: u32, new: bool) {
     }
     if rec.written_gen.swap(gen, Ordering::AcqRel) != gen || new {
         let frames = stacks::frames(id);
-        ts.emit(None, |e, _| e.stack_def(id, frames));
+        ts.emit(None, |e, _| define_stack(e, id, rec, frames));
     }
 }
 
@@ -189,6 +190,26 @@ pub fn capture_stack_then(
     id
 }
 
+/// The stack an allocation of `size` bytes records: its full stack, or,
+/// under sampled recording, only its caller unless the sampler picks it
+/// (`sampling.rs`). `before_unwinding` runs either way.
+#[inline(always)]
+fn allocation_stack(
+    ts: &mut ThreadState,
+    regs: StartRegs,
+    size: u64,
+    before_unwinding: impl FnOnce(),
+) -> u32 {
+    let mean = crate::config::sample_bytes();
+    if mean != 0 && !ts.sampler.takes_stack(size, mean) {
+        before_unwinding();
+        let id = sampling::caller_stack(ts, regs.pc);
+        ts.entered_stack = id;
+        return id;
+    }
+    capture_stack_then(ts, regs, Site::Alloc, before_unwinding)
+}
+
 /// Writes the definition of a stack id from any thread (snapshot, errors).
 pub fn ensure_stack_in(buf: &mut crate::events::buffers::Buffer, id: u32) -> bool {
     if id == 0 {
@@ -204,7 +225,20 @@ pub fn ensure_stack_in(buf: &mut crate::events::buffers::Buffer, id: u32) -> boo
         return true;
     }
     let frames = stacks::frames(id);
-    buf.push(None, |e, _| e.stack_def(id, frames))
+    buf.push(None, |e, _| define_stack(e, id, rec, frames))
+}
+
+/// Encodes the definition of stack `id`: its frames, or its caller only.
+fn define_stack(
+    e: &mut trapline_trace::Encoder<'_>,
+    id: u32,
+    rec: &stacks::StackRec,
+    frames: &[u64],
+) -> Result<(), trapline_trace::event::NoRoom> {
+    match frames {
+        [caller] if rec.caller_only => e.caller_only_stack_def(id, *caller),
+        _ => e.stack_def(id, frames),
+    }
 }
 
 /// Records an allocation call that failed (`AllocFailed`): NULL for a
@@ -254,7 +288,7 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
             #[cfg(feature = "capture-timing")]
             let started = crate::platform::arch::cycles();
             // Unwinding takes a few hundred cycles: load the table slot meanwhile.
-            let stack = capture_stack_then(ts, regs, Site::Alloc, || live::prefetch(addr));
+            let stack = allocation_stack(ts, regs, size as u64, || live::prefetch(addr));
             if !live::storable(addr) {
                 untracked::insert(addr);
             } else {
@@ -578,7 +612,7 @@ pub fn realloc(
         Entry::Nested(ts) => return realloc_nested(ts, old, size, real),
         Entry::Off => return real(old),
     };
-    let stack = capture_stack(ts, regs, Site::Alloc);
+    let stack = allocation_stack(ts, regs, size as u64, || {});
     let mut old_block = None;
     if old_addr != 0 {
         let mut shard = live::shard_of(old_addr).locked();
@@ -688,7 +722,7 @@ pub fn resize_in_place(
         // size of a tracked block stays as it was.
         Entry::Nested(_) | Entry::Off => return real(ptr),
     };
-    let stack = capture_stack(ts, regs, Site::Alloc);
+    let stack = allocation_stack(ts, regs, size as u64, || {});
     let mut shard = live::shard_of(addr).locked();
     let old = shard.get(addr);
     if old.is_none() && !untracked::is_listed(addr) {

@@ -86,6 +86,8 @@ pub struct ThreadState {
     /// runtime's own (`hooks/cxx.rs`): the function and call the inner
     /// `operator new` records for.
     pub delegated_new: Option<(trapline_trace::AllocFn, crate::platform::arch::StartRegs)>,
+    /// Which allocations take a full stack (`--sample`).
+    pub sampler: crate::events::sampling::Sampler,
 }
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -414,6 +416,9 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
         profile: None,
         lock_sites: None,
         heap_role: ROLE_UNKNOWN,
+        sampler: crate::events::sampling::Sampler::new(
+            u64::from(tid).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ crate::platform::clock::unix_ns(),
+        ),
         set_up: false,
         agent_altstack: false,
         delegated_new: None,

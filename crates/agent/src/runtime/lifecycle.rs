@@ -116,11 +116,13 @@ fn header_buffer() -> Box<Buffer> {
     let allocator_library = crate::events::next_alloc::library();
     let memory_recorded = config::memory_recorded();
     let locks_recorded = config::locks_recorded();
+    let sample_bytes = config::sample_bytes();
     if no_release_stacks
         || allocator_shadowed_by.is_some()
         || allocator_library.is_some()
         || !memory_recorded
         || !locks_recorded
+        || sample_bytes != 0
     {
         let recording = Event::Recording {
             no_release_stacks,
@@ -128,6 +130,7 @@ fn header_buffer() -> Box<Buffer> {
             allocator_library,
             memory_recorded,
             locks_recorded,
+            sample_bytes,
         };
         if !b.push_event(&recording, None) {
             crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);

@@ -471,35 +471,45 @@ const RECORDING_LIBRARY_BIT: u32 = 2;
 /// 11): a trace without them was recorded with both.
 const RECORDING_NO_MEMORY_BIT: u32 = 3;
 const RECORDING_NO_LOCKS_BIT: u32 = 4;
+/// Bit saying the mean bytes between sampled stacks follows (format
+/// version 12): a trace without it took every allocation's full stack.
+const RECORDING_SAMPLED_BIT: u32 = 5;
 
 /// `Recording`'s fields, in the order of the event.
-type RecordingFields = (bool, Option<String>, Option<String>, bool, bool);
+type RecordingFields = (bool, Option<String>, Option<String>, bool, bool, u64);
 
 /// `Recording`'s options: a flag word (so later options need no new tag)
 /// whose bits say which of the optional module paths follow it.
 struct RecordingOptions;
 
-impl Put<(&bool, &Option<String>, &Option<String>, &bool, &bool)> for RecordingOptions {
+type RecordingRefs<'a> = (
+    &'a bool,
+    &'a Option<String>,
+    &'a Option<String>,
+    &'a bool,
+    &'a bool,
+    &'a u64,
+);
+
+impl Put<RecordingRefs<'_>> for RecordingOptions {
     fn put(
         &self,
         e: &mut Encoder<'_>,
         _: &mut ChunkContext,
-        (no_release_stacks, shadowed_by, library, memory, locks): (
-            &bool,
-            &Option<String>,
-            &Option<String>,
-            &bool,
-            &bool,
-        ),
+        (no_release_stacks, shadowed_by, library, memory, locks, sample_bytes): RecordingRefs<'_>,
     ) -> Result<(), NoRoom> {
         let flags = u64::from(*no_release_stacks)
             | u64::from(shadowed_by.is_some()) << RECORDING_SHADOWED_BIT
             | u64::from(library.is_some()) << RECORDING_LIBRARY_BIT
             | u64::from(!*memory) << RECORDING_NO_MEMORY_BIT
-            | u64::from(!*locks) << RECORDING_NO_LOCKS_BIT;
+            | u64::from(!*locks) << RECORDING_NO_LOCKS_BIT
+            | u64::from(*sample_bytes != 0) << RECORDING_SAMPLED_BIT;
         e.u64(flags)?;
         for module in [shadowed_by, library].into_iter().flatten() {
             e.bytes(module.as_bytes())?;
+        }
+        if *sample_bytes != 0 {
+            e.u64(*sample_bytes)?;
         }
         Ok(())
     }
@@ -508,7 +518,7 @@ impl Put<(&bool, &Option<String>, &Option<String>, &bool, &bool)> for RecordingO
 impl Get<RecordingFields> for RecordingOptions {
     fn get(&self, d: &mut Decoder<'_>) -> Result<RecordingFields, DecodeError> {
         let flags = d.u64()?;
-        if flags >> (RECORDING_NO_LOCKS_BIT + 1) != 0 {
+        if flags >> (RECORDING_SAMPLED_BIT + 1) != 0 {
             return Err(DecodeError::Invalid("recording flags"));
         }
         let bit = |b: u32| flags >> b & 1 != 0;
@@ -522,12 +532,21 @@ impl Get<RecordingFields> for RecordingOptions {
         } else {
             None
         };
+        let sample_bytes = if bit(RECORDING_SAMPLED_BIT) {
+            match d.u64()? {
+                0 => return Err(DecodeError::Invalid("mean bytes between samples")),
+                n => n,
+            }
+        } else {
+            0
+        };
         Ok((
             flags & 1 != 0,
             shadowed_by,
             library,
             !bit(RECORDING_NO_MEMORY_BIT),
             !bit(RECORDING_NO_LOCKS_BIT),
+            sample_bytes,
         ))
     }
 }
@@ -693,6 +712,7 @@ event_codec! {
     MODULE_UNLOAD => ModuleUnload { id: U32("module id") },
     THREAD_NAME => ThreadName { tid: U32("thread id"), name: Str("thread name") },
     STACK_DEF => StackDef { id: U32("stack id"), frames: Frames },
+    CALLER_ONLY_STACK => CallerOnlyStack { id: U32("stack id") },
     THREAD_CREATE => ThreadCreate { time: Time, create_id: U64, stack: Stack },
     THREAD_START => ThreadStart { time: Time, parent_tid: U32("thread id"), create_id: U64 },
     THREAD_END => ThreadEnd { time: Time },
@@ -785,8 +805,8 @@ event_codec! {
         failed_allocations: U64 if t == tag::RUN_TOTALS_WITH_FAILED,
     }),
     RECORDING => Recording {
-        (no_release_stacks, allocator_shadowed_by, allocator_library, memory_recorded, locks_recorded):
-            RecordingOptions,
+        (no_release_stacks, allocator_shadowed_by, allocator_library, memory_recorded, locks_recorded,
+            sample_bytes): RecordingOptions,
     },
 
     LOCK_INIT => Lock(LockEvent::Init { time: Time, addr: Addr, kind: LockKindByte, stack: Stack }),

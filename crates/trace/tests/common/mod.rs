@@ -453,6 +453,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             allocator_library: None,
             memory_recorded: true,
             locks_recorded: true,
+            sample_bytes: 0,
         },
         Event::Recording {
             no_release_stacks: false,
@@ -460,6 +461,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             allocator_library: None,
             memory_recorded: true,
             locks_recorded: true,
+            sample_bytes: 0,
         },
         Event::Recording {
             no_release_stacks: true,
@@ -467,6 +469,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             allocator_library: None,
             memory_recorded: true,
             locks_recorded: true,
+            sample_bytes: 0,
         },
         Event::Recording {
             no_release_stacks: false,
@@ -474,6 +477,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             allocator_library: Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".into()),
             memory_recorded: true,
             locks_recorded: true,
+            sample_bytes: 0,
         },
         Event::Recording {
             no_release_stacks: true,
@@ -481,6 +485,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             allocator_library: Some("/c/d".into()),
             memory_recorded: true,
             locks_recorded: true,
+            sample_bytes: 0,
         },
         Event::Recording {
             no_release_stacks: false,
@@ -488,6 +493,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             allocator_library: None,
             memory_recorded: true,
             locks_recorded: true,
+            sample_bytes: 0,
         },
         Event::RunTotals(RunTotals {
             allocation_calls: u64::MAX,

@@ -1,0 +1,137 @@
+//! Sampled recording (`--sample`): which allocations take a full stack.
+//!
+//! Sample points fall on the bytes a thread allocates as a Poisson process
+//! of mean `sample_bytes` (tcmalloc's and jemalloc's heap profilers do the
+//! same): a countdown of bytes drawn from the exponential distribution, and
+//! an allocation whose bytes reach the next point takes its full stack. A
+//! block of `size` bytes is then sampled with probability
+//! `1 - exp(-size / sample_bytes)` whatever came before it (the process is
+//! memoryless), which is what makes the analysis's estimates unbiased.
+//!
+//! Every other allocation is still recorded, with a stack that holds only
+//! its caller: one return address, kept in a small per-thread cache in
+//! front of the shared stack table, so it costs neither an unwind nor a
+//! lock.
+
+use crate::capture::stacks;
+use core::sync::atomic::Ordering;
+
+/// Caller-only stack ids cached per thread (direct-mapped by address).
+const CALLER_SLOTS: usize = 64;
+
+#[derive(Clone, Copy, Default)]
+struct CallerSlot {
+    caller: u64,
+    id: u32,
+    /// The trace generation that holds the id's definition.
+    gen: u32,
+}
+
+/// A thread's sampling state.
+pub struct Sampler {
+    /// Bytes left before the next sample point (drawn at first use).
+    left: i64,
+    drawn: bool,
+    /// xorshift64* state (never 0).
+    rng: u64,
+    callers: [CallerSlot; CALLER_SLOTS],
+}
+
+impl Sampler {
+    pub fn new(seed: u64) -> Sampler {
+        Sampler {
+            left: 0,
+            drawn: false,
+            rng: seed | 1,
+            callers: [CallerSlot::default(); CALLER_SLOTS],
+        }
+    }
+
+    /// Whether an allocation of `size` bytes takes its full stack, with
+    /// `mean` bytes between sample points.
+    #[inline(always)]
+    pub fn takes_stack(&mut self, size: u64, mean: u64) -> bool {
+        // A zero-byte block covers no byte: sampled with probability 0
+        // by the rule, but counted as one byte so such blocks are seen.
+        self.left -= size.clamp(1, i64::MAX as u64) as i64;
+        if self.left > 0 {
+            return false;
+        }
+        self.next_point(mean)
+    }
+
+    #[cold]
+    fn next_point(&mut self, mean: u64) -> bool {
+        let sampled = self.drawn;
+        // The first call only starts the process (a thread's first block
+        // is no likelier than any other).
+        let overshoot = if self.drawn { 0 } else { self.left };
+        self.drawn = true;
+        self.left = self.gap(mean) + overshoot;
+        if !sampled && self.left <= 0 {
+            return self.next_point(mean);
+        }
+        sampled
+    }
+
+    /// An exponential gap of mean `mean` bytes, at least one byte.
+    fn gap(&mut self, mean: u64) -> i64 {
+        // 53 random bits in (0, 1].
+        let u = ((self.next_random() >> 11) + 1) as f64 / (1u64 << 53) as f64;
+        let gap = -u.ln() * mean as f64;
+        (gap as i64).max(1)
+    }
+
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// The caller-only stack of an allocation returning to `caller`, defined
+/// in the trace being written (0 if ids ran out).
+#[inline]
+pub fn caller_stack(ts: &mut crate::events::thread::ThreadState, caller: u64) -> u32 {
+    let gen = crate::events::buffers::GEN.load(Ordering::Relaxed);
+    let slot = &ts.sampler.callers[(caller >> 2) as usize % CALLER_SLOTS];
+    if slot.caller == caller && slot.gen == gen {
+        return slot.id;
+    }
+    caller_stack_slow(ts, caller, gen)
+}
+
+#[cold]
+fn caller_stack_slow(ts: &mut crate::events::thread::ThreadState, caller: u64, gen: u32) -> u32 {
+    let Some((id, new)) = stacks::intern_caller(caller) else {
+        return 0;
+    };
+    crate::events::record::ensure_stack(ts, id, new);
+    ts.sampler.callers[(caller >> 2) as usize % CALLER_SLOTS] = CallerSlot { caller, id, gen };
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Blocks of one size are sampled at `1 - exp(-size / mean)`.
+    #[test]
+    fn blocks_are_sampled_at_the_poisson_rate() {
+        let mean = 512 << 10;
+        for (size, blocks) in [(4096u64, 400_000u64), (256 << 10, 40_000), (4 << 20, 5_000)] {
+            let mut s = Sampler::new(0x1234_5678);
+            let sampled = (0..blocks).filter(|_| s.takes_stack(size, mean)).count() as f64;
+            let p = 1.0 - (-(size as f64) / mean as f64).exp();
+            let expected = p * blocks as f64;
+            let sd = (blocks as f64 * p * (1.0 - p)).sqrt();
+            assert!(
+                (sampled - expected).abs() < 5.0 * sd,
+                "size {size}: {sampled} sampled, {expected:.0} expected (sd {sd:.1})"
+            );
+        }
+    }
+}
