@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Real programs under each recorder: the sqlite3 shell on a heavy query,
-# perl, python3.11, node, xz -T2, gcc's cc1plus on a C++ file that
-# includes the whole standard library, and a two-thread allocator stress
+# perl, python3.11, node, xz -T2, gcc's cc1 on sqlite3.c, gcc's cc1plus on
+# a C++ file that includes the whole standard library, and a two-thread
+# allocator stress
 # (bench/src/threads_pairs.c), run natively, under `trapline run`
 # (full: memory and locks), `trapline run --record mem`, `trapline run
-# --record locks`, and `heaptrack -r` (recording only, as trapline does),
+# --record locks`, sampled (`trapline run --sample`, and with `--record
+# mem`), and `heaptrack -r` (recording only, as trapline does),
 # interleaved round by round. The figure is the wall time of the whole
 # command (start, run, and the tool's exit work: trapline's exit scan and
 # trace, heaptrack's raw file). Prints the medians and appends one row per
@@ -13,16 +15,26 @@
 #   bench/workloads.sh           (release build of this tree)
 #
 # Knobs (environment): ROUNDS=3,
-# WORKLOADS="sqlite3 perl python node xz cc1plus stress",
-# TOOLS="native trapline mem locks heaptrack".
+# WORKLOADS="sqlite3 perl python node xz cc1 cc1plus stress",
+# TOOLS="native trapline mem locks sampled sampled-mem heaptrack",
+# SQLITE_C (cc1's input; default: the registry's sqlite3.c).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$BENCH_DIR/.." && pwd)
 WORK=$BENCH_DIR/work/workloads
 ROUNDS=${ROUNDS:-3}
-WORKLOADS=${WORKLOADS:-"sqlite3 perl python node xz cc1plus stress"}
-TOOLS=${TOOLS:-"native trapline mem locks heaptrack"}
+WORKLOADS=${WORKLOADS:-"sqlite3 perl python node xz cc1 cc1plus stress"}
+TOOLS=${TOOLS:-"native trapline mem locks sampled sampled-mem heaptrack"}
+# shellcheck source=bench/sqlite.sh
+source "$BENCH_DIR/sqlite.sh"
+SQLITE_C=${SQLITE_C:-$(registry_sqlite_c)}
+if [[ " $WORKLOADS " == *" cc1 "* && ! -f $SQLITE_C ]]; then
+    echo "bench/workloads.sh: no sqlite3.c for cc1 (set SQLITE_C)" >&2
+    exit 1
+fi
+CC1=$(gcc -print-prog-name=cc1)
+MULTIARCH=$(gcc -print-multiarch)
 mkdir -p "$WORK"
 
 (cd "$ROOT" && cargo build --release -q -p trapline-cli -p trapline-agent >&2)
@@ -95,6 +107,7 @@ seconds() {
         python) cmd=(python3.11 -c "$PYTHON_SCRIPT") ;;
         node) cmd=(node -e "$NODE_SCRIPT") ;;
         xz) cmd=(xz -T2 -6 -c "$WORK/xz-input") ;;
+        cc1) cmd=("$CC1" -quiet -imultiarch "$MULTIARCH" -O2 "$SQLITE_C" -o /dev/null) ;;
         cc1plus) cmd=("$CC1PLUS" -quiet -std=c++20 -O2 "$WORK/std.ii" -o /dev/null) ;;
         stress) cmd=("$WORK/threads_pairs" 20000000 2) ;;
     esac
@@ -104,6 +117,8 @@ seconds() {
         trapline) pre=("$TRAPLINE" run -q --force -o "$WORK/t.trace" --) ;;
         mem) pre=("$TRAPLINE" run -q --force --record mem -o "$WORK/m.trace" --) ;;
         locks) pre=("$TRAPLINE" run -q --force --record locks -o "$WORK/l.trace" --) ;;
+        sampled) pre=("$TRAPLINE" run -q --force --sample -o "$WORK/s.trace" --) ;;
+        sampled-mem) pre=("$TRAPLINE" run -q --force --sample --record mem -o "$WORK/sm.trace" --) ;;
         heaptrack) rm -f "$WORK"/h.*; pre=(heaptrack -r -o "$WORK/h") ;;
     esac
     start=$(date +%s.%N)
@@ -141,11 +156,13 @@ describe = {
     "python": "python3.11: a dict of 1,500,000 strings",
     "node": "node: a Map of 1,500,000 strings",
     "xz": "xz -T2 -6 of 48 MiB of text",
+    "cc1": "gcc 12 cc1 -O2 on sqlite3.c",
     "cc1plus": "gcc 12 cc1plus -O2 on bits/stdc++.h and container code",
     "stress": "threads_pairs: 20 M malloc+free pairs in 2 threads",
 }
 names = {"native": "native", "trapline": "trapline", "mem": "trapline --record mem",
-         "locks": "trapline --record locks", "heaptrack": os.environ["HEAPTRACK"] + " -r"}
+         "locks": "trapline --record locks", "sampled": "trapline --sample",
+         "sampled-mem": "trapline --sample --record mem", "heaptrack": os.environ["HEAPTRACK"] + " -r"}
 now = datetime.datetime.now(datetime.timezone.utc)
 with open(sys.argv[2], "a") as out:
     for name, tools in runs.items():
