@@ -101,6 +101,14 @@ struct SiteLook<'a> {
     allocated_by: &'a str,
     bytes: u64,
     blocks: u64,
+    /// Sampled recording, a full stack: the bytes of all its blocks,
+    /// estimated from the sampled ones `bytes` counts (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    estimated_bytes: Option<u64>,
+    /// Sampled recording: the stack is the caller of blocks that took no
+    /// full stack (absent when false).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    caller_only: bool,
     /// What is wrong with the site, strongest first: `unreachable`,
     /// `growing`, `stale`.
     verdicts: Vec<&'static str>,
@@ -142,6 +150,8 @@ type Site = (u32, String);
 struct SiteNow {
     bytes: u64,
     blocks: u64,
+    estimated_bytes: Option<u64>,
+    caller_only: bool,
     ages: Vec<u64>,
     new_blocks: u64,
     gone_blocks: u64,
@@ -807,13 +817,21 @@ impl Watcher {
             let site = (stack as u32, func.to_owned());
             let series = self.series.entry(site.clone()).or_default();
             series.resize(n, 0);
-            series.push(bytes);
+            // Under sampled recording, a full stack's sampled blocks stand
+            // for all of its blocks: its growth is judged on the estimate.
+            series.push(
+                v.get("estimated_bytes")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(bytes),
+            );
             let ages = v.get("ages").and_then(Value::as_array);
             self.current.insert(
                 site,
                 SiteNow {
                     bytes,
                     blocks,
+                    estimated_bytes: v.get("estimated_bytes").and_then(Value::as_u64),
+                    caller_only: v.get("caller_only") == Some(&Value::Bool(true)),
                     ages: ages
                         .into_iter()
                         .flatten()
@@ -912,6 +930,8 @@ impl Watcher {
                         allocated_by: &site.1,
                         bytes: c.bytes,
                         blocks: c.blocks,
+                        estimated_bytes: c.estimated_bytes,
+                        caller_only: c.caller_only,
                         verdicts: self.verdicts(now, site, growing),
                         growth: growing.get(site).cloned(),
                         staleness: self.staleness(now, site),

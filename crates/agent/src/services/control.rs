@@ -442,7 +442,7 @@ fn sites_answer(out: &mut String, client: &mut Client, pid: u32, time: u64) {
         let gone = (before + s.new_blocks).saturating_sub(s.blocks);
         let _ = write!(
             out,
-            "{sep}{{\"stack\":{},\"fn\":\"{}\",\"bytes\":{},\"blocks\":{},\"ages\":{:?},\"new_blocks\":{},\"new_bytes\":{},\"gone_blocks\":{gone}}}",
+            "{sep}{{\"stack\":{},\"fn\":\"{}\",\"bytes\":{},\"blocks\":{},\"ages\":{:?},\"new_blocks\":{},\"new_bytes\":{},\"gone_blocks\":{gone}",
             s.site.0,
             s.site.1.name(),
             s.bytes,
@@ -451,6 +451,14 @@ fn sites_answer(out: &mut String, client: &mut Client, pid: u32, time: u64) {
             s.new_blocks,
             s.new_bytes
         );
+        match s.sampled {
+            Sampled::No => {}
+            Sampled::CallerOnly => out.push_str(",\"caller_only\":true"),
+            Sampled::FullStack(estimate) => {
+                let _ = write!(out, ",\"estimated_bytes\":{}", estimate.round() as u64);
+            }
+        }
+        out.push('}');
     }
     out.push_str("]}\n");
     client.previous = sites.iter().map(|s| (s.site, s.blocks)).collect();
@@ -799,9 +807,22 @@ fn json_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// What a site's blocks are under sampled recording.
+#[derive(Clone, Copy)]
+enum Sampled {
+    /// Not sampling: every block has its full stack.
+    No,
+    /// The stack holds only the caller of blocks that took no full stack.
+    CallerOnly,
+    /// A full stack: the bytes its sampled blocks stand for (each block of
+    /// `size` bytes weighs `size / p`, `p` its chance to be sampled).
+    FullStack(f64),
+}
+
 /// One allocation site's live blocks.
 struct SiteNow {
     site: (u32, AllocFn),
+    sampled: Sampled,
     bytes: u64,
     blocks: u64,
     ages: [u64; control::AGE_BUCKETS_S.len() + 1],
@@ -815,12 +836,18 @@ struct SiteNow {
 fn sites(now: u64, since: u64) -> Vec<SiteNow> {
     let mut totals: HashMap<(u32, AllocFn), SiteNow> = HashMap::new();
     let mut blocks: Vec<(live::Block, u64)> = Vec::new();
+    let mean = crate::config::sample_bytes() as f64;
     for shard in live::shards() {
         blocks.clear();
         copy_shard(shard, &mut blocks, |_, b, born| Some((b, born)));
         for (b, born) in &blocks {
-            let t = totals.entry((b.stack, b.func)).or_insert(SiteNow {
+            let t = totals.entry((b.stack, b.func)).or_insert_with(|| SiteNow {
                 site: (b.stack, b.func),
+                sampled: match crate::capture::stacks::record(b.stack) {
+                    _ if mean == 0.0 => Sampled::No,
+                    Some(r) if r.caller_only => Sampled::CallerOnly,
+                    _ => Sampled::FullStack(0.0),
+                },
                 bytes: 0,
                 blocks: 0,
                 ages: Default::default(),
@@ -829,6 +856,10 @@ fn sites(now: u64, since: u64) -> Vec<SiteNow> {
             });
             t.bytes += b.size;
             t.blocks += 1;
+            if let Sampled::FullStack(estimate) = &mut t.sampled {
+                let size = b.size.max(1) as f64;
+                *estimate += size / -(-size / mean).exp_m1();
+            }
             let age_s = now.saturating_sub(*born) / 1_000_000_000;
             let bucket = control::AGE_BUCKETS_S.partition_point(|&limit| age_s >= limit);
             t.ages[bucket] += 1;
