@@ -108,8 +108,14 @@ pub struct LockReport {
     /// Waits of contended acquisitions and of waits under way at the end
     /// (avg over `contended`).
     pub wait_ns: Durations,
-    /// Holds (avg over holds that ended).
+    /// Holds (avg over holds that ended), without the agent's own work
+    /// inside them (`agent_ns_in_holds`).
     pub hold_ns: Durations,
+    /// The time trapline's agent spent inside the holds, recording calls
+    /// the program made while holding the lock (a `malloc` under its
+    /// allocator's mutex), left out of `hold_ns` (0 in traces before
+    /// format version 12).
+    pub agent_ns_in_holds: u64,
     /// `init` when the trace holds its pthread_*_init, else `first_acquisition`.
     pub first_use: &'static str,
     /// Where it was initialized or first used.
@@ -141,6 +147,8 @@ struct Acc {
     wait_max: u64,
     holds: u64,
     hold_total: u64,
+    /// The agent's time inside the holds, left out of them.
+    hold_agent: u64,
     hold_max: u64,
     /// stack id -> (contended, wait)
     sites: HashMap<u32, (u64, u64)>,
@@ -248,9 +256,16 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
             if h.depth == 0 {
                 let a = accs.entry((lock, h.mode)).or_default();
                 let d = m.time.saturating_sub(h.time);
+                // The agent's own work inside the hold (its hooks for the
+                // program's calls made while holding) is not the program's.
+                let agent = match m.event {
+                    Event::Lock(LockEvent::Release { agent_ns, .. }) => agent_ns,
+                    _ => 0,
+                };
                 a.holds += 1;
                 a.hold_total += d;
-                a.hold_max = a.hold_max.max(d);
+                a.hold_agent += agent;
+                a.hold_max = a.hold_max.max(d.saturating_sub(agent));
             }
         }
     }
@@ -303,11 +318,15 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
                     max: a.wait_max,
                     avg: a.wait_total.checked_div(a.contended).unwrap_or(0),
                 },
-                hold_ns: Durations {
-                    total: a.hold_total,
-                    max: a.hold_max,
-                    avg: a.hold_total.checked_div(a.holds).unwrap_or(0),
+                hold_ns: {
+                    let total = a.hold_total.saturating_sub(a.hold_agent);
+                    Durations {
+                        total,
+                        max: a.hold_max,
+                        avg: total.checked_div(a.holds).unwrap_or(0),
+                    }
                 },
+                agent_ns_in_holds: a.hold_agent.min(a.hold_total),
                 first_use: if p.is_some_and(|p| p.from_init) {
                     "init"
                 } else {
@@ -434,9 +453,17 @@ pub fn render_text(r: &LocksReport) -> String {
         } else {
             String::new()
         };
+        let agent = if l.agent_ns_in_holds > 0 {
+            format!(
+                " (trapline's own {} inside them left out)",
+                duration_text(l.agent_ns_in_holds)
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "{p}     {wait}hold: total {}, avg {}, max {}",
+            "{p}     {wait}hold: total {}, avg {}, max {}{agent}",
             duration_text(l.hold_ns.total),
             duration_text(l.hold_ns.avg),
             duration_text(l.hold_ns.max)

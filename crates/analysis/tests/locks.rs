@@ -51,6 +51,7 @@ fn unlock(time: u64, addr: u64) -> Event {
         addr,
         kind: LockKind::Mutex,
         stack: 0,
+        agent_ns: 0,
     })
 }
 
@@ -61,6 +62,7 @@ fn foreign_unlock(time: u64, addr: u64) -> Event {
         addr,
         kind: LockKind::Mutex,
         stack: 7,
+        agent_ns: 0,
     })
 }
 
@@ -163,6 +165,7 @@ fn a_gate_held_for_reading_does_not_serialize_but_one_held_for_writing_does() {
             addr: G,
             kind: LockKind::RwLock,
             stack: 0,
+            agent_ns: 0,
         }));
         v
     };
@@ -495,4 +498,42 @@ fn an_owners_release_of_a_lock_taken_before_the_trace_is_no_error() {
     let r = deadlocks_of(vec![(1, vec![foreign_unlock(100, A)])]);
     let kinds: Vec<&str> = r.errors.iter().map(|e| e.kind).collect();
     assert_eq!(kinds, ["unlock_not_held"]);
+}
+
+/// The agent's own time inside a hold, which its release states, is left
+/// out of the hold: totals, maximum and average are the program's alone,
+/// and the time left out is reported.
+#[test]
+fn agent_time_inside_holds_is_left_out() {
+    let release = |time, agent_ns| {
+        Event::Lock(LockEvent::Release {
+            time,
+            addr: A,
+            kind: LockKind::Mutex,
+            stack: 0,
+            agent_ns,
+        })
+    };
+    let bytes = trace(vec![(
+        1,
+        vec![
+            lock(1_000, A),
+            release(3_001_000, 2_000_000),
+            lock(4_000_000, A),
+            release(4_000_500, 0),
+            // Recursive: only the outermost release ends the hold.
+            lock(5_000_000, A),
+            lock(5_000_100, A),
+            release(5_000_200, 999),
+            release(6_000_000, 500_000),
+        ],
+    )]);
+    let r = locks::analyze(&mut cursor(&bytes)).expect("analyze");
+    let a = &r.locks[0];
+    // Holds: 3 ms with 2 ms of the agent's, 500 ns, 1 ms with 0.5 ms.
+    assert_eq!(a.agent_ns_in_holds, 2_500_000);
+    assert_eq!(
+        (a.hold_ns.total, a.hold_ns.max, a.hold_ns.avg),
+        (1_500_500, 1_000_000, 500_166)
+    );
 }

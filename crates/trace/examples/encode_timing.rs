@@ -138,7 +138,7 @@ fn main() {
                     let (kind, mode, op) = (LockKind::Mutex, LockMode::Exclusive, LockOp::Blocking);
                     e.lock_acquire(c, t(i), a, kind, mode, op, wait, 11)
                 } else {
-                    e.lock_release(c, t(i), a, LockKind::Mutex, 0)
+                    e.lock_release(c, t(i), a, LockKind::Mutex, 0, 0)
                 };
                 r.is_ok()
             })

@@ -808,6 +808,9 @@ pub(crate) mod tag {
     pub const LOCK_DESTROY: u8 = 65;
     pub const LOCK_ACQUIRE: u8 = 66;
     pub const LOCK_RELEASE: u8 = 67;
+    /// A release that also says how long the agent worked inside the hold
+    /// (format version 12).
+    pub const LOCK_RELEASE_WITH_AGENT_TIME: u8 = 75;
     pub const LOCK_REQUEST: u8 = 68;
     pub const LOCK_FAILED: u8 = 69;
     pub const LOCK_MISUSE: u8 = 70;

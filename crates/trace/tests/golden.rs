@@ -549,6 +549,7 @@ fn golden() -> Vec<(Event, &'static str)> {
                 addr: 0x5555_5555_8040,
                 kind: LockKind::MutexRecursive,
                 stack: 0,
+                agent_ns: 0,
             }),
             "43 64 00 01 00",
         ),
@@ -558,6 +559,7 @@ fn golden() -> Vec<(Event, &'static str)> {
                 addr: 0x5555_5555_8080,
                 kind: LockKind::RwLock,
                 stack: 25,
+                agent_ns: 0,
             }),
             "43 f0 83 06 80 01 04 19",
         ),
@@ -795,6 +797,16 @@ fn golden() -> Vec<(Event, &'static str)> {
             },
             "65 02 09 03",
         ),
+        (
+            lock(LockEvent::Release {
+                time: T0 + 5_100_000,
+                addr: 0x5555_5555_8040,
+                kind: LockKind::Mutex,
+                stack: 0,
+                agent_ns: 1_048_576,
+            }),
+            "4b 9a 8d 06 ff c0 d4 ea a0 f9 14 00 00 80 80 40",
+        ),
     ]
 }
 
@@ -928,7 +940,8 @@ fn direct_encoders_match_the_event_encoder() {
                     addr,
                     kind,
                     stack,
-                }) => enc.lock_release(&mut ctx, time, addr, kind, stack),
+                    agent_ns,
+                }) => enc.lock_release(&mut ctx, time, addr, kind, stack, agent_ns),
                 _ => continue,
             };
             assert_eq!(r, Ok(()), "{ev:?}");
@@ -937,7 +950,7 @@ fn direct_encoders_match_the_event_encoder() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 2 * 14);
+    assert_eq!(checked, 2 * 15);
 }
 
 /// The agent's caller-only stack definition is a `StackDef` of one frame
@@ -1019,5 +1032,5 @@ fn damaged_events_decode_as_before() {
         decode(&[tag, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     }
     // To find what changed: print `results` before and after, and diff.
-    assert_eq!((cases, crc.finalize()), (8816, 0x49e7_2be9));
+    assert_eq!((cases, crc.finalize()), (8976, 0x4c64_80e6));
 }

@@ -66,7 +66,7 @@ fn invalid_values_are_errors() {
     let r: Vec<_> = Decoder::new(&bad).collect();
     assert_eq!(r, vec![Err(DecodeError::Truncated)]);
     // Unassigned tags of the lock range.
-    for tag in [75u8, 95] {
+    for tag in [76u8, 95] {
         let r: Vec<_> = Decoder::new(&[tag, 0, 0]).collect();
         assert_eq!(r, vec![Err(DecodeError::UnknownTag(tag))]);
     }

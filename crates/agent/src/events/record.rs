@@ -50,6 +50,10 @@ fn enter_with(ts: &'static mut ThreadState) -> Entry {
     }
     ts.guard = 1;
     ts.entered_stack = 0;
+    if ts.locks_held != 0 {
+        // The program holds a lock: this hook's time is not its hold's.
+        ts.hook_tick = clock::tick();
+    }
     // A signal handler on this thread reads the guard: the store must not
     // move past the work it protects (free on the hot path: no instruction).
     core::sync::atomic::compiler_fence(Ordering::SeqCst);
@@ -64,9 +68,24 @@ pub fn leave(ts: &mut ThreadState) {
     if ts.agent_periods.load(Ordering::Relaxed) != 0 {
         write_agent_samples(ts);
     }
+    if ts.hook_tick != thread::NOT_TIMING {
+        fold_hook_time(ts);
+        ts.hook_tick = thread::NOT_TIMING;
+    }
     core::sync::atomic::compiler_fence(Ordering::SeqCst);
     ts.guard = 0;
     crate::platform::arch::clear_scratch_registers();
+}
+
+/// Adds the time since `hook_tick` to the agent's time inside holds and
+/// restarts the count. On the event clock's tick, as holds are measured:
+/// a hook that a tick falls into counts a tick period, one that none does
+/// counts nothing, which sums, like the holds, to the true time.
+#[inline]
+pub fn fold_hook_time(ts: &mut ThreadState) {
+    let now = clock::tick();
+    ts.agent_ns_in_holds += now.saturating_sub(ts.hook_tick);
+    ts.hook_tick = now;
 }
 
 /// Writes the sampling periods that struck inside the hook this thread is

@@ -27,6 +27,10 @@ const MAX_PROBES: usize = 32;
 struct LockSlot {
     addr: AtomicU64,
     last_time: AtomicU64,
+    /// The exclusive holder's `agent_ns_in_holds` when it acquired the
+    /// lock, and its tid (a release by another thread has no mark).
+    agent_mark: AtomicU64,
+    mark_tid: AtomicU32,
 }
 
 /// Open-addressed by lock address; entries are never removed (a destroyed
@@ -36,6 +40,8 @@ static LOCKS: [LockSlot; LOCK_SLOTS] = [const {
     LockSlot {
         addr: AtomicU64::new(0),
         last_time: AtomicU64::new(0),
+        agent_mark: AtomicU64::new(0),
+        mark_tid: AtomicU32::new(0),
     }
 }; LOCK_SLOTS];
 
@@ -216,7 +222,9 @@ pub fn acquired(
 ) {
     recording(|ts| {
         let (stack, slot) = site_stack(ts, addr, site);
-        let t = stamp(ts, slot, mode == LockMode::Exclusive);
+        let exclusive = mode == LockMode::Exclusive;
+        let t = stamp(ts, slot, exclusive);
+        start_hold(ts, slot, exclusive);
         ts.emit(Some(t), |e, c| {
             e.lock_acquire(c, t, addr, kind, mode, op, wait_ns, stack)
         });
@@ -236,8 +244,63 @@ pub fn releasing(addr: u64, kind: LockKind, exclusive: bool, owner: Option<u32>,
             _ => site_stack(ts, addr, site),
         };
         let t = stamp(ts, slot, exclusive);
-        ts.emit(Some(t), |e, c| e.lock_release(c, t, addr, kind, stack));
+        let agent_ns = end_hold(ts, slot, exclusive);
+        ts.emit(Some(t), |e, c| {
+            e.lock_release(c, t, addr, kind, stack, agent_ns)
+        });
     });
+}
+
+// ---------------------------------------------------------------------------
+// Agent time inside holds.
+//
+// A program that allocates while holding a lock (sqlite3 under its
+// allocator's mutex) holds it through the agent's allocation hook too. The
+// hooks a thread enters while it holds a lock add their time, on the event
+// clock's tick, to the thread's `agent_ns_in_holds` (`record::enter` and
+// `leave`); an exclusive hold marks that sum in the lock's slot when it
+// starts, and its release writes the difference, which `trapline locks`
+// leaves out of the hold.
+
+/// A hold of the lock in `slot` starts now (its acquisition was stamped).
+#[inline(always)]
+fn start_hold(ts: &mut ThreadState, slot: u32, exclusive: bool) {
+    if ts.hook_tick != crate::events::thread::NOT_TIMING {
+        // The hook so far belongs to the holds already under way.
+        record::fold_hook_time(ts);
+    } else {
+        ts.hook_tick = clock::tick();
+    }
+    ts.locks_held += 1;
+    if exclusive && slot != 0 {
+        let s = &LOCKS[slot as usize];
+        s.agent_mark.store(ts.agent_ns_in_holds, Ordering::Relaxed);
+        s.mark_tid.store(ts.tid, Ordering::Relaxed);
+    }
+}
+
+/// The hold of the lock in `slot` ends now: the agent's time inside it
+/// (0 for read holds and holds this thread did not mark).
+#[inline(always)]
+fn end_hold(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
+    if ts.hook_tick == crate::events::thread::NOT_TIMING {
+        // A release with no hold recorded (acquired before the trace).
+        return 0;
+    }
+    record::fold_hook_time(ts);
+    ts.locks_held = ts.locks_held.saturating_sub(1);
+    if ts.locks_held == 0 {
+        ts.hook_tick = crate::events::thread::NOT_TIMING;
+    }
+    if !exclusive || slot == 0 {
+        return 0;
+    }
+    let s = &LOCKS[slot as usize];
+    if s.mark_tid.load(Ordering::Relaxed) != ts.tid {
+        return 0;
+    }
+    ts.agent_ns_in_holds
+        .saturating_sub(s.agent_mark.load(Ordering::Relaxed))
 }
 
 /// Records `make(time, stack)` with the cached stack of `site` and a time

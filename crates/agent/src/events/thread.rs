@@ -88,7 +88,18 @@ pub struct ThreadState {
     pub delegated_new: Option<(trapline_trace::AllocFn, crate::platform::arch::StartRegs)>,
     /// Which allocations take a full stack (`--sample`).
     pub sampler: crate::events::sampling::Sampler,
+    /// Lock holds this thread recorded and has not released.
+    pub locks_held: u32,
+    /// The agent's time inside this thread's lock holds so far, in event
+    /// clock ticks (`sync.rs`, "agent time inside holds").
+    pub agent_ns_in_holds: u64,
+    /// The tick when the hook under way started counting toward
+    /// `agent_ns_in_holds` (`NOT_TIMING`: it does not).
+    pub hook_tick: u64,
 }
+
+/// `ThreadState::hook_tick` when the hook under way is outside every hold.
+pub const NOT_TIMING: u64 = u64::MAX;
 
 static KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 static KEY_LOCK: RawLock = RawLock::new();
@@ -422,6 +433,9 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
         set_up: false,
         agent_altstack: false,
         delegated_new: None,
+        locks_held: 0,
+        agent_ns_in_holds: 0,
+        hook_tick: NOT_TIMING,
     }));
     // The slot first: every hook the set-up below causes must find this
     // state (guard 1: nested).

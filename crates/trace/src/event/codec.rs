@@ -817,8 +817,19 @@ event_codec! {
         addr: Addr,
         (kind, mode, op, stack, wait_ns): Acquisition,
     }),
-    LOCK_RELEASE =>
-        Lock(LockEvent::Release { time: Time, addr: Addr, kind: LockKindByte, stack: Stack }),
+    LOCK_RELEASE | LOCK_RELEASE_WITH_AGENT_TIME as t => Lock(LockEvent::Release {
+        time: Time,
+        addr: Addr,
+        kind: LockKindByte,
+        stack: Stack,
+        agent_ns: U64 if t == tag::LOCK_RELEASE_WITH_AGENT_TIME,
+    }) write {
+        if *agent_ns != 0 {
+            tag::LOCK_RELEASE_WITH_AGENT_TIME
+        } else {
+            tag::LOCK_RELEASE
+        }
+    },
     LOCK_REQUEST =>
         Lock(LockEvent::Request { time: Time, addr: Addr, (kind, mode): LockFlags, stack: Stack }),
     LOCK_FAILED => Lock(LockEvent::Failed {

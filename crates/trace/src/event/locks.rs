@@ -6,7 +6,7 @@
 //! delta, one flags byte and a stack id, usually 5 to 8 bytes. A contended
 //! one adds its wait in nanoseconds.
 
-use super::{tag, ChunkContext, DecodeError, Decoder, Encoder, NoRoom};
+use super::{tag, ChunkContext, DecodeError, Decoder, Encoder, Event, NoRoom};
 use crate::varint::zigzag;
 
 /// What kind of lock an event is about.
@@ -162,6 +162,12 @@ pub enum LockEvent {
         addr: u64,
         kind: LockKind,
         stack: u32,
+        /// Of the hold this release ends, the time the agent spent in its
+        /// own hooks (a `malloc` the program made while holding the lock),
+        /// estimated with the event clock's tick the way the hold itself
+        /// is: `trapline locks` leaves it out of the hold (format version
+        /// 12; 0 before, and for rwlocks).
+        agent_ns: u64,
     },
     /// The lock was busy: the thread starts waiting. Followed by its
     /// `Acquire` or `Failed`; a request without either at the end of the
@@ -300,7 +306,11 @@ impl Encoder<'_> {
         addr: u64,
         kind: LockKind,
         stack: u32,
+        agent_ns: u64,
     ) -> Result<(), NoRoom> {
+        if agent_ns != 0 {
+            return self.lock_release_with_agent_time(ctx, time, addr, kind, stack, agent_ns);
+        }
         if self.packed(ctx, tag::LOCK_RELEASE, time, addr, kind as u8, stack) {
             return Ok(());
         }
@@ -309,6 +319,29 @@ impl Encoder<'_> {
         self.addr(ctx, addr)?;
         self.byte(kind as u8)?;
         self.u64(u64::from(stack))
+    }
+
+    /// A release whose hold held agent time: the table's encoding, out of
+    /// line (about one hold in a thousand crosses a tick inside a hook).
+    #[cold]
+    #[inline(never)]
+    fn lock_release_with_agent_time(
+        &mut self,
+        ctx: &mut ChunkContext,
+        time: u64,
+        addr: u64,
+        kind: LockKind,
+        stack: u32,
+        agent_ns: u64,
+    ) -> Result<(), NoRoom> {
+        let ev = Event::Lock(LockEvent::Release {
+            time,
+            addr,
+            kind,
+            stack,
+            agent_ns,
+        });
+        self.event(ctx, &ev)
     }
 
     /// The common shape of an acquisition or release (tag, time, address,

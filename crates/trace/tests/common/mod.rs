@@ -715,6 +715,7 @@ pub fn lock_events(base_time: u64) -> Vec<Event> {
                     addr,
                     kind,
                     stack: 0,
+                    agent_ns: 0,
                 }));
                 t += 1;
                 v.push(Event::Lock(LockEvent::Failed {
