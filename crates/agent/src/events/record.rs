@@ -1,7 +1,6 @@
 //! What the hooks do around the real allocator: look the block up in the live
 //! table, detect misuse, capture the stack and append the event.
 
-use crate::events::sampling;
 use crate::events::thread::{self, Site, ThreadState};
 use crate::events::totals;
 use crate::platform::arch::StartRegs;
@@ -222,11 +221,32 @@ fn allocation_stack(
     let mean = crate::config::sample_bytes();
     if mean != 0 && !ts.sampler.takes_stack(size, mean) {
         before_unwinding();
-        let id = sampling::caller_stack(ts, regs.pc);
+        let id = caller_stack(ts, regs.pc);
         ts.entered_stack = id;
         return id;
     }
     capture_stack_then(ts, regs, Site::Alloc, before_unwinding)
+}
+
+/// The caller-only stack of an allocation returning to `caller`, defined
+/// in the trace being written (0 if ids ran out).
+#[inline]
+fn caller_stack(ts: &mut ThreadState, caller: u64) -> u32 {
+    let gen = crate::events::buffers::GEN.load(Ordering::Relaxed);
+    match ts.sampler.cached_caller(caller, gen) {
+        Some(id) => id,
+        None => caller_stack_slow(ts, caller, gen),
+    }
+}
+
+#[cold]
+fn caller_stack_slow(ts: &mut ThreadState, caller: u64, gen: u32) -> u32 {
+    let Some((id, new)) = stacks::intern_caller(caller) else {
+        return 0;
+    };
+    ensure_stack(ts, id, new);
+    ts.sampler.cache_caller(caller, id, gen);
+    id
 }
 
 /// Writes the definition of a stack id from any thread (snapshot, errors).

@@ -13,9 +13,6 @@
 //! front of the shared stack table, so it costs neither an unwind nor a
 //! lock.
 
-use crate::capture::stacks;
-use core::sync::atomic::Ordering;
-
 /// Caller-only stack ids cached per thread (direct-mapped by address).
 const CALLER_SLOTS: usize = 64;
 
@@ -82,6 +79,20 @@ impl Sampler {
         (gap as i64).max(1)
     }
 
+    /// The caller-only stack id cached for `caller` in trace generation
+    /// `gen`.
+    #[inline(always)]
+    pub fn cached_caller(&self, caller: u64, gen: u32) -> Option<u32> {
+        let slot = &self.callers[(caller >> 2) as usize % CALLER_SLOTS];
+        (slot.caller == caller && slot.gen == gen).then_some(slot.id)
+    }
+
+    /// Caches `id` as `caller`'s caller-only stack, defined in generation
+    /// `gen` of the trace.
+    pub fn cache_caller(&mut self, caller: u64, id: u32, gen: u32) {
+        self.callers[(caller >> 2) as usize % CALLER_SLOTS] = CallerSlot { caller, id, gen };
+    }
+
     fn next_random(&mut self) -> u64 {
         let mut x = self.rng;
         x ^= x >> 12;
@@ -90,28 +101,6 @@ impl Sampler {
         self.rng = x;
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-}
-
-/// The caller-only stack of an allocation returning to `caller`, defined
-/// in the trace being written (0 if ids ran out).
-#[inline]
-pub fn caller_stack(ts: &mut crate::events::thread::ThreadState, caller: u64) -> u32 {
-    let gen = crate::events::buffers::GEN.load(Ordering::Relaxed);
-    let slot = &ts.sampler.callers[(caller >> 2) as usize % CALLER_SLOTS];
-    if slot.caller == caller && slot.gen == gen {
-        return slot.id;
-    }
-    caller_stack_slow(ts, caller, gen)
-}
-
-#[cold]
-fn caller_stack_slow(ts: &mut crate::events::thread::ThreadState, caller: u64, gen: u32) -> u32 {
-    let Some((id, new)) = stacks::intern_caller(caller) else {
-        return 0;
-    };
-    crate::events::record::ensure_stack(ts, id, new);
-    ts.sampler.callers[(caller >> 2) as usize % CALLER_SLOTS] = CallerSlot { caller, id, gen };
-    id
 }
 
 #[cfg(test)]
