@@ -12,6 +12,7 @@
 
 pub mod deadlocks;
 pub mod growth;
+pub mod heap_profile;
 pub mod index;
 pub mod leaks;
 pub mod locks;

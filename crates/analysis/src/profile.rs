@@ -71,6 +71,21 @@ pub struct ProfileReport {
     /// `--format folded` and `--format svg`; not part of the JSON.
     #[serde(skip)]
     pub folded: Vec<(String, u64)>,
+    /// Every distinct stack of the selection with its samples, frames
+    /// innermost first (the agent's frames left out; the agent's
+    /// pseudo-function innermost in the calls it served), for the exports
+    /// (`trapline export`); not in the JSON.
+    #[serde(skip)]
+    pub stacks: Vec<SampledStack>,
+}
+
+/// A distinct stack and its samples, in one thread.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledStack {
+    pub tid: u32,
+    /// Innermost first.
+    pub frames: Vec<FrameReport>,
+    pub samples: u64,
 }
 
 /// CPU samples of one function.
@@ -267,6 +282,7 @@ pub fn analyze<R: Read + Seek>(
     // Symbolize each distinct stack once.
     let mut symbolizer = facts.symbolizer();
     let mut keys: HashMap<(Struck, u32), Vec<FunctionKey>> = HashMap::new();
+    let mut exported: HashMap<(Struck, u32), Vec<FrameReport>> = HashMap::new();
     let mut folded_names: HashMap<(Struck, u32), String> = HashMap::new();
     let mut stacks: Vec<(Struck, u32)> = by_stack.keys().map(|&(_, s, id)| (s, id)).collect();
     stacks.sort_unstable();
@@ -294,6 +310,25 @@ pub fn analyze<R: Read + Seek>(
                 .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
                 .map(FunctionKey::of),
         );
+        let mut kept: Vec<FrameReport> = frames
+            .iter()
+            .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
+            .cloned()
+            .collect();
+        if struck == Struck::Agent {
+            kept.insert(
+                0,
+                FrameReport {
+                    address: 0,
+                    function: Some(AGENT_FUNCTION.to_string()),
+                    file: None,
+                    line: None,
+                    inlined: false,
+                    module: None,
+                },
+            );
+        }
+        exported.insert((struck, id), kept);
         let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
         folded_names.insert((struck, id), line.join(";"));
         keys.insert((struck, id), k);
@@ -302,6 +337,7 @@ pub fn analyze<R: Read + Seek>(
     let mut all = Counts::default();
     let mut per_thread: HashMap<u32, (u64, Counts)> = HashMap::new();
     let mut folded: HashMap<&str, u64> = HashMap::new();
+    let mut sampled_stacks = Vec::new();
     let mut samples = 0;
     let mut samples_in_agent = 0;
     for (&(tid, struck, id), &periods) in &by_stack {
@@ -315,6 +351,11 @@ pub fn analyze<R: Read + Seek>(
                 samples_in_agent += periods;
             }
             all.add(frames, periods);
+            sampled_stacks.push(SampledStack {
+                tid,
+                frames: exported.get(&(struck, id)).cloned().unwrap_or_default(),
+                samples: periods,
+            });
             if let Some(line) = folded_names.get(&(struck, id)).filter(|l| !l.is_empty()) {
                 *folded.entry(line.as_str()).or_default() += periods;
             }
@@ -398,6 +439,10 @@ pub fn analyze<R: Read + Seek>(
         events_lost: facts.events_lost(),
         trace: facts.trace_status(&index, stopped),
         folded,
+        stacks: {
+            sampled_stacks.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
+            sampled_stacks
+        },
     })
 }
 

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod deadlocks;
+mod export;
 mod leaks;
 mod locks;
 mod output;
@@ -56,6 +57,8 @@ enum Command {
     Locks(locks::LocksArgs),
     /// Potential deadlocks (lock-order cycles), actual deadlocks and lock misuse.
     Deadlocks(deadlocks::DeadlocksArgs),
+    /// Write a trace's analyses in a format other tools read (pprof).
+    Export(export::ExportArgs),
     /// Watch a process started with `run --control`: live bytes per
     /// allocation site, and the sites that keep growing, while it runs.
     Watch(watch::WatchArgs),
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Locks(args) => locks::main(args),
         Command::Deadlocks(args) => deadlocks::main(args),
         Command::Watch(args) => watch::main(args),
+        Command::Export(args) => export::main(args),
     }
 }
 

@@ -72,6 +72,18 @@ impl Report for trapline_analysis::ProfileReport {
     }
 }
 
+impl Report for trapline_analysis::heap_profile::HeapProfile {
+    fn process(&self) -> &ProcessReport {
+        &self.process
+    }
+    fn text(&self) -> String {
+        String::new()
+    }
+    fn status(&self) -> &TraceStatus {
+        &self.trace
+    }
+}
+
 impl Report for trapline_analysis::StatsReport {
     fn process(&self) -> &ProcessReport {
         &self.process

@@ -1,0 +1,191 @@
+//! The heap by allocation stack, for the exports (`trapline export`): per
+//! stack, what was allocated over the run and what was still live at the
+//! end (the exit snapshot when the trace has one, else the replay's live
+//! blocks), as the four sample types of a pprof heap profile.
+//!
+//! Under sampled recording only the sampled blocks, which carry their full
+//! stack, are counted, each weighted by the inverse of its chance to be
+//! sampled (`sampling.rs`): the totals are estimates of all blocks, as a
+//! sampling heap profiler's are. The caller-only blocks are left out, since
+//! their full stacks are what the estimate stands for.
+
+use std::collections::HashMap;
+use std::io::{Read, Seek};
+
+use serde::Serialize;
+use trapline_trace::{Event, ScanTrigger, TraceError};
+
+use crate::index::{MergedEvents, TraceIndex};
+use crate::replay::{Block, HeapReplay};
+use crate::report::{Facts, FrameReport, ProcessReport, TraceStatus};
+use crate::sampling::SamplingReport;
+
+/// The heap by allocation stack.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HeapProfile {
+    pub process: ProcessReport,
+    /// Sampled recording's mean, when the values are estimates.
+    pub sampling: Option<SamplingReport>,
+    /// Nanoseconds from the trace's first to its last event.
+    pub duration_ns: u64,
+    /// Where the live values come from: `"exit_snapshot"` or `"replay"`.
+    pub live_source: &'static str,
+    /// Allocation stacks, most live bytes first, then most bytes allocated.
+    pub sites: Vec<HeapSite>,
+    pub warnings: Vec<String>,
+    pub trace: TraceStatus,
+}
+
+/// One allocation stack's totals.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HeapSite {
+    /// Innermost first, inlined frames expanded.
+    pub frames: Vec<FrameReport>,
+    pub allocations: u64,
+    pub allocated_bytes: u64,
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    allocations: f64,
+    allocated_bytes: f64,
+    live_blocks: f64,
+    live_bytes: f64,
+}
+
+/// How a block of one stack counts: not at all (a caller-only stack of a
+/// sampled trace), or as `1 / p` blocks of `size / p` bytes.
+fn weight(facts: &Facts, stack: u32, size: u64) -> Option<f64> {
+    match facts.sampling {
+        None => Some(1.0),
+        Some(_) if stack == 0 || facts.caller_only.contains(&stack) => None,
+        Some(s) => Some(1.0 / s.probability(size)),
+    }
+}
+
+/// Analyses a trace.
+pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError> {
+    let index = TraceIndex::build(input)?;
+    let mut facts = Facts::default();
+    let mut heap: HeapReplay<Block> = HeapReplay::default();
+    let mut sites: HashMap<u32, Totals> = HashMap::new();
+    // By (scan number, 0 for live blocks; stack).
+    let mut snapshot: HashMap<(u32, u32), Totals> = HashMap::new();
+    let mut exit_scan = 0;
+    let (mut first, mut last) = (u64::MAX, 0);
+    let mut merged = MergedEvents::new(input, &index);
+    for m in merged.by_ref() {
+        facts.observe(m.time, &m.event);
+        if m.time != 0 {
+            first = first.min(m.time);
+            last = last.max(m.time);
+        }
+        heap.apply(&m.event);
+        let allocated = match m.event {
+            Event::Alloc { size, stack, .. } => Some((size, stack)),
+            Event::Realloc {
+                new_addr,
+                size,
+                stack,
+                ..
+            } if new_addr != 0 => Some((size, stack)),
+            _ => None,
+        };
+        if let Some((size, stack)) = allocated {
+            if let Some(w) = weight(&facts, stack, size) {
+                let t = sites.entry(stack).or_default();
+                t.allocations += w;
+                t.allocated_bytes += w * size as f64;
+            }
+        }
+        // The exit snapshot's blocks: its live blocks, or, when the exit
+        // scan judged them, that scan's blocks.
+        let live = match m.event {
+            Event::LiveBlock { size, stack, .. } => Some((0, size, stack)),
+            Event::ScanBlock {
+                scan, size, stack, ..
+            } => Some((scan, size, stack)),
+            Event::ScanBegin {
+                scan,
+                trigger: ScanTrigger::Exit,
+                ..
+            } => {
+                exit_scan = scan;
+                None
+            }
+            _ => None,
+        };
+        if let Some((scan, size, stack)) = live {
+            if let Some(w) = weight(&facts, stack, size) {
+                let t = snapshot.entry((scan, stack)).or_default();
+                t.live_blocks += w;
+                t.live_bytes += w * size as f64;
+            }
+        }
+    }
+    let stopped = merged.read_status();
+    drop(merged);
+
+    let live_source = if facts.has_exit_snapshot() {
+        for ((_, stack), t) in snapshot
+            .into_iter()
+            .filter(|((scan, _), _)| *scan == exit_scan)
+        {
+            let s = sites.entry(stack).or_default();
+            s.live_blocks = t.live_blocks;
+            s.live_bytes = t.live_bytes;
+        }
+        "exit_snapshot"
+    } else {
+        for b in heap.live.values() {
+            if let Some(w) = weight(&facts, b.stack, b.size) {
+                let s = sites.entry(b.stack).or_default();
+                s.live_blocks += w;
+                s.live_bytes += w * b.size as f64;
+            }
+        }
+        "replay"
+    };
+
+    let mut symbolizer = facts.symbolizer();
+    let round = |v: f64| v.round() as u64;
+    let mut out: Vec<(u32, HeapSite)> = sites
+        .into_iter()
+        .map(|(stack, t)| {
+            (
+                stack,
+                HeapSite {
+                    frames: symbolizer.stack(&facts.stacks, stack),
+                    allocations: round(t.allocations),
+                    allocated_bytes: round(t.allocated_bytes),
+                    live_blocks: round(t.live_blocks),
+                    live_bytes: round(t.live_bytes),
+                },
+            )
+        })
+        .collect();
+    out.sort_by(|(a_id, a), (b_id, b)| {
+        b.live_bytes
+            .cmp(&a.live_bytes)
+            .then(b.allocated_bytes.cmp(&a.allocated_bytes))
+            .then(a_id.cmp(b_id))
+    });
+    Ok(HeapProfile {
+        process: facts.process_report(),
+        sampling: facts.sampling.map(|s| SamplingReport {
+            mean_bytes: s.mean_bytes,
+        }),
+        duration_ns: last.saturating_sub(first.min(last)),
+        live_source,
+        sites: out.into_iter().map(|(_, s)| s).collect(),
+        warnings: facts
+            .memory_off
+            .then(|| crate::report::MEMORY_NOT_RECORDED.to_owned())
+            .into_iter()
+            .chain(symbolizer.warnings())
+            .collect(),
+        trace: facts.trace_status(&index, stopped),
+    })
+}

@@ -1,0 +1,122 @@
+//! `trapline export`: a trace's analyses in the formats other tools read.
+
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+use trapline_analysis::{heap_profile, profile};
+
+use crate::output;
+
+/// Formats of `trapline export`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// pprof's gzipped protocol buffer (`go tool pprof`, Pyroscope, Grafana).
+    Pprof,
+}
+
+/// What a profile export holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Profiled {
+    /// The heap by allocation stack: allocated over the run, and live at
+    /// the end.
+    Heap,
+    /// CPU samples by stack (a trace recorded with --profile).
+    Cpu,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub trace: crate::TraceArg,
+    /// The format to write.
+    #[arg(long, value_enum)]
+    pub format: ExportFormat,
+    /// pprof: the heap (default) or the CPU profile.
+    #[arg(long, value_enum, default_value_t = Profiled::Heap)]
+    pub profile: Profiled,
+    /// The file to write.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Replace FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Runs the command: 0 when the file is written, 1 when the trace cannot
+/// give it or the file cannot be written, 2 for bad usage.
+pub fn main(args: ExportArgs) -> ExitCode {
+    let path = &args.trace.trace;
+    if args.output.exists() && !args.force {
+        return output::fail(
+            "export",
+            &args.output,
+            "exists; --force replaces it (nothing was written)",
+        );
+    }
+    let written = match args.profile {
+        Profiled::Heap => {
+            let report = match output::load("export", path, heap_profile::analyze) {
+                Ok(r) => r,
+                Err(code) => return code,
+            };
+            for w in &report.warnings {
+                eprintln!("trapline export: warning: {w}");
+            }
+            write_file(&args.output, args.force, |out| {
+                trapline_export::pprof::write_heap(&report, out)
+            })
+        }
+        Profiled::Cpu => {
+            let report = match output::load("export", path, |input| {
+                profile::analyze(input, profile::ProfileOptions::default())
+            }) {
+                Ok(r) => r,
+                Err(code) => return code,
+            };
+            write_file(&args.output, args.force, |out| {
+                trapline_export::pprof::write_cpu(&report, out)
+            })
+        }
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => output::fail("export", &args.output, e),
+    }
+}
+
+/// Writes `FILE` through `write` into a temporary file beside it, renamed
+/// over it when complete: a failed export leaves no half-written file.
+fn write_file(
+    file: &Path,
+    force: bool,
+    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<(), String> {
+    let name = file
+        .file_name()
+        .ok_or_else(|| "is not a file name".to_string())?;
+    let mut partial = name.to_os_string();
+    partial.push(".partial");
+    let temp = file.with_file_name(partial);
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .map_err(|e| format!("cannot create {}: {e}", temp.display()))?;
+    let mut out = BufWriter::new(f);
+    let done = write(&mut out).and_then(|()| out.flush());
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&temp);
+        return Err(format!("cannot write: {e}"));
+    }
+    if !force && file.exists() {
+        let _ = std::fs::remove_file(&temp);
+        return Err("appeared while exporting; --force replaces it".into());
+    }
+    std::fs::rename(&temp, file).map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        format!("cannot rename {} to it: {e}", temp.display())
+    })
+}

@@ -1,0 +1,186 @@
+//! `trapline export`: the files other tools read, read by those tools.
+//! pprof files are read by `go tool pprof` (Debian's golang-go, which
+//! .ci/run installs), and what it reports must equal trapline's own
+//! analyses of the same trace.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+/// `go tool pprof ARGS FILE`'s standard output; it must succeed.
+fn pprof(args: &[&str], file: &Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .env("HOME", file.parent().unwrap())
+        .env("PPROF_TMPDIR", file.parent().unwrap())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run go tool pprof (apt-get install golang-go): {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The rows of `pprof -top` as (flat, name): the first column and what
+/// follows the other four.
+fn top_rows(top: &str) -> Vec<(String, String)> {
+    top_table(top)
+        .into_iter()
+        .map(|cols| (cols[0].clone(), cols[5..].join(" ")))
+        .collect()
+}
+
+/// The rows of `pprof -top`, split into columns (flat, flat%, sum%, cum,
+/// cum%, name...).
+fn top_table(top: &str) -> Vec<Vec<String>> {
+    top.lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .skip(1)
+        .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter(|cols| cols.len() >= 6)
+        .collect()
+}
+
+fn export(trace: &Path, args: &[&str], out: &Path) -> Finished {
+    let mut cmd = Command::new(trapline());
+    cmd.arg("export").args(args).arg(trace).arg("-o").arg(out);
+    output_of(cmd, "trapline export")
+}
+
+/// The heap profile of sampled_leaks.c: what is live at the end is the
+/// exit snapshot's 21,000,000 bytes, all at make_node's malloc line, and
+/// what was allocated counts every call the program made.
+#[test]
+fn heap_profile_is_read_by_go_tool_pprof() {
+    let dir = TestDir::new("export_pprof_heap");
+    let prog = compile_c(&dir, "sampled_leaks.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let file = dir.path().join("heap.pb.gz");
+    let e = export(&dir.trace(), &["--format", "pprof"], &file);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+
+    let line = marker_line("sampled_leaks.c", "NODE");
+    let top = pprof(
+        &["-top", "-lines", "-unit=B", "-sample_index=inuse_space"],
+        &file,
+    );
+    assert!(
+        top.contains("Total samples = 21000000B"),
+        "inuse_space total:\n{top}"
+    );
+    let rows = top_rows(&top);
+    let (flat, name) = &rows[0];
+    assert_eq!(flat, "21000000B", "{top}");
+    assert!(
+        name.starts_with("make_node ") && name.ends_with(&format!("sampled_leaks.c:{line}")),
+        "the top line is make_node's malloc: {name}\n{top}"
+    );
+
+    let leaks = leaks(&dir.trace());
+    let allocs = as_u64(&leaks["summary"]["total_heap_usage"], "allocs");
+    let objects = pprof(&["-top", "-sample_index=alloc_objects"], &file);
+    assert!(
+        objects.contains(&format!("Total samples = {allocs} ")),
+        "alloc_objects total is leaks' {allocs}:\n{objects}"
+    );
+    let churn = top_rows(&objects)
+        .into_iter()
+        .find(|(_, n)| n == "churn")
+        .unwrap_or_else(|| panic!("churn in:\n{objects}"));
+    assert_eq!(churn.0, "100000", "{objects}");
+}
+
+/// The CPU profile of profile_shares.c: the samples go tool pprof counts
+/// per function are those of `trapline profile`.
+#[test]
+fn cpu_profile_is_read_by_go_tool_pprof() {
+    let dir = TestDir::new("export_pprof_cpu");
+    let prog = compile_c(&dir, "profile_shares.c");
+    let run = run(&dir, &["--profile"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let file = dir.path().join("cpu.pb.gz");
+    let e = export(
+        &dir.trace(),
+        &["--format", "pprof", "--profile", "cpu"],
+        &file,
+    );
+    assert_eq!(e.code(), 0, "{}", e.describe());
+
+    let report = analysis_json("profile", &dir.trace());
+    let samples = as_u64(&report, "samples");
+    let top = pprof(&["-top", "-sample_index=samples"], &file);
+    assert!(
+        top.contains(&format!("% of {samples} total")),
+        "{samples} samples:\n{top}"
+    );
+    let rows = top_table(&top);
+    let mut compared = 0;
+    for f in report["functions"].as_array().unwrap() {
+        let name = f["function"].as_str().unwrap();
+        if !["burn", "spin_a", "spin_b", "spin_c", "inner_c"].contains(&name) {
+            continue;
+        }
+        let row = rows
+            .iter()
+            // pprof marks a function inlined at every address it is seen.
+            .find(|cols| cols[5..].join(" ").trim_end_matches(" (inline)") == name)
+            .unwrap_or_else(|| panic!("{name} in:\n{top}"));
+        assert_eq!(
+            (row[0].as_str(), row[3].as_str()),
+            (
+                f["self"].to_string().as_str(),
+                f["total"].to_string().as_str()
+            ),
+            "{name}'s own and total samples:\n{top}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 5, "{top}");
+}
+
+/// An existing output file is kept unless --force; a trace without CPU
+/// samples gives no CPU profile; neither leaves a file behind.
+#[test]
+fn export_refuses_what_it_cannot_write() {
+    let dir = TestDir::new("export_refusals");
+    let prog = compile_c(&dir, "leaks.c");
+    assert_eq!(run(&dir, &[], &prog, &[]).code(), 0);
+    let file = dir.path().join("kept.pb.gz");
+    std::fs::write(&file, b"mine").unwrap();
+    let e = export(&dir.trace(), &["--format", "pprof"], &file);
+    assert_eq!(e.code(), 1, "{}", e.describe());
+    assert!(
+        e.stderr.contains("exists; --force replaces it"),
+        "{}",
+        e.describe()
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"mine");
+    let e = export(&dir.trace(), &["--format", "pprof", "--force"], &file);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+    assert_ne!(std::fs::read(&file).unwrap(), b"mine");
+
+    let cpu = dir.path().join("cpu.pb.gz");
+    let e = export(
+        &dir.trace(),
+        &["--format", "pprof", "--profile", "cpu"],
+        &cpu,
+    );
+    assert_eq!(e.code(), 1, "{}", e.describe());
+    assert!(!cpu.exists());
+    let leftovers: Vec<Value> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .map(|e| Value::String(e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
