@@ -21,6 +21,7 @@ pub mod profile;
 mod replay;
 pub mod report;
 pub mod sampling;
+pub mod sites;
 pub mod staleness;
 pub mod stats;
 pub mod suppressions;

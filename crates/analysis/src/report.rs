@@ -626,11 +626,17 @@ pub fn symbolized_stacks<R: std::io::Read + std::io::Seek>(
     input: &mut R,
     ids: &[u32],
 ) -> Result<HashMap<u32, Vec<FrameReport>>, trapline_trace::TraceError> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
     let index = crate::index::TraceIndex::build(input)?;
     let mut facts = Facts::default();
+    let wanted: std::collections::HashSet<u32> = ids.iter().copied().collect();
     for m in crate::index::MergedEvents::new(input, &index) {
-        if matches!(m.event, Event::StackDef { .. } | Event::ModuleLoad(_)) {
-            facts.observe(m.time, &m.event);
+        match &m.event {
+            Event::StackDef { id, .. } if wanted.contains(id) => facts.observe(m.time, &m.event),
+            Event::ModuleLoad(_) => facts.observe(m.time, &m.event),
+            _ => {}
         }
     }
     let mut symbolizer = facts.symbolizer();

@@ -14,11 +14,12 @@ use serde::Serialize;
 use trapline_trace::{AllocFn, Event, RunTotals, TraceError};
 
 use crate::index::{MergedEvents, TraceIndex};
-use crate::replay::HeapReplay;
+use crate::replay::{Block, HeapReplay};
 use crate::report::{
     command_text, footer_text, prefix, seconds, thousands, BytesBlocks, Facts, ProcessReport,
     TraceStatus,
 };
+use crate::sites::{SiteTotals, SiteView, SiteViews};
 use crate::verdicts::SkippedScan;
 
 /// The recorders a run had on.
@@ -95,6 +96,9 @@ pub struct StatsReport {
     /// null when the trace has none (the agent writes them only when a single
     /// thread allocated; see docs/design.md). False would be a bug to report.
     pub agent_totals_match: Option<bool>,
+    /// Allocation sites ranked four ways (most calls, most temporary
+    /// allocations, most live bytes at the peak, most bytes allocated).
+    pub sites: SiteViews,
     /// Whether the trace was complete.
     pub trace: TraceStatus,
 }
@@ -333,7 +337,8 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     let mut calls = [(0u64, 0u64); AllocFn::ALL.len() + 1];
     let mut failed = [0u64; AllocFn::ALL.len() + 1];
     let mut failed_allocations = 0u64;
-    let mut heap: HeapReplay<u64> = HeapReplay::default();
+    let mut heap: HeapReplay<Block> = HeapReplay::default();
+    let mut sites = SiteTotals::default();
     let mut peak = PeakHeap::default();
     let (mut allocation_calls, mut release_calls, mut bytes_allocated, mut errors) = (0, 0, 0, 0);
     let mut stacks: HashSet<u32> = HashSet::new();
@@ -367,16 +372,40 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             c.0 += 1;
             c.1 += bytes;
         };
-        heap.apply(&m.event);
+        heap.apply_observed(&m.event, |b, allocated| {
+            sites.live_changed(b.stack, b.size, allocated)
+        });
         match &m.event {
-            Event::Alloc { size, func, .. } | Event::Realloc { size, func, .. } => {
+            Event::Alloc {
+                size,
+                func,
+                addr,
+                stack,
+                ..
+            } => {
                 count(*func, *size);
                 allocation_calls += 1;
                 bytes_allocated += size;
+                sites.allocation_call(m.tid, *addr, *stack, *size);
             }
-            Event::Free { func, .. } => {
+            Event::Realloc {
+                size,
+                func,
+                new_addr,
+                stack,
+                ..
+            } => {
+                count(*func, *size);
+                allocation_calls += 1;
+                bytes_allocated += size;
+                if *new_addr != 0 {
+                    sites.allocation_call(m.tid, *new_addr, *stack, *size);
+                }
+            }
+            Event::Free { func, addr, .. } => {
                 count(*func, 0);
                 release_calls += 1;
+                sites.release_call(m.tid, *addr);
             }
             Event::AllocFailed { func, .. } => {
                 failed[*func as usize] += 1;
@@ -405,6 +434,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
             _ => {}
         }
         if heap.live_bytes > peak.bytes {
+            sites.new_peak();
             peak = PeakHeap {
                 bytes: heap.live_bytes,
                 blocks: heap.live.len() as u64,
@@ -415,6 +445,11 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
     }
     let stopped = merged.read_status();
     drop(merged);
+    let mut site_views = sites.views();
+    site_views.name(&crate::report::symbolized_stacks(
+        input,
+        &site_views.stack_ids(),
+    )?);
 
     let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);
     let calls: Vec<FunctionCalls> = AllocFn::ALL
@@ -459,6 +494,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
         trace_bytes_per_event: (events > 0).then(|| index.file_len as f64 / events as f64),
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
+        sites: site_views,
         agent_totals_match: agent_totals.map(|t| {
             t == RunTotals {
                 allocation_calls,
@@ -597,6 +633,7 @@ pub fn render_text(r: &StatsReport) -> String {
     }
     writeln!(out, "{p}  distinct stacks: {}", thousands(r.stacks)).unwrap();
     writeln!(out, "{p}").unwrap();
+    sites_text(&mut out, &p, &r.sites);
     let per_event = r
         .trace_bytes_per_event
         .map_or("n/a".to_string(), |v| float(v, 2));
@@ -612,4 +649,65 @@ pub fn render_text(r: &StatsReport) -> String {
     }
     footer_text(&mut out, &p, r.events_lost, &r.trace);
     out
+}
+
+/// The four rankings of allocation sites, each site named by its first
+/// frame with a known function (the allocating call's caller).
+/// A view's title, its sites, and how a site's value reads.
+type ViewText<'a> = (&'a str, &'a [SiteView], fn(&SiteView) -> String);
+
+fn sites_text(out: &mut String, p: &str, v: &SiteViews) {
+    let views: [ViewText; 4] = [
+        ("most allocation calls", &v.most_calls, |s| {
+            format!("{} calls", thousands(s.calls))
+        }),
+        ("most temporary allocations", &v.most_temporary, |s| {
+            format!("{} of {} calls", thousands(s.temporary), thousands(s.calls))
+        }),
+        ("most bytes live at the peak", &v.peak_contribution, |s| {
+            format!("{} bytes", thousands(s.peak_bytes))
+        }),
+        ("most bytes allocated", &v.most_allocated, |s| {
+            format!("{} bytes", thousands(s.bytes_allocated))
+        }),
+    ];
+    for (title, sites, value) in views {
+        if sites.is_empty() {
+            continue;
+        }
+        writeln!(out, "{p}SITES, {title}:").unwrap();
+        for s in sites {
+            writeln!(out, "{p}  {:>24}  {}", value(s), site_name(s)).unwrap();
+        }
+        writeln!(out, "{p}").unwrap();
+    }
+}
+
+/// A site by its first two named frames: "f (file:line) <- g (file:line)"
+/// (the allocating call's caller, and its caller: one function often
+/// allocates for several), or by its first address.
+fn site_name(s: &SiteView) -> String {
+    let named: Vec<String> = s
+        .stack
+        .iter()
+        .filter(|f| f.function.is_some())
+        .take(2)
+        .map(|f| {
+            let func = f.function.as_deref().unwrap_or("?");
+            match (&f.file, f.line) {
+                (Some(file), Some(line)) => {
+                    let base = file.rsplit('/').next().unwrap_or(file);
+                    format!("{func} ({base}:{line})")
+                }
+                _ => func.to_string(),
+            }
+        })
+        .collect();
+    if !named.is_empty() {
+        return named.join(" <- ");
+    }
+    match s.stack.first() {
+        Some(f) => format!("{:#x}", f.address),
+        None => format!("stack {}", s.stack_id),
+    }
 }

@@ -237,3 +237,73 @@ fn no_agent_totals_after_a_fatal_signal() {
         as_u64(&report, "allocation_calls")
     );
 }
+
+/// The site views of sampled_leaks.c (see its header comment): churn's
+/// 100,000 calls are all temporary; at the heap's peak the two leaking
+/// paths held 20,000,000 and 1,000,000 bytes beside main's 1 MiB realloc.
+#[test]
+fn site_views_rank_calls_temporaries_peak_and_bytes() {
+    let dir = TestDir::new("stats_site_views");
+    let prog = compile_c(&dir, "sampled_leaks.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = stats(&dir.trace());
+    let sites = &report["sites"];
+    // (calls, temporary, peak bytes, bytes allocated, caller) of a view.
+    let view = |name: &str| -> Vec<(u64, u64, u64, u64, String)> {
+        as_array(sites, name)
+            .iter()
+            .map(|s| {
+                let stack = stack_of(s, "stack");
+                let caller = stack
+                    .iter()
+                    .filter_map(|f| f["function"].as_str())
+                    .nth(1)
+                    .unwrap_or("")
+                    .to_owned();
+                (
+                    as_u64(s, "calls"),
+                    as_u64(s, "temporary"),
+                    as_u64(s, "peak_bytes"),
+                    as_u64(s, "bytes_allocated"),
+                    caller,
+                )
+            })
+            .collect()
+    };
+    let calls = view("most_calls");
+    assert_eq!(calls[0].0, 100_000, "{}", pretty(sites));
+    assert_eq!(
+        (
+            calls[1].0,
+            calls[1].4.as_str(),
+            calls[2].0,
+            calls[2].4.as_str()
+        ),
+        (20_000, "parse_request", 5_000, "load_config"),
+        "{}",
+        pretty(sites)
+    );
+    let temporary = view("most_temporary");
+    assert_eq!(temporary[0].1, 100_000, "{}", pretty(sites));
+    assert_frame(
+        &stack_of(&as_array(sites, "most_temporary")[0], "stack")[0],
+        "churn",
+        "sampled_leaks.c",
+        marker_line("sampled_leaks.c", "CHURN"),
+        "the temporary allocations",
+    );
+    let peak: Vec<u64> = view("peak_contribution").iter().map(|s| s.2).collect();
+    assert_eq!(peak, [20_000_000, 1 << 20, 1_000_000], "{}", pretty(sites));
+    assert_eq!(
+        as_u64(&report["peak_heap"], "bytes"),
+        21_000_000 + (1 << 20)
+    );
+    let allocated: Vec<u64> = view("most_allocated").iter().map(|s| s.3).collect();
+    assert_eq!(
+        allocated,
+        [20_000_000, 6_400_000, 1 << 20, 1_000_000, 16],
+        "{}",
+        pretty(sites)
+    );
+}
