@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod deadlocks;
+pub mod diff;
 pub mod growth;
 pub mod heap_profile;
 pub mod index;

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
+use trapline_trace::Event;
 
 use crate::report::FrameReport;
 
@@ -44,9 +45,28 @@ pub(crate) struct SiteTotals {
 }
 
 impl SiteTotals {
+    /// Takes note of the calls of event `ev` of thread `tid`: allocations
+    /// (and reallocs that returned a block) and releases. The heap's
+    /// changes come through `live_changed`.
+    pub fn observe_call(&mut self, tid: u32, ev: &Event) {
+        match *ev {
+            Event::Alloc {
+                addr, size, stack, ..
+            } => self.allocation_call(tid, addr, stack, size),
+            Event::Realloc {
+                new_addr,
+                size,
+                stack,
+                ..
+            } if new_addr != 0 => self.allocation_call(tid, new_addr, stack, size),
+            Event::Free { addr, .. } => self.release_call(tid, addr),
+            _ => {}
+        }
+    }
+
     /// Thread `tid` allocated `size` bytes at `addr` from `stack` (an
     /// allocation call, or a realloc that returned a block).
-    pub fn allocation_call(&mut self, tid: u32, addr: u64, stack: u32, size: u64) {
+    fn allocation_call(&mut self, tid: u32, addr: u64, stack: u32, size: u64) {
         let s = self.sites.entry(stack).or_default();
         s.calls += 1;
         s.bytes_allocated += size;
@@ -54,7 +74,7 @@ impl SiteTotals {
     }
 
     /// Thread `tid` released `addr`.
-    pub fn release_call(&mut self, tid: u32, addr: u64) {
+    fn release_call(&mut self, tid: u32, addr: u64) {
         if let Some(&(latest, stack)) = self.latest.get(&tid) {
             if latest == addr {
                 self.latest.remove(&tid);
@@ -83,26 +103,34 @@ impl SiteTotals {
         self.epoch += 1;
     }
 
+    /// Every site, stacks to be filled in.
+    pub fn all(&self) -> Vec<SiteView> {
+        self.sites
+            .iter()
+            .map(|(&stack_id, s)| self.view(stack_id, s))
+            .collect()
+    }
+
+    fn view(&self, stack_id: u32, s: &Site) -> SiteView {
+        SiteView {
+            stack_id,
+            stack: Vec::new(),
+            calls: s.calls,
+            bytes_allocated: s.bytes_allocated,
+            temporary: s.temporary,
+            peak_bytes: if s.stamp == self.epoch {
+                s.at_peak
+            } else {
+                s.live
+            },
+            live_at_end_bytes: s.live,
+        }
+    }
+
     /// The four views, each of at most `LISTED` sites; stacks to be filled
     /// in by the caller (`stack_ids` lists the ids they need).
     pub fn views(&self) -> SiteViews {
-        let all: Vec<SiteView> = self
-            .sites
-            .iter()
-            .map(|(&stack_id, s)| SiteView {
-                stack_id,
-                stack: Vec::new(),
-                calls: s.calls,
-                bytes_allocated: s.bytes_allocated,
-                temporary: s.temporary,
-                peak_bytes: if s.stamp == self.epoch {
-                    s.at_peak
-                } else {
-                    s.live
-                },
-                live_at_end_bytes: s.live,
-            })
-            .collect();
+        let all = self.all();
         let top = |key: fn(&SiteView) -> u64| {
             let mut v: Vec<SiteView> = all.iter().filter(|s| key(s) > 0).cloned().collect();
             v.sort_by(|a, b| key(b).cmp(&key(a)).then(a.stack_id.cmp(&b.stack_id)));

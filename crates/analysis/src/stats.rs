@@ -375,37 +375,16 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
         heap.apply_observed(&m.event, |b, allocated| {
             sites.live_changed(b.stack, b.size, allocated)
         });
+        sites.observe_call(m.tid, &m.event);
         match &m.event {
-            Event::Alloc {
-                size,
-                func,
-                addr,
-                stack,
-                ..
-            } => {
+            Event::Alloc { size, func, .. } | Event::Realloc { size, func, .. } => {
                 count(*func, *size);
                 allocation_calls += 1;
                 bytes_allocated += size;
-                sites.allocation_call(m.tid, *addr, *stack, *size);
             }
-            Event::Realloc {
-                size,
-                func,
-                new_addr,
-                stack,
-                ..
-            } => {
-                count(*func, *size);
-                allocation_calls += 1;
-                bytes_allocated += size;
-                if *new_addr != 0 {
-                    sites.allocation_call(m.tid, *new_addr, *stack, *size);
-                }
-            }
-            Event::Free { func, addr, .. } => {
+            Event::Free { func, .. } => {
                 count(*func, 0);
                 release_calls += 1;
-                sites.release_call(m.tid, *addr);
             }
             Event::AllocFailed { func, .. } => {
                 failed[*func as usize] += 1;

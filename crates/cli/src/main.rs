@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod deadlocks;
+mod diff;
 mod export;
 mod leaks;
 mod locks;
@@ -57,6 +58,8 @@ enum Command {
     Locks(locks::LocksArgs),
     /// Potential deadlocks (lock-order cycles), actual deadlocks and lock misuse.
     Deadlocks(deadlocks::DeadlocksArgs),
+    /// Compare two runs per allocation site: calls, bytes allocated, live bytes at the end.
+    Diff(diff::DiffArgs),
     /// Write a trace's analyses in a format other tools read (pprof).
     Export(export::ExportArgs),
     /// Watch a process started with `run --control`: live bytes per
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Deadlocks(args) => deadlocks::main(args),
         Command::Watch(args) => watch::main(args),
         Command::Export(args) => export::main(args),
+        Command::Diff(args) => diff::main(args),
     }
 }
 
