@@ -18,8 +18,12 @@ cargo build --release --quiet
 mkdir -p target/demo
 gcc -g -O0 -pthread demo/leaky_service.c -o target/demo/leaky_service
 
-echo "== trapline run -o target/demo/leaky_service.trace -- target/demo/leaky_service"
-target/release/trapline run -o target/demo/leaky_service.trace -- target/demo/leaky_service
+echo "== trapline run --profile -o target/demo/leaky_service.trace -- target/demo/leaky_service"
+target/release/trapline run --profile -o target/demo/leaky_service.trace -- target/demo/leaky_service
 echo
 echo "== trapline leaks target/demo/leaky_service.trace"
 target/release/trapline leaks target/demo/leaky_service.trace
+echo
+echo "== trapline report target/demo/leaky_service.trace -o target/demo/report.html"
+target/release/trapline report --force target/demo/leaky_service.trace -o target/demo/report.html
+echo "open target/demo/report.html in a browser (heap over time, leaks, flame graphs, locks)"

@@ -103,6 +103,18 @@ fn io_error(offset: u64) -> impl FnOnce(io::Error) -> TraceError {
 }
 
 impl TraceIndex {
+    /// The first and last event times of the timed chunks (0, 0 without).
+    pub fn time_span(&self) -> (u64, u64) {
+        let timed = self.chunks.iter().filter(|c| c.header.last_time != 0);
+        let start = timed
+            .clone()
+            .map(|c| c.header.first_time)
+            .min()
+            .unwrap_or(0);
+        let end = timed.map(|c| c.header.last_time).max().unwrap_or(0);
+        (start, end)
+    }
+
     /// Checks the file header and lists the chunks.
     ///
     /// Fails only when the input is not a readable trace at all (not a trace,

@@ -548,13 +548,7 @@ pub fn analyze_with<R: Read + Seek>(
     options: &LeaksOptions,
 ) -> Result<LeaksReport, TraceError> {
     let index = TraceIndex::build(input)?;
-    let timed = index.chunks.iter().filter(|c| c.header.last_time != 0);
-    let start = timed
-        .clone()
-        .map(|c| c.header.first_time)
-        .min()
-        .unwrap_or(0);
-    let end = timed.map(|c| c.header.last_time).max().unwrap_or(0);
+    let (start, end) = index.time_span();
     let mut pass = LeaksPass {
         scans: ScanCollector::new(options.history),
         growth: Some(GrowthTracker::new(start, end)),

@@ -26,6 +26,7 @@ pub mod sites;
 pub mod staleness;
 pub mod stats;
 pub mod suppressions;
+pub mod timeline;
 mod verdicts;
 
 pub use deadlocks::DeadlocksReport;

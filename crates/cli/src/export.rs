@@ -89,7 +89,7 @@ pub fn main(args: ExportArgs) -> ExitCode {
 
 /// Writes `FILE` through `write` into a temporary file beside it, renamed
 /// over it when complete: a failed export leaves no half-written file.
-fn write_file(
+pub(crate) fn write_file(
     file: &Path,
     force: bool,
     write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,

@@ -9,6 +9,7 @@ mod leaks;
 mod locks;
 mod output;
 mod profile;
+mod report;
 mod run;
 mod stats;
 mod trace_names;
@@ -60,6 +61,8 @@ enum Command {
     Deadlocks(deadlocks::DeadlocksArgs),
     /// Compare two runs per allocation site: calls, bytes allocated, live bytes at the end.
     Diff(diff::DiffArgs),
+    /// One self-contained HTML page of a run's traces: heap over time, leaks, flame graphs, locks.
+    Report(report::ReportArgs),
     /// Write a trace's analyses in a format other tools read (pprof).
     Export(export::ExportArgs),
     /// Watch a process started with `run --control`: live bytes per
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Watch(args) => watch::main(args),
         Command::Export(args) => export::main(args),
         Command::Diff(args) => diff::main(args),
+        Command::Report(args) => report::main(args),
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! - [`pprof`]: heap and CPU profiles for `go tool pprof`, Pyroscope and
 //!   Grafana.
+//! - [`html`]: one self-contained page of a process tree, for browsers.
 
 #![forbid(unsafe_code)]
 
+pub mod html;
 pub mod pprof;

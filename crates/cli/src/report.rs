@@ -1,0 +1,103 @@
+//! `trapline report`: one self-contained HTML page of a run's traces.
+
+use std::fs::File;
+use std::io::{BufReader, Seek};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use trapline_analysis::profile::{self, ProfileError};
+use trapline_analysis::{deadlocks, heap_profile, leaks, locks, stats, timeline};
+use trapline_export::html::{self, ProcessPage};
+
+use crate::output;
+
+/// Sites followed over time in the heap plot.
+const PLOTTED_SITES: usize = 5;
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// The traces of the run (the top process's and its children's), one
+    /// tab each.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// The HTML file to write.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Replace FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Runs the command: 0 when the page is written, 1 when a trace cannot be
+/// read or the page cannot be written, 2 for bad usage.
+pub fn main(args: ReportArgs) -> ExitCode {
+    if args.output.exists() && !args.force {
+        return output::fail(
+            "report",
+            &args.output,
+            "exists; --force replaces it (nothing was written)",
+        );
+    }
+    let mut pages = Vec::new();
+    for path in &args.traces {
+        match page(path) {
+            Ok(p) => pages.push(p),
+            Err(code) => return code,
+        }
+    }
+    match crate::export::write_file(&args.output, args.force, |out| html::write(&pages, out)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => output::fail("report", &args.output, e),
+    }
+}
+
+/// Every analysis of one trace, each its own pass.
+fn page(path: &Path) -> Result<ProcessPage, ExitCode> {
+    let stats = output::load("report", path, stats::analyze)?;
+    let leaks = output::load("report", path, leaks::analyze)?;
+    let heap = output::load("report", path, heap_profile::analyze)?;
+    let plotted: Vec<_> = stats
+        .sites
+        .peak_contribution
+        .iter()
+        .take(PLOTTED_SITES)
+        .collect();
+    let ids: Vec<u32> = plotted.iter().map(|s| s.stack_id).collect();
+    let names = plotted.iter().map(|s| html::stack_name(&s.stack)).collect();
+    let mut input = open(path)?;
+    let timeline =
+        timeline::analyze(&mut input, &ids).map_err(|e| output::fail("report", path, e))?;
+    rewind(&mut input, path)?;
+    let profile = match profile::analyze(&mut input, profile::ProfileOptions::default()) {
+        Ok(p) => Some(p),
+        Err(ProfileError::NotProfiled) => None,
+        Err(e) => return Err(output::fail("report", path, e)),
+    };
+    rewind(&mut input, path)?;
+    let locks = locks::analyze(&mut input).map_err(|e| output::fail("report", path, e))?;
+    rewind(&mut input, path)?;
+    let deadlocks = deadlocks::analyze(&mut input).map_err(|e| output::fail("report", path, e))?;
+    let has_locks = locks.has_lock_events;
+    Ok(ProcessPage {
+        leaks,
+        stats,
+        heap,
+        timeline,
+        timeline_sites: names,
+        profile,
+        locks: has_locks.then_some(locks),
+        deadlocks: has_locks.then_some(deadlocks),
+    })
+}
+
+fn open(path: &Path) -> Result<BufReader<File>, ExitCode> {
+    File::open(path)
+        .map(|f| BufReader::with_capacity(1 << 16, f))
+        .map_err(|e| output::fail("report", path, format!("cannot open: {e}")))
+}
+
+fn rewind(input: &mut BufReader<File>, path: &Path) -> Result<(), ExitCode> {
+    input
+        .rewind()
+        .map_err(|e| output::fail("report", path, format!("cannot read: {e}")))
+}

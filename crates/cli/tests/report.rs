@@ -1,0 +1,151 @@
+//! `trapline report`: the HTML page, loaded in a real headless Chromium
+//! (Debian's chromium, which .ci/run installs): its DOM after the page's
+//! script ran holds the run's numbers and names, its plot has its points,
+//! it renders to a screenshot, and it logs nothing to the console.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+/// Chromium, headless, on a fresh profile in `dir`, with `args`, on `page`:
+/// (stdout, stderr).
+fn chromium(dir: &Path, args: &[&str], page: &Path) -> (String, String) {
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.join("chromium").display()
+        ))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run chromium (apt-get install chromium): {e}"));
+    assert!(out.status.success(), "chromium {args:?} failed");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The lines of Chromium's log that are the page's console messages.
+fn console(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains(":CONSOLE")).collect()
+}
+
+/// The number of points of the first `<polyline class="total" ...>`.
+fn total_points(dom: &str) -> usize {
+    let at = dom
+        .find("<polyline class=\"total\" points=\"")
+        .expect("the heap plot's line");
+    let rest = &dom[at + "<polyline class=\"total\" points=\"".len()..];
+    rest[..rest.find('"').unwrap()].split_whitespace().count()
+}
+
+#[test]
+fn the_report_page_loads_in_chromium_with_the_runs_findings() {
+    let dir = TestDir::new("report_html");
+    let prog = compile_c(&dir, "sampled_leaks.c");
+    let run = run(&dir, &["--profile"], &prog, &["double-free", "30000"]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let page = dir.path().join("report.html");
+    let mut cmd = Command::new(trapline());
+    cmd.arg("report").arg(dir.trace()).arg("-o").arg(&page);
+    let made = output_of(cmd, "trapline report");
+    assert_eq!(made.code(), 0, "{}", made.describe());
+
+    let (dom, log) = chromium(dir.path(), &["--dump-dom"], &page);
+    assert_eq!(console(&log), Vec::<&str>::new(), "console messages");
+    let node = marker_line("sampled_leaks.c", "NODE");
+    for (what, text) in [
+        (
+            "the parse path's loss record",
+            format!(
+                "make_node (sampled_leaks.c:{node}) \u{2190} parse_request (sampled_leaks.c:{})",
+                marker_line("sampled_leaks.c", "PARSE")
+            ),
+        ),
+        (
+            "the load path's loss record",
+            format!(
+                "make_node (sampled_leaks.c:{node}) \u{2190} load_config (sampled_leaks.c:{})",
+                marker_line("sampled_leaks.c", "LOAD")
+            ),
+        ),
+        ("its bytes", "<td class=\"num\">24,000,000</td>".to_string()),
+        (
+            "the definitely lost card",
+            "<div class=\"card\" id=\"definitely-lost\"><div class=\"value\">25,200,000 bytes</div>"
+                .to_string(),
+        ),
+        ("the double free", "<td>double free</td>".to_string()),
+        ("the exit scan's mark", "exit scan at".to_string()),
+    ] {
+        assert!(dom.contains(&text), "{what}: {text} not in the DOM");
+    }
+    assert_eq!(total_points(&dom), 240, "the heap plot's points");
+    assert!(dom.matches("<polygon class=\"site\"").count() >= 2);
+    // Bytes allocated, bytes live at the end, CPU.
+    assert_eq!(dom.matches("<img class=\"flame\"").count(), 3);
+
+    let shot = dir.path().join("report.png");
+    let (_, log) = chromium(
+        dir.path(),
+        &[
+            "--window-size=1200,1600",
+            &format!("--screenshot={}", shot.display()),
+        ],
+        &page,
+    );
+    assert_eq!(console(&log), Vec::<&str>::new(), "console messages");
+    let png = std::fs::read(&shot).expect("the screenshot");
+    assert_eq!(&png[1..4], b"PNG");
+    assert!(png.len() > 20_000, "a screenshot of {} bytes", png.len());
+}
+
+/// An existing page is kept without --force; a missing trace is an error
+/// that writes nothing.
+#[test]
+fn report_refuses_what_it_cannot_do() {
+    let dir = TestDir::new("report_refusals");
+    let page = dir.path().join("kept.html");
+    std::fs::write(&page, "mine").unwrap();
+    let mut cmd = Command::new(trapline());
+    cmd.arg("report")
+        .arg(dir.path().join("none.trace"))
+        .arg("-o")
+        .arg(&page);
+    let out = output_of(cmd, "trapline report");
+    assert_eq!(out.code(), 1, "{}", out.describe());
+    assert!(
+        out.stderr.contains("exists; --force replaces it"),
+        "{}",
+        out.stderr
+    );
+    let mut cmd = Command::new(trapline());
+    cmd.arg("report")
+        .arg(dir.path().join("none.trace"))
+        .arg("-o")
+        .arg(&page)
+        .arg("--force");
+    let out = output_of(cmd, "trapline report");
+    assert_eq!(out.code(), 1, "{}", out.describe());
+    assert!(
+        out.stderr.contains("none.trace: cannot open"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&page).unwrap(), "mine");
+}

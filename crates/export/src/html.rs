@@ -1,0 +1,532 @@
+//! One self-contained HTML page of a traced process tree (`trapline
+//! report`): no network, no external file, readable from disk.
+//!
+//! Each process gets a tab: its totals; the heap over time (total live
+//! bytes and the sites with the most bytes at the peak as stacked areas,
+//! scans and watchers' verdicts marked on the time axis), drawn as SVG
+//! here; the loss records with expandable stacks; the allocation errors;
+//! flame graphs of the bytes allocated, of the bytes live at the end and,
+//! when profiled, of the CPU, drawn by inferno and embedded as images (their
+//! own scripts do not run there, so several graphs cannot clash); the lock
+//! table; and the lock-order cycles, each drawn as a graph of its locks.
+//! The page's only script switches tabs.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use base64::Engine as _;
+use trapline_analysis::deadlocks::DeadlocksReport;
+use trapline_analysis::heap_profile::HeapProfile;
+use trapline_analysis::leaks::LeaksReport;
+use trapline_analysis::locks::LocksReport;
+use trapline_analysis::profile::ProfileReport;
+use trapline_analysis::report::{thousands, FrameReport};
+use trapline_analysis::stats::StatsReport;
+use trapline_analysis::timeline::Timeline;
+
+/// What one process's tab shows.
+pub struct ProcessPage {
+    pub leaks: LeaksReport,
+    pub stats: StatsReport,
+    pub heap: HeapProfile,
+    /// The heap over time; its site series are those of `timeline_sites`.
+    pub timeline: Timeline,
+    /// The followed sites' names, in the timeline's order.
+    pub timeline_sites: Vec<String>,
+    /// None when the trace has no CPU samples.
+    pub profile: Option<ProfileReport>,
+    pub locks: Option<LocksReport>,
+    pub deadlocks: Option<DeadlocksReport>,
+}
+
+/// Colours of the stacked site areas (the rest of the heap is grey).
+const SITE_COLOURS: [&str; 5] = ["#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e"];
+
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// "function (file:line)", or the module, or the address.
+pub fn frame_name(f: &FrameReport) -> String {
+    match (&f.function, &f.file, f.line) {
+        (Some(func), Some(file), Some(line)) => {
+            let base = file.rsplit('/').next().unwrap_or(file);
+            format!("{func} ({base}:{line})")
+        }
+        (Some(func), _, _) => func.clone(),
+        (None, _, _) => match &f.module {
+            Some(m) => format!("{:#x} ({})", f.address, m.rsplit('/').next().unwrap_or(m)),
+            None => format!("{:#x}", f.address),
+        },
+    }
+}
+
+/// A stack's name in one line: its first two frames with a function (one
+/// function often allocates for several callers), else its first frame.
+pub fn stack_name(stack: &[FrameReport]) -> String {
+    let named: Vec<String> = stack
+        .iter()
+        .filter(|f| f.function.is_some())
+        .take(2)
+        .map(frame_name)
+        .collect();
+    if named.is_empty() {
+        stack
+            .first()
+            .map_or_else(|| "(no stack)".to_string(), frame_name)
+    } else {
+        named.join(" \u{2190} ")
+    }
+}
+
+fn stack_list(out: &mut String, stack: &[FrameReport]) {
+    out.push_str("<ol class=\"stack\">");
+    for f in stack {
+        let inl = if f.inlined { " <i>(inlined)</i>" } else { "" };
+        let _ = write!(out, "<li>{}{inl}</li>", esc(&frame_name(f)));
+    }
+    out.push_str("</ol>");
+}
+
+fn bytes(n: u64) -> String {
+    thousands(n)
+}
+
+/// Writes the page.
+pub fn write(pages: &[ProcessPage], out: &mut impl Write) -> std::io::Result<()> {
+    let mut h = String::new();
+    h.push_str(HEAD);
+    h.push_str("<nav>");
+    for (i, p) in pages.iter().enumerate() {
+        let proc = &p.stats.process;
+        let exe = proc.executable.as_deref().unwrap_or("?");
+        let name = exe.rsplit('/').next().unwrap_or(exe);
+        let _ = write!(
+            h,
+            "<button class=\"tab{}\" data-tab=\"{i}\">{} <small>pid {}</small></button>",
+            if i == 0 { " active" } else { "" },
+            esc(name),
+            proc.pid.map_or("?".to_string(), |p| p.to_string())
+        );
+    }
+    h.push_str("</nav>");
+    for (i, p) in pages.iter().enumerate() {
+        let _ = write!(
+            h,
+            "<section class=\"process\" id=\"process-{i}\"{}>",
+            if i == 0 { "" } else { " hidden" }
+        );
+        process(&mut h, p);
+        h.push_str("</section>");
+    }
+    h.push_str(TAIL);
+    out.write_all(h.as_bytes())
+}
+
+fn process(h: &mut String, p: &ProcessPage) {
+    let s = &p.stats;
+    let l = &p.leaks;
+    let _ = write!(
+        h,
+        "<h1>{}</h1><p class=\"command\">{}</p>",
+        esc(&format!(
+            "trapline report: pid {}",
+            s.process.pid.map_or("?".into(), |p| p.to_string())
+        )),
+        esc(&s.process.command.join(" "))
+    );
+    let definitely = l.summary.definitely_lost.map(|b| b.bytes);
+    let cards = [
+        (
+            "in use at exit",
+            format!("{} bytes", bytes(l.summary.unfreed_at_exit.bytes)),
+            "unfreed",
+        ),
+        (
+            "definitely lost",
+            definitely.map_or("not judged".into(), |b| format!("{} bytes", bytes(b))),
+            "definitely-lost",
+        ),
+        ("allocation errors", thousands(l.summary.errors), "errors"),
+        (
+            "peak heap",
+            format!("{} bytes", bytes(s.peak_heap.bytes)),
+            "peak",
+        ),
+        ("allocation calls", thousands(s.allocation_calls), "calls"),
+    ];
+    h.push_str("<div class=\"cards\">");
+    for (label, value, id) in cards {
+        let _ = write!(
+            h,
+            "<div class=\"card\" id=\"{id}\"><div class=\"value\">{}</div><div>{label}</div></div>",
+            esc(&value)
+        );
+    }
+    h.push_str("</div>");
+    if let Some(sampling) = &l.sampling {
+        let _ = write!(
+            h,
+            "<p class=\"note\">Sampled recording: one full stack per {} bytes allocated on average; flame graphs are estimates.</p>",
+            bytes(sampling.mean_bytes)
+        );
+    }
+
+    h.push_str("<h2>Heap over time</h2>");
+    heap_plot(h, &p.timeline, &p.timeline_sites);
+
+    leak_table(h, l);
+    errors(h, l);
+
+    h.push_str("<h2>Allocation flame graphs</h2>");
+    let folded = |value: fn(&trapline_analysis::heap_profile::HeapSite) -> u64| {
+        p.heap
+            .sites
+            .iter()
+            .filter(|s| value(s) > 0)
+            .map(|s| (folded_line(&s.frames), value(s)))
+            .collect::<Vec<_>>()
+    };
+    flame(
+        h,
+        "Bytes allocated",
+        "bytes",
+        &folded(|s| s.allocated_bytes),
+    );
+    flame(
+        h,
+        "Bytes live at the end",
+        "bytes",
+        &folded(|s| s.live_bytes),
+    );
+    if let Some(prof) = &p.profile {
+        h.push_str("<h2>CPU</h2>");
+        let lines: Vec<(String, u64)> = prof.folded.clone();
+        flame(h, "CPU samples", "samples", &lines);
+    }
+    if let Some(locks) = &p.locks {
+        lock_table(h, locks);
+    }
+    if let Some(d) = &p.deadlocks {
+        cycles(h, d);
+    }
+}
+
+/// A stack as a flame graph's folded line: root first, `;`-separated.
+fn folded_line(frames: &[FrameReport]) -> String {
+    let names: Vec<String> = frames
+        .iter()
+        .rev()
+        .map(|f| {
+            f.function
+                .clone()
+                .unwrap_or_else(|| format!("{:#x}", f.address))
+                .replace(';', ":")
+        })
+        .collect();
+    if names.is_empty() {
+        "(no stack)".into()
+    } else {
+        names.join(";")
+    }
+}
+
+fn flame(h: &mut String, title: &str, unit: &str, lines: &[(String, u64)]) {
+    let _ = write!(h, "<h3>{}</h3>", esc(title));
+    if lines.is_empty() {
+        h.push_str("<p class=\"note\">Nothing to draw.</p>");
+        return;
+    }
+    let text: String = lines.iter().map(|(l, n)| format!("{l} {n}\n")).collect();
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.to_string();
+    options.count_name = unit.to_string();
+    let mut svg = Vec::new();
+    match inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg) {
+        Ok(()) => {
+            let data = base64::engine::general_purpose::STANDARD.encode(&svg);
+            let _ = write!(
+                h,
+                "<img class=\"flame\" alt=\"{}\" src=\"data:image/svg+xml;base64,{data}\">",
+                esc(title)
+            );
+        }
+        Err(e) => {
+            let _ = write!(
+                h,
+                "<p class=\"note\">Cannot draw: {}</p>",
+                esc(&e.to_string())
+            );
+        }
+    }
+}
+
+/// Total live bytes as a line, the followed sites as stacked areas under
+/// it, scans and verdicts as marks on the time axis.
+fn heap_plot(h: &mut String, t: &Timeline, names: &[String]) {
+    let (w, ht, left, bottom) = (900.0, 280.0, 110.0, 30.0);
+    let max = t.live_bytes.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let end = t.seconds.last().copied().unwrap_or(0.0).max(1e-9);
+    let x = |s: f64| left + (w - left - 10.0) * s / end;
+    let y = |b: f64| (ht - bottom) - (ht - bottom - 10.0) * b / max;
+    let _ = write!(
+        h,
+        "<svg class=\"heap\" viewBox=\"0 0 {w} {ht}\" width=\"{w}\" height=\"{ht}\" role=\"img\">"
+    );
+    // Stacked areas, bottom up.
+    let mut base = vec![0f64; t.seconds.len()];
+    for (k, series) in t.sites.iter().enumerate() {
+        let top: Vec<f64> = base
+            .iter()
+            .zip(series)
+            .map(|(b, &v)| b + v as f64)
+            .collect();
+        let mut pts = String::new();
+        for (i, &s) in t.seconds.iter().enumerate() {
+            let _ = write!(pts, "{:.1},{:.1} ", x(s), y(top[i]));
+        }
+        for (i, &s) in t.seconds.iter().enumerate().rev() {
+            let _ = write!(pts, "{:.1},{:.1} ", x(s), y(base[i]));
+        }
+        let name = names.get(k).map_or("", String::as_str);
+        let _ = write!(
+            h,
+            "<polygon class=\"site\" points=\"{}\" fill=\"{}\" fill-opacity=\"0.55\"><title>{}</title></polygon>",
+            pts.trim_end(),
+            SITE_COLOURS[k % SITE_COLOURS.len()],
+            esc(name)
+        );
+        base = top;
+    }
+    let mut pts = String::new();
+    for (i, &s) in t.seconds.iter().enumerate() {
+        let _ = write!(pts, "{:.1},{:.1} ", x(s), y(t.live_bytes[i] as f64));
+    }
+    let _ = write!(
+        h,
+        "<polyline class=\"total\" points=\"{}\" fill=\"none\" stroke=\"#333\" stroke-width=\"1.5\"><title>live bytes</title></polyline>",
+        pts.trim_end()
+    );
+    for (s, trigger) in &t.scans {
+        let _ = write!(
+            h,
+            "<line class=\"scan\" x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"10\" y2=\"{1}\" stroke=\"#2b8cbe\" stroke-dasharray=\"4 3\"><title>{2} scan at {3:.3} s</title></line>",
+            x(*s),
+            ht - bottom,
+            trigger,
+            s
+        );
+    }
+    for (s, stack, kinds) in &t.verdicts {
+        let _ = write!(
+            h,
+            "<circle class=\"verdict\" cx=\"{:.1}\" cy=\"{}\" r=\"4\" fill=\"#e31a1c\"><title>stack {stack}: {} at {s:.3} s</title></circle>",
+            x(*s),
+            ht - bottom,
+            esc(kinds)
+        );
+    }
+    // Axes.
+    let _ = write!(
+        h,
+        "<line x1=\"{left}\" x2=\"{left}\" y1=\"10\" y2=\"{0}\" stroke=\"#000\"/><line x1=\"{left}\" x2=\"{1}\" y1=\"{0}\" y2=\"{0}\" stroke=\"#000\"/>",
+        ht - bottom,
+        w - 10.0
+    );
+    let _ = write!(
+        h,
+        "<text x=\"{0}\" y=\"18\" text-anchor=\"end\" font-size=\"11\">{1}</text><text x=\"{0}\" y=\"{2}\" text-anchor=\"end\" font-size=\"11\">0</text><text x=\"{3}\" y=\"{4}\" text-anchor=\"end\" font-size=\"11\">{5:.3} s</text>",
+        left - 4.0,
+        esc(&format!("{} B", thousands(max as u64))),
+        ht - bottom,
+        w - 10.0,
+        ht - 8.0,
+        end
+    );
+    h.push_str(
+        "</svg><ul class=\"legend\"><li><span style=\"background:#333\"></span>live bytes</li>",
+    );
+    for (k, name) in names.iter().enumerate() {
+        let _ = write!(
+            h,
+            "<li><span style=\"background:{}\"></span>{}</li>",
+            SITE_COLOURS[k % SITE_COLOURS.len()],
+            esc(name)
+        );
+    }
+    h.push_str("</ul>");
+}
+
+fn leak_table(h: &mut String, l: &LeaksReport) {
+    h.push_str("<h2>Leaks</h2>");
+    if l.records.is_empty() {
+        h.push_str("<p class=\"note\">No loss record of the kinds listed.</p>");
+        return;
+    }
+    h.push_str("<table class=\"leaks\"><thead><tr><th>kind</th><th>bytes</th><th>blocks</th><th>function</th><th>allocated at</th><th>verdicts</th></tr></thead><tbody>");
+    for r in &l.records {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td><details><summary>{}</summary>",
+            r.kind.replace('_', " "),
+            thousands(r.bytes),
+            thousands(r.blocks),
+            esc(r.allocated_by),
+            esc(&stack_name(&r.stack))
+        );
+        stack_list(h, &r.stack);
+        let _ = write!(h, "</details></td><td>{}</td></tr>", r.verdicts.join(", "));
+    }
+    h.push_str("</tbody></table>");
+}
+
+fn errors(h: &mut String, l: &LeaksReport) {
+    if l.errors.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Allocation errors</h2><table class=\"errors\"><thead><tr><th>error</th><th>count</th><th>function</th><th>at</th></tr></thead><tbody>");
+    for e in &l.errors {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td>{}</td><td><details><summary>{}</summary>",
+            e.kind.replace('_', " "),
+            thousands(e.count),
+            esc(e.function),
+            esc(&stack_name(&e.stack))
+        );
+        stack_list(h, &e.stack);
+        if !e.alloc_stack.is_empty() {
+            h.push_str("<p>allocated at</p>");
+            stack_list(h, &e.alloc_stack);
+        }
+        h.push_str("</details></td></tr>");
+    }
+    h.push_str("</tbody></table>");
+}
+
+fn lock_table(h: &mut String, l: &LocksReport) {
+    if l.locks.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Locks</h2><table class=\"locks\"><thead><tr><th>lock</th><th>acquisitions</th><th>contended</th><th>wait total</th><th>hold avg</th><th>first used at</th></tr></thead><tbody>");
+    for k in l.locks.iter().take(30) {
+        let _ = write!(
+            h,
+            "<tr><td>{} {:#x}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{} ns</td><td class=\"num\">{} ns</td><td><details><summary>{}</summary>",
+            k.kind,
+            k.address,
+            thousands(k.acquisitions),
+            thousands(k.contended),
+            thousands(k.wait_ns.total),
+            thousands(k.hold_ns.avg),
+            esc(&stack_name(&k.first_use_stack))
+        );
+        stack_list(h, &k.first_use_stack);
+        h.push_str("</details></td></tr>");
+    }
+    h.push_str("</tbody></table>");
+}
+
+/// Each lock-order cycle as a ring of its locks, an arrow per edge from
+/// the lock held to the lock asked for, labelled with the thread.
+fn cycles(h: &mut String, d: &DeadlocksReport) {
+    if d.cycles.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Lock-order cycles</h2>");
+    for c in &d.cycles {
+        let n = c.locks.len().max(1);
+        let (cx, cy, r) = (160.0, 120.0, 80.0);
+        let pos = |lock: u64| {
+            let i = c.locks.iter().position(|&l| l == lock).unwrap_or(0);
+            let a = std::f64::consts::TAU * i as f64 / n as f64 - std::f64::consts::FRAC_PI_2;
+            (cx + r * a.cos(), cy + r * a.sin())
+        };
+        let _ = write!(
+            h,
+            "<figure class=\"cycle\"><svg viewBox=\"0 0 320 240\" width=\"320\" height=\"240\"><defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" orient=\"auto\"><path d=\"M0,0 L10,5 L0,10 z\"/></marker></defs>"
+        );
+        for e in &c.edges {
+            let (x1, y1) = pos(e.held);
+            let (x2, y2) = pos(e.requested);
+            // Stop short of the node's circle.
+            let (dx, dy) = (x2 - x1, y2 - y1);
+            let len = (dx * dx + dy * dy).sqrt().max(1.0);
+            let (ex, ey) = (x2 - dx / len * 22.0, y2 - dy / len * 22.0);
+            let _ = write!(
+                h,
+                "<line class=\"edge\" x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{ex:.1}\" y2=\"{ey:.1}\" stroke=\"#444\" marker-end=\"url(#arrow)\"><title>thread {} holds {:#x}, asks for {:#x}</title></line><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">T{}</text>",
+                e.thread,
+                e.held,
+                e.requested,
+                (x1 + x2) / 2.0,
+                (y1 + y2) / 2.0 - 4.0,
+                e.thread
+            );
+        }
+        for &lock in &c.locks {
+            let (x, y) = pos(lock);
+            let _ = write!(
+                h,
+                "<circle class=\"lock\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"20\" fill=\"#fdd\" stroke=\"#900\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"9\">{:#x}</text>",
+                y + 3.0,
+                lock & 0xffff
+            );
+        }
+        let _ = write!(
+            h,
+            "</svg><figcaption>{} cycle of {} locks, seen {} times</figcaption></figure>",
+            c.kind.replace('_', " "),
+            c.locks.len(),
+            c.occurrences
+        );
+    }
+}
+
+const HEAD: &str = r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>trapline report</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222}
+nav{background:#263238;padding:6px}
+nav button{background:#37474f;color:#eee;border:0;padding:6px 12px;margin-right:4px;cursor:pointer}
+nav button.active{background:#eceff1;color:#111}
+section{padding:0 18px 24px}
+h1{font-size:20px;margin:14px 0 2px}
+.command{font-family:monospace;color:#555;margin:0 0 10px;word-break:break-all}
+.cards{display:flex;flex-wrap:wrap;gap:10px}
+.card{border:1px solid #cfd8dc;border-radius:6px;padding:8px 12px;min-width:150px}
+.card .value{font-size:18px;font-weight:600}
+table{border-collapse:collapse;margin:6px 0}
+th,td{border-bottom:1px solid #e0e0e0;padding:4px 8px;text-align:left;vertical-align:top}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+ol.stack{font-family:monospace;font-size:12px;margin:4px 0;padding-left:22px}
+.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:12px;font-size:12px}
+.legend span{display:inline-block;width:10px;height:10px;margin-right:4px}
+img.flame{max-width:100%;border:1px solid #eee}
+.note{color:#666}
+figure.cycle{display:inline-block;margin:6px}
+</style></head><body>
+"#;
+
+const TAIL: &str = r#"<script>
+for (const b of document.querySelectorAll("nav button")) {
+  b.addEventListener("click", () => {
+    for (const o of document.querySelectorAll("nav button")) o.classList.toggle("active", o === b);
+    for (const s of document.querySelectorAll("section.process")) s.hidden = s.id !== "process-" + b.dataset.tab;
+  });
+}
+</script>
+</body></html>
+"#;
