@@ -454,6 +454,7 @@ pub struct MergedEvents<'a, R: Read + Seek> {
 impl<'a, R: Read + Seek> MergedEvents<'a, R> {
     /// Starts the merge over the chunks of `index`.
     pub fn new(input: &'a mut R, index: &'a TraceIndex) -> Self {
+        crate::progress::pass_started(index.chunks.len());
         let mut last_of_thread: HashMap<u32, u64> = HashMap::new();
         let start: Vec<u64> = index
             .chunks
@@ -572,6 +573,7 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
     }
 
     fn open_chunk(&mut self, i: usize) {
+        crate::progress::chunk_opened();
         let entry = self.index.chunks[i];
         let events = match self.decoded(i) {
             Ok((events, None)) => events,

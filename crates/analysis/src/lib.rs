@@ -19,6 +19,7 @@ pub mod leaks;
 pub mod locks;
 pub mod lockstate;
 pub mod profile;
+pub mod progress;
 mod replay;
 pub mod report;
 pub mod sampling;

@@ -32,7 +32,7 @@ pub fn main(args: DiffArgs) -> ExitCode {
         (Ok(a), Ok(b)) => (a, b),
         (Err(code), _) | (_, Err(code)) => return code,
     };
-    let report = match diff::analyze(&mut a, &mut b) {
+    let report = match crate::progress::while_running("diff", || diff::analyze(&mut a, &mut b)) {
         Ok(r) => r,
         Err(e) => {
             let both = format!("{} or {}", args.a.display(), args.b.display());

@@ -9,6 +9,7 @@ mod leaks;
 mod locks;
 mod output;
 mod profile;
+mod progress;
 mod report;
 mod run;
 mod stats;

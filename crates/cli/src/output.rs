@@ -160,7 +160,8 @@ pub fn load<T: Report, E: std::fmt::Display>(
 ) -> Result<T, ExitCode> {
     let file = File::open(path).map_err(|e| fail(command, path, format!("cannot open: {e}")))?;
     let mut input = BufReader::with_capacity(1 << 16, file);
-    let report = analyze(&mut input).map_err(|e| fail(command, path, e))?;
+    let report = crate::progress::while_running(command, || analyze(&mut input))
+        .map_err(|e| fail(command, path, e))?;
     if let Some(p) = report.problem() {
         return Err(fail(command, path, p));
     }

@@ -40,7 +40,7 @@ pub fn main(args: ReportArgs) -> ExitCode {
     }
     let mut pages = Vec::new();
     for path in &args.traces {
-        match page(path) {
+        match crate::progress::while_running("report", || page(path)) {
             Ok(p) => pages.push(p),
             Err(code) => return code,
         }
