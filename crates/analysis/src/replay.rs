@@ -21,9 +21,13 @@ pub(crate) trait LiveValue: Copy + Default {
     fn new(size: u64, func: AllocFn, stack: u32) -> Self;
     /// The block's size in bytes.
     fn size(&self) -> u64;
+    /// The block's allocation stack (0 when not kept).
+    fn stack(&self) -> u32 {
+        0
+    }
 }
 
-/// Only the size: all that `stats` needs.
+/// Only the size: all that the run's summary needs.
 impl LiveValue for u64 {
     fn new(size: u64, _: AllocFn, _: u32) -> Self {
         size
@@ -55,6 +59,10 @@ impl LiveValue for Block {
 
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn stack(&self) -> u32 {
+        self.stack
     }
 }
 

@@ -995,7 +995,7 @@ fn read_summary(path: &Path) -> Option<ReadSummary> {
                         path.display()
                     );
                 }
-                trapline_analysis::stats::analyze(&mut file)
+                trapline_analysis::stats::analyze_totals(&mut file)
                     .map(|s| trapline_analysis::stats::RunSummary::from_stats(&s))
             }
         },
