@@ -15,6 +15,9 @@ use crate::output;
 pub enum ExportFormat {
     /// pprof's gzipped protocol buffer (`go tool pprof`, Pyroscope, Grafana).
     Pprof,
+    /// Parquet tables (DuckDB, DataFusion, Spark): FILE is a directory that
+    /// gets events.parquet and stacks.parquet.
+    Parquet,
 }
 
 /// What a profile export holds.
@@ -37,7 +40,7 @@ pub struct ExportArgs {
     /// pprof: the heap (default) or the CPU profile.
     #[arg(long, value_enum, default_value_t = Profiled::Heap)]
     pub profile: Profiled,
-    /// The file to write.
+    /// The file to write (for parquet, the directory).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
     /// Replace FILE if it exists.
@@ -49,6 +52,9 @@ pub struct ExportArgs {
 /// give it or the file cannot be written, 2 for bad usage.
 pub fn main(args: ExportArgs) -> ExitCode {
     let path = &args.trace.trace;
+    if args.format == ExportFormat::Parquet {
+        return parquet(path, &args.output, args.force);
+    }
     if args.output.exists() && !args.force {
         return output::fail(
             "export",
@@ -84,6 +90,37 @@ pub fn main(args: ExportArgs) -> ExitCode {
     match written {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => output::fail("export", &args.output, e),
+    }
+}
+
+/// Writes the Parquet tables into `dir` (created; an existing one must be
+/// empty unless `force`).
+fn parquet(trace: &Path, dir: &Path, force: bool) -> ExitCode {
+    let full = dir
+        .read_dir()
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    if full && !force {
+        return output::fail(
+            "export",
+            dir,
+            "is a directory that is not empty; --force writes into it (nothing was written)",
+        );
+    }
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        return output::fail("export", dir, format!("cannot create the directory: {e}"));
+    }
+    let file = match std::fs::File::open(trace) {
+        Ok(f) => f,
+        Err(e) => return output::fail("export", trace, format!("cannot open: {e}")),
+    };
+    let mut input = std::io::BufReader::with_capacity(1 << 16, file);
+    let written = crate::progress::while_running("export", || {
+        trapline_export::parquet::write(&mut input, dir)
+    });
+    match written {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => output::fail("export", trace, e),
     }
 }
 

@@ -184,3 +184,61 @@ fn export_refuses_what_it_cannot_write() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// The Parquet tables of sampled_leaks.c, queried by DuckDB (the duckdb
+/// Python package, which .ci/run installs): the blocks never released,
+/// by the caller of make_node, are the two leaking paths' bytes.
+#[test]
+fn parquet_tables_are_queried_by_duckdb() {
+    let dir = TestDir::new("export_parquet");
+    let prog = compile_c(&dir, "sampled_leaks.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let tables = dir.path().join("tables");
+    let e = export(&dir.trace(), &["--format", "parquet"], &tables);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+    // A block is live at the end when the last event at its address is
+    // its allocation (a realloc's old address counts as released there).
+    let query = format!(
+        "import duckdb\n\
+         con = duckdb.connect()\n\
+         con.execute('set enable_progress_bar = false')\n\
+         events, stacks = '{0}/events.parquet', '{0}/stacks.parquet'\n\
+         rows = con.sql(f\"\"\"\n\
+           with ends as (\n\
+             select address as a, time_ns as t from '{{events}}' where kind in ('alloc', 'free', 'realloc')\n\
+             union all select old_address, time_ns from '{{events}}' where kind = 'realloc'),\n\
+           last as (select a, max(t) as t from ends group by a)\n\
+           select s.function, s.line, sum(e.size) from '{{events}}' e\n\
+           join last l on e.address = l.a and e.time_ns = l.t\n\
+           join '{{stacks}}' s on s.stack_id = e.stack_id and s.frame_index = 1\n\
+           where e.kind = 'alloc' group by 1, 2 order by 3 desc\"\"\").fetchall()\n\
+         for r in rows: print(*r)\n",
+        tables.display()
+    );
+    let out = Command::new("python3")
+        .args(["-c", &query])
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "duckdb (pip install duckdb): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parse = marker_line("sampled_leaks.c", "PARSE");
+    let load = marker_line("sampled_leaks.c", "LOAD");
+    assert_eq!(
+        stdout,
+        format!("parse_request {parse} 20000000\nload_config {load} 1000000\n")
+    );
+
+    // An existing directory with files is kept unless --force.
+    let e = export(&dir.trace(), &["--format", "parquet"], &tables);
+    assert_eq!(e.code(), 1, "{}", e.describe());
+    assert!(
+        e.stderr.contains("is a directory that is not empty"),
+        "{}",
+        e.stderr
+    );
+}

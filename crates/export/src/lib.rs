@@ -4,8 +4,10 @@
 //! - [`pprof`]: heap and CPU profiles for `go tool pprof`, Pyroscope and
 //!   Grafana.
 //! - [`html`]: one self-contained page of a process tree, for browsers.
+//! - [`parquet`]: the events and stacks as tables, for DuckDB and Spark.
 
 #![forbid(unsafe_code)]
 
 pub mod html;
+pub mod parquet;
 pub mod pprof;
