@@ -55,13 +55,14 @@ struct Totals {
     live_bytes: f64,
 }
 
-/// How a block of one stack counts: not at all (a caller-only stack of a
-/// sampled trace), or as `1 / p` blocks of `size / p` bytes.
+/// How a block of one stack counts: as itself (not sampled), as `1 / p`
+/// blocks of `size / p` bytes (a sampled full stack), or not at all (the
+/// other stacks of a sampled trace).
 fn weight(facts: &Facts, stack: u32, size: u64) -> Option<f64> {
-    match facts.sampling {
-        None => Some(1.0),
-        Some(_) if stack == 0 || facts.caller_only.contains(&stack) => None,
-        Some(s) => Some(1.0 / s.probability(size)),
+    match (facts.sampling, facts.sampled_full_stack(stack)) {
+        (None, _) => Some(1.0),
+        (Some(_), Some(s)) => Some(1.0 / s.probability(size)),
+        (Some(_), None) => None,
     }
 }
 
@@ -174,18 +175,11 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError>
     });
     Ok(HeapProfile {
         process: facts.process_report(),
-        sampling: facts.sampling.map(|s| SamplingReport {
-            mean_bytes: s.mean_bytes,
-        }),
+        sampling: facts.sampling_report(),
         duration_ns: last.saturating_sub(first.min(last)),
         live_source,
         sites: out.into_iter().map(|(_, s)| s).collect(),
-        warnings: facts
-            .memory_off
-            .then(|| crate::report::MEMORY_NOT_RECORDED.to_owned())
-            .into_iter()
-            .chain(symbolizer.warnings())
-            .collect(),
+        warnings: facts.memory_warnings(&symbolizer),
         trace: facts.trace_status(&index, stopped),
     })
 }

@@ -429,11 +429,9 @@ impl LeaksPass {
                 let facts = &self.facts;
                 self.heap.apply_observed(&m.event, |b, allocated| {
                     // A sampled stack's blocks stand for all of its blocks.
-                    let size = match facts.sampling {
-                        Some(s) if b.stack != 0 && !facts.caller_only.contains(&b.stack) => {
-                            s.weight_bytes(b.size)
-                        }
-                        _ => b.size,
+                    let size = match facts.sampled_full_stack(b.stack) {
+                        Some(s) => s.weight_bytes(b.size),
+                        None => b.size,
                     };
                     g.changed((b.stack, b.func), size, allocated)
                 });
@@ -638,7 +636,7 @@ pub fn analyze_with<R: Read + Seek>(
     };
     for r in &mut records {
         r.caller_only = facts.sampling.is_some() && facts.caller_only.contains(&r.stack_id);
-        if facts.sampling.is_none() || r.caller_only || r.stack_id == 0 {
+        if facts.sampled_full_stack(r.stack_id).is_none() {
             r.estimate = None;
         }
     }
@@ -841,17 +839,9 @@ pub fn analyze_with<R: Read + Seek>(
         events_lost: facts.events_lost(),
         untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
         release_stacks: !facts.no_release_stacks,
-        sampling: facts.sampling.map(|s| SamplingReport {
-            mean_bytes: s.mean_bytes,
-        }),
+        sampling: facts.sampling_report(),
         trace,
-        // Module files are read while symbolizing: only now are these known.
-        warnings: facts
-            .memory_off
-            .then(|| crate::report::MEMORY_NOT_RECORDED.to_owned())
-            .into_iter()
-            .chain(symbolizer.warnings())
-            .collect(),
+        warnings: facts.memory_warnings(&symbolizer),
         problem,
     })
 }

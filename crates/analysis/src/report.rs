@@ -357,6 +357,32 @@ impl Facts {
             .map(|(_, _, c)| events_lost(c, self.events))
     }
 
+    /// How the blocks of `stack` were sampled, when the trace is sampled and
+    /// `stack` is a full stack (its sampled blocks stand for all of the
+    /// stack's); None otherwise (every block counts as itself, or, for a
+    /// caller-only stack, is one the sample does not stand for).
+    pub fn sampled_full_stack(&self, stack: u32) -> Option<crate::sampling::Sampling> {
+        self.sampling
+            .filter(|_| stack != 0 && !self.caller_only.contains(&stack))
+    }
+
+    /// The `sampling` section of a report.
+    pub fn sampling_report(&self) -> Option<crate::sampling::SamplingReport> {
+        self.sampling.map(|s| crate::sampling::SamplingReport {
+            mean_bytes: s.mean_bytes,
+        })
+    }
+
+    /// A memory report's warnings: allocations not recorded, then what the
+    /// symbolizer met (only known once it symbolized the report's stacks).
+    pub fn memory_warnings(&self, symbolizer: &StackSymbolizer) -> Vec<String> {
+        self.memory_off
+            .then(|| MEMORY_NOT_RECORDED.to_owned())
+            .into_iter()
+            .chain(symbolizer.warnings())
+            .collect()
+    }
+
     /// A symbolizer knowing every module the trace ever loaded, unloaded
     /// ones included.
     ///

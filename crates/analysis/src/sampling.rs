@@ -23,7 +23,7 @@ impl Sampling {
     /// The probability that a block of `size` bytes took its full stack
     /// (a zero-byte block counts as one byte, as the agent counts it).
     pub fn probability(&self, size: u64) -> f64 {
-        -(-(size.max(1) as f64) / self.mean_bytes as f64).exp_m1()
+        trapline_trace::event::sample_probability(size, self.mean_bytes)
     }
 
     /// The bytes a sampled block of `size` bytes stands for.

@@ -731,6 +731,14 @@ pub enum Event {
 }
 
 /// The bits of `Event::SiteVerdict`'s `kinds`.
+/// Sampled recording (`Recording::sample_bytes`): the probability that a
+/// block of `size` bytes took its full stack, sample points falling on the
+/// bytes a thread allocates as a Poisson process of mean `mean_bytes`. A
+/// zero-byte block counts as one byte, as the agent counts it.
+pub fn sample_probability(size: u64, mean_bytes: u64) -> f64 {
+    -(-(size.max(1) as f64) / mean_bytes as f64).exp_m1()
+}
+
 pub mod site_verdict {
     pub const GROWING: u64 = 1;
     pub const STALE: u64 = 2;

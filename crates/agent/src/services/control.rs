@@ -836,7 +836,7 @@ struct SiteNow {
 fn sites(now: u64, since: u64) -> Vec<SiteNow> {
     let mut totals: HashMap<(u32, AllocFn), SiteNow> = HashMap::new();
     let mut blocks: Vec<(live::Block, u64)> = Vec::new();
-    let mean = crate::config::sample_bytes() as f64;
+    let mean = crate::config::sample_bytes();
     for shard in live::shards() {
         blocks.clear();
         copy_shard(shard, &mut blocks, |_, b, born| Some((b, born)));
@@ -844,7 +844,7 @@ fn sites(now: u64, since: u64) -> Vec<SiteNow> {
             let t = totals.entry((b.stack, b.func)).or_insert_with(|| SiteNow {
                 site: (b.stack, b.func),
                 sampled: match crate::capture::stacks::record(b.stack) {
-                    _ if mean == 0.0 => Sampled::No,
+                    _ if mean == 0 => Sampled::No,
                     Some(r) if r.caller_only => Sampled::CallerOnly,
                     _ => Sampled::FullStack(0.0),
                 },
@@ -857,8 +857,8 @@ fn sites(now: u64, since: u64) -> Vec<SiteNow> {
             t.bytes += b.size;
             t.blocks += 1;
             if let Sampled::FullStack(estimate) = &mut t.sampled {
-                let size = b.size.max(1) as f64;
-                *estimate += size / -(-size / mean).exp_m1();
+                *estimate +=
+                    b.size.max(1) as f64 / trapline_trace::event::sample_probability(b.size, mean);
             }
             let age_s = now.saturating_sub(*born) / 1_000_000_000;
             let bucket = control::AGE_BUCKETS_S.partition_point(|&limit| age_s >= limit);
