@@ -269,14 +269,7 @@ pub fn render_text(r: &DiffReport) -> String {
         )
         .unwrap();
         for f in s.stack.iter().take(4) {
-            let func = f.function.as_deref().unwrap_or("???");
-            match (&f.file, f.line) {
-                (Some(file), Some(line)) => {
-                    let base = file.rsplit('/').next().unwrap_or(file);
-                    writeln!(out, "{p}   {func} ({base}:{line})").unwrap();
-                }
-                _ => writeln!(out, "{p}   {func}").unwrap(),
-            }
+            writeln!(out, "{p}   {}", crate::report::frame_place(f)).unwrap();
         }
         writeln!(out, "{p}").unwrap();
     }

@@ -521,6 +521,38 @@ pub fn frame_text(f: &FrameReport) -> String {
     s
 }
 
+/// A frame in a few words, for one-line site names: `function
+/// (file:line)`, the function alone without a line, else its address and
+/// module.
+pub fn frame_place(f: &FrameReport) -> String {
+    let base = |path: &str| path.rsplit('/').next().unwrap_or(path).to_owned();
+    match (&f.function, &f.file, f.line) {
+        (Some(func), Some(file), Some(line)) => format!("{func} ({}:{line})", base(file)),
+        (Some(func), _, _) => func.clone(),
+        (None, _, _) => match &f.module {
+            Some(m) => format!("{:#x} ({})", f.address, base(m)),
+            None => format!("{:#x}", f.address),
+        },
+    }
+}
+
+/// A stack in one line: its first two frames with a function (the
+/// allocating call's caller and its caller: one function often allocates
+/// for several), joined by `sep`, else its first frame; None when empty.
+pub fn stack_place(stack: &[FrameReport], sep: &str) -> Option<String> {
+    let named: Vec<String> = stack
+        .iter()
+        .filter(|f| f.function.is_some())
+        .take(2)
+        .map(frame_place)
+        .collect();
+    if named.is_empty() {
+        stack.first().map(frame_place)
+    } else {
+        Some(named.join(sep))
+    }
+}
+
 /// Seconds from nanoseconds.
 pub fn seconds(ns: u64) -> f64 {
     ns as f64 / 1e9

@@ -683,31 +683,7 @@ fn sites_text(out: &mut String, p: &str, v: &SiteViews) {
     }
 }
 
-/// A site by its first two named frames: "f (file:line) <- g (file:line)"
-/// (the allocating call's caller, and its caller: one function often
-/// allocates for several), or by its first address.
+/// A site by its first two named frames: "f (file:line) <- g (file:line)".
 fn site_name(s: &SiteView) -> String {
-    let named: Vec<String> = s
-        .stack
-        .iter()
-        .filter(|f| f.function.is_some())
-        .take(2)
-        .map(|f| {
-            let func = f.function.as_deref().unwrap_or("?");
-            match (&f.file, f.line) {
-                (Some(file), Some(line)) => {
-                    let base = file.rsplit('/').next().unwrap_or(file);
-                    format!("{func} ({base}:{line})")
-                }
-                _ => func.to_string(),
-            }
-        })
-        .collect();
-    if !named.is_empty() {
-        return named.join(" <- ");
-    }
-    match s.stack.first() {
-        Some(f) => format!("{:#x}", f.address),
-        None => format!("stack {}", s.stack_id),
-    }
+    crate::report::stack_place(&s.stack, " <- ").unwrap_or_else(|| format!("stack {}", s.stack_id))
 }

@@ -20,7 +20,7 @@ use trapline_analysis::heap_profile::HeapProfile;
 use trapline_analysis::leaks::LeaksReport;
 use trapline_analysis::locks::LocksReport;
 use trapline_analysis::profile::ProfileReport;
-use trapline_analysis::report::{thousands, FrameReport};
+use trapline_analysis::report::{frame_place, stack_place, thousands, FrameReport};
 use trapline_analysis::stats::StatsReport;
 use trapline_analysis::timeline::Timeline;
 
@@ -57,50 +57,18 @@ fn esc(s: &str) -> String {
     out
 }
 
-/// "function (file:line)", or the module, or the address.
-pub fn frame_name(f: &FrameReport) -> String {
-    match (&f.function, &f.file, f.line) {
-        (Some(func), Some(file), Some(line)) => {
-            let base = file.rsplit('/').next().unwrap_or(file);
-            format!("{func} ({base}:{line})")
-        }
-        (Some(func), _, _) => func.clone(),
-        (None, _, _) => match &f.module {
-            Some(m) => format!("{:#x} ({})", f.address, m.rsplit('/').next().unwrap_or(m)),
-            None => format!("{:#x}", f.address),
-        },
-    }
-}
-
-/// A stack's name in one line: its first two frames with a function (one
-/// function often allocates for several callers), else its first frame.
+/// A stack's name in one line (`report::stack_place`).
 pub fn stack_name(stack: &[FrameReport]) -> String {
-    let named: Vec<String> = stack
-        .iter()
-        .filter(|f| f.function.is_some())
-        .take(2)
-        .map(frame_name)
-        .collect();
-    if named.is_empty() {
-        stack
-            .first()
-            .map_or_else(|| "(no stack)".to_string(), frame_name)
-    } else {
-        named.join(" \u{2190} ")
-    }
+    stack_place(stack, " \u{2190} ").unwrap_or_else(|| "(no stack)".to_string())
 }
 
 fn stack_list(out: &mut String, stack: &[FrameReport]) {
     out.push_str("<ol class=\"stack\">");
     for f in stack {
         let inl = if f.inlined { " <i>(inlined)</i>" } else { "" };
-        let _ = write!(out, "<li>{}{inl}</li>", esc(&frame_name(f)));
+        let _ = write!(out, "<li>{}{inl}</li>", esc(&frame_place(f)));
     }
     out.push_str("</ol>");
-}
-
-fn bytes(n: u64) -> String {
-    thousands(n)
 }
 
 /// Writes the page.
@@ -150,18 +118,18 @@ fn process(h: &mut String, p: &ProcessPage) {
     let cards = [
         (
             "in use at exit",
-            format!("{} bytes", bytes(l.summary.unfreed_at_exit.bytes)),
+            format!("{} bytes", thousands(l.summary.unfreed_at_exit.bytes)),
             "unfreed",
         ),
         (
             "definitely lost",
-            definitely.map_or("not judged".into(), |b| format!("{} bytes", bytes(b))),
+            definitely.map_or("not judged".into(), |b| format!("{} bytes", thousands(b))),
             "definitely-lost",
         ),
         ("allocation errors", thousands(l.summary.errors), "errors"),
         (
             "peak heap",
-            format!("{} bytes", bytes(s.peak_heap.bytes)),
+            format!("{} bytes", thousands(s.peak_heap.bytes)),
             "peak",
         ),
         ("allocation calls", thousands(s.allocation_calls), "calls"),
@@ -179,7 +147,7 @@ fn process(h: &mut String, p: &ProcessPage) {
         let _ = write!(
             h,
             "<p class=\"note\">Sampled recording: one full stack per {} bytes allocated on average; flame graphs are estimates.</p>",
-            bytes(sampling.mean_bytes)
+            thousands(sampling.mean_bytes)
         );
     }
 
