@@ -1,7 +1,5 @@
 //! `trapline export`: a trace's analyses in the formats other tools read.
 
-use std::fs::OpenOptions;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -55,12 +53,8 @@ pub fn main(args: ExportArgs) -> ExitCode {
     if args.format == ExportFormat::Parquet {
         return parquet(path, &args.output, args.force);
     }
-    if args.output.exists() && !args.force {
-        return output::fail(
-            "export",
-            &args.output,
-            "exists; --force replaces it (nothing was written)",
-        );
+    if let Err(code) = output::refuse_existing("export", &args.output, args.force) {
+        return code;
     }
     let written = match args.profile {
         Profiled::Heap => {
@@ -71,7 +65,7 @@ pub fn main(args: ExportArgs) -> ExitCode {
             for w in &report.warnings {
                 eprintln!("trapline export: warning: {w}");
             }
-            write_file(&args.output, args.force, |out| {
+            output::write_file(&args.output, args.force, |out| {
                 trapline_export::pprof::write_heap(&report, out)
             })
         }
@@ -82,7 +76,7 @@ pub fn main(args: ExportArgs) -> ExitCode {
                 Ok(r) => r,
                 Err(code) => return code,
             };
-            write_file(&args.output, args.force, |out| {
+            output::write_file(&args.output, args.force, |out| {
                 trapline_export::pprof::write_cpu(&report, out)
             })
         }
@@ -122,38 +116,4 @@ fn parquet(trace: &Path, dir: &Path, force: bool) -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => output::fail("export", trace, e),
     }
-}
-
-/// Writes `FILE` through `write` into a temporary file beside it, renamed
-/// over it when complete: a failed export leaves no half-written file.
-pub(crate) fn write_file(
-    file: &Path,
-    force: bool,
-    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
-) -> Result<(), String> {
-    let name = file
-        .file_name()
-        .ok_or_else(|| "is not a file name".to_string())?;
-    let mut partial = name.to_os_string();
-    partial.push(".partial");
-    let temp = file.with_file_name(partial);
-    let f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&temp)
-        .map_err(|e| format!("cannot create {}: {e}", temp.display()))?;
-    let mut out = BufWriter::new(f);
-    let done = write(&mut out).and_then(|()| out.flush());
-    if let Err(e) = done {
-        let _ = std::fs::remove_file(&temp);
-        return Err(format!("cannot write: {e}"));
-    }
-    if !force && file.exists() {
-        let _ = std::fs::remove_file(&temp);
-        return Err("appeared while exporting; --force replaces it".into());
-    }
-    std::fs::rename(&temp, file).map_err(|e| {
-        let _ = std::fs::remove_file(&temp);
-        format!("cannot rename {} to it: {e}", temp.display())
-    })
 }

@@ -10,7 +10,8 @@
 //! deadlocks), N when the report found what that command counts as errors.
 
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::fs::OpenOptions;
+use std::io::{BufReader, BufWriter, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -196,4 +197,51 @@ pub fn print(out: &str) {
     let _ = stdout
         .write_all(out.as_bytes())
         .and_then(|()| stdout.flush());
+}
+
+/// Fails (`command`'s error on `path`) when `path` exists and `force` is
+/// not given: checked before any work, so nothing is lost or written.
+pub fn refuse_existing(command: &str, path: &Path, force: bool) -> Result<(), ExitCode> {
+    if path.exists() && !force {
+        return Err(fail(
+            command,
+            path,
+            "exists; --force replaces it (nothing was written)",
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `FILE` through `write` into a temporary file beside it, renamed
+/// over it when complete: a failed export leaves no half-written file.
+pub fn write_file(
+    file: &Path,
+    force: bool,
+    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<(), String> {
+    let name = file
+        .file_name()
+        .ok_or_else(|| "is not a file name".to_string())?;
+    let mut partial = name.to_os_string();
+    partial.push(".partial");
+    let temp = file.with_file_name(partial);
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .map_err(|e| format!("cannot create {}: {e}", temp.display()))?;
+    let mut out = BufWriter::new(f);
+    let done = write(&mut out).and_then(|()| out.flush());
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&temp);
+        return Err(format!("cannot write: {e}"));
+    }
+    if !force && file.exists() {
+        let _ = std::fs::remove_file(&temp);
+        return Err("appeared while it was written; --force replaces it".into());
+    }
+    std::fs::rename(&temp, file).map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        format!("cannot rename {} to it: {e}", temp.display())
+    })
 }

@@ -31,12 +31,8 @@ pub struct ReportArgs {
 /// Runs the command: 0 when the page is written, 1 when a trace cannot be
 /// read or the page cannot be written, 2 for bad usage.
 pub fn main(args: ReportArgs) -> ExitCode {
-    if args.output.exists() && !args.force {
-        return output::fail(
-            "report",
-            &args.output,
-            "exists; --force replaces it (nothing was written)",
-        );
+    if let Err(code) = output::refuse_existing("report", &args.output, args.force) {
+        return code;
     }
     let mut pages = Vec::new();
     for path in &args.traces {
@@ -45,7 +41,7 @@ pub fn main(args: ReportArgs) -> ExitCode {
             Err(code) => return code,
         }
     }
-    match crate::export::write_file(&args.output, args.force, |out| html::write(&pages, out)) {
+    match output::write_file(&args.output, args.force, |out| html::write(&pages, out)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => output::fail("report", &args.output, e),
     }
