@@ -97,18 +97,10 @@ fn one_run<R: Read + Seek>(
     let mut facts = Facts::default();
     let mut heap: HeapReplay<Block> = HeapReplay::default();
     let mut sites = SiteTotals::default();
-    let mut peak = 0;
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
         facts.observe(m.time, &m.event);
-        heap.apply_observed(&m.event, |b, allocated| {
-            sites.live_changed(b.stack, b.size, allocated)
-        });
-        sites.observe_call(m.tid, &m.event);
-        if heap.live_bytes > peak {
-            peak = heap.live_bytes;
-            sites.new_peak();
-        }
+        sites.replay(&mut heap, m.tid, &m.event);
     }
     let stopped = merged.read_status();
     drop(merged);

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use trapline_trace::Event;
 
+use crate::replay::{HeapReplay, LiveValue};
 use crate::report::FrameReport;
 
 /// Sites listed per view.
@@ -42,13 +43,27 @@ pub(crate) struct SiteTotals {
     /// still be temporary.
     latest: HashMap<u32, (u64, u32)>,
     epoch: u32,
+    /// The most live bytes so far.
+    peak: u64,
 }
 
 impl SiteTotals {
+    /// Applies event `ev` of thread `tid` to the heap replay `heap`, and
+    /// takes note of its calls, of the blocks it changed and of a new peak.
+    pub fn replay<V: LiveValue>(&mut self, heap: &mut HeapReplay<V>, tid: u32, ev: &Event) {
+        heap.apply_observed(ev, |b, allocated| {
+            self.live_changed(b.stack(), b.size(), allocated)
+        });
+        self.observe_call(tid, ev);
+        if heap.live_bytes > self.peak {
+            self.peak = heap.live_bytes;
+            self.new_peak();
+        }
+    }
+
     /// Takes note of the calls of event `ev` of thread `tid`: allocations
-    /// (and reallocs that returned a block) and releases. The heap's
-    /// changes come through `live_changed`.
-    pub fn observe_call(&mut self, tid: u32, ev: &Event) {
+    /// (and reallocs that returned a block) and releases.
+    fn observe_call(&mut self, tid: u32, ev: &Event) {
         match *ev {
             Event::Alloc {
                 addr, size, stack, ..
@@ -84,7 +99,7 @@ impl SiteTotals {
     }
 
     /// A live block of `stack` appeared or went (`allocated`).
-    pub fn live_changed(&mut self, stack: u32, size: u64, allocated: bool) {
+    fn live_changed(&mut self, stack: u32, size: u64, allocated: bool) {
         let epoch = self.epoch;
         let s = self.sites.entry(stack).or_default();
         if s.stamp != epoch {
@@ -99,7 +114,7 @@ impl SiteTotals {
     }
 
     /// The heap just reached a new peak: what is live now is the peak.
-    pub fn new_peak(&mut self) {
+    fn new_peak(&mut self) {
         self.epoch += 1;
     }
 

@@ -388,10 +388,7 @@ fn analyze_keeping<V: LiveValue, R: Read + Seek>(
             c.1 += bytes;
         };
         if with_sites {
-            heap.apply_observed(&m.event, |b, allocated| {
-                sites.live_changed(b.stack(), b.size(), allocated)
-            });
-            sites.observe_call(m.tid, &m.event);
+            sites.replay(&mut heap, m.tid, &m.event);
         } else {
             heap.apply(&m.event);
         }
@@ -432,9 +429,6 @@ fn analyze_keeping<V: LiveValue, R: Read + Seek>(
             _ => {}
         }
         if heap.live_bytes > peak.bytes {
-            if with_sites {
-                sites.new_peak();
-            }
             peak = PeakHeap {
                 bytes: heap.live_bytes,
                 blocks: heap.live.len() as u64,
