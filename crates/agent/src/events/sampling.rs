@@ -57,18 +57,21 @@ impl Sampler {
         self.next_point(mean)
     }
 
+    /// The allocation just counted reached `left` 0: it is sampled, and the
+    /// next gap starts at its end. Except at a thread's first allocation,
+    /// which only starts the process (its first block is no likelier than
+    /// any other): the first point falls a gap from that block's start.
     #[cold]
     fn next_point(&mut self, mean: u64) -> bool {
-        let sampled = self.drawn;
-        // The first call only starts the process (a thread's first block
-        // is no likelier than any other).
-        let overshoot = if self.drawn { 0 } else { self.left };
-        self.drawn = true;
-        self.left = self.gap(mean) + overshoot;
-        if !sampled && self.left <= 0 {
-            return self.next_point(mean);
+        if !self.drawn {
+            self.drawn = true;
+            self.left += self.gap(mean);
+            if self.left > 0 {
+                return false;
+            }
         }
-        sampled
+        self.left = self.gap(mean);
+        true
     }
 
     /// An exponential gap of mean `mean` bytes, at least one byte.
