@@ -819,18 +819,15 @@ impl Watcher {
             series.resize(n, 0);
             // Under sampled recording, a full stack's sampled blocks stand
             // for all of its blocks: its growth is judged on the estimate.
-            series.push(
-                v.get("estimated_bytes")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(bytes),
-            );
+            let estimated_bytes = v.get("estimated_bytes").and_then(Value::as_u64);
+            series.push(estimated_bytes.unwrap_or(bytes));
             let ages = v.get("ages").and_then(Value::as_array);
             self.current.insert(
                 site,
                 SiteNow {
                     bytes,
                     blocks,
-                    estimated_bytes: v.get("estimated_bytes").and_then(Value::as_u64),
+                    estimated_bytes,
                     caller_only: v.get("caller_only") == Some(&Value::Bool(true)),
                     ages: ages
                         .into_iter()
