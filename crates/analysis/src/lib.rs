@@ -27,6 +27,7 @@ pub mod sites;
 pub mod staleness;
 pub mod stats;
 pub mod suppressions;
+pub mod thread_timeline;
 pub mod timeline;
 mod verdicts;
 

@@ -15,7 +15,7 @@ use trapline_trace::{Event, TraceError};
 use crate::index::{MergedEvents, TraceIndex};
 use crate::replay::{Block, HeapReplay};
 
-/// Points per series.
+/// Points per series of the HTML report's plot.
 pub const POINTS: usize = 240;
 
 /// The heap over time.
@@ -34,16 +34,26 @@ pub struct Timeline {
     pub verdicts: Vec<(f64, u32, String)>,
 }
 
-/// Samples the heap at `POINTS` times; `sites` are the stack ids followed.
+/// Samples the heap at [`POINTS`] times; `sites` are the stack ids followed.
 pub fn analyze<R: Read + Seek>(input: &mut R, sites: &[u32]) -> Result<Timeline, TraceError> {
+    analyze_points(input, sites, POINTS)
+}
+
+/// Samples the heap at `points` (at least 2) evenly spaced times.
+pub fn analyze_points<R: Read + Seek>(
+    input: &mut R,
+    sites: &[u32],
+    points: usize,
+) -> Result<Timeline, TraceError> {
+    let points = points.max(2);
     let index = TraceIndex::build(input)?;
     let (start, end) = index.time_span();
     let span = end.saturating_sub(start).max(1);
-    let at = |i: usize| start + span * i as u64 / (POINTS as u64 - 1);
+    let at = |i: usize| start + span * i as u64 / (points as u64 - 1);
     let followed: HashMap<u32, usize> = sites.iter().enumerate().map(|(i, &s)| (s, i)).collect();
     let mut live = vec![0u64; sites.len()];
     let mut t = Timeline {
-        sites: vec![Vec::with_capacity(POINTS); sites.len()],
+        sites: vec![Vec::with_capacity(points); sites.len()],
         ..Timeline::default()
     };
     let mut heap: HeapReplay<Block> = HeapReplay::default();
@@ -58,7 +68,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R, sites: &[u32]) -> Result<Timeline,
     };
     for m in MergedEvents::new(input, &index) {
         if m.time != 0 {
-            while t.seconds.len() < POINTS - 1 && m.time > at(t.seconds.len()) {
+            while t.seconds.len() < points - 1 && m.time > at(t.seconds.len()) {
                 let i = t.seconds.len();
                 point(&mut t, &live, high, i);
                 high = heap.live_bytes;
@@ -92,7 +102,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R, sites: &[u32]) -> Result<Timeline,
             _ => {}
         }
     }
-    while t.seconds.len() < POINTS {
+    while t.seconds.len() < points {
         let i = t.seconds.len();
         point(&mut t, &live, high, i);
         high = heap.live_bytes;

@@ -16,6 +16,11 @@ pub enum ExportFormat {
     /// Parquet tables (DuckDB, DataFusion, Spark): FILE is a directory that
     /// gets events.parquet and stacks.parquet.
     Parquet,
+    /// Chrome's trace event JSON (Perfetto's UI, Chrome DevTools): lock
+    /// waits and holds per thread, the heap as a counter, scans and
+    /// verdicts as instants.
+    #[value(alias = "chrome-trace")]
+    Perfetto,
 }
 
 /// What a profile export holds.
@@ -55,6 +60,9 @@ pub fn main(args: ExportArgs) -> ExitCode {
     }
     if let Err(code) = output::refuse_existing("export", &args.output, args.force) {
         return code;
+    }
+    if args.format == ExportFormat::Perfetto {
+        return perfetto(path, &args.output, args.force);
     }
     let written = match args.profile {
         Profiled::Heap => {
@@ -116,4 +124,52 @@ fn parquet(trace: &Path, dir: &Path, force: bool) -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => output::fail("export", trace, e),
     }
+}
+
+/// Writes the Chrome trace event JSON of the trace at `trace` to `file`.
+fn perfetto(trace: &Path, file: &Path, force: bool) -> ExitCode {
+    use trapline_export::perfetto::{self, Error};
+    let opened = match std::fs::File::open(trace) {
+        Ok(f) => f,
+        Err(e) => return output::fail("export", trace, format!("cannot open: {e}")),
+    };
+    let mut input = std::io::BufReader::with_capacity(1 << 16, opened);
+    // The analysis writes as it goes: its own failure is kept apart from
+    // the file's, and either leaves no file behind.
+    let mut analysis_error = None;
+    let mut found = None;
+    let written = crate::progress::while_running("export", || {
+        output::write_file(file, force, |out| match perfetto::write(&mut input, out) {
+            Ok(t) if t.trace.events == 0 => {
+                analysis_error = Some("the trace holds no readable events".to_string());
+                Err(std::io::Error::other("no events"))
+            }
+            Ok(t) => {
+                found = Some(t);
+                Ok(())
+            }
+            Err(Error::Io(e)) => Err(e),
+            Err(Error::Trace(e)) => {
+                analysis_error = Some(e.to_string());
+                Err(std::io::Error::other("analysis failed"))
+            }
+        })
+    });
+    if let Some(e) = analysis_error {
+        return output::fail("export", trace, e);
+    }
+    if let Err(e) = written {
+        return output::fail("export", file, e);
+    }
+    let Some(found) = found else {
+        return ExitCode::from(crate::EXIT_ANALYSIS_ERROR);
+    };
+    for w in found
+        .warnings
+        .iter()
+        .chain(&trapline_analysis::report::status_warnings(&found.trace))
+    {
+        eprintln!("trapline export: warning: {w}");
+    }
+    ExitCode::SUCCESS
 }

@@ -242,3 +242,203 @@ fn parquet_tables_are_queried_by_duckdb() {
         e.stderr
     );
 }
+
+/// An event on a thread's track: (name, start, duration, site).
+type TrackEvent = (String, f64, f64, String);
+
+/// The thread tracks Chrome DevTools' own trace engine builds from a
+/// `--format perfetto` file (tests/consumers, which .ci/run installs with
+/// npm): per thread, its events.
+fn devtools_threads(file: &Path) -> Vec<(u64, Vec<TrackEvent>)> {
+    let consumers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/consumers");
+    assert!(
+        consumers
+            .join("node_modules/@paulirish/trace_engine")
+            .is_dir(),
+        "DevTools' trace engine is missing: npm ci --prefix tests/consumers (.ci/run does)"
+    );
+    let out = Command::new("node")
+        .arg(consumers.join("devtools_threads.mjs"))
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run node (apt-get install nodejs): {e}"));
+    assert!(
+        out.status.success(),
+        "DevTools' trace engine failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let parsed: Value = serde_json::from_slice(&out.stdout).expect("JSON from the script");
+    let processes = parsed["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 1, "{parsed}");
+    processes[0]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let events = t["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    (
+                        e["name"].as_str().unwrap().to_owned(),
+                        e["ts"].as_f64().unwrap(),
+                        e["dur"].as_f64().unwrap(),
+                        e["site"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect();
+            (t["tid"].as_u64().unwrap(), events)
+        })
+        .collect()
+}
+
+/// The file's own events of phase `ph` (counters and instants, which
+/// DevTools' engine keeps no model of).
+fn events_of_phase<'a>(trace: &'a Value, ph: &str) -> Vec<&'a Value> {
+    trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == ph)
+        .collect()
+}
+
+/// lock_contention.c's handoff lock, read back by Chrome DevTools' trace
+/// engine: exactly one wait, on the waiter's track at its line, and the
+/// handoff's two holds, the main thread's before the waiter's; the
+/// counter lock's holds are there exactly when some worker waited for it.
+#[test]
+fn perfetto_timeline_is_read_by_devtools_trace_engine() {
+    let dir = TestDir::new("export_perfetto");
+    let prog = compile_c(&dir, "lock_contention.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let locks = printed_addresses(&run.stdout);
+    let file = dir.path().join("timeline.json");
+    let e = export(&dir.trace(), &["--format", "perfetto"], &file);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+    let pid = e_pid(&dir.trace());
+
+    let threads = devtools_threads(&file);
+    let named = |prefix: &str, lock: &str| -> Vec<(u64, TrackEvent)> {
+        let name = format!("{prefix} mutex {lock}");
+        threads
+            .iter()
+            .flat_map(|(tid, evs)| evs.iter().map(move |e| (*tid, e.clone())))
+            .filter(|(_, e)| e.0 == name)
+            .collect()
+    };
+    let handoff = &locks["handoff"];
+    let waits = named("wait", handoff);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    let (waiter, wait) = &waits[0];
+    assert_ne!(*waiter, pid);
+    let wait_line = marker_line("lock_contention.c", "HANDOFF-WAIT");
+    assert!(
+        wait.3
+            .starts_with(&format!("waiter (lock_contention.c:{wait_line})")),
+        "{wait:?}"
+    );
+    assert!(wait.2 > 0.0, "{wait:?}");
+    let holds = named("hold", handoff);
+    assert_eq!(holds.len(), 2, "{holds:?}");
+    let (main_hold, waiter_hold) = (&holds[0], &holds[1]);
+    assert_eq!(main_hold.0, pid, "{holds:?}");
+    let hold_line = marker_line("lock_contention.c", "HANDOFF-HOLD");
+    assert!(
+        main_hold
+            .1
+             .3
+            .starts_with(&format!("main (lock_contention.c:{hold_line})")),
+        "{holds:?}"
+    );
+    assert_eq!(waiter_hold.0, *waiter, "{holds:?}");
+    assert!(
+        main_hold.1 .1 + main_hold.1 .2 <= waiter_hold.1 .1,
+        "the main thread's hold ends before the waiter's begins: {holds:?}"
+    );
+
+    // 4 workers x 1000 rounds: every hold of the counter lock or none.
+    let counter = &locks["counter_lock"];
+    let counter_waits = named("wait", counter).len();
+    let counter_holds = named("hold", counter).len();
+    assert_eq!(
+        counter_holds,
+        if counter_waits > 0 { 4000 } else { 0 },
+        "{counter_waits} waits"
+    );
+    // Locks nobody waited for have no holds in the file.
+    for name in ["busy", "table", "spin"] {
+        let addr = &locks[name];
+        assert!(
+            threads
+                .iter()
+                .all(|(_, evs)| evs.iter().all(|e| !e.0.ends_with(addr.as_str()))),
+            "{name}"
+        );
+    }
+
+    // The counter track and the instants, read from the file itself.
+    let trace: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let peak = analysis_json("stats", &dir.trace())["peak_heap"]["bytes"].clone();
+    let heap = events_of_phase(&trace, "C");
+    let most = heap
+        .iter()
+        .map(|c| &c["args"]["live bytes"])
+        .max_by_key(|v| v.as_u64());
+    assert_eq!(most, Some(&peak), "{heap:?}");
+    let scans: Vec<&Value> = events_of_phase(&trace, "i")
+        .into_iter()
+        .map(|i| &i["name"])
+        .collect();
+    assert_eq!(scans, [&Value::from("scan (exit)")]);
+    let summary = &trace["otherData"]["trapline"];
+    assert_eq!(summary["waits"], 1 + counter_waits, "{summary}");
+    assert_eq!(summary["holds"], 2 + counter_holds, "{summary}");
+}
+
+/// The pid of a trace, from `trapline stats`.
+fn e_pid(trace: &Path) -> u64 {
+    analysis_json("stats", trace)["process"]["pid"]
+        .as_u64()
+        .unwrap()
+}
+
+/// lock_deadlock.c stopped by --timeout: each thread's track ends with
+/// its hold of one lock and its wait for the other, up to the end.
+#[test]
+fn perfetto_timeline_shows_a_deadlock_as_waits_up_to_the_end() {
+    let dir = TestDir::new("export_perfetto_deadlock");
+    let prog = compile_c(&dir, "lock_deadlock.c");
+    let run = run(&dir, &["--timeout", "3"], &prog, &[]);
+    assert_eq!(run.code(), 124, "{}", run.describe());
+    let file = dir.path().join("timeline.json");
+    let e = export(&dir.trace(), &["--format", "perfetto"], &file);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+    let threads = devtools_threads(&file);
+    let line = |m: &str| marker_line("lock_deadlock.c", m);
+    let mut seen: Vec<(String, String)> = threads
+        .iter()
+        .flat_map(|(_, evs)| evs.iter())
+        .map(|e| {
+            let kind = e.0.rsplitn(3, ' ').nth(2).unwrap().to_owned();
+            (kind, e.3.split(" <- ").next().unwrap().to_owned())
+        })
+        .collect();
+    seen.sort();
+    let place = |f: &str, m: &str| format!("{f} (lock_deadlock.c:{})", line(m));
+    assert_eq!(
+        seen,
+        [
+            ("held at end".to_owned(), place("one", "ONE-HOLDS-A")),
+            ("held at end".to_owned(), place("two", "TWO-HOLDS-B")),
+            ("waiting at end".to_owned(), place("one", "ONE-WAITS-B")),
+            ("waiting at end".to_owned(), place("two", "TWO-WAITS-A")),
+        ]
+    );
+    // Each thread waits on the track where it holds the other lock.
+    for (_, evs) in threads.iter().filter(|(_, evs)| !evs.is_empty()) {
+        assert_eq!(evs.len(), 2, "{evs:?}");
+    }
+}

@@ -5,9 +5,12 @@
 //!   Grafana.
 //! - [`html`]: one self-contained page of a process tree, for browsers.
 //! - [`parquet`]: the events and stacks as tables, for DuckDB and Spark.
+//! - [`perfetto`]: lock waits and holds per thread and the heap over time,
+//!   for Perfetto and Chrome DevTools.
 
 #![forbid(unsafe_code)]
 
 pub mod html;
 pub mod parquet;
+pub mod perfetto;
 pub mod pprof;
