@@ -4,6 +4,7 @@
 
 mod deadlocks;
 mod diff;
+mod embedded_agent;
 mod export;
 mod leaks;
 mod locks;

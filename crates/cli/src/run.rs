@@ -202,8 +202,9 @@ fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Where the agent library is: $TRAPLINE_AGENT, next to this binary, or in
-/// the install layout `<prefix>/lib/trapline/` beside `<prefix>/bin/trapline`.
+/// Where the agent library is: $TRAPLINE_AGENT, next to this binary, in
+/// the install layout `<prefix>/lib/trapline/` beside `<prefix>/bin/trapline`,
+/// or the copy this binary carries, written out (`embedded_agent`).
 pub fn find_agent() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os(env::AGENT) {
         let p = PathBuf::from(p);
@@ -227,6 +228,9 @@ pub fn find_agent() -> Result<PathBuf, String> {
         if c.is_file() {
             return Ok(c.canonicalize().unwrap_or_else(|_| c.clone()));
         }
+    }
+    if let Some(embedded) = crate::embedded_agent::path() {
+        return embedded;
     }
     Err(format!(
         "cannot find the agent library {AGENT_FILE} (looked in {} and {}); build it with `cargo build --release` or set TRAPLINE_AGENT",
