@@ -28,8 +28,13 @@ pub struct HeapProfile {
     pub sampling: Option<SamplingReport>,
     /// Nanoseconds from the trace's first to its last event.
     pub duration_ns: u64,
+    /// The time of the trace's last event.
+    pub end_ns: u64,
     /// Where the live values come from: `"exit_snapshot"` or `"replay"`.
     pub live_source: &'static str,
+    /// The time asked for (seconds of the trace's clock) at which the
+    /// sites' `live_at_*` values were taken, from the heap replay.
+    pub live_at_seconds: Option<f64>,
     /// Allocation stacks, most live bytes first, then most bytes allocated.
     pub sites: Vec<HeapSite>,
     pub warnings: Vec<String>,
@@ -45,6 +50,9 @@ pub struct HeapSite {
     pub allocated_bytes: u64,
     pub live_blocks: u64,
     pub live_bytes: u64,
+    /// Live at [`HeapProfile::live_at_seconds`] (0 when not asked).
+    pub live_at_blocks: u64,
+    pub live_at_bytes: u64,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -53,6 +61,8 @@ struct Totals {
     allocated_bytes: f64,
     live_blocks: f64,
     live_bytes: f64,
+    live_at_blocks: f64,
+    live_at_bytes: f64,
 }
 
 /// How a block of one stack counts: as itself (not sampled), as `1 / p`
@@ -68,7 +78,18 @@ fn weight(facts: &Facts, stack: u32, size: u64) -> Option<f64> {
 
 /// Analyses a trace.
 pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError> {
+    analyze_at(input, None)
+}
+
+/// Analyses a trace, and takes the live blocks at its time `at_ns` too
+/// (the trace's clock, as every report prints times): as they were before
+/// the first event after that time, at the end when the trace ends before.
+pub fn analyze_at<R: Read + Seek>(
+    input: &mut R,
+    at_ns: Option<u64>,
+) -> Result<HeapProfile, TraceError> {
     let index = TraceIndex::build(input)?;
+    let mut take_at = at_ns;
     let mut facts = Facts::default();
     let mut heap: HeapReplay<Block> = HeapReplay::default();
     let mut sites: HashMap<u32, Totals> = HashMap::new();
@@ -82,6 +103,10 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError>
         if m.time != 0 {
             first = first.min(m.time);
             last = last.max(m.time);
+            if take_at.is_some_and(|t| m.time > t) {
+                take_at = None;
+                count_live(&facts, &heap, &mut sites, true);
+            }
         }
         heap.apply(&m.event);
         let allocated = match m.event {
@@ -128,6 +153,9 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError>
     }
     let stopped = merged.read_status();
     drop(merged);
+    if take_at.is_some() {
+        count_live(&facts, &heap, &mut sites, true);
+    }
 
     let live_source = if facts.has_exit_snapshot() {
         for ((_, stack), t) in snapshot
@@ -140,13 +168,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError>
         }
         "exit_snapshot"
     } else {
-        for b in heap.live.values() {
-            if let Some(w) = weight(&facts, b.stack, b.size) {
-                let s = sites.entry(b.stack).or_default();
-                s.live_blocks += w;
-                s.live_bytes += w * b.size as f64;
-            }
-        }
+        count_live(&facts, &heap, &mut sites, false);
         "replay"
     };
 
@@ -163,6 +185,8 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError>
                     allocated_bytes: round(t.allocated_bytes),
                     live_blocks: round(t.live_blocks),
                     live_bytes: round(t.live_bytes),
+                    live_at_blocks: round(t.live_at_blocks),
+                    live_at_bytes: round(t.live_at_bytes),
                 },
             )
         })
@@ -178,8 +202,27 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError>
         sampling: facts.sampling_report(),
         duration_ns: last.saturating_sub(first.min(last)),
         live_source,
+        live_at_seconds: at_ns.map(|at| at.min(last) as f64 / 1e9),
+        end_ns: last,
         sites: out.into_iter().map(|(_, s)| s).collect(),
         warnings: facts.memory_warnings(&symbolizer),
         trace: facts.trace_status(&index, stopped),
     })
+}
+
+/// Counts the replay's live blocks into the sites' `live_*`, or their
+/// `live_at_*` when `at`.
+fn count_live(facts: &Facts, heap: &HeapReplay<Block>, sites: &mut HashMap<u32, Totals>, at: bool) {
+    for b in heap.live.values() {
+        if let Some(w) = weight(facts, b.stack, b.size) {
+            let t = sites.entry(b.stack).or_default();
+            let (blocks, bytes) = if at {
+                (&mut t.live_at_blocks, &mut t.live_at_bytes)
+            } else {
+                (&mut t.live_blocks, &mut t.live_bytes)
+            };
+            *blocks += w;
+            *bytes += w * b.size as f64;
+        }
+    }
 }

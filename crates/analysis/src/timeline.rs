@@ -21,6 +21,8 @@ pub const POINTS: usize = 240;
 /// The heap over time.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Timeline {
+    /// The trace's time of its first event, from which `seconds` count.
+    pub start_ns: u64,
     /// Seconds since the start of the trace of each point.
     pub seconds: Vec<f64>,
     /// Total live bytes at each point (the most reached since the point
@@ -53,6 +55,7 @@ pub fn analyze_points<R: Read + Seek>(
     let followed: HashMap<u32, usize> = sites.iter().enumerate().map(|(i, &s)| (s, i)).collect();
     let mut live = vec![0u64; sites.len()];
     let mut t = Timeline {
+        start_ns: start,
         sites: vec![Vec::with_capacity(points); sites.len()],
         ..Timeline::default()
     };

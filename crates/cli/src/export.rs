@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::ValueEnum;
-use trapline_analysis::{heap_profile, profile};
+use trapline_analysis::profile;
 
 use crate::output;
 
@@ -49,12 +49,20 @@ pub struct ExportArgs {
     /// Replace FILE if it exists.
     #[arg(long)]
     pub force: bool,
+    /// pprof heap: the inuse values are the blocks live SECS seconds into
+    /// the run instead of at its end.
+    #[arg(long, value_name = "SECS", value_parser = crate::output::parse_seconds)]
+    pub at: Option<f64>,
 }
 
 /// Runs the command: 0 when the file is written, 1 when the trace cannot
 /// give it or the file cannot be written, 2 for bad usage.
 pub fn main(args: ExportArgs) -> ExitCode {
     let path = &args.trace.trace;
+    if args.at.is_some() && (args.format != ExportFormat::Pprof || args.profile != Profiled::Heap) {
+        eprintln!("trapline export: --at applies only to the pprof heap profile");
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
     if args.format == ExportFormat::Parquet {
         return parquet(path, &args.output, args.force);
     }
@@ -66,7 +74,7 @@ pub fn main(args: ExportArgs) -> ExitCode {
     }
     let written = match args.profile {
         Profiled::Heap => {
-            let report = match output::load("export", path, heap_profile::analyze) {
+            let report = match output::heap_profile_at("export", path, args.at) {
                 Ok(r) => r,
                 Err(code) => return code,
             };

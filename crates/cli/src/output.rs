@@ -245,3 +245,36 @@ pub fn write_file(
         format!("cannot rename {} to it: {e}", temp.display())
     })
 }
+
+/// A number of seconds for `--at`: finite and not negative.
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds (0 or more)")),
+    }
+}
+
+/// The heap profile of the trace at `path`, with the live blocks at `at`
+/// seconds when asked; a time after the trace's end is an error.
+pub fn heap_profile_at(
+    command: &str,
+    path: &Path,
+    at: Option<f64>,
+) -> Result<trapline_analysis::heap_profile::HeapProfile, ExitCode> {
+    let at_ns = at.map(|s| (s * 1e9).round() as u64);
+    let heap = load(command, path, |input| {
+        trapline_analysis::heap_profile::analyze_at(input, at_ns)
+    })?;
+    if let Some(ns) = at_ns.filter(|&ns| ns > heap.end_ns) {
+        return Err(fail(
+            command,
+            path,
+            format!(
+                "--at {} s is after the trace's end ({} s)",
+                ns as f64 / 1e9,
+                heap.end_ns as f64 / 1e9
+            ),
+        ));
+    }
+    Ok(heap)
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use trapline_analysis::profile::{self, ProfileError};
-use trapline_analysis::{deadlocks, heap_profile, leaks, locks, stats, timeline};
+use trapline_analysis::{deadlocks, leaks, locks, stats, timeline};
 use trapline_export::html::{self, ProcessPage};
 
 use crate::output;
@@ -26,6 +26,10 @@ pub struct ReportArgs {
     /// Replace FILE if it exists.
     #[arg(long)]
     pub force: bool,
+    /// Also draw the bytes live SECS seconds into each run (a flame graph,
+    /// marked on the heap plot).
+    #[arg(long, value_name = "SECS", value_parser = crate::output::parse_seconds)]
+    pub at: Option<f64>,
 }
 
 /// Runs the command: 0 when the page is written, 1 when a trace cannot be
@@ -36,7 +40,7 @@ pub fn main(args: ReportArgs) -> ExitCode {
     }
     let mut pages = Vec::new();
     for path in &args.traces {
-        match crate::progress::while_running("report", || page(path)) {
+        match crate::progress::while_running("report", || page(path, args.at)) {
             Ok(p) => pages.push(p),
             Err(code) => return code,
         }
@@ -48,10 +52,10 @@ pub fn main(args: ReportArgs) -> ExitCode {
 }
 
 /// Every analysis of one trace, each its own pass.
-fn page(path: &Path) -> Result<ProcessPage, ExitCode> {
+fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
     let stats = output::load("report", path, stats::analyze)?;
     let leaks = output::load("report", path, leaks::analyze)?;
-    let heap = output::load("report", path, heap_profile::analyze)?;
+    let heap = output::heap_profile_at("report", path, at)?;
     let plotted: Vec<_> = stats
         .sites
         .peak_contribution

@@ -442,3 +442,71 @@ fn perfetto_timeline_shows_a_deadlock_as_waits_up_to_the_end() {
         assert_eq!(evs.len(), 2, "{evs:?}");
     }
 }
+
+/// heap_phases.c: 3 x 1000 bytes held, 200 ms of nothing, then freed and
+/// 2 x 500 bytes leaked. `--at` a time inside the pause gives phase one's
+/// blocks; the default, the end's.
+#[test]
+fn heap_profile_at_a_chosen_time() {
+    let dir = TestDir::new("export_pprof_at");
+    let prog = compile_c(&dir, "heap_phases.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let stats = analysis_json("stats", &dir.trace());
+    assert_eq!(stats["peak_heap"]["bytes"], 3000, "{}", stats["peak_heap"]);
+    // 100 ms after the peak: in the middle of the pause.
+    let pause = stats["peak_heap"]["time_ns"].as_u64().unwrap() as f64 / 1e9 + 0.1;
+    let at = format!("{pause}");
+    let file = dir.path().join("at.pb.gz");
+    let e = export(&dir.trace(), &["--format", "pprof", "--at", &at], &file);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+    let top = pprof(&["-top", "-unit=B", "-sample_index=inuse_space"], &file);
+    assert!(top.contains("Total samples = 3000B"), "{top}");
+    assert_eq!(top_rows(&top)[0], ("3000B".into(), "hold_phase_one".into()));
+    let objects = pprof(&["-top", "-sample_index=inuse_objects"], &file);
+    assert!(objects.contains("Total samples = 3"), "{objects}");
+
+    let end = dir.path().join("end.pb.gz");
+    let e = export(&dir.trace(), &["--format", "pprof"], &end);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+    let top = pprof(&["-top", "-unit=B", "-sample_index=inuse_space"], &end);
+    assert!(top.contains("Total samples = 1000B"), "{top}");
+    assert_eq!(top_rows(&top)[0], ("1000B".into(), "leak_phase_two".into()));
+
+    // The report draws it as a third flame graph, marked on the plot.
+    let page = dir.path().join("at.html");
+    let mut cmd = Command::new(trapline());
+    cmd.args(["report", "--at", &at])
+        .arg(dir.trace())
+        .arg("-o")
+        .arg(&page);
+    let r = output_of(cmd, "trapline report");
+    assert_eq!(r.code(), 0, "{}", r.describe());
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains(&format!("<h3>Bytes live at {at} s</h3>")));
+    assert_eq!(html.matches("<line class=\"chosen\"").count(), 1);
+
+    // A time after the end, and --at where it means nothing.
+    let late_file = dir.path().join("late.pb.gz");
+    let late = export(
+        &dir.trace(),
+        &["--format", "pprof", "--at", "100"],
+        &late_file,
+    );
+    assert_eq!(late.code(), 1, "{}", late.describe());
+    assert!(
+        late.stderr
+            .contains("--at 100 s is after the trace's end ("),
+        "{}",
+        late.stderr
+    );
+    assert!(!late_file.exists());
+    let json = dir.path().join("t.json");
+    let wrong = export(
+        &dir.trace(),
+        &["--format", "perfetto", "--at", "0.1"],
+        &json,
+    );
+    assert_eq!(wrong.code(), 2, "{}", wrong.describe());
+    assert!(!json.exists());
+}

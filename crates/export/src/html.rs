@@ -152,7 +152,7 @@ fn process(h: &mut String, p: &ProcessPage) {
     }
 
     h.push_str("<h2>Heap over time</h2>");
-    heap_plot(h, &p.timeline, &p.timeline_sites);
+    heap_plot(h, &p.timeline, &p.timeline_sites, p.heap.live_at_seconds);
 
     leak_table(h, l);
     errors(h, l);
@@ -178,6 +178,14 @@ fn process(h: &mut String, p: &ProcessPage) {
         "bytes",
         &folded(|s| s.live_bytes),
     );
+    if let Some(at) = p.heap.live_at_seconds {
+        flame(
+            h,
+            &format!("Bytes live at {at} s"),
+            "bytes",
+            &folded(|s| s.live_at_bytes),
+        );
+    }
     if let Some(prof) = &p.profile {
         h.push_str("<h2>CPU</h2>");
         let lines: Vec<(String, u64)> = prof.folded.clone();
@@ -241,8 +249,9 @@ fn flame(h: &mut String, title: &str, unit: &str, lines: &[(String, u64)]) {
 }
 
 /// Total live bytes as a line, the followed sites as stacked areas under
-/// it, scans and verdicts as marks on the time axis.
-fn heap_plot(h: &mut String, t: &Timeline, names: &[String]) {
+/// it, scans and verdicts as marks on the time axis, and the time chosen
+/// for a flame graph (`report --at`) as a line.
+fn heap_plot(h: &mut String, t: &Timeline, names: &[String], chosen: Option<f64>) {
     let (w, ht, left, bottom) = (900.0, 280.0, 110.0, 30.0);
     let max = t.live_bytes.iter().copied().max().unwrap_or(0).max(1) as f64;
     let end = t.seconds.last().copied().unwrap_or(0.0).max(1e-9);
@@ -294,6 +303,14 @@ fn heap_plot(h: &mut String, t: &Timeline, names: &[String]) {
             ht - bottom,
             trigger,
             s
+        );
+    }
+    if let Some(s) = chosen {
+        let _ = write!(
+            h,
+            "<line class=\"chosen\" x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"10\" y2=\"{1}\" stroke=\"#f16913\" stroke-width=\"2\"><title>bytes live at {s} s: flame graph below</title></line>",
+            x(s - t.start_ns as f64 / 1e9),
+            ht - bottom,
         );
     }
     for (s, stack, kinds) in &t.verdicts {

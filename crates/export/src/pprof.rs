@@ -301,10 +301,13 @@ pub fn write_heap(p: &HeapProfile, out: &mut impl Write) -> std::io::Result<()> 
     b.profile.time_nanos = clamp(p.process.start_unix_ns.unwrap_or(0));
     b.profile.duration_nanos = clamp(p.duration_ns);
     b.comment(&format!("trapline heap profile of {}", program(&p.process)));
-    b.comment(&format!(
-        "inuse values from the {}",
-        p.live_source.replace('_', " ")
-    ));
+    match p.live_at_seconds {
+        Some(at) => b.comment(&format!("inuse values from the heap replay at {at} s")),
+        None => b.comment(&format!(
+            "inuse values from the {}",
+            p.live_source.replace('_', " ")
+        )),
+    }
     if let Some(s) = p.sampling {
         b.profile.period = clamp(s.mean_bytes);
         b.comment(&format!(
@@ -312,14 +315,23 @@ pub fn write_heap(p: &HeapProfile, out: &mut impl Write) -> std::io::Result<()> 
             s.mean_bytes
         ));
     }
+    let at = p.live_at_seconds.is_some();
     for site in &p.sites {
         b.sample(
             &site.frames,
             vec![
                 clamp(site.allocations),
                 clamp(site.allocated_bytes),
-                clamp(site.live_blocks),
-                clamp(site.live_bytes),
+                clamp(if at {
+                    site.live_at_blocks
+                } else {
+                    site.live_blocks
+                }),
+                clamp(if at {
+                    site.live_at_bytes
+                } else {
+                    site.live_bytes
+                }),
             ],
             Vec::new(),
         );
