@@ -149,3 +149,71 @@ fn report_refuses_what_it_cannot_do() {
     );
     assert_eq!(std::fs::read_to_string(&page).unwrap(), "mine");
 }
+
+/// Two runs in one page, a tab each: lock_orders.c's AB/BA order, drawn as
+/// a cycle of its two locks, and lock_deadlock.c hung until --timeout,
+/// drawn as its two threads each waiting for the other, with the lines
+/// where each asked and took.
+#[test]
+fn the_report_draws_lock_cycles_and_a_real_deadlock_in_chromium() {
+    let dir = TestDir::new("report_locks");
+    let orders = compile_c(&dir, "lock_orders.c");
+    let r = run(&dir, &[], &orders, &["ab"]);
+    assert_eq!(r.code(), 0, "{}", r.describe());
+    let ab = dir.path().join("ab.trace");
+    std::fs::rename(dir.trace(), &ab).unwrap();
+
+    let hung = compile_c(&dir, "lock_deadlock.c");
+    let r = run(&dir, &["--timeout", "3"], &hung, &[]);
+    assert_eq!(r.code(), 124, "{}", r.describe());
+
+    let page = dir.path().join("locks.html");
+    let mut cmd = Command::new(trapline());
+    cmd.arg("report")
+        .arg(&ab)
+        .arg(dir.trace())
+        .arg("-o")
+        .arg(&page);
+    let made = output_of(cmd, "trapline report");
+    assert_eq!(made.code(), 0, "{}", made.describe());
+    let (dom, log) = chromium(dir.path(), &["--dump-dom"], &page);
+    assert_eq!(console(&log), Vec::<&str>::new(), "console messages");
+
+    assert_eq!(dom.matches("<button class=\"tab").count(), 2);
+    let cycle = analysis_json("deadlocks", &ab);
+    let cycles = as_array(&cycle, "cycles");
+    assert_eq!(cycles.len(), 1, "{}", pretty(&cycle));
+    assert_eq!(dom.matches("<figure class=\"cycle\">").count(), 1);
+    assert!(
+        dom.contains(&format!(
+            "<figcaption>{} cycle of 2 locks, seen {} times</figcaption>",
+            cycles[0]["kind"].as_str().unwrap().replace('_', " "),
+            cycles[0]["occurrences"]
+        )),
+        "the cycle's caption"
+    );
+
+    assert_eq!(dom.matches("<figure class=\"deadlock\">").count(), 1);
+    assert!(dom.contains("<figcaption>deadlock of 2 threads at the end of the run</figcaption>"));
+    let line = |m: &str| marker_line("lock_deadlock.c", m);
+    for (asks, takes) in [
+        ("ONE-WAITS-B", "TWO-HOLDS-B"),
+        ("TWO-WAITS-A", "ONE-HOLDS-A"),
+    ] {
+        let (f, g) = if asks.starts_with("ONE") {
+            ("one", "two")
+        } else {
+            ("two", "one")
+        };
+        let asked = format!("<td>{f} (lock_deadlock.c:{}) \u{2190} ", line(asks));
+        let taken = format!("</td><td>{g} (lock_deadlock.c:{}) \u{2190} ", line(takes));
+        assert!(
+            dom.split("<tr>")
+                .any(|row| row.contains(&asked) && row.contains(&taken)),
+            "no row with {asked} and {taken}"
+        );
+    }
+    // Two figures, two arrows each (the cycle's two edges, the deadlock's
+    // two waits).
+    assert_eq!(dom.matches("<line class=\"edge\"").count(), 4);
+}

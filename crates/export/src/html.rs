@@ -8,7 +8,7 @@
 //! flame graphs of the bytes allocated, of the bytes live at the end and,
 //! when profiled, of the CPU, drawn by inferno and embedded as images (their
 //! own scripts do not run there, so several graphs cannot clash); the lock
-//! table; and the lock-order cycles, each drawn as a graph of its locks.
+//! table; the lock-order cycles and the deadlocks of a hung run, drawn as graphs.
 //! The page's only script switches tabs.
 
 use std::fmt::Write as _;
@@ -423,60 +423,147 @@ fn lock_table(h: &mut String, l: &LocksReport) {
     h.push_str("</tbody></table>");
 }
 
-/// Each lock-order cycle as a ring of its locks, an arrow per edge from
-/// the lock held to the lock asked for, labelled with the thread.
+/// The lock-order cycles (locks in a ring, an arrow per edge from the lock
+/// held to the lock asked for) and the real deadlocks of a hung run
+/// (threads in a ring, an arrow from each waiting thread to the thread
+/// that holds what it waits for).
 fn cycles(h: &mut String, d: &DeadlocksReport) {
+    if !d.actual_deadlocks.is_empty() {
+        h.push_str("<h2>Deadlocks</h2>");
+    }
+    for dl in &d.actual_deadlocks {
+        let nodes: Vec<(u64, String)> = dl
+            .threads
+            .iter()
+            .map(|w| (u64::from(w.thread), format!("T{}", w.thread)))
+            .collect();
+        let edges: Vec<Edge> = dl
+            .threads
+            .iter()
+            .map(|w| Edge {
+                from: u64::from(w.thread),
+                to: u64::from(w.held_by),
+                label: format!("{:#x}", w.waits_for & 0xffff),
+                title: format!(
+                    "thread {} waits in {} for {:#x}, held by thread {}",
+                    w.thread, w.waits_in, w.waits_for, w.held_by
+                ),
+            })
+            .collect();
+        ring(
+            h,
+            "deadlock",
+            &nodes,
+            &edges,
+            &format!("deadlock of {} threads at the end of the run", nodes.len()),
+        );
+        h.push_str(
+            "<table class=\"deadlock\"><tr><th>thread</th><th>waits for</th><th>held by</th><th>asked at</th><th>taken at</th></tr>",
+        );
+        for w in &dl.threads {
+            let _ = write!(
+                h,
+                "<tr><td class=\"num\">{}</td><td>{} {:#x} ({})</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                w.thread,
+                esc(w.lock_kind),
+                w.waits_for,
+                esc(w.waits_in),
+                w.held_by,
+                esc(&stack_name(&w.requested_stack)),
+                esc(&stack_name(&w.held_stack)),
+            );
+        }
+        h.push_str("</table>");
+    }
     if d.cycles.is_empty() {
         return;
     }
     h.push_str("<h2>Lock-order cycles</h2>");
     for c in &d.cycles {
-        let n = c.locks.len().max(1);
-        let (cx, cy, r) = (160.0, 120.0, 80.0);
-        let pos = |lock: u64| {
-            let i = c.locks.iter().position(|&l| l == lock).unwrap_or(0);
-            let a = std::f64::consts::TAU * i as f64 / n as f64 - std::f64::consts::FRAC_PI_2;
-            (cx + r * a.cos(), cy + r * a.sin())
-        };
-        let _ = write!(
+        let nodes: Vec<(u64, String)> = c
+            .locks
+            .iter()
+            .map(|&l| (l, format!("{:#x}", l & 0xffff)))
+            .collect();
+        let edges: Vec<Edge> = c
+            .edges
+            .iter()
+            .map(|e| Edge {
+                from: e.held,
+                to: e.requested,
+                label: format!("T{}", e.thread),
+                title: format!(
+                    "thread {} holds {:#x}, asks for {:#x}",
+                    e.thread, e.held, e.requested
+                ),
+            })
+            .collect();
+        ring(
             h,
-            "<figure class=\"cycle\"><svg viewBox=\"0 0 320 240\" width=\"320\" height=\"240\"><defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" orient=\"auto\"><path d=\"M0,0 L10,5 L0,10 z\"/></marker></defs>"
-        );
-        for e in &c.edges {
-            let (x1, y1) = pos(e.held);
-            let (x2, y2) = pos(e.requested);
-            // Stop short of the node's circle.
-            let (dx, dy) = (x2 - x1, y2 - y1);
-            let len = (dx * dx + dy * dy).sqrt().max(1.0);
-            let (ex, ey) = (x2 - dx / len * 22.0, y2 - dy / len * 22.0);
-            let _ = write!(
-                h,
-                "<line class=\"edge\" x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{ex:.1}\" y2=\"{ey:.1}\" stroke=\"#444\" marker-end=\"url(#arrow)\"><title>thread {} holds {:#x}, asks for {:#x}</title></line><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">T{}</text>",
-                e.thread,
-                e.held,
-                e.requested,
-                (x1 + x2) / 2.0,
-                (y1 + y2) / 2.0 - 4.0,
-                e.thread
-            );
-        }
-        for &lock in &c.locks {
-            let (x, y) = pos(lock);
-            let _ = write!(
-                h,
-                "<circle class=\"lock\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"20\" fill=\"#fdd\" stroke=\"#900\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"9\">{:#x}</text>",
-                y + 3.0,
-                lock & 0xffff
-            );
-        }
-        let _ = write!(
-            h,
-            "</svg><figcaption>{} cycle of {} locks, seen {} times</figcaption></figure>",
-            c.kind.replace('_', " "),
-            c.locks.len(),
-            c.occurrences
+            "cycle",
+            &nodes,
+            &edges,
+            &format!(
+                "{} cycle of {} locks, seen {} times",
+                c.kind.replace('_', " "),
+                c.locks.len(),
+                c.occurrences
+            ),
         );
     }
+}
+
+/// An arrow of a ring graph.
+struct Edge {
+    from: u64,
+    to: u64,
+    label: String,
+    title: String,
+}
+
+/// Nodes on a circle, arrows between them, a caption under it.
+fn ring(h: &mut String, class: &str, nodes: &[(u64, String)], edges: &[Edge], caption: &str) {
+    let n = nodes.len().max(1);
+    let (cx, cy, r) = (160.0, 120.0, 80.0);
+    let pos = |id: u64| {
+        let i = nodes.iter().position(|&(k, _)| k == id).unwrap_or(0);
+        let a = std::f64::consts::TAU * i as f64 / n as f64 - std::f64::consts::FRAC_PI_2;
+        (cx + r * a.cos(), cy + r * a.sin())
+    };
+    let _ = write!(
+        h,
+        "<figure class=\"{class}\"><svg viewBox=\"0 0 320 240\" width=\"320\" height=\"240\"><defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" orient=\"auto\"><path d=\"M0,0 L10,5 L0,10 z\"/></marker></defs>"
+    );
+    for e in edges {
+        let (x1, y1) = pos(e.from);
+        let (x2, y2) = pos(e.to);
+        // Stop short of the node's circle.
+        let (dx, dy) = (x2 - x1, y2 - y1);
+        let len = (dx * dx + dy * dy).sqrt().max(1.0);
+        let (ex, ey) = (x2 - dx / len * 22.0, y2 - dy / len * 22.0);
+        let _ = write!(
+            h,
+            "<line class=\"edge\" x1=\"{x1:.1}\" y1=\"{y1:.1}\" x2=\"{ex:.1}\" y2=\"{ey:.1}\" stroke=\"#444\" marker-end=\"url(#arrow)\"><title>{}</title></line><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">{}</text>",
+            esc(&e.title),
+            (x1 + x2) / 2.0,
+            (y1 + y2) / 2.0 - 4.0,
+            esc(&e.label)
+        );
+    }
+    for (id, label) in nodes {
+        let (x, y) = pos(*id);
+        let _ = write!(
+            h,
+            "<circle class=\"node\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"20\" fill=\"#fdd\" stroke=\"#900\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"9\">{}</text>",
+            y + 3.0,
+            esc(label)
+        );
+    }
+    let _ = write!(
+        h,
+        "</svg><figcaption>{}</figcaption></figure>",
+        esc(caption)
+    );
 }
 
 const HEAD: &str = r#"<!DOCTYPE html>
@@ -501,7 +588,7 @@ ol.stack{font-family:monospace;font-size:12px;margin:4px 0;padding-left:22px}
 .legend span{display:inline-block;width:10px;height:10px;margin-right:4px}
 img.flame{max-width:100%;border:1px solid #eee}
 .note{color:#666}
-figure.cycle{display:inline-block;margin:6px}
+figure.cycle,figure.deadlock{display:inline-block;margin:6px}
 </style></head><body>
 "#;
 
