@@ -456,7 +456,8 @@ fn heap_profile_at_a_chosen_time() {
     assert_eq!(stats["peak_heap"]["bytes"], 3000, "{}", stats["peak_heap"]);
     // 100 ms after the peak: in the middle of the pause.
     let pause = stats["peak_heap"]["time_ns"].as_u64().unwrap() as f64 / 1e9 + 0.1;
-    let at = format!("{pause}");
+    // Milliseconds, which the page prints back as given.
+    let at = format!("{pause:.3}");
     let file = dir.path().join("at.pb.gz");
     let e = export(&dir.trace(), &["--format", "pprof", "--at", &at], &file);
     assert_eq!(e.code(), 0, "{}", e.describe());
