@@ -71,6 +71,10 @@ pub struct Options {
     /// Sampled recording: the mean bytes between allocations that take a
     /// full stack (0: every allocation does).
     pub sample_bytes: AtomicU64,
+    /// The agent was attached to a running process (`trapline attach`):
+    /// releases of blocks it never saw are the program's earlier blocks,
+    /// passed on and counted, not errors.
+    pub attached: AtomicBool,
 }
 
 pub static OPTIONS: Options = Options {
@@ -91,18 +95,50 @@ pub static OPTIONS: Options = Options {
     record_memory: AtomicBool::new(true),
     record_locks: AtomicBool::new(true),
     sample_bytes: AtomicU64::new(0),
+    attached: AtomicBool::new(false),
 };
 
 /// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`).
 static OUTPUT: OnceLock<String> = OnceLock::new();
 
-fn var(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
-}
+/// The control socket's directory, when the CLI named it (attach).
+static CONTROL_DIR: OnceLock<String> = OnceLock::new();
 
 /// Reads every option from the environment (the constructor; `pid` names
 /// a trace whose path was not given).
 pub fn read_from_environment(pid: u32) {
+    read_from(
+        |name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()),
+        pid,
+    );
+}
+
+/// Reads every option from `NAME=value` lines, the environment's names:
+/// what `trapline attach` hands the agent it loads.
+pub fn read_from_lines(lines: &str, pid: u32) {
+    read_from(
+        |name| {
+            lines
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .map(str::to_owned)
+        },
+        pid,
+    );
+    if let Some(dir) = lines
+        .lines()
+        .find_map(|l| l.strip_prefix(env::CONTROL_DIR)?.strip_prefix('='))
+    {
+        let _ = CONTROL_DIR.set(dir.to_owned());
+    }
+}
+
+/// The control socket's directory the CLI named, if it did.
+pub fn control_dir() -> Option<&'static str> {
+    CONTROL_DIR.get().map(String::as_str)
+}
+
+fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
     let o = &OPTIONS;
     let is = |name: &str, value: &str| var(name).as_deref() == Some(value);
     let set = |flag: &AtomicBool, on: bool| flag.store(on, Ordering::Relaxed);

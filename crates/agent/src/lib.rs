@@ -26,6 +26,11 @@ extern "C" fn constructor() {
     if cfg!(test) {
         return;
     }
+    // Loaded into a running process (`trapline attach`), the library waits
+    // for its entry point (hooks/attach.rs).
+    if !runtime::lifecycle::loaded_by_preload() {
+        return;
+    }
     runtime::lifecycle::init(hooks::resolve);
 }
 

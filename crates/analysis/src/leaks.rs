@@ -1305,7 +1305,7 @@ fn leak_summary_text(out: &mut String, p: &str, r: &LeaksReport) {
         if r.trace.has_exit_snapshot || r.trace.has_end {
             writeln!(
                 out,
-                "{p}No reachability scan in the trace (recorded with --no-scan, ended by a signal or exec, or under a seccomp filter that left the agent no way to read its memory): blocks are not judged lost or reachable."
+                "{p}No reachability scan in the trace (recorded with --no-scan or by `trapline attach`, ended by a signal or exec, or under a seccomp filter that left the agent no way to read its memory): blocks are not judged lost or reachable."
             )
             .unwrap();
             writeln!(out, "{p}").unwrap();

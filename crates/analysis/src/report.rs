@@ -62,6 +62,9 @@ pub struct ExitReport {
     /// The process image was replaced by execve.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub exec: bool,
+    /// trapline detached from the process, which went on running.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub detached: bool,
 }
 
 impl From<ExitKind> for ExitReport {
@@ -79,6 +82,10 @@ impl From<ExitKind> for ExitReport {
                 exec: true,
                 ..Default::default()
             },
+            ExitKind::Detach => ExitReport {
+                detached: true,
+                ..Default::default()
+            },
         }
     }
 }
@@ -90,6 +97,8 @@ impl ExitReport {
             format!("exit code {c}")
         } else if let Some(s) = self.signal {
             format!("killed by signal {s}")
+        } else if self.detached {
+            "detached (the process went on)".to_string()
         } else {
             "replaced itself with execve".to_string()
         }
@@ -134,6 +143,20 @@ pub struct TraceStatus {
     /// the file is still the traced build): the blocks it serves never
     /// reach malloc, so they are not in the trace. Null normally.
     pub private_allocator: Option<PrivateAllocatorReport>,
+    /// The trace began when `trapline attach` attached to the running
+    /// process: null for a process `trapline run` started.
+    pub attached: Option<AttachedReport>,
+}
+
+/// See `TraceStatus::attached`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AttachedReport {
+    /// When the agent attached, nanoseconds of the trace's clock.
+    pub at_ns: u64,
+    /// Releases of blocks allocated before the attach (unknown to the
+    /// trace, passed on, never counted as invalid frees); null when the
+    /// trace has no end.
+    pub earlier_releases: Option<u64>,
 }
 
 /// See `TraceStatus::private_allocator`.
@@ -224,6 +247,8 @@ pub(crate) struct Facts {
     pub sampling: Option<crate::sampling::Sampling>,
     /// The stacks that hold only an unsampled allocation's caller.
     pub caller_only: std::collections::HashSet<u32>,
+    /// See `TraceStatus::attached`.
+    pub attached: Option<AttachedReport>,
 }
 
 impl Facts {
@@ -275,6 +300,17 @@ impl Facts {
                 counters,
             } => self.end = Some((*time, *exit, counters.clone())),
             Event::SnapshotBegin { .. } => self.saw_snapshot_begin = true,
+            Event::Attach { time } => {
+                self.attached.get_or_insert(AttachedReport {
+                    at_ns: *time,
+                    earlier_releases: None,
+                });
+            }
+            Event::AttachTotals { earlier_releases } => {
+                if let Some(a) = &mut self.attached {
+                    a.earlier_releases = Some(*earlier_releases);
+                }
+            }
             Event::SnapshotEnd { blocks, bytes } => {
                 self.snapshot_end = Some(BytesBlocks {
                     bytes: *bytes,
@@ -328,6 +364,7 @@ impl Facts {
             allocator_shadowed_by: self.allocator_shadowed_by.clone(),
             allocator_library: self.allocator_library.clone(),
             private_allocator: self.private_allocator(),
+            attached: self.attached,
         }
     }
 
@@ -650,6 +687,21 @@ pub fn status_warnings(status: &TraceStatus) -> Vec<String> {
              allocator to trace them.",
             p.executable, p.allocator, p.symbol
         ));
+    }
+    if let Some(a) = &status.attached {
+        let mut note = String::from(
+            "NOTE: the trace began when trapline attached to the running process: blocks \
+             allocated before are unknown to it",
+        );
+        if let Some(n) = a.earlier_releases {
+            let _ = write!(
+                note,
+                "; {} releases of such blocks were passed on, not counted as errors",
+                thousands(n)
+            );
+        }
+        note.push('.');
+        lines.push(note);
     }
     if !status.has_end {
         lines.push(

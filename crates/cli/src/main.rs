@@ -2,10 +2,12 @@
 
 #![forbid(unsafe_code)]
 
+mod attach;
 mod deadlocks;
 mod diff;
 mod embedded_agent;
 mod export;
+mod inject;
 mod leaks;
 mod locks;
 mod output;
@@ -51,6 +53,10 @@ pub enum Format {
 enum Command {
     /// Run a command with the agent preloaded and record a trace.
     Run(run::RunArgs),
+    /// Record a process that is already running, from now on.
+    Attach(attach::AttachArgs),
+    /// End the recording `attach` started; the process goes on as before.
+    Detach(attach::DetachArgs),
     /// Report the blocks still allocated at exit and the allocation errors.
     Leaks(leaks::LeaksArgs),
     /// Allocation statistics: calls per function, bytes, peak heap, trace size.
@@ -76,6 +82,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::main(args),
+        Command::Attach(args) => attach::attach(args),
+        Command::Detach(args) => attach::detach(args),
         Command::Leaks(args) => leaks::main(args),
         Command::Stats(args) => stats::main(args),
         Command::Profile(args) => profile::main(args),

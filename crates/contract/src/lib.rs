@@ -52,6 +52,14 @@ pub mod env {
     pub const DEFAULT_SAMPLE_BYTES: u64 = 512 << 10;
     /// What the agent's own file name contains (to find it in `LD_PRELOAD`).
     pub const AGENT_FILE_STEM: &str = "libtrapline_agent";
+    /// `trapline attach` only (a line of the options it hands the agent,
+    /// not a variable): the directory of the control socket, the CLI's.
+    pub const CONTROL_DIR: &str = "TRAPLINE_CONTROL_DIR";
+    /// The agent's entry point `trapline attach` calls once it is loaded:
+    /// `int trapline_attach(const char *options, char *error, size_t
+    /// error_len)`, options as `NAME=value` lines; 0 when recording
+    /// started, else -1 with the reason in `error`.
+    pub const ATTACH_ENTRY: &str = "trapline_attach";
 
     /// Whether `path`, an entry of `LD_PRELOAD` (or the whole list), names
     /// the agent.
@@ -143,6 +151,10 @@ pub mod control {
     /// into the trace (`Event::SiteVerdict`) for the analyses to show
     /// offline. The answer: `{"written": true}`.
     pub const VERDICT: &str = "verdict";
+    /// A request of a process `trapline attach` attached to: put back every
+    /// import slot the agent changed, end the trace and go idle. The
+    /// answer, once done: `{"detached": true, "slots": N}`.
+    pub const DETACH: &str = "detach";
     /// Longest request line the agent reads; a longer one, or a line that
     /// is no request, is answered `{"error": "..."}`.
     pub const MAX_REQUEST: usize = 65536;

@@ -334,6 +334,9 @@ pub enum ExitKind {
     Signal(i32),
     /// Replaced itself with execve; the new image writes its own trace.
     Exec,
+    /// The agent was detached (`trapline detach`); the process went on
+    /// (format version 13).
+    Detach,
 }
 
 /// Why a snapshot of the live blocks was taken.
@@ -705,6 +708,19 @@ pub enum Event {
     ControlSocket {
         path: String,
     },
+    /// The agent was attached to a process already running (`trapline
+    /// attach`), at `time`: the blocks allocated before are unknown to the
+    /// trace (format version 13).
+    Attach {
+        time: u64,
+    },
+    /// Written at the end of an attached trace: releases (`free`,
+    /// `delete`, or a `realloc` that moved or freed) of blocks allocated
+    /// before the attach, passed on to the allocator and not recorded
+    /// (format version 13).
+    AttachTotals {
+        earlier_releases: u64,
+    },
     /// A watcher's verdict on an allocation site while the program ran
     /// (`trapline watch`; format version 11). The latest one of a site
     /// stands.
@@ -767,6 +783,7 @@ impl Event {
             | Event::SamplesSkipped { time, .. }
             | Event::SamplesMissed { time, .. }
             | Event::SiteVerdict { time, .. }
+            | Event::Attach { time }
             | Event::ProfileStop { time, .. } => Some(*time),
             Event::Lock(l) => Some(l.time()),
             _ => None,
@@ -811,6 +828,10 @@ pub(crate) mod tag {
     pub const RUN_TOTALS_WITH_FAILED: u8 = 52;
     /// Format version 11.
     pub const CONTROL_SOCKET: u8 = 53;
+    /// Format version 13.
+    pub const ATTACH: u8 = 54;
+    /// Format version 13.
+    pub const ATTACH_TOTALS: u8 = 55;
     // 64..=95: locks and thread synchronisation.
     pub const LOCK_INIT: u8 = 64;
     pub const LOCK_DESTROY: u8 = 65;

@@ -27,9 +27,10 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// 38; 9 `ScanEnd` with the mappings the scan could not leave out of its
 /// roots, tag 39; 10 the lock event `JoinWait`, tag 74, and the lock kind
 /// `Unknown`, 6; 11 `SiteVerdict`, tag 40, `ControlSocket`, tag 53,
-/// `AgentSamples`, tag 101, and `Recording`'s recorder bits;
-/// older files are read unchanged).
-pub const FORMAT_VERSION: u16 = 12;
+/// `AgentSamples`, tag 101, and `Recording`'s recorder bits; 12 sampled
+/// recording; 13 `Attach`, tag 54, `AttachTotals`, tag 55, and the exit
+/// kind `Detach`; older files are read unchanged).
+pub const FORMAT_VERSION: u16 = 13;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

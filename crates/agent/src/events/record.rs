@@ -402,6 +402,10 @@ fn through_private_operators(alloc_stack: u32, release: StartRegs) -> bool {
             && crate::capture::private_operators::call_from_private_operator(release.pc))
 }
 
+/// Releases of blocks allocated before `trapline attach` (attached mode):
+/// passed on, counted, never errors.
+pub static EARLIER_RELEASES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
 /// Records a release of `addr`; returns whether to pass it to the C library.
 #[inline]
 pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
@@ -507,6 +511,12 @@ fn free_recorded(
         return true;
     }
     if untracked::remove(addr) {
+        return true;
+    }
+    if crate::config::flag(&crate::config::OPTIONS.attached) {
+        // A block from before the attach: the program's own to release.
+        drop(shard);
+        EARLIER_RELEASES.fetch_add(1, Ordering::Relaxed);
         return true;
     }
     let freed = shard.recently_freed(addr);
@@ -653,6 +663,7 @@ pub fn realloc(
     };
     let stack = allocation_stack(ts, regs, size as u64, || {});
     let mut old_block = None;
+    let mut earlier = false;
     if old_addr != 0 {
         let mut shard = live::shard_of(old_addr).locked();
         old_block = shard.remove(old_addr);
@@ -668,7 +679,16 @@ pub fn realloc(
             });
             ts.last_time = shard.stamp(clock::tick(), ts.last_time);
         }
-        if old_block.is_none() && !untracked::remove(old_addr) {
+        if old_block.is_none()
+            && !untracked::remove(old_addr)
+            && crate::config::flag(&crate::config::OPTIONS.attached)
+        {
+            // A block from before the attach: resized, it is a new block
+            // from the trace's point of view.
+            drop(shard);
+            EARLIER_RELEASES.fetch_add(1, Ordering::Relaxed);
+            earlier = true;
+        } else if old_block.is_none() && !untracked::remove(old_addr) {
             let pass = report_invalid_realloc(ts, shard, func, old_addr, stack);
             leave(ts);
             // Like memcheck: the bad call does nothing and returns NULL.
@@ -726,7 +746,7 @@ pub fn realloc(
             c,
             &Event::Realloc {
                 time: t,
-                old_addr,
+                old_addr: if earlier { 0 } else { old_addr },
                 new_addr,
                 size: size as u64,
                 func,

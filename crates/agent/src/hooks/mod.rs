@@ -3,6 +3,7 @@
 //! linker binds every call in the program and its libraries to these first.
 
 pub mod alloc;
+pub mod attach;
 pub mod context;
 pub mod cxx;
 pub mod eintr;

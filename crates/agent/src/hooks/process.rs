@@ -46,6 +46,9 @@ fn note_module_changes() {
     if changes.loaded.is_empty() && changes.unloaded.is_empty() {
         return;
     }
+    if !changes.loaded.is_empty() && crate::config::flag(&crate::config::OPTIONS.attached) {
+        crate::runtime::attach::patch_new_modules();
+    }
     let mut b = crate::events::buffers::take_buffer(0);
     let events = changes.loaded.into_iter().map(Event::ModuleLoad).chain(
         changes

@@ -12,6 +12,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 pub unsafe trait FnPointer: Copy {}
 // SAFETY: function pointers.
 unsafe impl FnPointer for fn() {}
+unsafe impl FnPointer for fn() -> Result<usize, String> {}
 // SAFETY: function pointers.
 unsafe impl<T> FnPointer for fn(&mut T) {}
 // SAFETY: function pointers.

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod futex;
 pub mod heap;
 pub mod hold;
+pub mod imports;
 pub mod lock;
 pub mod proc_maps;
 pub mod side_stack;

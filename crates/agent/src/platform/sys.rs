@@ -137,12 +137,32 @@ pub fn errno_name(errno: i32) -> &'static str {
     }
 }
 
-/// The next definition of `name` after the agent (RTLD_NEXT), or 0.
+/// The next definition of `name` after the agent (RTLD_NEXT), or 0; for
+/// an agent loaded into a running process (`look_up_globally`), the
+/// definition the program's own lookups find.
 pub fn next_symbol(name: &core::ffi::CStr) -> usize {
+    let handle = if LOOK_UP_GLOBALLY.load(Ordering::Relaxed) {
+        libc::RTLD_DEFAULT
+    } else {
+        libc::RTLD_NEXT
+    };
     // SAFETY: the C library's dlsym with a NUL-terminated name; may
     // allocate, which the re-entrancy guard of the calling hook (if any)
     // handles. The call is from here, so RTLD_NEXT means after the agent.
-    unsafe { c_library_dlsym()(libc::RTLD_NEXT, name.as_ptr()) as usize }
+    unsafe { c_library_dlsym()(handle, name.as_ptr()) as usize }
+}
+
+/// Whether the real functions are looked up in the global scope.
+static LOOK_UP_GLOBALLY: core::sync::atomic::AtomicBool =
+    core::sync::atomic::AtomicBool::new(false);
+
+/// For an agent a program loaded with dlopen (`trapline attach`): its own
+/// scope holds only its own dependencies, so RTLD_NEXT would miss what it
+/// does not link (libstdc++'s operators); the global scope, which a
+/// library loaded without RTLD_GLOBAL is not part of, has the program's
+/// definitions, the functions its import slots were bound to.
+pub fn look_up_globally() {
+    LOOK_UP_GLOBALLY.store(true, Ordering::Relaxed);
 }
 
 type DlsymFn = unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char) -> *mut libc::c_void;

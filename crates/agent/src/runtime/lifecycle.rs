@@ -110,9 +110,15 @@ fn header_buffer() -> Box<Buffer> {
     // The same for every trace of this image, a fork child's included;
     // dladdr's search through a module's symbols costs tens of microseconds,
     // so it is done once (`next_alloc` keeps the library it found).
-    let allocator_shadowed_by = SHADOWING_ALLOCATOR
-        .get_or_init(|| shadowing_allocator(&exe))
-        .clone();
+    // Attached, the program's calls reach the agent through the import
+    // slots it patched, whatever the global lookup finds first.
+    let allocator_shadowed_by = if config::flag(&OPTIONS.attached) {
+        None
+    } else {
+        SHADOWING_ALLOCATOR
+            .get_or_init(|| shadowing_allocator(&exe))
+            .clone()
+    };
     let allocator_library = crate::events::next_alloc::library();
     let memory_recorded = config::memory_recorded();
     let locks_recorded = config::locks_recorded();
@@ -133,6 +139,12 @@ fn header_buffer() -> Box<Buffer> {
             sample_bytes,
         };
         if !b.push_event(&recording, None) {
+            crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if config::flag(&OPTIONS.attached) {
+        let time = clock::precise_now();
+        if !b.push_event(&Event::Attach { time }, Some(time)) {
             crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -189,41 +201,43 @@ fn push_or_flush(mut b: Box<Buffer>, ev: &Event, time: Option<u64>) -> Box<Buffe
 /// Opens the trace file for this process image: `output` for the top process,
 /// `output.<pid>` (then `.1`, `.2`, ... if taken) for every other one.
 fn open_trace(top: bool) -> bool {
+    match open_trace_file(top) {
+        Ok(()) => true,
+        Err(why) => {
+            sys::warn(&why);
+            false
+        }
+    }
+}
+
+/// Opens this image's trace file: the path given for the top process, else
+/// the first free name of the tree's naming.
+fn open_trace_file(top: bool) -> Result<(), String> {
     let Some(output) = config::output() else {
-        return false;
+        return Err("no trace path".into());
     };
     let pid = phase::owner();
+    let cannot = |name: &str, e: i32| {
+        format!(
+            "cannot write trace {}: {}",
+            name,
+            std::io::Error::from_raw_os_error(e)
+        )
+    };
     if top {
         let path = CString::new(output).unwrap_or_default();
-        return match writer::open(&path, false) {
-            Ok(()) => true,
-            Err(e) => {
-                sys::warn(&format!(
-                    "cannot write trace {}: {}",
-                    output,
-                    std::io::Error::from_raw_os_error(e)
-                ));
-                false
-            }
-        };
+        return writer::open(&path, false).map_err(|e| cannot(output, e));
     }
     for n in 0..1000 {
         let name = trapline_contract::trace_names::image_trace(output, pid, n);
         let path = CString::new(name.clone()).unwrap_or_default();
         match writer::open(&path, true) {
-            Ok(()) => return true,
+            Ok(()) => return Ok(()),
             Err(libc::EEXIST) => continue,
-            Err(e) => {
-                sys::warn(&format!(
-                    "cannot write trace {}: {}",
-                    name,
-                    std::io::Error::from_raw_os_error(e)
-                ));
-                return false;
-            }
+            Err(e) => return Err(cannot(&name, e)),
         }
     }
-    false
+    Err(format!("cannot write trace {output}: no free name"))
 }
 
 fn periodic() {
@@ -356,6 +370,87 @@ pub fn init(resolve_hooks: fn()) {
         phase::set_recording_stopped(true);
     }
     ts.guard -= 1;
+}
+
+/// Whether the dynamic loader preloaded this library (`LD_PRELOAD` names
+/// it): the constructor starts recording only then. Loaded otherwise, by
+/// `trapline attach` or by a program's own dlopen, it stays idle until
+/// `init_attached`.
+pub fn loaded_by_preload() -> bool {
+    std::env::var_os("LD_PRELOAD").is_some_and(|v| env::names_agent(v.to_string_lossy().as_bytes()))
+}
+
+/// Starts recording in a process already running (`trapline attach` loaded
+/// the library and calls its entry point): the options come as `NAME=value`
+/// lines. Unlike the constructor, nothing of the program's is changed: no
+/// environment edits, no signal handler (no CPU sampling, no reachability
+/// scan); the caller then points the program's import slots at the hooks.
+pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
+    let _g = INIT_LOCK.guard();
+    if phase::begin_init() {
+        return Err("the agent is already recording in this process".into());
+    }
+    crate::platform::heap::set_aside_reserve();
+    phase::on_abandon(writer::reset_in_child);
+    crate::prepare_unwinder();
+    sys::note_stderr();
+    phase::set_fork_token();
+    let ts = thread::current();
+    ts.guard += 1;
+    sys::membarrier_register();
+    clock::reset();
+    START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
+    phase::set_owner(sys::getpid_raw());
+    config::read_from_lines(options, phase::owner());
+    let o = &OPTIONS;
+    for (flag, on) in [
+        (&o.attached, true),
+        (&o.top, true),
+        (&o.follow, false),
+        (&o.control, true),
+        // A scan stops threads with a signal of the agent's, whose handler
+        // attaching does not install; freeres is for a process's end.
+        (&o.scan_at_exit, false),
+        (&o.freeres, false),
+    ] {
+        flag.store(on, Ordering::Relaxed);
+    }
+    o.scan_every_ms.store(0, Ordering::Relaxed);
+    o.profile_hz.store(0, Ordering::Relaxed);
+    let _ = AGENT_PATH.set(own_path());
+    sys::look_up_globally();
+    crate::events::next_alloc::resolve();
+    crate::platform::signals::resolve();
+    resolve_hooks();
+    crate::events::sync::register_fork_handlers();
+    modules::on_change(crate::capture::rules::forget_all);
+    thread::on_program_thread_ending(program_thread_ending);
+    modules::refresh();
+    // SAFETY: dlerror only reads and frees this thread's error state.
+    unsafe { libc::dlerror() };
+    let opened = open_trace_file(true);
+    if let Err(why) = opened {
+        phase::set_recording_stopped(true);
+        ts.guard -= 1;
+        return Err(why);
+    }
+    crate::events::buffers::submit_first(header_buffer());
+    // SAFETY: registering plain functions.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        on_exit(at_exit, core::ptr::null_mut());
+    }
+    writer::start(periodic);
+    crate::services::control::start();
+    ts.guard -= 1;
+    Ok(())
+}
+
+/// Ends an attached trace (`trapline detach`, once the import slots are
+/// back): the live blocks, the totals and the end record are written and
+/// the file closed; from then on every hook passes its call straight on.
+pub fn finish_detached() {
+    finish(ExitKind::Detach, Ending::Immediate);
 }
 
 extern "C" {
@@ -751,6 +846,14 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     // A fatal signal may have struck between a count and its event.
     if let Some(t) = crate::events::totals::exact(lost).filter(|_| !signal) {
         out.push(&Event::RunTotals(t), None);
+    }
+    if config::flag(&OPTIONS.attached) {
+        out.push(
+            &Event::AttachTotals {
+                earlier_releases: crate::events::record::EARLIER_RELEASES.load(Ordering::Relaxed),
+            },
+            None,
+        );
     }
     let counters = EndCounters {
         events: crate::events::buffers::EVENTS_SUBMITTED.load(Ordering::Relaxed)

@@ -2,6 +2,7 @@
 //! fork and exec. The only layer that knows every service; it registers
 //! the callbacks the layers below call up through.
 
+pub mod attach;
 pub mod exec_target;
 pub mod fatal_signals;
 pub mod lifecycle;

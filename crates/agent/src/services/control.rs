@@ -69,7 +69,10 @@ fn listen() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let xdg = std::env::var("XDG_RUNTIME_DIR").ok();
-    let dir = control::socket_dir(xdg.as_deref(), uid);
+    let dir = match crate::config::control_dir() {
+        Some(dir) => dir.to_owned(),
+        None => control::socket_dir(xdg.as_deref(), uid),
+    };
     let c_dir = cstring(&dir)?;
     // SAFETY: a NUL-terminated path; an existing directory is checked below.
     unsafe { libc::mkdir(c_dir.as_ptr(), 0o700) };
@@ -370,6 +373,27 @@ fn send_all(conn: i32, mut bytes: &[u8]) -> bool {
     true
 }
 
+/// What `detach` does (registered by runtime when the agent was
+/// attached): the slots put back, or why not.
+static ON_DETACH: crate::platform::callback::Callback<fn() -> Result<usize, String>> =
+    crate::platform::callback::Callback::new();
+
+/// Serves `detach` with `f` (an attached agent only).
+pub fn on_detach(f: fn() -> Result<usize, String>) {
+    ON_DETACH.set(f);
+}
+
+/// `detach`: runs the detach (which ends the trace and stops serving),
+/// then answers.
+fn detach_answer(out: &mut String) -> Result<(), String> {
+    let Some(detach) = ON_DETACH.get() else {
+        return Err("this process was not attached to (trapline run started it)".into());
+    };
+    let slots = detach()?;
+    let _ = writeln!(out, "{{\"detached\":true,\"slots\":{slots}}}");
+    Ok(())
+}
+
 /// The answer to one request line, one line of JSON.
 fn answer(request: &[u8], client: &mut Client) -> String {
     REQUESTS.fetch_add(1, Ordering::Relaxed);
@@ -398,6 +422,7 @@ fn answer(request: &[u8], client: &mut Client) -> String {
             Ok(())
         }
         control::VERDICT => verdict_answer(&mut out, &args, time),
+        control::DETACH if args.is_empty() => detach_answer(&mut out),
         _ => Err(format!("unknown request {request:?}")),
     };
     if let Err(why) = result {

@@ -359,6 +359,7 @@ impl Put<&ExitKind> for Exit {
                 e.u64(zigzag(i64::from(s)))
             }
             ExitKind::Exec => e.byte(2),
+            ExitKind::Detach => e.byte(3),
         }
     }
 }
@@ -369,6 +370,7 @@ impl Get<ExitKind> for Exit {
             0 => ExitKind::Code(d.i32("exit code")?),
             1 => ExitKind::Signal(d.i32("signal")?),
             2 => ExitKind::Exec,
+            3 => ExitKind::Detach,
             _ => return Err(DecodeError::Invalid("exit kind")),
         })
     }
@@ -873,4 +875,6 @@ event_codec! {
         last_access_ns: U64,
     },
     CONTROL_SOCKET => ControlSocket { path: Str("control socket path") },
+    ATTACH => Attach { time: Time },
+    ATTACH_TOTALS => AttachTotals { earlier_releases: U64 },
 }

@@ -1,0 +1,219 @@
+//! The import slots of the loaded modules (their GOT entries), for
+//! attaching to a running process: where preloading made the dynamic
+//! loader bind a module's calls to the agent, attaching rewrites the slots
+//! the loader already filled.
+//!
+//! A module's `PT_DYNAMIC` names its relocation tables; each
+//! `R_X86_64_JUMP_SLOT` (a call through the PLT) or `R_X86_64_GLOB_DAT` (a
+//! call without PLT, or a function's address taken) relocation names a
+//! symbol and the slot that holds its address. A slot is one aligned word,
+//! so a write is seen whole by a thread calling through it: the old
+//! function or the new one, never half of each. Slots inside
+//! `PT_GNU_RELRO` were made read-only after relocation; they are made
+//! writable for the write and read-only again.
+
+use core::ffi::{c_char, CStr};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+const PT_DYNAMIC: u32 = 2;
+const PT_GNU_RELRO: u32 = 0x6474_e552;
+const DT_NULL: i64 = 0;
+const DT_PLTRELSZ: i64 = 2;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_RELA: i64 = 7;
+const DT_RELASZ: i64 = 8;
+const DT_JMPREL: i64 = 23;
+const R_X86_64_GLOB_DAT: u32 = 6;
+const R_X86_64_JUMP_SLOT: u32 = 7;
+
+/// An entry of a dynamic section (the libc crate declares none).
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    value: u64,
+}
+
+/// One loaded module, as `dl_iterate_phdr` lists it.
+#[derive(Clone, Copy)]
+pub struct Module {
+    /// Load bias: the difference between addresses in memory and in the file.
+    pub base: usize,
+    pub phdrs: *const libc::Elf64_Phdr,
+    pub phnum: usize,
+    pub name: *const c_char,
+}
+
+/// An import slot: where it is and the symbol it holds.
+pub struct Slot<'a> {
+    pub addr: usize,
+    pub name: &'a CStr,
+    /// Inside the module's RELRO region (read-only after relocation).
+    pub relro: bool,
+}
+
+/// Every loaded module, in the loader's order (the executable first).
+pub fn modules() -> Vec<Module> {
+    extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> i32 {
+        // SAFETY: dl_iterate_phdr passes a valid info; `data` is the Vec
+        // passed below.
+        unsafe {
+            let out = &mut *(data as *mut Vec<Module>);
+            let i = &*info;
+            out.push(Module {
+                base: i.dlpi_addr as usize,
+                phdrs: i.dlpi_phdr,
+                phnum: usize::from(i.dlpi_phnum),
+                name: i.dlpi_name,
+            });
+        }
+        0
+    }
+    let mut out: Vec<Module> = Vec::new();
+    // SAFETY: the callback only pushes onto `out`, which outlives the call.
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(each),
+            &mut out as *mut Vec<Module> as *mut libc::c_void,
+        )
+    };
+    out
+}
+
+impl Module {
+    /// The module's path ("" for the executable and the vDSO's own name).
+    pub fn path(&self) -> &CStr {
+        if self.name.is_null() {
+            return c"";
+        }
+        // SAFETY: the loader's NUL-terminated name, alive while the module is.
+        unsafe { CStr::from_ptr(self.name) }
+    }
+
+    /// The addresses its loadable segments span.
+    pub fn extent(&self) -> core::ops::Range<usize> {
+        let loads = self.phdrs().iter().filter(|p| p.p_type == libc::PT_LOAD);
+        let start = loads.clone().map(|p| p.p_vaddr as usize).min().unwrap_or(0);
+        let end = loads
+            .map(|p| (p.p_vaddr + p.p_memsz) as usize)
+            .max()
+            .unwrap_or(0);
+        self.base + start..self.base + end
+    }
+
+    fn phdrs(&self) -> &[libc::Elf64_Phdr] {
+        if self.phdrs.is_null() {
+            return &[];
+        }
+        // SAFETY: the loader's program headers of a loaded module.
+        unsafe { core::slice::from_raw_parts(self.phdrs, self.phnum) }
+    }
+
+    /// Calls `f` on every function import slot of the module.
+    pub fn for_each_slot(&self, mut f: impl FnMut(Slot)) {
+        let phdrs = self.phdrs();
+        let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+            return;
+        };
+        let relro = phdrs.iter().find(|p| p.p_type == PT_GNU_RELRO).map(|p| {
+            let start = self.base + p.p_vaddr as usize;
+            start..start + p.p_memsz as usize
+        });
+        let (mut strtab, mut symtab) = (0usize, 0usize);
+        let (mut rela, mut relasz, mut jmprel, mut pltrelsz) = (0usize, 0usize, 0usize, 0usize);
+        let mut d = (self.base + dynamic.p_vaddr as usize) as *const Dyn;
+        // SAFETY: the module's dynamic section, ended by DT_NULL.
+        unsafe {
+            while (*d).tag != DT_NULL {
+                let v = (*d).value as usize;
+                match (*d).tag {
+                    DT_STRTAB => strtab = v,
+                    DT_SYMTAB => symtab = v,
+                    DT_RELA => rela = v,
+                    DT_RELASZ => relasz = v,
+                    DT_JMPREL => jmprel = v,
+                    DT_PLTRELSZ => pltrelsz = v,
+                    _ => {}
+                }
+                d = d.add(1);
+            }
+        }
+        // glibc's loader rewrites these to addresses in memory; the vDSO's
+        // (and another loader's) stay offsets from the base.
+        let at = |v: usize| {
+            if v != 0 && v < self.base {
+                v + self.base
+            } else {
+                v
+            }
+        };
+        let (strtab, symtab) = (at(strtab), at(symtab));
+        if strtab == 0 || symtab == 0 {
+            return;
+        }
+        for (table, size) in [(at(rela), relasz), (at(jmprel), pltrelsz)] {
+            if table == 0 {
+                continue;
+            }
+            let count = size / core::mem::size_of::<libc::Elf64_Rela>();
+            // SAFETY: the module's relocation table of `count` entries.
+            let relocs =
+                unsafe { core::slice::from_raw_parts(table as *const libc::Elf64_Rela, count) };
+            for r in relocs {
+                let kind = (r.r_info & 0xffff_ffff) as u32;
+                if kind != R_X86_64_JUMP_SLOT && kind != R_X86_64_GLOB_DAT {
+                    continue;
+                }
+                let index = (r.r_info >> 32) as usize;
+                // SAFETY: an index the module's own relocation gives into its
+                // symbol table, whose name is in its string table.
+                let name = unsafe {
+                    let sym = &*(symtab as *const libc::Elf64_Sym).add(index);
+                    CStr::from_ptr((strtab + sym.st_name as usize) as *const c_char)
+                };
+                let addr = self.base + r.r_offset as usize;
+                f(Slot {
+                    addr,
+                    name,
+                    relro: relro.as_ref().is_some_and(|r| r.contains(&addr)),
+                });
+            }
+        }
+    }
+}
+
+/// The value in a slot.
+pub fn read(slot: usize) -> usize {
+    // SAFETY: an aligned import slot of a loaded module (for_each_slot).
+    unsafe { (*(slot as *const AtomicUsize)).load(Ordering::Acquire) }
+}
+
+/// Writes `value` into a slot, making a read-only page writable for the
+/// write; false when the kernel refuses.
+pub fn write(slot: usize, relro: bool, value: usize) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let len = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let page = slot & !(len - 1);
+    // SAFETY: the page of a loaded module's import slot, made writable and
+    // read-only again around one aligned store into the slot.
+    unsafe {
+        if relro
+            && libc::mprotect(
+                page as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+            ) != 0
+        {
+            return false;
+        }
+        (*(slot as *const AtomicUsize)).store(value, Ordering::Release);
+        if relro {
+            libc::mprotect(page as *mut libc::c_void, len, libc::PROT_READ);
+        }
+    }
+    true
+}

@@ -1,0 +1,318 @@
+//! `trapline attach PID` and `trapline detach PID`: record a process that
+//! is already running, from now on, and stop.
+//!
+//! Attaching loads the agent into the process through one of its threads
+//! (`inject`): a call to the C library's `dlopen`, which runs nothing of
+//! the agent's but its idle constructor, then to the agent's entry point
+//! with the options, which opens the trace, starts the agent's threads and
+//! points the program's import slots at the hooks. Detaching asks the
+//! agent, through its control socket, to put every slot back and end the
+//! trace; the library stays loaded and idle.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+use trapline_contract::{control, env};
+
+use crate::inject;
+
+#[derive(clap::Args, Debug)]
+pub struct AttachArgs {
+    /// The process to record.
+    pub pid: u32,
+    /// The trace to write (default trapline-PID.trace); the process
+    /// writes it, so its user must be able to.
+    #[arg(short = 'o', long = "output", value_name = "TRACE")]
+    pub output: Option<PathBuf>,
+    /// Detach after SECS seconds (without it, `trapline detach PID` ends
+    /// the recording, or the process's end does).
+    #[arg(long, value_name = "SECS", value_parser = crate::output::parse_seconds)]
+    pub duration: Option<f64>,
+    /// What to record: `mem`, `locks` or both (default), comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub record: Option<Vec<String>>,
+    /// Sampled recording: only about one allocation per BYTES allocated
+    /// takes its full stack (default 512K), as `trapline run --sample`.
+    #[arg(long, value_name = "BYTES", num_args = 0..=1, default_missing_value = "524288")]
+    pub sample: Option<u64>,
+    /// Replace TRACE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DetachArgs {
+    /// The process `trapline attach` attached to.
+    pub pid: u32,
+}
+
+fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("trapline {command}: {msg}");
+    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
+}
+
+/// The control socket of `pid`, where this user's CLI looks for it.
+fn socket_of(pid: u32) -> (String, String) {
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = control::socket_dir(std::env::var("XDG_RUNTIME_DIR").ok().as_deref(), uid);
+    let path = control::socket_path(&dir, pid);
+    (dir, path)
+}
+
+pub fn attach(args: AttachArgs) -> ExitCode {
+    let pid = args.pid;
+    if let Err(why) = check_target(pid) {
+        return fail("attach", why);
+    }
+    let agent = match crate::run::find_agent() {
+        Ok(a) => a,
+        Err(e) => return fail("attach", e),
+    };
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("trapline-{pid}.trace")));
+    let output = std::path::absolute(&output).unwrap_or(output);
+    if output.exists() && !args.force {
+        return fail(
+            "attach",
+            format!(
+                "{}: exists; --force replaces it (nothing was changed)",
+                output.display()
+            ),
+        );
+    }
+    let (dir, socket) = socket_of(pid);
+    let mut options = vec![
+        format!("{}={}", env::OUTPUT, output.display()),
+        format!("{}={dir}", env::CONTROL_DIR),
+    ];
+    if let Some(list) = &args.record {
+        if let Some(bad) = list
+            .iter()
+            .find(|r| ![env::RECORD_MEMORY, env::RECORD_LOCKS].contains(&r.as_str()))
+        {
+            eprintln!(
+                "trapline attach: --record {bad}: attach records mem and locks (no CPU samples)"
+            );
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+        options.push(format!("{}={}", env::RECORD, list.join(",")));
+    }
+    if let Some(bytes) = args.sample {
+        options.push(format!("{}={bytes}", env::SAMPLE_BYTES));
+    }
+    if let Err(why) = load_agent(pid, &agent, &options.join("\n")) {
+        return fail("attach", format!("process {pid}: {why}"));
+    }
+    eprintln!(
+        "trapline attach: recording process {pid} into {}; `trapline detach {pid}` ends it",
+        output.display()
+    );
+    let Some(secs) = args.duration else {
+        return ExitCode::SUCCESS;
+    };
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    match ask_detach(pid, &socket) {
+        Ok(slots) => {
+            eprintln!(
+                "trapline attach: detached from process {pid} after {secs} s ({slots} import slots put back); see: trapline leaks {}",
+                output.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(why) => fail("attach", format!("process {pid}: {why}")),
+    }
+}
+
+pub fn detach(args: DetachArgs) -> ExitCode {
+    let (_, socket) = socket_of(args.pid);
+    match ask_detach(args.pid, &socket) {
+        Ok(slots) => {
+            eprintln!(
+                "trapline detach: detached from process {} ({slots} import slots put back)",
+                args.pid
+            );
+            ExitCode::SUCCESS
+        }
+        Err(why) => fail("detach", format!("process {}: {why}", args.pid)),
+    }
+}
+
+/// What keeps `pid` from being attached to, checked before anything
+/// touches it.
+fn check_target(pid: u32) -> Result<(), String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| format!("no process {pid}"))?;
+    let uid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(u32::MAX);
+    let me = nix::unistd::geteuid().as_raw();
+    if me != 0 && me != uid {
+        return Err(format!(
+            "process {pid} belongs to user {uid}: attach as that user or as root"
+        ));
+    }
+    if pid == std::process::id() {
+        return Err("that is trapline itself".into());
+    }
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    match scope {
+        3 => {
+            return Err(
+                "the kernel forbids attaching to processes (kernel.yama.ptrace_scope = 3, which \
+                 only a reboot undoes)"
+                    .into(),
+            )
+        }
+        2 if me != 0 => {
+            return Err(
+                "only root may attach here (kernel.yama.ptrace_scope = 2): run as root".into(),
+            )
+        }
+        1 if me != 0 => {
+            return Err(
+                "this kernel lets a process attach only to its own descendants \
+                        (kernel.yama.ptrace_scope = 1): run as root, or `sysctl \
+                        kernel.yama.ptrace_scope=0`"
+                    .to_string(),
+            )
+        }
+        _ => {}
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
+    if maps.lines().any(|l| env::names_agent(l.as_bytes())) {
+        return Err(format!(
+            "process {pid} is recorded already (started by `trapline run`, or attached to): \
+             `trapline watch {pid}` looks at it, `trapline detach {pid}` ends an attach"
+        ));
+    }
+    if libc_mapping(&maps).is_none() {
+        return Err(format!(
+            "process {pid} has no C library loaded (a static program, or not glibc's): \
+             attaching needs its dlopen"
+        ));
+    }
+    Ok(())
+}
+
+/// The C library's file and the address it is mapped at (its mapping of
+/// file offset 0).
+fn libc_mapping(maps: &str) -> Option<(String, u64)> {
+    maps.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let path = *f.get(5)?;
+        let name = path.rsplit('/').next()?;
+        if !(name.starts_with("libc.so.6") || name.starts_with("libc-2.")) || f[2] != "00000000" {
+            return None;
+        }
+        let start = u64::from_str_radix(f[0].split('-').next()?, 16).ok()?;
+        Some((path.to_string(), start))
+    })
+}
+
+/// The addresses of the C library's `dlopen`, `dlsym` and `dlerror` in
+/// process `pid`, from its file (seen through the process's root).
+fn loader_functions(pid: u32) -> Result<[u64; 3], String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| e.to_string())?;
+    let (path, start) = libc_mapping(&maps).ok_or("no C library mapped")?;
+    let file = format!("/proc/{pid}/root{path}");
+    let data = std::fs::read(&file).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let elf = object::File::parse(&*data).map_err(|e| format!("{path}: {e}"))?;
+    let first = elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+    let find = |name: &str| {
+        elf.dynamic_symbols()
+            .find(|s| s.name() == Ok(name) && s.address() != 0)
+            .map(|s| start + s.address() - first)
+            .ok_or_else(|| format!("{path} defines no {name} (glibc 2.34 or later is needed)"))
+    };
+    Ok([find("dlopen")?, find("dlsym")?, find("dlerror")?])
+}
+
+/// Loads the agent into `pid` and starts it with `options`.
+fn load_agent(pid: u32, agent: &Path, options: &str) -> Result<(), String> {
+    let [dlopen, dlsym, dlerror] = loader_functions(pid)?;
+    let mut thread = inject::stop_a_waiting_thread(pid, 100, Duration::from_millis(20))?;
+    let c = |s: &str| {
+        let mut b = s.as_bytes().to_vec();
+        b.push(0);
+        b
+    };
+    let path = thread.push_bytes(&c(&agent.to_string_lossy()))?;
+    let entry_name = thread.push_bytes(&c(env::ATTACH_ENTRY))?;
+    let options = thread.push_bytes(&c(options))?;
+    const ERROR_LEN: usize = 1024;
+    let error = thread.push_bytes(&[0u8; ERROR_LEN])?;
+    let read_c = |thread: &inject::Stopped, at: u64| -> String {
+        let bytes = thread.read_bytes(at, ERROR_LEN).unwrap_or_default();
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
+    };
+    let handle = thread.call(dlopen, &[path, libc::RTLD_NOW as u64])?;
+    if handle == 0 {
+        let message = thread.call(dlerror, &[])?;
+        let why = if message == 0 {
+            String::new()
+        } else {
+            read_c(&thread, message)
+        };
+        thread.release()?;
+        return Err(format!("its dlopen refused the agent: {why}"));
+    }
+    let entry = thread.call(dlsym, &[handle, entry_name])?;
+    if entry == 0 {
+        thread.release()?;
+        return Err(format!(
+            "{} has no {} (another build of the agent?)",
+            agent.display(),
+            env::ATTACH_ENTRY
+        ));
+    }
+    let status = thread.call(entry, &[options, error, ERROR_LEN as u64])?;
+    let why = read_c(&thread, error);
+    thread.release()?;
+    if status as u32 != 0 {
+        return Err(format!("the agent could not start: {why}"));
+    }
+    Ok(())
+}
+
+/// Asks the agent of `pid` to detach; the slots it put back.
+fn ask_detach(pid: u32, socket: &str) -> Result<u64, String> {
+    let stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!(
+            "not attached to (no control socket at {socket}; `trapline attach {pid}` attaches)"
+        ),
+        std::io::ErrorKind::ConnectionRefused => {
+            format!("{socket} is left from a process that has ended")
+        }
+        _ => format!("{socket}: {e}"),
+    })?;
+    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+    writer
+        .write_all(format!("{}\n", control::DETACH).as_bytes())
+        .map_err(|e| format!("cannot ask: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| format!("no answer: {e}"))?;
+    let answer: serde_json::Value =
+        serde_json::from_str(&line).map_err(|_| format!("unexpected answer {line:?}"))?;
+    if let Some(e) = answer["error"].as_str() {
+        return Err(e.to_string());
+    }
+    answer["slots"]
+        .as_u64()
+        .ok_or_else(|| format!("unexpected answer {line:?}"))
+}

@@ -1,0 +1,303 @@
+//! `trapline attach` and `detach` on a process already running:
+//! attach_service.c waits in read() for commands on a pipe and answers
+//! each when done, so the test knows what ran while attached.
+
+mod common;
+
+use common::*;
+use object::{Object, ObjectSection, ObjectSegment};
+use serde_json::json;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+struct Service {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl Service {
+    fn start(program: &Path) -> Service {
+        let mut child = Command::new(program)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .env_remove("LD_PRELOAD")
+            .spawn()
+            .expect("the service starts");
+        let input = child.stdin.take().unwrap();
+        let output = BufReader::new(child.stdout.take().unwrap());
+        let mut s = Service {
+            child,
+            input,
+            output,
+        };
+        assert_eq!(s.line(), "ready");
+        s
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.output.read_line(&mut l).unwrap();
+        l.trim_end().to_string()
+    }
+
+    /// Sends a command and returns its answer (the command has run).
+    fn ask(&mut self, command: &str) -> String {
+        writeln!(self.input, "{command}").unwrap();
+        self.line()
+    }
+
+    fn quit(mut self) -> std::process::ExitStatus {
+        writeln!(self.input, "quit").unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+fn trapline_cmd(args: &[&str]) -> Finished {
+    let mut cmd = Command::new(trapline());
+    cmd.args(args).env("TRAPLINE_AGENT", agent());
+    output_of(cmd, "trapline")
+}
+
+/// Every word of every module's import slots (`.got` and `.got.plt`) in
+/// process `pid`: (module and section, address, value).
+fn import_slots(pid: u32) -> Vec<(String, u64, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for l in maps.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (Some(path), Some("00000000")) = (f.get(5), f.get(2).copied()) else {
+            continue;
+        };
+        if !path.starts_with('/') || !seen.insert(path.to_string()) {
+            continue;
+        }
+        let start = u64::from_str_radix(f[0].split('-').next().unwrap(), 16).unwrap();
+        let Ok(data) = std::fs::read(path) else {
+            continue;
+        };
+        let Ok(elf) = object::File::parse(&*data) else {
+            continue;
+        };
+        let first = elf.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
+        for name in [".got", ".got.plt"] {
+            if let Some(s) = elf.section_by_name(name) {
+                let at = start + s.address() - first;
+                let mut bytes = vec![0u8; s.size() as usize];
+                mem.read_exact_at(&mut bytes, at).unwrap();
+                for (i, w) in bytes.chunks_exact(8).enumerate() {
+                    let value = u64::from_le_bytes(w.try_into().unwrap());
+                    out.push((format!("{path} {name}"), at + 8 * i as u64, value));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The addresses process `pid` maps the agent library at.
+fn agent_range(pid: u32) -> std::ops::Range<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let ranges: Vec<(u64, u64)> = maps
+        .lines()
+        .filter(|l| l.contains("libtrapline_agent"))
+        .map(|l| {
+            let (a, b) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            (
+                u64::from_str_radix(a, 16).unwrap(),
+                u64::from_str_radix(b, 16).unwrap(),
+            )
+        })
+        .collect();
+    let start = ranges
+        .iter()
+        .map(|r| r.0)
+        .min()
+        .expect("the agent is mapped");
+    let end = ranges.iter().map(|r| r.1).max().unwrap();
+    start..end
+}
+
+#[test]
+fn attach_records_a_running_service_and_detach_puts_every_slot_back() {
+    let dir = TestDir::new("attach_service");
+    let prog = compile_c(&dir, "attach_service.c");
+    let mut svc = Service::start(&prog);
+    let pid = svc.pid().to_string();
+    // Every call the test makes below has been made once: the lazily bound
+    // slots are bound before the first look.
+    assert_eq!(svc.ask("leak 1"), "leaked 1");
+    assert_eq!(svc.ask("lock"), "locked");
+    let before = import_slots(svc.pid());
+
+    let trace = dir.trace();
+    let trace_arg = trace.to_str().unwrap();
+    let a = trapline_cmd(&["attach", &pid, "-o", trace_arg]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    // The slots patched point into the agent: some of the program's own.
+    let agent = agent_range(svc.pid());
+    let during = import_slots(svc.pid());
+    // (The agent's own slots, and those of libraries it brought, are new.)
+    let patched: Vec<&(String, u64, u64)> = during
+        .iter()
+        .filter(|s| agent.contains(&s.2) && before.iter().any(|b| b.1 == s.1))
+        .collect();
+    assert!(
+        patched
+            .iter()
+            .any(|s| s.0.starts_with(&prog.display().to_string())),
+        "the program's own slots were not patched: {patched:?}"
+    );
+
+    assert_eq!(svc.ask("early"), "freed");
+    assert_eq!(svc.ask("leak 3"), "leaked 3");
+    assert_eq!(svc.ask("lock"), "locked");
+    let twice = trapline_cmd(&["attach", &pid, "-o", &format!("{trace_arg}.2")]);
+    assert_eq!(twice.code(), 1, "{}", twice.describe());
+    assert!(
+        twice.stderr.contains("is recorded already"),
+        "{}",
+        twice.stderr
+    );
+
+    let d = trapline_cmd(&["detach", &pid]);
+    assert_eq!(d.code(), 0, "{}", d.describe());
+    assert!(d.stderr.contains("import slots put back"), "{}", d.stderr);
+    // Every patched slot holds again what it held before (read through
+    // /proc/PID/mem), and none points into the agent any more.
+    let after = import_slots(svc.pid());
+    for p in &patched {
+        let was = before
+            .iter()
+            .find(|b| b.1 == p.1)
+            .expect("a slot of before");
+        let now = after.iter().find(|a| a.1 == p.1).expect("a slot of after");
+        assert_eq!(now.2, was.2, "{} at {:#x}", p.0, p.1);
+    }
+    let left: Vec<_> = after
+        .iter()
+        .filter(|s| agent.contains(&s.2) && before.iter().any(|b| b.1 == s.1))
+        .collect();
+    assert!(left.is_empty(), "slots still patched: {left:?}");
+    // The process goes on, untraced.
+    assert_eq!(svc.ask("leak 2"), "leaked 2");
+    assert!(svc.quit().success());
+
+    let leaks = analysis_json("leaks", &trace);
+    assert_eq!(leaks["process"]["exit"], json!({"detached": true}));
+    assert_eq!(
+        leaks["trace"]["attached"]["earlier_releases"],
+        json!(5),
+        "{}",
+        pretty(&leaks["trace"])
+    );
+    let records = as_array(&leaks, "records");
+    assert_eq!(records.len(), 1, "{}", pretty(&leaks));
+    assert_eq!(records[0]["bytes"], json!(144));
+    assert_eq!(records[0]["blocks"], json!(3));
+    let frames = &records[0]["stack"];
+    let line = marker_line("attach_service.c", "LEAK-ATTACHED");
+    assert!(
+        frames
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["function"] == "leak_while_attached" && f["line"] == json!(line)),
+        "{}",
+        pretty(frames)
+    );
+    assert_eq!(as_array(&leaks, "errors").len(), 0, "{}", pretty(&leaks));
+    let text = trapline_cmd(&["leaks", trace_arg]);
+    assert!(
+        text.stdout
+            .contains("NOTE: the trace began when trapline attached to the running process"),
+        "{}",
+        text.stdout
+    );
+    let locks = analysis_json("locks", &trace);
+    assert_eq!(
+        locks["totals"]["acquisitions"],
+        json!(10),
+        "{}",
+        pretty(&locks)
+    );
+}
+
+#[test]
+fn attach_and_detach_refuse_what_they_cannot_do() {
+    let dir = TestDir::new("attach_refusals");
+    // No such process.
+    let gone = trapline_cmd(&["attach", "999999999"]);
+    assert_eq!(gone.code(), 1, "{}", gone.describe());
+    assert_eq!(gone.stderr, "trapline attach: no process 999999999\n");
+    // A process never attached to.
+    let prog = compile_c(&dir, "attach_service.c");
+    let svc = Service::start(&prog);
+    let pid = svc.pid().to_string();
+    let d = trapline_cmd(&["detach", &pid]);
+    assert_eq!(d.code(), 1, "{}", d.describe());
+    assert!(
+        d.stderr
+            .contains(&format!("trapline detach: process {pid}: not attached to")),
+        "{}",
+        d.stderr
+    );
+    // An existing trace is kept.
+    let kept = dir.path().join("kept.trace");
+    std::fs::write(&kept, b"mine").unwrap();
+    let a = trapline_cmd(&["attach", &pid, "-o", kept.to_str().unwrap()]);
+    assert_eq!(a.code(), 1, "{}", a.describe());
+    assert!(
+        a.stderr.contains("exists; --force replaces it"),
+        "{}",
+        a.stderr
+    );
+    assert_eq!(std::fs::read(&kept).unwrap(), b"mine");
+    assert!(svc.quit().success());
+
+    // A static program has no dlopen to load the agent with.
+    let stat = compile_c_with(
+        &dir,
+        "attach_service.c",
+        "static_service",
+        &["-static", "-pthread"],
+    );
+    let svc = Service::start(&stat);
+    let a = trapline_cmd(&["attach", &svc.pid().to_string()]);
+    assert_eq!(a.code(), 1, "{}", a.describe());
+    assert!(a.stderr.contains("has no C library loaded"), "{}", a.stderr);
+    assert!(svc.quit().success());
+}
+
+/// The process ends while attached: the trace ends with its exit.
+#[test]
+fn a_process_that_exits_while_attached_completes_its_trace() {
+    let dir = TestDir::new("attach_exit");
+    let prog = compile_c(&dir, "attach_service.c");
+    let mut svc = Service::start(&prog);
+    let pid = svc.pid().to_string();
+    let trace = dir.trace();
+    let a = trapline_cmd(&["attach", &pid, "-o", trace.to_str().unwrap()]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    assert_eq!(svc.ask("leak 4"), "leaked 4");
+    assert!(svc.quit().success());
+    let leaks = analysis_json("leaks", &trace);
+    assert_eq!(leaks["process"]["exit"], json!({"code": 0}));
+    assert_eq!(leaks["trace"]["complete"], json!(true));
+    let records = as_array(&leaks, "records");
+    assert_eq!(records.len(), 1, "{}", pretty(&leaks));
+    assert_eq!(records[0]["bytes"], json!(4 * 48));
+}
