@@ -193,10 +193,19 @@ fn check_target(pid: u32) -> Result<(), String> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
     if maps.lines().any(|l| env::names_agent(l.as_bytes())) {
-        return Err(format!(
-            "process {pid} is recorded already (started by `trapline run`, or attached to): \
-             `trapline watch {pid}` looks at it, `trapline detach {pid}` ends an attach"
-        ));
+        let (_, socket) = socket_of(pid);
+        return Err(if Path::new(&socket).exists() {
+            format!(
+                "process {pid} is recorded already (started by `trapline run`, or attached to): \
+                 `trapline watch {pid}` looks at it, `trapline detach {pid}` ends an attach"
+            )
+        } else {
+            format!(
+                "process {pid} holds trapline's agent already: started by `trapline run` \
+                 without --control, or attached to and detached (the agent stays, idle; a \
+                 process is attached to once)"
+            )
+        });
     }
     if libc_mapping(&maps).is_none() {
         return Err(format!(

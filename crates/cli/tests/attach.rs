@@ -103,6 +103,30 @@ fn import_slots(pid: u32) -> Vec<(String, u64, u64)> {
     out
 }
 
+/// What the descriptors of process `pid` name.
+fn descriptors(pid: u32) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            Some((
+                e.file_name().to_string_lossy().into_owned(),
+                target.display().to_string(),
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// How many threads process `pid` has.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
 /// The addresses process `pid` maps the agent library at.
 fn agent_range(pid: u32) -> std::ops::Range<u64> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
@@ -142,6 +166,8 @@ fn attach_records_a_running_service_and_detach_puts_every_slot_back() {
     assert_eq!(svc.ask("leak 1"), "leaked 1");
     assert_eq!(svc.ask("lock"), "locked");
     let before = import_slots(svc.pid());
+    let fds_before = descriptors(svc.pid());
+    let threads_before = threads(svc.pid());
 
     let trace = dir.trace();
     let trace_arg = trace.to_str().unwrap();
@@ -192,8 +218,26 @@ fn attach_records_a_running_service_and_detach_puts_every_slot_back() {
         .filter(|s| agent.contains(&s.2) && before.iter().any(|b| b.1 == s.1))
         .collect();
     assert!(left.is_empty(), "slots still patched: {left:?}");
+    // The agent's threads end and its descriptors (trace, socket) close
+    // once it has answered.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while (descriptors(svc.pid()) != fds_before || threads(svc.pid()) != threads_before)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::yield_now();
+    }
+    assert_eq!(descriptors(svc.pid()), fds_before);
+    assert_eq!(threads(svc.pid()), threads_before);
     // The process goes on, untraced.
     assert_eq!(svc.ask("leak 2"), "leaked 2");
+    // Once per process: the idle agent stays.
+    let again = trapline_cmd(&["attach", &pid, "-o", &format!("{trace_arg}.3")]);
+    assert_eq!(again.code(), 1, "{}", again.describe());
+    assert!(
+        again.stderr.contains("attached to and detached"),
+        "{}",
+        again.stderr
+    );
     assert!(svc.quit().success());
 
     let leaks = analysis_json("leaks", &trace);

@@ -241,11 +241,13 @@ extern "C" fn serve_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-ctl".as_ptr()) };
     let mut clients: Vec<Client> = Vec::with_capacity(MAX_CLIENTS);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CLIENTS + 1);
+    let mut served = -1;
     loop {
         let listen_fd = LISTEN_FD.load(Ordering::Acquire);
         if listen_fd < 0 {
             break;
         }
+        served = listen_fd;
         fds.clear();
         // Not listening while full: a new client waits in the queue.
         let accepting = clients.len() < MAX_CLIENTS;
@@ -296,6 +298,13 @@ extern "C" fn serve_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     for c in clients {
         // SAFETY: the client's descriptor, ours.
         unsafe { libc::close(c.fd) };
+    }
+    // Stopped (`stop` took the descriptor and shut it down): it is still
+    // ours to close, which matters to a process that goes on (a detach).
+    // Not when the program closed it under us: the number may be reused.
+    if served >= 0 && LISTEN_FD.load(Ordering::Acquire) < 0 {
+        // SAFETY: our listening descriptor, which nothing else uses now.
+        unsafe { libc::close(served) };
     }
     core::ptr::null_mut()
 }
