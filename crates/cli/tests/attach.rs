@@ -299,6 +299,28 @@ fn attach_and_detach_refuse_what_they_cannot_do() {
         "{}",
         d.stderr
     );
+    // Another user's process (the test runs as root: nobody asks, with a
+    // copy of the binary where nobody may run it).
+    let bin = dir.path().join("nobody");
+    std::fs::create_dir_all(&bin).unwrap();
+    let lone = bin.join("trapline");
+    if std::fs::hard_link(trapline(), &lone).is_err() {
+        std::fs::copy(trapline(), &lone).unwrap();
+    }
+    let mut as_nobody = Command::new("setpriv");
+    as_nobody
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&lone)
+        .args(["attach", &pid, "-o", "/nonexistent/x.trace"]);
+    let other = output_of(as_nobody, "trapline attach as nobody");
+    assert_eq!(other.code(), 1, "{}", other.describe());
+    assert_eq!(
+        other.stderr,
+        format!(
+            "trapline attach: process {pid} belongs to user {}: attach as that user or as root\n",
+            nix::unistd::geteuid()
+        )
+    );
     // An existing trace is kept.
     let kept = dir.path().join("kept.trace");
     std::fs::write(&kept, b"mine").unwrap();
