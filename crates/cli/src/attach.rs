@@ -116,7 +116,19 @@ pub fn attach(args: AttachArgs) -> ExitCode {
     let Some(secs) = args.duration else {
         return ExitCode::SUCCESS;
     };
-    std::thread::sleep(Duration::from_secs_f64(secs));
+    // The recording's length, or the process's end if it comes first.
+    let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
+    while std::time::Instant::now() < until {
+        if ended(pid) {
+            eprintln!(
+                "trapline attach: process {pid} ended while attached; its trace ends with its \
+                 exit: trapline leaks {}",
+                output.display()
+            );
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(Duration::from_millis(100).min(until - std::time::Instant::now()));
+    }
     match ask_detach(pid, &socket) {
         Ok(slots) => {
             eprintln!(
@@ -140,6 +152,17 @@ pub fn detach(args: DetachArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(why) => fail("detach", format!("process {}: {why}", args.pid)),
+    }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie not yet reaped).
+fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
     }
 }
 

@@ -367,3 +367,56 @@ fn a_process_that_exits_while_attached_completes_its_trace() {
     assert_eq!(records.len(), 1, "{}", pretty(&leaks));
     assert_eq!(records[0]["bytes"], json!(4 * 48));
 }
+
+/// `--duration`: a detach after it, or the process's end before it.
+#[test]
+fn attach_for_a_duration() {
+    let dir = TestDir::new("attach_duration");
+    let prog = compile_c(&dir, "attach_service.c");
+    let svc = Service::start(&prog);
+    let pid = svc.pid().to_string();
+    let short = dir.path().join("short.trace");
+    let a = trapline_cmd(&[
+        "attach",
+        &pid,
+        "--duration",
+        "0.5",
+        "-o",
+        short.to_str().unwrap(),
+    ]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    assert!(
+        a.stderr
+            .contains(&format!("detached from process {pid} after 0.5 s")),
+        "{}",
+        a.stderr
+    );
+    assert!(svc.quit().success());
+    let leaks = analysis_json("leaks", &short);
+    assert_eq!(leaks["process"]["exit"], json!({"detached": true}));
+
+    // The process ends first: the attach returns when it does.
+    let mut svc = Service::start(&prog);
+    let pid = svc.pid().to_string();
+    let long = dir.path().join("long.trace");
+    let mut attach = Command::new(trapline())
+        .args(["attach", &pid, "--duration", "600", "-o"])
+        .arg(&long)
+        .env("TRAPLINE_AGENT", agent())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(attach.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    assert!(first.contains("recording process"), "{first}");
+    assert_eq!(svc.ask("leak 2"), "leaked 2");
+    assert!(svc.quit().success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(attach.wait().unwrap().success(), "{rest}");
+    assert!(rest.contains("ended while attached"), "{rest}");
+    let leaks = analysis_json("leaks", &long);
+    assert_eq!(leaks["process"]["exit"], json!({"code": 0}));
+    assert_eq!(as_array(&leaks, "records")[0]["bytes"], json!(96));
+}
