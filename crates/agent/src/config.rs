@@ -75,6 +75,10 @@ pub struct Options {
     /// releases of blocks it never saw are the program's earlier blocks,
     /// passed on and counted, not errors.
     pub attached: AtomicBool,
+    /// Blocks the agent never saw may be released: the program's blocks
+    /// from before an attach. Their releases are passed on and counted,
+    /// not errors (a block released lately is still a double free).
+    pub blocks_predate: AtomicBool,
 }
 
 pub static OPTIONS: Options = Options {
@@ -96,6 +100,7 @@ pub static OPTIONS: Options = Options {
     record_locks: AtomicBool::new(true),
     sample_bytes: AtomicU64::new(0),
     attached: AtomicBool::new(false),
+    blocks_predate: AtomicBool::new(false),
 };
 
 /// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`).

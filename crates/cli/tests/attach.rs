@@ -191,6 +191,7 @@ fn attach_records_a_running_service_and_detach_puts_every_slot_back() {
     assert_eq!(svc.ask("early"), "freed");
     assert_eq!(svc.ask("leak 3"), "leaked 3");
     assert_eq!(svc.ask("lock"), "locked");
+    assert_eq!(svc.ask("double"), "double");
     let twice = trapline_cmd(&["attach", &pid, "-o", &format!("{trace_arg}.2")]);
     assert_eq!(twice.code(), 1, "{}", twice.describe());
     assert!(
@@ -263,7 +264,25 @@ fn attach_records_a_running_service_and_detach_puts_every_slot_back() {
         "{}",
         pretty(frames)
     );
-    assert_eq!(as_array(&leaks, "errors").len(), 0, "{}", pretty(&leaks));
+    // The double free is one, not an earlier block's release.
+    let errors = as_array(&leaks, "errors");
+    assert_eq!(errors.len(), 1, "{}", pretty(&leaks));
+    assert_eq!(
+        errors[0]["kind"],
+        json!("double_free"),
+        "{}",
+        pretty(&errors[0])
+    );
+    let double = marker_line("attach_service.c", "DOUBLE-FREE");
+    assert!(
+        errors[0]["stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["line"] == json!(double)),
+        "{}",
+        pretty(&errors[0])
+    );
     let text = trapline_cmd(&["leaks", trace_arg]);
     assert!(
         text.stdout

@@ -513,13 +513,15 @@ fn free_recorded(
     if untracked::remove(addr) {
         return true;
     }
-    if crate::config::flag(&crate::config::OPTIONS.attached) {
-        // A block from before the attach: the program's own to release.
+    let freed = shard.recently_freed(addr);
+    if freed.is_none() && crate::config::flag(&crate::config::OPTIONS.blocks_predate) {
+        // A block from before the agent saw the allocator (an attach, a
+        // detour): the program's own to release. A block released lately
+        // is still a double free.
         drop(shard);
         EARLIER_RELEASES.fetch_add(1, Ordering::Relaxed);
         return true;
     }
-    let freed = shard.recently_freed(addr);
     let t = shard.stamp(clock::tick(), ts.last_time);
     drop(shard);
     ts.last_time = t;
@@ -681,7 +683,8 @@ pub fn realloc(
         }
         if old_block.is_none()
             && !untracked::remove(old_addr)
-            && crate::config::flag(&crate::config::OPTIONS.attached)
+            && shard.recently_freed(old_addr).is_none()
+            && crate::config::flag(&crate::config::OPTIONS.blocks_predate)
         {
             // A block from before the attach: resized, it is a new block
             // from the trace's point of view.

@@ -405,6 +405,7 @@ pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
     let o = &OPTIONS;
     for (flag, on) in [
         (&o.attached, true),
+        (&o.blocks_predate, true),
         (&o.top, true),
         (&o.follow, false),
         (&o.control, true),
