@@ -76,8 +76,9 @@ pub struct Options {
     /// passed on and counted, not errors.
     pub attached: AtomicBool,
     /// Blocks the agent never saw may be released: the program's blocks
-    /// from before an attach. Their releases are passed on and counted,
-    /// not errors (a block released lately is still a double free).
+    /// from before an attach, or those an allocator in the executable
+    /// handed out before it was detoured. Their releases are passed on and
+    /// counted, not errors (a block released lately is still a double free).
     pub blocks_predate: AtomicBool,
 }
 

@@ -31,7 +31,7 @@ extern "C" fn constructor() {
     if !runtime::lifecycle::loaded_by_preload() {
         return;
     }
-    runtime::lifecycle::init(hooks::resolve);
+    runtime::lifecycle::init(hooks::resolve, hooks::attach::own_hooks);
 }
 
 /// Runs `constructor` when the dynamic loader initialises the library.

@@ -72,6 +72,27 @@ const NAMES: [&CStr; 17] = [
     c"xallocx",
 ];
 
+/// Makes `name`'s calls go to `f` (a detoured allocator's trampoline):
+/// false when `name` is not an allocation function of the table.
+pub fn set_next(name: &CStr, f: usize) -> bool {
+    match NAMES.iter().position(|n| *n == name) {
+        Some(i) => {
+            NEXT[i].store(f, Ordering::Release);
+            SET_BY_DETOUR.fetch_or(1 << i, Ordering::AcqRel);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The functions `set_next` gave: the lookup leaves them alone.
+static SET_BY_DETOUR: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// The allocation functions' names.
+pub fn names() -> &'static [&'static CStr] {
+    &NAMES
+}
+
 /// The resolved functions; 0 before the lookup, or where no definition exists.
 static NEXT: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
 
@@ -103,19 +124,25 @@ pub fn resolve() {
     // first blocks went.
     let standard = NEXT.iter().zip(NAMES).take(FREE_SIZED);
     let others = NEXT.iter().zip(NAMES).skip(FREE_SIZED);
-    for (next, name) in standard {
-        next.store(crate::platform::sys::next_symbol(name), Ordering::Relaxed);
+    let detoured = SET_BY_DETOUR.load(Ordering::Acquire);
+    for (i, (next, name)) in standard.enumerate() {
+        if detoured & (1 << i) == 0 {
+            next.store(crate::platform::sys::next_symbol(name), Ordering::Relaxed);
+        }
     }
     let malloc = NEXT[MALLOC].load(Ordering::Relaxed);
     let library = library_of(malloc);
     if library.is_some() {
-        for (next, name) in others {
-            next.store(crate::platform::sys::next_symbol(name), Ordering::Relaxed);
+        for (i, (next, name)) in others.enumerate() {
+            if detoured & (1 << (i + FREE_SIZED)) == 0 {
+                next.store(crate::platform::sys::next_symbol(name), Ordering::Relaxed);
+            }
         }
         crate::tracking::allocator_maps::set_allocator(crate::capture::modules::extent_of(
             malloc as u64,
         ));
-    } else {
+    } else if detoured == 0 {
+        // (A detoured allocator in the executable has set its own.)
         crate::tracking::allocator_maps::set_allocator(None);
     }
     let _ = LIBRARY.set(library);

@@ -103,14 +103,14 @@ const TRAPPED: &[&CStr] = &[
 ];
 
 /// The agent's own definition of each trapped function.
-fn hooks() -> Vec<(&'static CStr, usize)> {
+pub fn own_hooks() -> Vec<(&'static CStr, usize)> {
     // SAFETY: Dl_info is plain pointers and integers; all zero is valid.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
     // SAFETY: dladdr fills `info` for an address inside this library; the
     // handle of an object already loaded (RTLD_NOLOAD) is looked up in it
     // and its dependencies, the agent first.
     unsafe {
-        libc::dladdr(hooks as *const libc::c_void, &mut info);
+        libc::dladdr(own_hooks as *const libc::c_void, &mut info);
         let own = libc::dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD);
         if own.is_null() {
             return Vec::new();
@@ -149,7 +149,7 @@ pub unsafe extern "C" fn trapline_attach(
 ) -> c_int {
     // SAFETY: the caller's NUL-terminated options.
     let options = unsafe { CStr::from_ptr(options) }.to_string_lossy();
-    match crate::runtime::attach::attach(&options, super::resolve, &hooks()) {
+    match crate::runtime::attach::attach(&options, super::resolve, &own_hooks()) {
         Ok(_) => 0,
         Err(why) => {
             let n = why.len().min(error_len.saturating_sub(1));

@@ -112,13 +112,14 @@ fn header_buffer() -> Box<Buffer> {
     // so it is done once (`next_alloc` keeps the library it found).
     // Attached, the program's calls reach the agent through the import
     // slots it patched, whatever the global lookup finds first.
-    let allocator_shadowed_by = if config::flag(&OPTIONS.attached) {
-        None
-    } else {
-        SHADOWING_ALLOCATOR
-            .get_or_init(|| shadowing_allocator(&exe))
-            .clone()
-    };
+    let allocator_shadowed_by =
+        if config::flag(&OPTIONS.attached) || crate::runtime::inline_alloc::detoured() {
+            None
+        } else {
+            SHADOWING_ALLOCATOR
+                .get_or_init(|| shadowing_allocator(&exe))
+                .clone()
+        };
     let allocator_library = crate::events::next_alloc::library();
     let memory_recorded = config::memory_recorded();
     let locks_recorded = config::locks_recorded();
@@ -298,13 +299,18 @@ fn program_thread_ending(ts: &mut thread::ThreadState) {
 
 /// The library constructor: configuration, trace file, writer thread;
 /// `resolve_hooks` looks up the real functions the hooks forward to (the
-/// crate root passes it: the hooks are above everything else).
-pub fn init(resolve_hooks: fn()) {
+/// crate root passes it: the hooks are above everything else); `own_hooks`
+/// lists the hooks by name, for an allocator in the executable to detour.
+pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CStr, usize)>) {
     let _g = INIT_LOCK.guard();
     if phase::begin_init() {
         return;
     }
     crate::platform::heap::set_aside_reserve();
+    // First, before anything here can call malloc: an allocator in the
+    // executable that initialises itself meanwhile maps its memory through
+    // the hooks, which then know those mappings for the allocator's.
+    let (_, refused) = crate::runtime::inline_alloc::detour_executable_allocator(own_hooks);
     // Single-threaded there: a fork system call copies only the calling thread.
     phase::on_abandon(writer::reset_in_child);
     crate::prepare_unwinder();
@@ -333,6 +339,12 @@ pub fn init(resolve_hooks: fn()) {
     crate::events::next_alloc::resolve();
     crate::platform::signals::resolve();
     resolve_hooks();
+    for (name, why) in refused {
+        sys::warn(&format!(
+            "the executable's own {} is not trapped: {why}",
+            name.to_string_lossy()
+        ));
+    }
     crate::events::sync::register_fork_handlers();
     crate::services::profile::init();
     crate::platform::signals::set_fatal_handler(on_fatal_signal);

@@ -5,4 +5,5 @@
 pub mod attach;
 pub mod exec_target;
 pub mod fatal_signals;
+pub mod inline_alloc;
 pub mod lifecycle;
