@@ -367,16 +367,25 @@ fn attach_and_detach_refuse_what_they_cannot_do() {
     assert!(svc.quit().success());
 }
 
-/// The process ends while attached: the trace ends with its exit.
+/// The process ends while attached: the trace ends with its exit. Built
+/// without PIE, the service exports `free` as its PLT stub (it takes
+/// free's address): the agent must find the C library's `free` behind it,
+/// or the program's own calls of free would not be trapped.
 #[test]
 fn a_process_that_exits_while_attached_completes_its_trace() {
     let dir = TestDir::new("attach_exit");
-    let prog = compile_c(&dir, "attach_service.c");
+    let prog = compile_c_with(
+        &dir,
+        "attach_service.c",
+        "attach_service_no_pie",
+        &["-no-pie", "-fno-pie", "-pthread"],
+    );
     let mut svc = Service::start(&prog);
     let pid = svc.pid().to_string();
     let trace = dir.trace();
     let a = trapline_cmd(&["attach", &pid, "-o", trace.to_str().unwrap()]);
     assert_eq!(a.code(), 0, "{}", a.describe());
+    assert_eq!(svc.ask("early"), "freed");
     assert_eq!(svc.ask("leak 4"), "leaked 4");
     assert!(svc.quit().success());
     let leaks = analysis_json("leaks", &trace);
@@ -385,6 +394,13 @@ fn a_process_that_exits_while_attached_completes_its_trace() {
     let records = as_array(&leaks, "records");
     assert_eq!(records.len(), 1, "{}", pretty(&leaks));
     assert_eq!(records[0]["bytes"], json!(4 * 48));
+    // The 5 frees through free's address reached the agent.
+    assert_eq!(
+        leaks["trace"]["attached"]["earlier_releases"],
+        json!(5),
+        "{}",
+        pretty(&leaks["trace"])
+    );
 }
 
 /// `--duration`: a detach after it, or the process's end before it.

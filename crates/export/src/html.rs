@@ -115,9 +115,14 @@ fn process(h: &mut String, p: &ProcessPage) {
         esc(&s.process.command.join(" "))
     );
     let definitely = l.summary.definitely_lost.map(|b| b.bytes);
+    let detached = l.process.exit.is_some_and(|e| e.detached);
     let cards = [
         (
-            "in use at exit",
+            if detached {
+                "in use at detach"
+            } else {
+                "in use at exit"
+            },
             format!("{} bytes", thousands(l.summary.unfreed_at_exit.bytes)),
             "unfreed",
         ),
@@ -143,6 +148,18 @@ fn process(h: &mut String, p: &ProcessPage) {
         );
     }
     h.push_str("</div>");
+    // What the text reports print last: how the trace was made or read.
+    let notes: Vec<String> = trapline_analysis::report::status_warnings(&l.trace)
+        .into_iter()
+        .chain(l.warnings.iter().cloned())
+        .collect();
+    if !notes.is_empty() {
+        h.push_str("<ul class=\"warnings\">");
+        for n in &notes {
+            let _ = write!(h, "<li>{}</li>", esc(n));
+        }
+        h.push_str("</ul>");
+    }
     if let Some(sampling) = &l.sampling {
         let _ = write!(
             h,

@@ -6,7 +6,8 @@
 //! A module's `PT_DYNAMIC` names its relocation tables; each
 //! `R_X86_64_JUMP_SLOT` (a call through the PLT) or `R_X86_64_GLOB_DAT` (a
 //! call without PLT, or a function's address taken) relocation names a
-//! symbol and the slot that holds its address. A slot is one aligned word,
+//! symbol and the slot that holds its address; so does an `R_X86_64_64`
+//! that puts a function's address in data. A slot is one aligned word,
 //! so a write is seen whole by a thread calling through it: the old
 //! function or the new one, never half of each. Slots inside
 //! `PT_GNU_RELRO` were made read-only after relocation; they are made
@@ -24,6 +25,7 @@ const DT_SYMTAB: i64 = 6;
 const DT_RELA: i64 = 7;
 const DT_RELASZ: i64 = 8;
 const DT_JMPREL: i64 = 23;
+const R_X86_64_64: u32 = 1;
 const R_X86_64_GLOB_DAT: u32 = 6;
 const R_X86_64_JUMP_SLOT: u32 = 7;
 
@@ -165,7 +167,11 @@ impl Module {
                 unsafe { core::slice::from_raw_parts(table as *const libc::Elf64_Rela, count) };
             for r in relocs {
                 let kind = (r.r_info & 0xffff_ffff) as u32;
-                if kind != R_X86_64_JUMP_SLOT && kind != R_X86_64_GLOB_DAT {
+                // A function's address in data (a table of function
+                // pointers, `void (*f)(void *) = free;`): one word holding
+                // the symbol itself, no addend.
+                let data = kind == R_X86_64_64 && r.r_addend == 0 && r.r_offset % 8 == 0;
+                if kind != R_X86_64_JUMP_SLOT && kind != R_X86_64_GLOB_DAT && !data {
                     continue;
                 }
                 let index = (r.r_info >> 32) as usize;

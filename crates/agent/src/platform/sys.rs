@@ -141,15 +141,59 @@ pub fn errno_name(errno: i32) -> &'static str {
 /// an agent loaded into a running process (`look_up_globally`), the
 /// definition the program's own lookups find.
 pub fn next_symbol(name: &core::ffi::CStr) -> usize {
-    let handle = if LOOK_UP_GLOBALLY.load(Ordering::Relaxed) {
-        libc::RTLD_DEFAULT
-    } else {
-        libc::RTLD_NEXT
-    };
+    if LOOK_UP_GLOBALLY.load(Ordering::Relaxed) {
+        return defined_symbol(name);
+    }
     // SAFETY: the C library's dlsym with a NUL-terminated name; may
     // allocate, which the re-entrancy guard of the calling hook (if any)
     // handles. The call is from here, so RTLD_NEXT means after the agent.
-    unsafe { c_library_dlsym()(handle, name.as_ptr()) as usize }
+    unsafe { c_library_dlsym()(libc::RTLD_NEXT, name.as_ptr()) as usize }
+}
+
+/// Whether `f` is a function a module defines: not the PLT stub a non-PIE
+/// executable exports for a function whose address it takes (an undefined
+/// symbol with a value), whose calls go through the executable's own slot.
+fn is_definition(f: usize) -> bool {
+    f != 0 && loader_symbol(f as u64).is_some_and(|(_, s)| s.st_shndx != SHN_UNDEF)
+}
+
+/// The definition of `name` the program's calls are bound to, for an
+/// agent loaded after the start: the global lookup's, unless that is an
+/// executable's PLT stub, then the first library's that defines it.
+fn defined_symbol(name: &core::ffi::CStr) -> usize {
+    // SAFETY: as in `next_symbol`.
+    let global = unsafe { c_library_dlsym()(libc::RTLD_DEFAULT, name.as_ptr()) as usize };
+    if global == 0 || is_definition(global) {
+        return global;
+    }
+    // SAFETY: Dl_info is plain pointers and integers; all zero is valid;
+    // dladdr fills it for an address inside this library.
+    let own = unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        libc::dladdr(defined_symbol as *const libc::c_void, &mut info);
+        info.dli_fbase as usize
+    };
+    for m in crate::platform::imports::modules().iter().skip(1) {
+        let path = m.path();
+        if path.to_bytes().is_empty() || m.extent().contains(&own) {
+            continue;
+        }
+        // SAFETY: a loaded module's own path; RTLD_NOLOAD only takes a
+        // reference to it, dropped below; dlsym with a NUL-terminated name.
+        let f = unsafe {
+            let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            if handle.is_null() {
+                continue;
+            }
+            let f = c_library_dlsym()(handle, name.as_ptr()) as usize;
+            libc::dlclose(handle);
+            f
+        };
+        if is_definition(f) && m.extent().contains(&f) {
+            return f;
+        }
+    }
+    global
 }
 
 /// Whether the real functions are looked up in the global scope.
