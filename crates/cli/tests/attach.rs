@@ -290,6 +290,19 @@ fn attach_records_a_running_service_and_detach_puts_every_slot_back() {
         "{}",
         text.stdout
     );
+    // The page says so too, with what it lists as in use.
+    let page = dir.path().join("attached.html");
+    let r = trapline_cmd(&["report", trace_arg, "-o", page.to_str().unwrap()]);
+    assert_eq!(r.code(), 0, "{}", r.describe());
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("<div>in use at detach</div>"),
+        "the detach card"
+    );
+    assert!(
+        html.contains("<ul class=\"warnings\"><li>NOTE: the trace began when trapline attached"),
+        "the attach note"
+    );
     let locks = analysis_json("locks", &trace);
     assert_eq!(
         locks["totals"]["acquisitions"],
