@@ -681,25 +681,25 @@ pub fn realloc(
             });
             ts.last_time = shard.stamp(clock::tick(), ts.last_time);
         }
-        if old_block.is_none()
-            && !untracked::remove(old_addr)
-            && shard.recently_freed(old_addr).is_none()
-            && crate::config::flag(&crate::config::OPTIONS.blocks_predate)
-        {
-            // A block from before the attach: resized, it is a new block
-            // from the trace's point of view.
-            drop(shard);
-            EARLIER_RELEASES.fetch_add(1, Ordering::Relaxed);
-            earlier = true;
-        } else if old_block.is_none() && !untracked::remove(old_addr) {
-            let pass = report_invalid_realloc(ts, shard, func, old_addr, stack);
-            leave(ts);
-            // Like memcheck: the bad call does nothing and returns NULL.
-            return if pass {
-                real(old)
+        if old_block.is_none() && !untracked::remove(old_addr) {
+            if shard.recently_freed(old_addr).is_none()
+                && crate::config::flag(&crate::config::OPTIONS.blocks_predate)
+            {
+                // A block from before the attach: resized, it is a new
+                // block from the trace's point of view.
+                drop(shard);
+                EARLIER_RELEASES.fetch_add(1, Ordering::Relaxed);
+                earlier = true;
             } else {
-                core::ptr::null_mut()
-            };
+                let pass = report_invalid_realloc(ts, shard, func, old_addr, stack);
+                leave(ts);
+                // Like memcheck: the bad call does nothing and returns NULL.
+                return if pass {
+                    real(old)
+                } else {
+                    core::ptr::null_mut()
+                };
+            }
         }
     }
     if let Some(b) = old_block {
