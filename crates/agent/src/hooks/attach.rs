@@ -104,13 +104,11 @@ const TRAPPED: &[&CStr] = &[
 
 /// The agent's own definition of each trapped function.
 pub fn own_hooks() -> Vec<(&'static CStr, usize)> {
-    // SAFETY: Dl_info is plain pointers and integers; all zero is valid.
-    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-    // SAFETY: dladdr fills `info` for an address inside this library; the
-    // handle of an object already loaded (RTLD_NOLOAD) is looked up in it
-    // and its dependencies, the agent first.
+    let info = crate::platform::sys::own_module();
+    // SAFETY: the handle of an object already loaded (RTLD_NOLOAD), whose
+    // path the loader gave, is looked up in it and its dependencies, the
+    // agent first.
     unsafe {
-        libc::dladdr(own_hooks as *const libc::c_void, &mut info);
         let own = libc::dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD);
         if own.is_null() {
             return Vec::new();

@@ -150,10 +150,22 @@ pub fn next_symbol(name: &core::ffi::CStr) -> usize {
     unsafe { c_library_dlsym()(libc::RTLD_NEXT, name.as_ptr()) as usize }
 }
 
+/// The agent library's own entry in the loader: its path (`dli_fname`)
+/// and where it is mapped (`dli_fbase`); all zero if dladdr fails.
+pub fn own_module() -> libc::Dl_info {
+    // SAFETY: Dl_info is plain pointers and integers; all zero is valid;
+    // dladdr fills it for an address inside this library.
+    unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        libc::dladdr(own_module as *const libc::c_void, &mut info);
+        info
+    }
+}
+
 /// Whether `f` is a function a module defines: not the PLT stub a non-PIE
 /// executable exports for a function whose address it takes (an undefined
 /// symbol with a value), whose calls go through the executable's own slot.
-fn is_definition(f: usize) -> bool {
+pub fn is_definition(f: usize) -> bool {
     f != 0 && loader_symbol(f as u64).is_some_and(|(_, s)| s.st_shndx != SHN_UNDEF)
 }
 
@@ -166,13 +178,7 @@ fn defined_symbol(name: &core::ffi::CStr) -> usize {
     if global == 0 || is_definition(global) {
         return global;
     }
-    // SAFETY: Dl_info is plain pointers and integers; all zero is valid;
-    // dladdr fills it for an address inside this library.
-    let own = unsafe {
-        let mut info: libc::Dl_info = core::mem::zeroed();
-        libc::dladdr(defined_symbol as *const libc::c_void, &mut info);
-        info.dli_fbase as usize
-    };
+    let own = own_module().dli_fbase as usize;
     for m in crate::platform::imports::modules().iter().skip(1) {
         let path = m.path();
         if path.to_bytes().is_empty() || m.extent().contains(&own) {

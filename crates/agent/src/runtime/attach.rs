@@ -74,15 +74,6 @@ pub fn patch_new_modules() {
     }
 }
 
-/// The agent's own load bias (its module is never patched).
-fn own_base() -> usize {
-    // SAFETY: Dl_info is plain pointers and integers; all zero is valid.
-    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-    // SAFETY: dladdr fills `info` for an address inside this library.
-    unsafe { libc::dladdr(own_base as *const libc::c_void, &mut info) };
-    info.dli_fbase as usize
-}
-
 /// Whether a module's slots are patched: the executable's and every
 /// library's but the agent's, the dynamic loader's (its few calls are its
 /// own business) and the vDSO's.
@@ -101,7 +92,7 @@ fn patchable(m: &Module, own: usize, first: bool) -> bool {
 }
 
 fn patch_new(s: &mut State) {
-    let own = own_base();
+    let own = sys::own_module().dli_fbase as usize;
     for (i, m) in imports::modules().iter().enumerate() {
         if s.done.contains(&m.base) || !patchable(m, own, i == 0) {
             continue;

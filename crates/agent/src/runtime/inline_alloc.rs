@@ -45,10 +45,7 @@ pub fn detour_executable_allocator(
         let f = sys::any_symbol(name);
         // A defined symbol (not a PLT stub an executable exports for a
         // function whose address it takes) inside the executable.
-        let own = f != 0
-            && exe.contains(&f)
-            && sys::loader_symbol(f as u64).is_some_and(|(_, s)| s.st_shndx != sys::SHN_UNDEF);
-        own.then_some(f)
+        (exe.contains(&f) && sys::is_definition(f)).then_some(f)
     };
     if defined(c"malloc").is_none() {
         return (done, refused);

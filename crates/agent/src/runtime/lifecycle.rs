@@ -42,13 +42,7 @@ static SHADOWING_ALLOCATOR: std::sync::OnceLock<Option<String>> = std::sync::Onc
 
 /// Path of the agent library itself (for re-adding LD_PRELOAD on exec).
 fn own_path() -> String {
-    // SAFETY: Dl_info is plain pointers and integers; all zero is valid.
-    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-    // SAFETY: dladdr fills `info` for an address inside this library.
-    if unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) } == 0 {
-        return String::new();
-    }
-    sys::loader_path(info.dli_fname)
+    sys::loader_path(sys::own_module().dli_fname)
 }
 
 /// Most bytes of the command line the process record keeps: the record
@@ -311,17 +305,7 @@ pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CSt
     // executable that initialises itself meanwhile maps its memory through
     // the hooks, which then know those mappings for the allocator's.
     let (_, refused) = crate::runtime::inline_alloc::detour_executable_allocator(own_hooks);
-    // Single-threaded there: a fork system call copies only the calling thread.
-    phase::on_abandon(writer::reset_in_child);
-    crate::prepare_unwinder();
-    sys::note_stderr();
-    phase::set_fork_token();
-    let ts = thread::current();
-    ts.guard += 1;
-    sys::membarrier_register();
-    clock::reset();
-    START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
-    phase::set_owner(sys::getpid_raw());
+    let ts = begin_process_state();
     config::read_from_environment(phase::owner());
     let top = config::flag(&OPTIONS.top);
     let follow = config::flag(&OPTIONS.follow);
@@ -336,9 +320,7 @@ pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CSt
         remove_self_from_preload();
     }
     let _ = AGENT_PATH.set(own_path());
-    crate::events::next_alloc::resolve();
-    crate::platform::signals::resolve();
-    resolve_hooks();
+    resolve_real_functions(resolve_hooks);
     for (name, why) in refused {
         sys::warn(&format!(
             "the executable's own {} is not trapped: {why}",
@@ -349,9 +331,7 @@ pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CSt
     crate::services::profile::init();
     crate::platform::signals::set_fatal_handler(on_fatal_signal);
     crate::runtime::fatal_signals::install();
-    modules::on_change(crate::capture::rules::forget_all);
-    thread::on_program_thread_ending(program_thread_ending);
-    modules::refresh();
+    follow_modules_and_threads();
     // Only where libstdc++ is loaded: a lookup that fails makes dlsym
     // allocate its message from the program's heap, and the freed chunks
     // changed where the program's first blocks went.
@@ -370,18 +350,57 @@ pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CSt
     // SAFETY: dlerror only reads and frees this thread's error state.
     unsafe { libc::dlerror() };
     if open_trace(top) {
-        crate::events::buffers::submit_first(header_buffer());
-        // SAFETY: registering plain functions.
-        unsafe {
-            libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-            on_exit(at_exit, core::ptr::null_mut());
-        }
-        writer::start(periodic);
-        crate::services::control::start();
+        start_trace();
     } else {
         phase::set_recording_stopped(true);
     }
     ts.guard -= 1;
+}
+
+/// What the constructor and an attach both do first: the process's agent
+/// state, its clock and its owner; the calling thread's state, its guard
+/// raised (the caller lowers it).
+fn begin_process_state() -> &'static mut thread::ThreadState {
+    // Single-threaded there: a fork system call copies only the calling thread.
+    phase::on_abandon(writer::reset_in_child);
+    crate::prepare_unwinder();
+    sys::note_stderr();
+    phase::set_fork_token();
+    let ts = thread::current();
+    ts.guard += 1;
+    sys::membarrier_register();
+    clock::reset();
+    START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
+    phase::set_owner(sys::getpid_raw());
+    ts
+}
+
+/// The real functions the agent and its hooks call.
+fn resolve_real_functions(resolve_hooks: fn()) {
+    crate::events::next_alloc::resolve();
+    crate::platform::signals::resolve();
+    resolve_hooks();
+}
+
+/// Module changes forget the unwind rules; a program thread's end is
+/// recorded; the modules loaded now are listed.
+fn follow_modules_and_threads() {
+    modules::on_change(crate::capture::rules::forget_all);
+    thread::on_program_thread_ending(program_thread_ending);
+    modules::refresh();
+}
+
+/// With the trace file open: its header, the fork and exit handlers, the
+/// writer thread and the control socket.
+fn start_trace() {
+    crate::events::buffers::submit_first(header_buffer());
+    // SAFETY: registering plain functions.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        on_exit(at_exit, core::ptr::null_mut());
+    }
+    writer::start(periodic);
+    crate::services::control::start();
 }
 
 /// Whether the dynamic loader preloaded this library (`LD_PRELOAD` names
@@ -403,16 +422,7 @@ pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
         return Err("the agent is already recording in this process".into());
     }
     crate::platform::heap::set_aside_reserve();
-    phase::on_abandon(writer::reset_in_child);
-    crate::prepare_unwinder();
-    sys::note_stderr();
-    phase::set_fork_token();
-    let ts = thread::current();
-    ts.guard += 1;
-    sys::membarrier_register();
-    clock::reset();
-    START_UNIX_NS.store(clock::unix_ns(), Ordering::Relaxed);
-    phase::set_owner(sys::getpid_raw());
+    let ts = begin_process_state();
     config::read_from_lines(options, phase::owner());
     let o = &OPTIONS;
     for (flag, on) in [
@@ -432,13 +442,9 @@ pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
     o.profile_hz.store(0, Ordering::Relaxed);
     let _ = AGENT_PATH.set(own_path());
     sys::look_up_globally();
-    crate::events::next_alloc::resolve();
-    crate::platform::signals::resolve();
-    resolve_hooks();
+    resolve_real_functions(resolve_hooks);
     crate::events::sync::register_fork_handlers();
-    modules::on_change(crate::capture::rules::forget_all);
-    thread::on_program_thread_ending(program_thread_ending);
-    modules::refresh();
+    follow_modules_and_threads();
     // SAFETY: dlerror only reads and frees this thread's error state.
     unsafe { libc::dlerror() };
     let opened = open_trace_file(true);
@@ -447,14 +453,7 @@ pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
         ts.guard -= 1;
         return Err(why);
     }
-    crate::events::buffers::submit_first(header_buffer());
-    // SAFETY: registering plain functions.
-    unsafe {
-        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-        on_exit(at_exit, core::ptr::null_mut());
-    }
-    writer::start(periodic);
-    crate::services::control::start();
+    start_trace();
     ts.guard -= 1;
     Ok(())
 }
