@@ -55,14 +55,6 @@ fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
 }
 
-/// The control socket of `pid`, where this user's CLI looks for it.
-fn socket_of(pid: u32) -> (String, String) {
-    let uid = nix::unistd::geteuid().as_raw();
-    let dir = control::socket_dir(std::env::var("XDG_RUNTIME_DIR").ok().as_deref(), uid);
-    let path = control::socket_path(&dir, pid);
-    (dir, path)
-}
-
 pub fn attach(args: AttachArgs) -> ExitCode {
     let pid = args.pid;
     if let Err(why) = check_target(pid) {
@@ -86,7 +78,7 @@ pub fn attach(args: AttachArgs) -> ExitCode {
             ),
         );
     }
-    let (dir, socket) = socket_of(pid);
+    let (dir, socket) = crate::watch::socket_of(pid);
     let mut options = vec![
         format!("{}={}", env::OUTPUT, output.display()),
         format!("{}={dir}", env::CONTROL_DIR),
@@ -142,7 +134,7 @@ pub fn attach(args: AttachArgs) -> ExitCode {
 }
 
 pub fn detach(args: DetachArgs) -> ExitCode {
-    let (_, socket) = socket_of(args.pid);
+    let (_, socket) = crate::watch::socket_of(args.pid);
     match ask_detach(args.pid, &socket) {
         Ok(slots) => {
             eprintln!(
@@ -216,7 +208,7 @@ fn check_target(pid: u32) -> Result<(), String> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
     if maps.lines().any(|l| env::names_agent(l.as_bytes())) {
-        let (_, socket) = socket_of(pid);
+        let (_, socket) = crate::watch::socket_of(pid);
         return Err(if Path::new(&socket).exists() {
             format!(
                 "process {pid} is recorded already (started by `trapline run`, or attached to): \

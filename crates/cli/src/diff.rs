@@ -1,7 +1,5 @@
 //! `trapline diff A B`: two runs compared per allocation site.
 
-use std::fs::File;
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -20,15 +18,12 @@ pub struct DiffArgs {
     pub format: Format,
 }
 
-fn open(path: &Path) -> Result<BufReader<File>, ExitCode> {
-    File::open(path)
-        .map(|f| BufReader::with_capacity(1 << 16, f))
-        .map_err(|e| output::fail("diff", path, format!("cannot open: {e}")))
-}
-
 /// Runs the command; exit statuses as the other analyses'.
 pub fn main(args: DiffArgs) -> ExitCode {
-    let (mut a, mut b) = match (open(&args.a), open(&args.b)) {
+    let (mut a, mut b) = match (
+        output::open_trace("diff", &args.a),
+        output::open_trace("diff", &args.b),
+    ) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(code), _) | (_, Err(code)) => return code,
     };

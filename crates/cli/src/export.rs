@@ -120,11 +120,10 @@ fn parquet(trace: &Path, dir: &Path, force: bool) -> ExitCode {
     if let Err(e) = std::fs::create_dir_all(dir) {
         return output::fail("export", dir, format!("cannot create the directory: {e}"));
     }
-    let file = match std::fs::File::open(trace) {
-        Ok(f) => f,
-        Err(e) => return output::fail("export", trace, format!("cannot open: {e}")),
+    let mut input = match output::open_trace("export", trace) {
+        Ok(i) => i,
+        Err(code) => return code,
     };
-    let mut input = std::io::BufReader::with_capacity(1 << 16, file);
     let written = crate::progress::while_running("export", || {
         trapline_export::parquet::write(&mut input, dir)
     });
@@ -137,11 +136,10 @@ fn parquet(trace: &Path, dir: &Path, force: bool) -> ExitCode {
 /// Writes the Chrome trace event JSON of the trace at `trace` to `file`.
 fn perfetto(trace: &Path, file: &Path, force: bool) -> ExitCode {
     use trapline_export::perfetto::{self, Error};
-    let opened = match std::fs::File::open(trace) {
-        Ok(f) => f,
-        Err(e) => return output::fail("export", trace, format!("cannot open: {e}")),
+    let mut input = match output::open_trace("export", trace) {
+        Ok(i) => i,
+        Err(code) => return code,
     };
-    let mut input = std::io::BufReader::with_capacity(1 << 16, opened);
     // The analysis writes as it goes: its own failure is kept apart from
     // the file's, and either leaves no file behind.
     let mut analysis_error = None;

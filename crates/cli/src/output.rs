@@ -152,6 +152,14 @@ pub fn fail(command: &str, path: &Path, msg: impl std::fmt::Display) -> ExitCode
     ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
 }
 
+/// Opens the trace at `path` for `command`'s reading; a failure is
+/// reported on stderr and becomes the exit status.
+pub fn open_trace(command: &str, path: &Path) -> Result<BufReader<File>, ExitCode> {
+    File::open(path)
+        .map(|f| BufReader::with_capacity(1 << 16, f))
+        .map_err(|e| fail(command, path, format!("cannot open: {e}")))
+}
+
 /// Opens the trace at `path` and runs `analyze` on it. A failure, or a trace
 /// without a readable event, is reported on stderr and becomes the exit status.
 pub fn load<T: Report, E: std::fmt::Display>(
@@ -159,8 +167,7 @@ pub fn load<T: Report, E: std::fmt::Display>(
     path: &Path,
     analyze: impl FnOnce(&mut BufReader<File>) -> Result<T, E>,
 ) -> Result<T, ExitCode> {
-    let file = File::open(path).map_err(|e| fail(command, path, format!("cannot open: {e}")))?;
-    let mut input = BufReader::with_capacity(1 << 16, file);
+    let mut input = open_trace(command, path)?;
     let report = crate::progress::while_running(command, || analyze(&mut input))
         .map_err(|e| fail(command, path, e))?;
     if let Some(p) = report.problem() {

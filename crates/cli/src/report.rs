@@ -64,7 +64,7 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
         .collect();
     let ids: Vec<u32> = plotted.iter().map(|s| s.stack_id).collect();
     let names = plotted.iter().map(|s| html::stack_name(&s.stack)).collect();
-    let mut input = open(path)?;
+    let mut input = output::open_trace("report", path)?;
     let timeline =
         timeline::analyze(&mut input, &ids).map_err(|e| output::fail("report", path, e))?;
     rewind(&mut input, path)?;
@@ -88,12 +88,6 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
         locks: has_locks.then_some(locks),
         deadlocks: has_locks.then_some(deadlocks),
     })
-}
-
-fn open(path: &Path) -> Result<BufReader<File>, ExitCode> {
-    File::open(path)
-        .map(|f| BufReader::with_capacity(1 << 16, f))
-        .map_err(|e| output::fail("report", path, format!("cannot open: {e}")))
 }
 
 fn rewind(input: &mut BufReader<File>, path: &Path) -> Result<(), ExitCode> {

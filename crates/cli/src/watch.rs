@@ -304,10 +304,17 @@ const MAX_BLOCKS_PER_SITE: usize = 512;
 /// Blocks remembered as accessed or refused, at most.
 const MAX_REMEMBERED: usize = 100_000;
 
-pub fn main(args: WatchArgs) -> ExitCode {
+/// The control socket's directory and the socket of `pid` in it, where
+/// this user's CLI looks (`trapline attach` tells the agent the directory).
+pub fn socket_of(pid: u32) -> (String, String) {
     let uid = nix::unistd::geteuid().as_raw();
     let dir = control::socket_dir(std::env::var("XDG_RUNTIME_DIR").ok().as_deref(), uid);
-    let path = control::socket_path(&dir, args.pid);
+    let path = control::socket_path(&dir, pid);
+    (dir, path)
+}
+
+pub fn main(args: WatchArgs) -> ExitCode {
+    let (_, path) = socket_of(args.pid);
     if let Some(secs) = args.wait {
         let deadline = Instant::now() + Duration::from_secs_f64(secs);
         while !Path::new(&path).exists() && Instant::now() < deadline {
