@@ -15,6 +15,7 @@ mod profile;
 mod progress;
 mod report;
 mod run;
+mod run_static;
 mod stats;
 mod trace_names;
 mod trace_output;
@@ -79,6 +80,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The helper that starts a static program traced (run_static):
+    // `trapline __trapline-traceme PROGRAM -- ARGV0 ARGS...`.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.len() >= 4 && argv[1] == trapline_tracer::TRACEME_ARG && argv[3] == "--" {
+        trapline_tracer::traceme_and_exec(std::path::Path::new(&argv[2]), &argv[4..]);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run::main(args),

@@ -197,7 +197,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("trapline run: {msg}");
     ExitCode::from(code)
 }
@@ -300,15 +300,8 @@ fn check_preloadable(path: &Path) -> Result<(), ExitCode> {
     // (reading cc1 whole took 33 MB before every run).
     let data = object::read::ReadCache::new(file);
     match program_start(path) {
-        ProgramStart::Static => {
-            return Err(fail(
-                EXIT_CANNOT_RUN,
-                format!(
-                    "{} is statically linked: there is no dynamic loader to preload the agent into it, so it cannot be traced (rebuild it dynamically linked)",
-                    path.display()
-                ),
-            ));
-        }
+        // Recorded from outside (crates/tracer).
+        ProgramStart::Static => return Ok(()),
         ProgramStart::Loader { path: loader, .. } if !loader.is_glibc() => {
             return Err(fail(
                 EXIT_CANNOT_RUN,
@@ -495,6 +488,7 @@ pub fn main(args: RunArgs) -> ExitCode {
     if let Err(code) = check_preloadable(&program).and_then(|()| check_interpreter(&program)) {
         return code;
     }
+    let is_static = program_start(&program) == ProgramStart::Static;
     // The trace path must be writable before anything runs.
     let output = if args.output.is_absolute() {
         args.output.clone()
@@ -520,6 +514,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         Ok(_) => {}
     }
 
+    if is_static {
+        return crate::run_static::main(&args, &program, &output);
+    }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env("LD_PRELOAD", preload_value(&agent))
@@ -594,36 +591,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         cmd.env_remove(env::IGNORE_SIGPIPE);
     }
 
-    // While the command runs, signals meant for it must not kill trapline
-    // first: a terminal's SIGINT/SIGQUIT reach the whole process group anyway;
-    // SIGTERM, SIGHUP and the user signals sent to trapline are passed on.
-    let forwarded = [
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-        signal_hook::consts::SIGUSR1,
-        signal_hook::consts::SIGUSR2,
-    ];
-    let swallowed = [signal_hook::consts::SIGINT, signal_hook::consts::SIGQUIT];
-    // A signal trapline was started with ignored stays ignored, so that the
-    // command inherits it ignored as it would natively (`nohup`; a shell's
-    // background job ignores SIGINT and SIGQUIT): a handler here would
-    // become SIG_DFL in the command at exec, and `nohup trapline run --
-    // server` died of the SIGHUP it was meant to survive.
-    let ignored = ignored_signals();
-    let caught: Vec<i32> = forwarded
-        .iter()
-        .chain(swallowed.iter())
-        .copied()
-        .filter(|&sig| ignored & (1 << (sig - 1)) == 0)
-        .collect();
-    let mut signals = match signal_hook::iterator::Signals::new(&caught) {
+    let signals = match signal_forwarding() {
         Ok(s) => s,
-        Err(e) => {
-            return fail(
-                EXIT_CANNOT_RUN,
-                format!("cannot set up signal forwarding: {e}"),
-            )
-        }
+        Err(code) => return code,
     };
     // What the kernel's OOM killer had done before the command ran: a
     // SIGKILL it sends while the command runs is then named as its.
@@ -654,16 +624,7 @@ pub fn main(args: RunArgs) -> ExitCode {
     let watcher = args.watch.and_then(|secs| {
         crate::watch::start_beside(child_pid.as_raw() as u32, secs, args.stale_after, &output)
     });
-    let handle = signals.handle();
-    let forwarder = std::thread::spawn(move || {
-        for sig in signals.forever() {
-            if forwarded.contains(&sig) {
-                if let Ok(s) = Signal::try_from(sig) {
-                    let _ = kill(child_pid, s);
-                }
-            }
-        }
-    });
+    let (handle, forwarder) = forward_signals(signals, child_pid);
     let (status, timed_out) = match wait_with_timeout(child, child_pid, timeout) {
         Ok(s) => s,
         Err(e) => {
@@ -704,6 +665,66 @@ pub fn main(args: RunArgs) -> ExitCode {
     }
     ExitCode::from(code)
 }
+
+/// Signals sent to trapline while the command runs.
+pub(crate) struct Forwarding {
+    signals: signal_hook::iterator::Signals,
+}
+
+/// The signals meant for the command, caught before it starts.
+pub(crate) fn signal_forwarding() -> Result<Forwarding, ExitCode> {
+    // While the command runs, signals meant for it must not kill trapline
+    // first: a terminal's SIGINT/SIGQUIT reach the whole process group anyway;
+    // SIGTERM, SIGHUP and the user signals sent to trapline are passed on.
+    let swallowed = [signal_hook::consts::SIGINT, signal_hook::consts::SIGQUIT];
+    // A signal trapline was started with ignored stays ignored, so that the
+    // command inherits it ignored as it would natively (`nohup`; a shell's
+    // background job ignores SIGINT and SIGQUIT): a handler here would
+    // become SIG_DFL in the command at exec, and `nohup trapline run --
+    // server` died of the SIGHUP it was meant to survive.
+    let ignored = ignored_signals();
+    let caught: Vec<i32> = FORWARDED
+        .iter()
+        .chain(swallowed.iter())
+        .copied()
+        .filter(|&sig| ignored & (1 << (sig - 1)) == 0)
+        .collect();
+    signal_hook::iterator::Signals::new(&caught)
+        .map(|signals| Forwarding { signals })
+        .map_err(|e| {
+            fail(
+                EXIT_CANNOT_RUN,
+                format!("cannot set up signal forwarding: {e}"),
+            )
+        })
+}
+
+/// SIGTERM, SIGHUP and the user signals trapline gets go on to the command
+/// `child` (SIGINT and SIGQUIT are swallowed: a terminal sends them to the
+/// whole process group anyway). Close the handle, then join the thread.
+pub(crate) fn forward_signals(
+    mut f: Forwarding,
+    child: Pid,
+) -> (signal_hook::iterator::Handle, std::thread::JoinHandle<()>) {
+    let handle = f.signals.handle();
+    let forwarder = std::thread::spawn(move || {
+        for sig in f.signals.forever() {
+            if FORWARDED.contains(&sig) {
+                if let Ok(s) = Signal::try_from(sig) {
+                    let _ = kill(child, s);
+                }
+            }
+        }
+    });
+    (handle, forwarder)
+}
+
+const FORWARDED: [i32; 4] = [
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGUSR1,
+    signal_hook::consts::SIGUSR2,
+];
 
 /// Waits for the command; with a timeout, sends SIGTERM when it expires (and
 /// SIGKILL after a grace period). Returns its status and whether it timed out.
@@ -749,7 +770,12 @@ fn wait_with_timeout(
 /// then the other processes added up. `top_pid`: the command's process;
 /// `killed_by`: the signal that ended it, if one did. Returns the trace of
 /// that last image.
-fn summarize(output: &Path, program: &Path, top_pid: u32, killed_by: Option<i32>) -> PathBuf {
+pub(crate) fn summarize(
+    output: &Path,
+    program: &Path,
+    top_pid: u32,
+    killed_by: Option<i32>,
+) -> PathBuf {
     let mut files = vec![output.to_path_buf()];
     files.extend(trace_names::family_files(output));
     let empty = std::fs::metadata(output)

@@ -340,11 +340,6 @@ fn run_script_whose_interpreter_cannot_take_the_agent_is_refused() {
     );
 }
 
-#[test]
-fn run_static_binary_is_refused() {
-    assert_refused("static_hello", &["-static"], "is statically linked");
-}
-
 /// A program built with AddressSanitizer (gcc links its runtime as a
 /// shared library) refuses to start unless that runtime comes first: with
 /// the agent preloaded it printed ASan's complaint, exited 1, and trapline

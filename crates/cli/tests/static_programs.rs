@@ -1,0 +1,174 @@
+//! Statically linked programs, recorded from outside (crates/tracer): the
+//! same fixture built dynamically (recorded by the agent) and with
+//! `gcc -static` must give the same blocks, sizes, functions, program
+//! frames and errors. The static build's C library allocates at its start
+//! (what the dynamic loader does before any agent) and keeps stdio buffers
+//! (the agent runs freeres): those blocks have no frame in the fixture and
+//! are left out of the comparison.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+
+/// A record or error reduced to what both builds must agree on: the kind,
+/// the sizes, the function, and the frames in `source` (function, line).
+fn program_view(v: &Value, source: &str, keys: &[&str]) -> Option<String> {
+    let frames = |stack: &Value| -> Vec<String> {
+        stack
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["file"].as_str().is_some_and(|p| p.ends_with(source)))
+            .map(|f| format!("{}:{}", f["function"].as_str().unwrap(), f["line"]))
+            .collect()
+    };
+    let own = frames(&v["stack"]);
+    if own.is_empty() {
+        return None;
+    }
+    let mut out: Vec<String> = keys.iter().map(|k| format!("{k}={}", v[*k])).collect();
+    out.push(format!("stack={}", own.join(" < ")));
+    if !v["alloc_stack"].is_null() {
+        out.push(format!(
+            "alloc_stack={}",
+            frames(&v["alloc_stack"]).join(" < ")
+        ));
+    }
+    Some(out.join(" "))
+}
+
+fn views(report: &Value, section: &str, source: &str, keys: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = report[section]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {section} in {report}"))
+        .iter()
+        .filter_map(|r| program_view(r, source, keys))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Records `source` built both ways; the two leaks reports.
+fn both_builds(name: &str, source: &str, stdout: &str) -> (Value, Value) {
+    let dir = TestDir::new(name);
+    let dynamic = compile_c_with(&dir, source, "dynamic", &[]);
+    let fixed = compile_c_with(&dir, source, "static", &["-static"]);
+    let mut reports = Vec::new();
+    for (prog, trace) in [(&dynamic, "dynamic.trace"), (&fixed, "static.trace")] {
+        let trace = dir.path().join(trace);
+        let finished = output_of(
+            {
+                let mut cmd = std::process::Command::new(trapline());
+                cmd.args(["run", "-o"])
+                    .arg(&trace)
+                    .arg("--")
+                    .arg(prog)
+                    .current_dir(dir.path())
+                    .env("TRAPLINE_AGENT", agent());
+                cmd
+            },
+            "trapline run",
+        );
+        assert_eq!(finished.code(), 0, "{}", finished.describe());
+        assert_eq!(finished.stdout, stdout, "{}", finished.describe());
+        assert_no_events_lost_in_summary(&finished);
+        reports.push(leaks(&trace));
+    }
+    let fixed = reports.pop().unwrap();
+    (reports.pop().unwrap(), fixed)
+}
+
+/// leaks.c: seven leak sites of six allocation functions (realloc,
+/// calloc, malloc in a loop, posix_memalign, aligned_alloc, strdup's
+/// malloc), 9 blocks and 1,032 bytes, with their stacks through main.
+#[test]
+fn a_static_program_has_the_leaks_of_its_dynamic_build() {
+    let (dynamic, fixed) = both_builds("static_leaks", "leaks.c", "");
+    let keys = ["bytes", "blocks", "allocated_by"];
+    let want = views(&dynamic, "records", "leaks.c", &keys);
+    assert_eq!(want.len(), 7, "{want:#?}");
+    let got = views(&fixed, "records", "leaks.c", &keys);
+    assert_eq!(got, want);
+    let line = |marker: &str| marker_line("leaks.c", marker);
+    assert!(
+        got.contains(&format!(
+            "bytes=100 blocks=1 allocated_by=\"malloc\" stack=leak_one:{} < middle:{} < main:{}",
+            line("LEAK-ONE"),
+            line("CALL-LEAK-ONE"),
+            line("MAIN-MIDDLE")
+        )),
+        "{got:#?}"
+    );
+    // The static build's other blocks are its C library's own.
+    let program_bytes: u64 = fixed["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| program_view(r, "leaks.c", &keys).is_some())
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(program_bytes, 1032);
+}
+
+/// errors.c: a double free (with both frees' and the allocation's
+/// stacks), invalid frees of a stack address and of an interior pointer,
+/// and an invalid realloc, none passed on: the program survives.
+#[test]
+fn a_static_program_has_the_errors_of_its_dynamic_build() {
+    let (dynamic, fixed) = both_builds("static_errors", "errors.c", "survived\n");
+    let keys = [
+        "kind",
+        "function",
+        "alloc_function",
+        "alloc_size",
+        "passed_on",
+    ];
+    let want = views(&dynamic, "errors", "errors.c", &keys);
+    assert_eq!(want.len(), 4, "{want:#?}");
+    assert_eq!(views(&fixed, "errors", "errors.c", &keys), want);
+}
+
+/// What the outside recorder cannot do yet is refused before the program
+/// runs, and a static program without symbols is refused with the reason.
+#[test]
+fn a_static_program_refuses_what_its_recorder_lacks() {
+    let dir = TestDir::new("static_refusals");
+    let prog = compile_c_with(&dir, "static_hello.c", "static_hello", &["-static"]);
+    let finished = output_of(
+        run_command(&dir, &["--profile=99"], &prog, &[]),
+        "trapline run --profile",
+    );
+    assert_eq!(finished.code(), 2, "{}", finished.describe());
+    assert!(
+        finished.stderr.contains(
+            "is statically linked and recorded from outside, which does not support --profile yet"
+        ),
+        "{}",
+        finished.describe()
+    );
+    assert!(!finished.stdout.contains("static ran"));
+    let stripped = dir.path().join("stripped");
+    std::fs::copy(&prog, &stripped).unwrap();
+    let strip = std::process::Command::new("strip")
+        .arg(&stripped)
+        .status()
+        .unwrap();
+    assert!(strip.success());
+    let finished = output_of(
+        run_command(&dir, &[], &stripped, &[]),
+        "trapline run stripped",
+    );
+    assert_eq!(finished.code(), 125, "{}", finished.describe());
+    assert!(
+        finished
+            .stderr
+            .contains("without a malloc of its own that trapline can find"),
+        "{}",
+        finished.describe()
+    );
+    assert!(
+        !Path::new(&dir.trace()).exists() || std::fs::metadata(dir.trace()).unwrap().len() == 0
+    );
+}

@@ -1,0 +1,114 @@
+//! What the recorder needs from the program's file: the entry points it
+//! traps, the load segments, the build id and the unwind sections.
+
+use object::{Object, ObjectKind, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags};
+use trapline_trace::AllocFn;
+
+/// How a trapped function is stopped at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trap {
+    /// An allocating function: at its call (to know it is not nested in
+    /// another) and at its return (its result).
+    Allocation(AllocFn),
+    /// A release: at its call, before the block can be reused.
+    Release(AllocFn),
+    /// `exit`: at its call, while the process is whole (the exit scan).
+    Exit,
+}
+
+/// The functions trapped, by symbol, in order of preference where two
+/// names are one function (glibc's `aligned_alloc` is its `memalign`: the
+/// standard name is reported).
+const TRAPPED: &[(&str, Trap)] = &[
+    ("malloc", Trap::Allocation(AllocFn::Malloc)),
+    ("calloc", Trap::Allocation(AllocFn::Calloc)),
+    ("realloc", Trap::Allocation(AllocFn::Realloc)),
+    ("reallocarray", Trap::Allocation(AllocFn::ReallocArray)),
+    ("posix_memalign", Trap::Allocation(AllocFn::PosixMemalign)),
+    ("aligned_alloc", Trap::Allocation(AllocFn::AlignedAlloc)),
+    ("memalign", Trap::Allocation(AllocFn::Memalign)),
+    ("valloc", Trap::Allocation(AllocFn::Valloc)),
+    ("pvalloc", Trap::Allocation(AllocFn::Pvalloc)),
+    ("free", Trap::Release(AllocFn::Free)),
+    ("exit", Trap::Exit),
+];
+
+/// A trapped entry point, at its file address.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub name: &'static str,
+    pub trap: Trap,
+    pub addr: u64,
+}
+
+/// A load segment at its file address.
+pub struct LoadSegment {
+    pub vaddr: u64,
+    pub memsz: u64,
+    pub flags: u8,
+}
+
+pub struct Program {
+    pub entries: Vec<Entry>,
+    pub segments: Vec<LoadSegment>,
+    pub build_id: Vec<u8>,
+    /// Position-independent (`ET_DYN`): loaded at a bias.
+    pub relocatable: bool,
+    /// `.eh_frame_hdr`, `.eh_frame` and `.text`: (file address, bytes).
+    pub eh_frame_hdr: Option<(u64, Vec<u8>)>,
+    pub eh_frame: Option<(u64, Vec<u8>)>,
+    pub text: Option<(u64, u64)>,
+}
+
+pub fn read(data: &[u8]) -> Result<Program, String> {
+    let file = object::File::parse(data).map_err(|e| format!("not a readable ELF file: {e}"))?;
+    if file.architecture() != object::Architecture::X86_64 {
+        return Err("not an x86-64 program".into());
+    }
+    let mut entries: Vec<Entry> = Vec::new();
+    for (name, trap) in TRAPPED {
+        let Some(sym) = file.symbols().find(|s| {
+            s.name() == Ok(name) && s.is_definition() && s.kind() == object::SymbolKind::Text
+        }) else {
+            continue;
+        };
+        if entries.iter().any(|e| e.addr == sym.address()) {
+            continue;
+        }
+        entries.push(Entry {
+            name,
+            trap: *trap,
+            addr: sym.address(),
+        });
+    }
+    let segments = file
+        .segments()
+        .filter_map(|s| {
+            let SegmentFlags::Elf { p_flags, .. } = s.flags() else {
+                return None;
+            };
+            // PF_X, PF_W, PF_R are the trace's EXEC, WRITE, READ bits.
+            let flags = (p_flags.0 & 7) as u8;
+            Some(LoadSegment {
+                vaddr: s.address(),
+                memsz: s.size(),
+                flags,
+            })
+        })
+        .collect();
+    let section = |name: &str| {
+        file.section_by_name(name)
+            .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())))
+    };
+    Ok(Program {
+        entries,
+        segments,
+        build_id: file.build_id().ok().flatten().unwrap_or_default().to_vec(),
+        relocatable: file.kind() == ObjectKind::Dynamic,
+        eh_frame_hdr: section(".eh_frame_hdr"),
+        eh_frame: section(".eh_frame"),
+        text: file
+            .section_by_name(".text")
+            .map(|s| (s.address(), s.address() + s.size())),
+    })
+}

@@ -1,0 +1,64 @@
+//! The recorder's view of the heap: live blocks, blocks freed lately (for
+//! telling a double free from an invalid one), and interned stacks.
+
+use std::collections::{HashMap, VecDeque};
+
+use trapline_trace::AllocFn;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    pub size: u64,
+    pub func: AllocFn,
+    pub stack: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Freed {
+    pub block: Block,
+    pub free_stack: u32,
+}
+
+/// Freed blocks remembered, as the agent's recently-freed ring.
+const FREED_KEPT: usize = 1 << 16;
+
+#[derive(Default)]
+pub struct Heap {
+    pub live: HashMap<u64, Block>,
+    freed: HashMap<u64, Freed>,
+    freed_order: VecDeque<u64>,
+    stacks: HashMap<Vec<u64>, u32>,
+}
+
+impl Heap {
+    /// The id of `frames`, and whether it is new (its definition is due).
+    pub fn intern(&mut self, frames: Vec<u64>) -> (u32, Option<Vec<u64>>) {
+        if let Some(&id) = self.stacks.get(&frames) {
+            return (id, None);
+        }
+        let id = self.stacks.len() as u32 + 1;
+        self.stacks.insert(frames.clone(), id);
+        (id, Some(frames))
+    }
+
+    pub fn allocated(&mut self, addr: u64, block: Block) {
+        self.freed.remove(&addr);
+        self.live.insert(addr, block);
+    }
+
+    /// Removes a live block; `None` when `addr` is not one.
+    pub fn released(&mut self, addr: u64, free_stack: u32) -> Option<Block> {
+        let block = self.live.remove(&addr)?;
+        if self.freed_order.len() == FREED_KEPT {
+            if let Some(old) = self.freed_order.pop_front() {
+                self.freed.remove(&old);
+            }
+        }
+        self.freed_order.push_back(addr);
+        self.freed.insert(addr, Freed { block, free_stack });
+        Some(block)
+    }
+
+    pub fn freed_lately(&self, addr: u64) -> Option<Freed> {
+        self.freed.get(&addr).copied()
+    }
+}

@@ -1,0 +1,26 @@
+//! Records a statically linked program, which has no dynamic loader to
+//! preload the agent into, from outside: the recorder starts it under
+//! ptrace, detours its allocator's entry points (as the agent detours an
+//! allocator linked into an executable) to stubs that stop the thread with
+//! an `int3` at the call and at its return, and writes the same trace
+//! events the agent writes, with stacks unwound through the process's
+//! memory. At `exit` every thread is stopped and the live blocks are
+//! written as the exit snapshot.
+//!
+//! Each allocation costs two stops of the calling thread (two round trips
+//! through the kernel and this process), so this is far slower than the
+//! agent: it is for programs nothing else can record.
+
+#![forbid(unsafe_code)]
+
+mod elf;
+mod heap;
+pub mod launch;
+mod remote;
+mod stubs;
+mod tracing;
+mod unwind;
+mod writer;
+
+pub use launch::{traceme_and_exec, TRACEME_ARG};
+pub use tracing::{record, Ended, Outcome, Request};
