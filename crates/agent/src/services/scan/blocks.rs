@@ -1,15 +1,9 @@
-//! The live blocks of one scan, sorted by address, and the lookup that turns
-//! a word into the block it points into.
-//!
-//! Blocks are grouped into regions of nearby blocks (a gap of more than
-//! `REGION_GAP` starts a new one: arenas, mmapped chunks). Each region has a
-//! table giving, per granule (a power of two from 16 bytes, chosen so that a
-//! region has about one granule per block), the index of the first block
-//! starting at or after it, so a lookup is: range check, binary search among
-//! the few regions, two table reads, and a search among the one or two
-//! blocks of the granule.
+//! The scan's buffers (huge pages, fallible) and the live table's packed
+//! blocks as the shared index sees them (`trapline_reach::blocks`, which
+//! sorts them and turns a word into the block it points into).
 
 use crate::tracking::live::Packed;
+pub use trapline_reach::BlockIndex;
 
 /// Asks for transparent huge pages behind a large buffer of the scan (its
 /// capacity, allocated but not yet touched): ten million blocks make
@@ -63,188 +57,27 @@ pub fn try_zeroed_vec<T: Copy + Default>(n: usize) -> Option<Vec<T>> {
     }
 }
 
-/// A gap between blocks larger than this starts a new region.
-const REGION_GAP: u64 = 1 << 20;
-/// Granules are at least 16 bytes and grow until a region has about one
-/// granule per block (two 8-byte aligned blocks may share one: the lookup
-/// searches the granule's blocks).
-const MIN_GRANULE_SHIFT: u32 = 4;
+/// The agent's buffers: its own heap, huge pages where possible.
+pub struct HugeBuffers;
 
-struct Region {
-    lo: u64,
-    hi: u64,
-    /// Index of the region's first block.
-    first: u32,
-    shift: u32,
-    /// Offset of the region's granule table in `BlockIndex::granules`.
-    table: usize,
-}
-
-/// The sorted live blocks and their lookup tables.
-pub struct BlockIndex {
-    pub blocks: Vec<Packed>,
-    regions: Vec<Region>,
-    granules: Vec<u32>,
-    lo: u64,
-    hi: u64,
-}
-
-impl BlockIndex {
-    /// Sorts `blocks` (a copy of the live table) and builds the tables;
-    /// `None` when the memory for them is refused.
-    pub fn new(mut blocks: Vec<Packed>) -> Option<BlockIndex> {
-        radix_sort(&mut blocks)?;
-        let start = |k: usize| blocks[k].addr();
-        let mut regions = Vec::new();
-        // About one entry per block: reserved up front, on huge pages.
-        let mut granules = try_with_capacity(2 * blocks.len() + 64)?;
-        let mut i = 0;
-        while i < blocks.len() {
-            let first = i;
-            let mut hi = end(&blocks[i]);
-            i += 1;
-            while i < blocks.len() && start(i) <= hi.saturating_add(REGION_GAP) {
-                hi = hi.max(end(&blocks[i]));
-                i += 1;
-            }
-            let lo = start(first);
-            // Keep a region's table near its block count, whatever its span.
-            let count = (i - first) as u64;
-            let mut shift = MIN_GRANULE_SHIFT;
-            while (hi - lo) >> shift > count + 16 {
-                shift += 1;
-            }
-            let n = ((hi - lo) >> shift) as usize + 1;
-            let table = granules.len();
-            let mut k = first;
-            for g in 0..=n {
-                let base = lo + ((g as u64) << shift);
-                while k < i && start(k) < base {
-                    k += 1;
-                }
-                granules.push(k as u32);
-            }
-            regions.push(Region {
-                lo,
-                hi,
-                first: first as u32,
-                shift,
-                table,
-            });
-        }
-        let lo = regions.first().map_or(u64::MAX, |r| r.lo);
-        let hi = regions.iter().map(|r| r.hi).max().unwrap_or(0);
-        Some(BlockIndex {
-            blocks,
-            regions,
-            granules,
-            lo,
-            hi,
-        })
+impl trapline_reach::Buffers for HugeBuffers {
+    fn with_capacity<T>(&self, n: usize) -> Option<Vec<T>> {
+        try_with_capacity(n)
     }
-
-    pub fn len(&self) -> usize {
-        self.blocks.len()
+    fn filled<T: Copy>(&self, n: usize, value: T) -> Option<Vec<T>> {
+        try_huge_vec(n, value)
     }
-
-    /// The block `w` points into, and whether it points to its start.
-    /// Memcheck's rule: a block of size n is pointed into by `start..start+n`;
-    /// a block of size 0 only by its start.
-    #[inline]
-    pub fn find(&self, w: u64) -> Option<(usize, bool)> {
-        if w < self.lo || w > self.hi {
-            return None;
-        }
-        let r = self.regions.partition_point(|r| r.lo <= w);
-        let region = &self.regions[r.checked_sub(1)?];
-        if w > region.hi {
-            return None;
-        }
-        let g = region.table + ((w - region.lo) >> region.shift) as usize;
-        let (a, b) = (self.granules[g] as usize, self.granules[g + 1] as usize);
-        // The last block starting at or before w: inside this granule, or
-        // the one before it (which may span into the granule).
-        // One array for the search and the size: a lookup misses the cache
-        // once here, not twice.
-        let k = a + self.blocks[a..b].partition_point(|b| b.addr() <= w);
-        let i = k.checked_sub(1)?;
-        if i < region.first as usize {
-            return None;
-        }
-        let start = self.blocks[i].addr();
-        let size = self.blocks[i].size();
-        if w - start < size || w == start {
-            Some((i, w == start))
-        } else {
-            None
-        }
-    }
-
-    /// The extent of the first block starting in `[lo, hi)`, with glibc's
-    /// chunk header (16 bytes) before it: memory that is malloc's, never a root.
-    pub fn first_block_in(&self, lo: u64, hi: u64) -> Option<(u64, u64)> {
-        let k = self.blocks.partition_point(|b| b.addr() < lo);
-        let start = self.blocks.get(k).map(Packed::addr).filter(|&s| s < hi)?;
-        Some((
-            start.saturating_sub(16).max(lo),
-            start + self.blocks[k].size().max(1),
-        ))
+    fn zeroed<T: Copy + Default>(&self, n: usize) -> Option<Vec<T>> {
+        try_zeroed_vec(n)
     }
 }
 
-/// Sorts blocks by address: LSD radix sort on `addr >> 3` (45 bits: blocks
-/// are 8-byte aligned at least), 12 bits per pass, skipping the passes whose digit is the same in every block
-/// (heap addresses share their high bits). Several times faster than a
-/// comparison sort at ten million blocks, which matters: the program is
-/// stopped meanwhile.
-/// `None`: no memory for the scratch copy (`blocks` unchanged).
-fn radix_sort(blocks: &mut Vec<Packed>) -> Option<()> {
-    const BITS: u64 = 12;
-    const BUCKETS: usize = 1 << BITS;
-    const PASSES: usize = 4;
-    let n = blocks.len();
-    if n < 1 << 16 {
-        blocks.sort_unstable_by_key(Packed::addr);
-        return Some(());
+impl trapline_reach::Span for Packed {
+    const EMPTY: Packed = Packed::EMPTY;
+    fn addr(&self) -> u64 {
+        Packed::addr(self)
     }
-    let digit = |p: &Packed, pass: usize| {
-        (((p.addr() >> 3) >> (BITS * pass as u64)) as usize) & (BUCKETS - 1)
-    };
-    let mut counts = vec![[0usize; BUCKETS]; PASSES];
-    for p in blocks.iter() {
-        for (pass, c) in counts.iter_mut().enumerate() {
-            c[digit(p, pass)] += 1;
-        }
+    fn size(&self) -> u64 {
+        Packed::size(self)
     }
-    let mut other = try_huge_vec(n, Packed::EMPTY)?;
-    let (mut src, mut dst) = (blocks, &mut other);
-    let mut swapped = false;
-    // On the heap: the scan may run on a small stack.
-    let mut next = vec![0usize; BUCKETS];
-    for (pass, c) in counts.iter().enumerate() {
-        if c.contains(&n) {
-            continue;
-        }
-        let mut sum = 0;
-        for (slot, &count) in next.iter_mut().zip(c) {
-            *slot = sum;
-            sum += count;
-        }
-        for p in src.iter() {
-            let d = digit(p, pass);
-            dst[next[d]] = *p;
-            next[d] += 1;
-        }
-        core::mem::swap(&mut src, &mut dst);
-        swapped = !swapped;
-    }
-    if swapped {
-        // The sorted data is in `other`: hand that buffer over.
-        core::mem::swap(src, dst);
-    }
-    Some(())
-}
-
-fn end(b: &Packed) -> u64 {
-    b.addr() + b.size().max(1) - 1
 }

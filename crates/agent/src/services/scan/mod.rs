@@ -20,7 +20,6 @@ mod blocks;
 mod emit;
 mod headroom;
 pub(crate) mod mark;
-mod roots;
 pub(crate) mod world;
 
 pub use emit::{emit, emit_skipped, Sink};
@@ -543,12 +542,17 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         g.copy_packed(&mut copy);
     }
     let copied = crate::platform::clock::precise_now();
-    let Some(index) = blocks::BlockIndex::new(copy) else {
+    let Some(index) = blocks::BlockIndex::new(copy, &blocks::HugeBuffers) else {
         return refused();
     };
     let sorted = crate::platform::clock::precise_now();
     let loader_roots = loader_blocks(&index.blocks, &loader);
-    let Some(mut marker) = mark::Marker::new(&index, &readable, &rodata) else {
+    let mem = mark::LiveMemory {
+        reader: core::cell::RefCell::new(reader),
+    };
+    let Some(mut marker) =
+        trapline_reach::Marker::new(&index, &readable, &rodata, &mem, &blocks::HugeBuffers)
+    else {
         return refused();
     };
     let mut agent_maps = Vec::with_capacity(crate::platform::heap::mapping_count() + 256);
@@ -627,6 +631,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     );
     let next_block = |lo, hi| index.first_block_in(lo, hi);
     let mut read_word = |a: u64| {
+        let mut reader = mem.reader.borrow_mut();
         // The arena probes look at every 64 MiB of anonymous memory.
         if !reader.may_hold_data(a) {
             return Some(0);
@@ -635,8 +640,8 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         reader.for_each_word(a, a + 8, |x| w = Some(x));
         w
     };
-    roots::plan(
-        roots::Plan {
+    trapline_reach::roots::plan(
+        trapline_reach::roots::Plan {
             maps: &maps,
             excluded: &excluded,
             stack_starts: &stack_starts,
@@ -661,23 +666,26 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         // reservation); file mappings whole (their pages may be in the file).
         let anonymous = hi - lo >= mark::SPARSE_FROM
             && crate::platform::proc_maps::containing(&maps, lo).is_some_and(|i| !maps[i].file);
-        if anonymous {
-            reader.populated(lo, hi, |reader, a, b| {
-                root_bytes += reader.for_each_word(a, b, |w| marker.word(w, true));
-            });
-        } else {
-            root_bytes += reader.for_each_word(lo, hi, |w| marker.word(w, true));
+        {
+            let mut reader = mem.reader.borrow_mut();
+            if anonymous {
+                reader.populated(lo, hi, |reader, a, b| {
+                    root_bytes += reader.for_each_word(a, b, |w| marker.word(w, true));
+                });
+            } else {
+                root_bytes += reader.for_each_word(lo, hi, |w| marker.word(w, true));
+            }
         }
-        marker.propagate(&mut reader);
+        marker.propagate();
     }
     // Arguments the agent holds for threads being started (threads.rs).
     crate::events::threads::starting_args::for_each(|arg| marker.word(arg, true));
     for &i in &loader_roots {
         marker.root_block(i as usize);
     }
-    marker.propagate(&mut reader);
+    marker.propagate();
     let marked = crate::platform::clock::precise_now();
-    marker.cliques(&mut reader);
+    marker.cliques();
 
     // 5. Let go (a held world only once the trace is finished).
     if own_stop {

@@ -26,7 +26,7 @@
 //! in use, a coroutine stack switched away from, a thread that could not be
 //! stopped) is read whole.
 
-use crate::platform::proc_maps::{containing, Mapping, Special};
+use crate::maps::{containing, Mapping, Special};
 
 /// glibc's arena heaps are aligned to their maximum size.
 const ARENA_HEAP_ALIGN: u64 = 64 << 20;

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# What recording a statically linked program from outside costs (ptrace
+# stops at each trapped call, crates/tracer) next to the agent on the same
+# program built dynamically: bench/src/threads_pairs.c (PAIRS malloc+free
+# pairs in one thread) built with and without -static, each run natively
+# and under `trapline run`, and the dynamic build under valgrind's memcheck
+# (which cannot see a static program's malloc at all), interleaved ROUNDS
+# times. The figure is the time the pairs took, as the program prints it.
+# Appends one row to bench/results.jsonl with the medians and the
+# microseconds each tool adds per pair.
+#
+#   bench/static.sh        (release build of this tree)
+#
+# Knobs (environment): ROUNDS=5, PAIRS=20000.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$BENCH_DIR/.." && pwd)
+WORK=$BENCH_DIR/work/static
+ROUNDS=${ROUNDS:-5}
+PAIRS=${PAIRS:-20000}
+mkdir -p "$WORK"
+
+(cd "$ROOT" && cargo build --release -q -p trapline-cli -p trapline-agent >&2)
+TRAPLINE=$ROOT/target/release/trapline
+export TRAPLINE_AGENT=$ROOT/target/release/libtrapline_agent.so
+SRC=$BENCH_DIR/src/threads_pairs.c
+gcc -O2 -g -pthread -o "$WORK/dynamic" "$SRC"
+gcc -O2 -g -pthread -static -o "$WORK/static" "$SRC"
+
+results=$WORK/results.txt
+: >"$results"
+for round in $(seq "$ROUNDS"); do
+    for build in static dynamic; do
+        echo "$build native $("$WORK/$build" "$PAIRS" 1)" >>"$results"
+        echo "$build trapline $("$TRAPLINE" run -q --force -o "$WORK/t.trace" -- "$WORK/$build" "$PAIRS" 1)" >>"$results"
+    done
+    echo "dynamic memcheck $(valgrind -q --leak-check=no "$WORK/dynamic" "$PAIRS" 1 2>/dev/null)" >>"$results"
+    echo "round $round done" >&2
+done
+
+CPU=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | sed -n 1p)
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
+CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS python3 - "$results" "$ROOT/bench/results.jsonl" <<'PY'
+import datetime, json, os, re, statistics, sys
+times = {}
+for line in open(sys.argv[1]):
+    build, tool, rest = line.split(maxsplit=2)
+    seconds = float(re.search(r"loop_s=([0-9.]+)", rest).group(1))
+    times.setdefault(build, {}).setdefault(tool, []).append(seconds)
+pairs = int(os.environ["PAIRS"])
+now = datetime.datetime.now(datetime.timezone.utc)
+row = {
+    "date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"),
+    "commit": os.environ["COMMIT"], "cpu": os.environ["CPU"],
+    "workload": f"threads_pairs.c, {pairs:,} malloc+free pairs in 1 thread, built static (recorded from outside) and dynamic (the agent) (bench/static.sh)",
+    "tool": "trapline run", "rounds": len(times["static"]["native"]),
+    "seconds": times,
+    "median_s": {b: {t: round(statistics.median(v), 5) for t, v in tools.items()} for b, tools in times.items()},
+}
+row["us_added_per_pair"] = {
+    f"{b} {t}": round((m[t] - m["native"]) / pairs * 1e6, 3)
+    for b, m in row["median_s"].items() for t in m if t != "native"
+}
+with open(sys.argv[2], "a") as out:
+    out.write(json.dumps(row) + "\n")
+print(json.dumps({k: row[k] for k in ("median_s", "us_added_per_pair")}, indent=1))
+PY
