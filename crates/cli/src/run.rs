@@ -371,7 +371,23 @@ fn check_interpreter(script: &Path) -> Result<(), ExitCode> {
         // The kernel reports it when the script is run.
         return Ok(());
     }
-    check_preloadable(interpreter).inspect_err(|_| {
+    let static_interpreter = || {
+        Err(fail(
+            EXIT_CANNOT_RUN,
+            format!(
+                "{} is statically linked: the agent cannot be preloaded into it, and a script it runs is not recorded from outside (run the interpreter itself: trapline run -- {} {})",
+                interpreter.display(),
+                interpreter.display(),
+                script.display()
+            ),
+        ))
+    };
+    if program_start(interpreter) == ProgramStart::Static {
+        static_interpreter()
+    } else {
+        check_preloadable(interpreter)
+    }
+    .inspect_err(|_| {
         eprintln!(
             "trapline run: {} is a script that {} runs",
             script.display(),

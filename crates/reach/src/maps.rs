@@ -67,3 +67,19 @@ pub fn containing(maps: &[Mapping], addr: u64) -> Option<usize> {
     let i = maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
     (addr < maps[i].end).then_some(i)
 }
+
+/// Sorts ranges and merges overlapping ones, in place.
+pub fn merge(ranges: &mut Vec<(u64, u64)>) {
+    ranges.sort_unstable();
+    let mut w = 0;
+    for r in 0..ranges.len() {
+        let (a, b) = ranges[r];
+        if w > 0 && a <= ranges[w - 1].1 {
+            ranges[w - 1].1 = ranges[w - 1].1.max(b);
+        } else {
+            ranges[w] = (a, b);
+            w += 1;
+        }
+    }
+    ranges.truncate(w);
+}

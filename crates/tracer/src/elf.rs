@@ -58,6 +58,16 @@ pub struct Program {
     pub eh_frame_hdr: Option<(u64, Vec<u8>)>,
     pub eh_frame: Option<(u64, Vec<u8>)>,
     pub text: Option<(u64, u64)>,
+    /// The bytes of the initial thread's static TLS (`PT_TLS`), 0 if none.
+    pub tls_size: u64,
+    /// The C library's dynamic-loader functions (`_dl_*`, linked into a
+    /// static program for TLS, `dlopen` and its link map), at file
+    /// addresses: the blocks they allocate are its bookkeeping, as ld.so's
+    /// are in a dynamic program.
+    pub loader_code: Vec<(u64, u64)>,
+    /// `PT_GNU_RELRO` at its file address: data written at the start and
+    /// made read-only, which can hold pointers to blocks.
+    pub relro: Option<(u64, u64)>,
 }
 
 pub fn read(data: &[u8]) -> Result<Program, String> {
@@ -107,8 +117,35 @@ pub fn read(data: &[u8]) -> Result<Program, String> {
         relocatable: file.kind() == ObjectKind::Dynamic,
         eh_frame_hdr: section(".eh_frame_hdr"),
         eh_frame: section(".eh_frame"),
+        loader_code: file
+            .symbols()
+            .filter(|s| {
+                s.kind() == object::SymbolKind::Text
+                    && s.size() > 0
+                    && s.name().is_ok_and(|n| n.starts_with("_dl_"))
+            })
+            .map(|s| (s.address(), s.address() + s.size()))
+            .collect(),
+        tls_size: program_header(data, object::elf::PT_TLS)
+            .map_or(0, |(_, size, align)| size.next_multiple_of(align.max(1))),
+        relro: program_header(data, object::elf::PT_GNU_RELRO)
+            .map(|(vaddr, size, _)| (vaddr, vaddr + size)),
         text: file
             .section_by_name(".text")
             .map(|s| (s.address(), s.address() + s.size())),
     })
+}
+
+/// The first program header of type `kind`: its address, memory size
+/// and alignment (`object` lists only loadable segments).
+fn program_header(data: &[u8], kind: object::elf::ProgramType) -> Option<(u64, u64, u64)> {
+    use object::elf::FileHeader64;
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::LittleEndian as LE;
+    let header = FileHeader64::<LE>::parse(data).ok()?;
+    let headers = header.program_headers(LE, data).ok()?;
+    headers
+        .iter()
+        .find(|ph| ph.p_type(LE) == kind)
+        .map(|ph| (ph.p_vaddr(LE), ph.p_memsz(LE), ph.p_align(LE)))
 }

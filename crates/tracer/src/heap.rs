@@ -27,6 +27,8 @@ pub struct Heap {
     freed: HashMap<u64, Freed>,
     freed_order: VecDeque<u64>,
     stacks: HashMap<Vec<u64>, u32>,
+    /// Each stack's innermost frame, by id - 1.
+    innermost: Vec<u64>,
 }
 
 impl Heap {
@@ -36,8 +38,17 @@ impl Heap {
             return (id, None);
         }
         let id = self.stacks.len() as u32 + 1;
+        self.innermost.push(frames.first().copied().unwrap_or(0));
         self.stacks.insert(frames.clone(), id);
         (id, Some(frames))
+    }
+
+    /// The innermost frame of stack `id` (0: none).
+    pub fn innermost(&self, id: u32) -> u64 {
+        id.checked_sub(1)
+            .and_then(|i| self.innermost.get(i as usize))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn allocated(&mut self, addr: u64, block: Block) {

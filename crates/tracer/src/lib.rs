@@ -5,7 +5,8 @@
 //! an `int3` at the call and at its return, and writes the same trace
 //! events the agent writes, with stacks unwound through the process's
 //! memory. At `exit` every thread is stopped and the live blocks are
-//! written as the exit snapshot.
+//! judged by the agent's reachability scan (`trapline_reach`), reading the
+//! process's memory.
 //!
 //! Each allocation costs two stops of the calling thread (two round trips
 //! through the kernel and this process), so this is far slower than the
@@ -17,6 +18,7 @@ mod elf;
 mod heap;
 pub mod launch;
 mod remote;
+mod scan;
 mod stubs;
 mod tracing;
 mod unwind;

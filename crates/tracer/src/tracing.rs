@@ -20,6 +20,7 @@ use trapline_trace::{
 use crate::elf::{self, Entry, Program, Trap};
 use crate::heap::{Block, Heap};
 use crate::remote::Memory;
+use crate::scan;
 use crate::stubs::{self, Stop, Stubs};
 use crate::unwind::StackUnwinder;
 use crate::writer::TraceWriter;
@@ -113,6 +114,7 @@ struct Recorder {
     mem: Memory,
     program: Program,
     stubs: Stubs,
+    layout: scan::Layout,
     unwinder: StackUnwinder,
     heap: Heap,
     out: TraceWriter,
@@ -163,6 +165,26 @@ impl Recorder {
             ));
         }
         let unwinder = StackUnwinder::new(&program, bias, start, end);
+        let layout = scan::Layout {
+            data: program
+                .segments
+                .iter()
+                .filter(|s| s.flags & trapline_trace::event::segment_flags::WRITE != 0)
+                .map(|s| (s.vaddr + bias, s.vaddr + bias + s.memsz))
+                .collect(),
+            excluded: vec![(stubs.page, stubs.page + 4096)],
+            tls_size: program.tls_size,
+            relro: program.relro.map(|(a, b)| (a + bias, b + bias)),
+            loader_code: {
+                let mut code: Vec<(u64, u64)> = program
+                    .loader_code
+                    .iter()
+                    .map(|(a, b)| (a + bias, b + bias))
+                    .collect();
+                code.sort_unstable();
+                code
+            },
+        };
         let mut out = TraceWriter::new(req.output.try_clone().map_err(|e| e.to_string())?)
             .map_err(|e| format!("cannot write the trace: {e}"))?;
         let start_unix_ns = SystemTime::now()
@@ -206,6 +228,7 @@ impl Recorder {
             mem,
             program,
             stubs,
+            layout,
             unwinder,
             heap: Heap::default(),
             out,
@@ -392,7 +415,7 @@ impl Recorder {
         {
             // Ended without exit(): _exit or a fatal signal. Its memory is
             // still there.
-            self.snapshot(tid)?;
+            self.snapshot(tid, false)?;
         }
         resume(tid, None)
     }
@@ -468,7 +491,7 @@ impl Recorder {
             }
             (Stop::Call(_), Trap::Exit) => {
                 if !self.snapshot_taken {
-                    self.snapshot(tid)?;
+                    self.snapshot(tid, true)?;
                 }
                 resume(tid, None)
             }
@@ -636,9 +659,10 @@ impl Recorder {
         self.error(tid, time, ErrorKind::InvalidRealloc, func, old, stack)
     }
 
-    /// The exit snapshot: every live block, with the program's threads
-    /// stopped.
-    fn snapshot(&mut self, tid: Pid) -> Result<(), String> {
+    /// The exit snapshot: every live block, judged with the program's
+    /// threads stopped. `at_exit_call`: `tid` is stopped at `exit`'s first
+    /// instruction (else at its own end).
+    fn snapshot(&mut self, tid: Pid, at_exit_call: bool) -> Result<(), String> {
         self.snapshot_taken = true;
         let time = self.now();
         self.emit(
@@ -650,24 +674,52 @@ impl Recorder {
         )?;
         // Every thread stopped, so that the snapshot is of one moment.
         let stopped = self.stop_others(tid)?;
-        let (mut blocks, mut bytes) = (0, 0);
-        let mut live: Vec<(u64, Block)> = self.heap.live.iter().map(|(a, b)| (*a, *b)).collect();
-        live.sort_by_key(|(a, _)| *a);
-        for (addr, b) in live {
-            blocks += 1;
-            bytes += b.size;
-            self.emit(
-                tid,
-                &Event::LiveBlock {
-                    addr,
-                    size: b.size,
-                    func: b.func,
-                    stack: b.stack,
-                },
-            )?;
-        }
+        let threads = self.stopped_threads(&stopped, at_exit_call);
+        let judged = crate::scan::judge(
+            self.pid.as_raw() as u32,
+            &self.mem,
+            &self.heap,
+            &threads,
+            &self.layout,
+            time,
+        );
         self.resume_others(&stopped)?;
+        let (events, blocks, bytes) = judged?;
+        for ev in &events {
+            self.emit(tid, ev)?;
+        }
         self.emit(tid, &Event::SnapshotEnd { blocks, bytes })
+    }
+
+    /// The stopped threads' registers and live stacks, the first's as at
+    /// a call of `exit` when `at_exit_call`: its live frames start at the
+    /// caller's, and only its callee-saved registers are still the caller's.
+    fn stopped_threads(&self, tids: &[Pid], at_exit_call: bool) -> Vec<scan::StoppedThread> {
+        /// Below a stopped thread's stack pointer, a leaf function may keep
+        /// data (the x86-64 red zone).
+        const RED_ZONE: u64 = 128;
+        tids.iter()
+            .enumerate()
+            .filter_map(|(k, &t)| {
+                let r = ptrace::getregs(t).ok()?;
+                let callee_saved = vec![r.rbx, r.rbp, r.r12, r.r13, r.r14, r.r15];
+                Some(if k == 0 && at_exit_call {
+                    scan::StoppedThread {
+                        sp: r.rsp + 8,
+                        registers: callee_saved,
+                        fs_base: r.fs_base,
+                    }
+                } else {
+                    let mut registers = callee_saved;
+                    registers.extend([r.rax, r.rcx, r.rdx, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11]);
+                    scan::StoppedThread {
+                        sp: r.rsp.saturating_sub(RED_ZONE),
+                        registers,
+                        fs_base: r.fs_base,
+                    }
+                })
+            })
+            .collect()
     }
 
     /// Stops every other thread of the program (each stop that comes

@@ -300,22 +300,6 @@ fn loader_blocks(blocks: &[Packed], loader: &[(u64, u64)]) -> Vec<u32> {
     out
 }
 
-/// Sorts ranges and merges overlapping ones, in place.
-fn merge(ranges: &mut Vec<(u64, u64)>) {
-    ranges.sort_unstable();
-    let mut w = 0;
-    for r in 0..ranges.len() {
-        let (a, b) = ranges[r];
-        if w > 0 && a <= ranges[w - 1].1 {
-            ranges[w - 1].1 = ranges[w - 1].1.max(b);
-        } else {
-            ranges[w] = (a, b);
-            w += 1;
-        }
-    }
-    ranges.truncate(w);
-}
-
 /// Times the world is let go and stopped again when a stopped thread was
 /// inside the agent heap (after that the scan goes on: a thread that holds
 /// the heap's lock across a hundred stops is not one the scan stopped).
@@ -503,13 +487,13 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         .filter(|m| m.readable && m.kind != crate::platform::proc_maps::Special::Kernel)
         .map(|m| (m.start, m.end))
         .collect();
-    merge(&mut readable);
+    trapline_reach::maps::merge(&mut readable);
     let mut rodata: Vec<(u64, u64)> = maps
         .iter()
         .filter(|m| m.readable && !m.writable && !m.executable && m.file)
         .map(|m| (m.start, m.end))
         .collect();
-    merge(&mut rodata);
+    trapline_reach::maps::merge(&mut rodata);
     // The stop's scratch (a held world is stopped already), and room for
     // the stacks of the threads the scan will see stopped.
     let scratch = hold.world.is_none().then(world::Scratch::new);
@@ -593,7 +577,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     // 4. Roots and marking. No allocation from here to `resume`.
     crate::platform::heap::mappings_into(&mut agent_maps);
     excluded.extend_from_slice(&agent_maps);
-    merge(&mut excluded);
+    trapline_reach::maps::merge(&mut excluded);
     stack_starts.extend(world.parked.iter().map(|p| p.sp));
     let mut root_bytes = 0u64;
     if trigger == ScanTrigger::Exit {
