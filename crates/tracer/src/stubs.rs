@@ -14,8 +14,9 @@
 //!   ret
 //! ```
 //!
-//! A release's and `exit`'s: `int3; jmp trampoline` (stopped at the call,
-//! before the block can be reused or the process ends). Continuing a
+//! `operator delete`'s is the same (it calls `free`, which must be seen
+//! as nested). `free`'s and `exit`'s: `int3; jmp trampoline` (stopped at
+//! the call, before the block can be reused or the process ends). Continuing a
 //! stopped thread with nothing changed always resumes the program's own
 //! work: the recorder only reads at a stop, except to skip an invalid
 //! release (as the agent does not pass one on).
@@ -26,10 +27,11 @@ use crate::elf::{Entry, Trap};
 use crate::remote::{self, Memory};
 
 /// Bytes of a slot: the detour's trampoline, then the stub.
-const SLOT: u64 = 256;
+const SLOT: u64 = 128;
 /// Where the stub starts in its slot.
-const STUB_AT: u64 = 192;
-const PAGE: u64 = 4096;
+const STUB_AT: u64 = 104;
+/// The stub page: room for every slot.
+pub const PAGE: u64 = 8192;
 
 /// Where a thread stopped in the stubs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +56,7 @@ impl Stubs {
         let entry = entries.get(i)?;
         match (entry.trap, off.checked_sub(STUB_AT)?) {
             (_, 0) => Some(Stop::Call(i)),
-            (Trap::Allocation(_), 9) => Some(Stop::Return(i)),
+            (Trap::Allocation(_) | Trap::Delete(_), 9) => Some(Stop::Return(i)),
             _ => None,
         }
     }
@@ -104,7 +106,7 @@ pub fn install(
         let s = at + STUB_AT as usize;
         let call_to_slot = |from_end: u64| (slot as i64 - from_end as i64) as i32;
         match e.trap {
-            Trap::Allocation(_) => {
+            Trap::Allocation(_) | Trap::Delete(_) => {
                 code[s..s + 4].copy_from_slice(&[0xcc, 0x57, 0x56, 0x52]);
                 code[s + 4] = 0xe8;
                 code[s + 5..s + 9].copy_from_slice(&call_to_slot(stub + 9).to_le_bytes());

@@ -18,7 +18,7 @@ use trapline_trace::{
 };
 
 use crate::elf::{self, Entry, Program, Trap};
-use crate::heap::{Block, Heap};
+use crate::heap::{Block, Freed, Heap};
 use crate::remote::Memory;
 use crate::scan;
 use crate::stubs::{self, Stop, Stubs};
@@ -136,7 +136,6 @@ struct Recorder {
     snapshot_taken: bool,
     pass_invalid: bool,
     refused: Vec<(String, String)>,
-    errors: u64,
 }
 
 impl Recorder {
@@ -172,7 +171,7 @@ impl Recorder {
                 .filter(|s| s.flags & trapline_trace::event::segment_flags::WRITE != 0)
                 .map(|s| (s.vaddr + bias, s.vaddr + bias + s.memsz))
                 .collect(),
-            excluded: vec![(stubs.page, stubs.page + 4096)],
+            excluded: vec![(stubs.page, stubs.page + stubs::PAGE)],
             tls_size: program.tls_size,
             relro: program.relro.map(|(a, b)| (a + bias, b + bias)),
             loader_code: {
@@ -244,7 +243,6 @@ impl Recorder {
             snapshot_taken: false,
             pass_invalid: req.pass_invalid,
             refused,
-            errors: 0,
         })
     }
 
@@ -475,18 +473,26 @@ impl Recorder {
                 self.allocation_returned(tid, func, &regs)?;
                 resume(tid, None)
             }
-            (Stop::Call(_), Trap::Release(func)) => {
+            (Stop::Call(_), Trap::Release(func) | Trap::Delete(func)) => {
+                let wraps = matches!(entry.trap, Trap::Delete(_));
                 if *depth > 0 || regs.rdi == 0 {
+                    *depth += u32::from(wraps);
                     return resume(tid, None);
                 }
                 let ra = self.word(regs.rsp)?;
-                let pass = self.release(tid, func, regs.rdi, Caller::at_call(ra, &regs))?;
+                let pass = self.release(tid, func, &regs, Caller::at_call(ra, &regs))?;
                 if !pass {
                     // Returned from at once: the C library never sees it.
                     regs.rip = ra;
                     regs.rsp += 8;
                     ptrace::setregs(tid, regs).map_err(|e| format!("cannot set registers: {e}"))?;
+                } else if wraps {
+                    self.threads.entry(tid).or_default().depth += 1;
                 }
+                resume(tid, None)
+            }
+            (Stop::Return(_), Trap::Delete(_)) => {
+                *depth = depth.saturating_sub(1);
                 resume(tid, None)
             }
             (Stop::Call(_), Trap::Exit) => {
@@ -526,6 +532,7 @@ impl Recorder {
             AllocFn::ReallocArray => (arg1.saturating_mul(arg2), 0),
             AllocFn::PosixMemalign => (arg2, arg1),
             AllocFn::AlignedAlloc | AllocFn::Memalign => (arg1, arg0),
+            f if f.cxx_aligned() => (arg0, arg1),
             _ => (arg0, 0),
         };
         let addr = if func == AllocFn::PosixMemalign {
@@ -587,17 +594,19 @@ impl Recorder {
         self.emit(tid, &ev)
     }
 
-    /// A release of `addr` at its call; whether to let it go on.
+    /// A release at its call (`regs`: its arguments); whether to let it
+    /// go on.
     fn release(
         &mut self,
         tid: Pid,
         func: AllocFn,
-        addr: u64,
+        regs: &nix::libc::user_regs_struct,
         caller: Caller,
     ) -> Result<bool, String> {
+        let addr = regs.rdi;
         let stack = self.stack(tid, caller)?;
         let time = self.now();
-        if self.heap.released(addr, stack).is_some() {
+        if let Some(block) = self.heap.released(addr, stack) {
             self.emit(
                 tid,
                 &Event::Free {
@@ -607,6 +616,14 @@ impl Recorder {
                     stack,
                 },
             )?;
+            if let Some((kind, given)) = mismatch(func, block, regs) {
+                // Released all the same, as the agent does.
+                let known = Freed {
+                    block,
+                    free_stack: 0,
+                };
+                self.report(tid, time, kind, func, addr, stack, Some(known), true, given)?;
+            }
             return Ok(true);
         }
         let kind = match self.heap.freed_lately(addr) {
@@ -628,22 +645,40 @@ impl Recorder {
         stack: u32,
     ) -> Result<bool, String> {
         let freed = self.heap.freed_lately(addr);
-        self.errors += 1;
+        let pass = self.pass_invalid;
+        self.report(tid, time, kind, func, addr, stack, freed, pass, 0)?;
+        Ok(pass)
+    }
+
+    /// Writes an `Error` event; `known`: the block's allocation (and its
+    /// release, when freed before).
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &mut self,
+        tid: Pid,
+        time: u64,
+        kind: ErrorKind,
+        func: AllocFn,
+        addr: u64,
+        stack: u32,
+        known: Option<Freed>,
+        passed_on: bool,
+        given: u64,
+    ) -> Result<(), String> {
         let ev = Event::Error {
             time,
             kind,
             func,
             addr,
             stack,
-            alloc_func: freed.map(|f| f.block.func),
-            alloc_size: freed.map_or(0, |f| f.block.size),
-            alloc_stack: freed.map_or(0, |f| f.block.stack),
-            free_stack: freed.map_or(0, |f| f.free_stack),
-            passed_on: self.pass_invalid,
-            given: 0,
+            alloc_func: known.map(|f| f.block.func),
+            alloc_size: known.map_or(0, |f| f.block.size),
+            alloc_stack: known.map_or(0, |f| f.block.stack),
+            free_stack: known.map_or(0, |f| f.free_stack),
+            passed_on,
+            given,
         };
-        self.emit(tid, &ev)?;
-        Ok(self.pass_invalid)
+        self.emit(tid, &ev)
     }
 
     /// A realloc of `old`, which is no live block; whether to let it go on.
@@ -778,6 +813,35 @@ impl TraceWriter {
         TraceWriter::new(File::open("/dev/null").expect("/dev/null opens"))
             .expect("writing nothing cannot fail")
     }
+}
+
+/// How a release does not match its block, as the agent judges it: another
+/// family (`free` of a `new` block), a sized release stating another size,
+/// or C++ alignment that differs; with what the release gave for the last
+/// two. `regs` holds the release's arguments.
+fn mismatch(
+    func: AllocFn,
+    block: Block,
+    regs: &nix::libc::user_regs_struct,
+) -> Option<(ErrorKind, u64)> {
+    use trapline_trace::Family;
+    if block.func.family() != func.family() {
+        return Some((ErrorKind::MismatchedFree, 0));
+    }
+    let (size, align) = match func {
+        AllocFn::DeleteSized | AllocFn::DeleteArraySized => (Some(regs.rsi), 0),
+        AllocFn::DeleteSizedAligned | AllocFn::DeleteArraySizedAligned => {
+            (Some(regs.rsi), regs.rdx)
+        }
+        f if f.cxx_aligned() => (None, regs.rsi),
+        _ => (None, 0),
+    };
+    if let Some(size) = size.filter(|&s| s != block.size) {
+        return Some((ErrorKind::MismatchedSize, size));
+    }
+    let cxx = func.family() != Family::Malloc;
+    (cxx && func.cxx_aligned() != block.func.cxx_aligned())
+        .then_some((ErrorKind::MismatchedAlignment, align))
 }
 
 /// `PTRACE_EVENT_STOP`: a seized thread's interrupt, first or group stop.
