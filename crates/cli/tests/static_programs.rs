@@ -1,6 +1,6 @@
 //! Statically linked programs, recorded from outside (crates/tracer): the
 //! same fixture built dynamically (recorded by the agent) and with
-//! `gcc -static` must give the same blocks, sizes, functions, program
+//! `gcc -static` (glibc) or `musl-gcc -static` must give the same blocks, sizes, functions, program
 //! frames and errors. The static build's C library allocates at its start
 //! (what the dynamic loader does before any agent) and keeps stdio buffers
 //! (the agent runs freeres): those blocks have no frame in the fixture and
@@ -67,52 +67,69 @@ const ERROR_KEYS: [&str; 5] = [
     "passed_on",
 ];
 
-/// Records `source` built both ways, printing `stdout` (None: the same
-/// both ways); the two leaks reports.
-fn both_builds(name: &str, source: &str, stdout: Option<&str>) -> (Value, Value) {
+/// Records `source` built dynamically (the agent) and statically (from
+/// outside): with glibc, and for C with musl too, each printing `stdout`
+/// (None: the same every way). The dynamic build's leaks report, and each
+/// static build's with its name.
+fn builds(name: &str, source: &str, stdout: Option<&str>) -> (Value, Vec<(String, Value)>) {
     let dir = TestDir::new(name);
-    let compiler = if source.ends_with(".cpp") {
-        "g++"
-    } else {
-        "gcc"
-    };
+    let cxx = source.ends_with(".cpp");
     let flags = ["-g", "-O0", "-Wall", "-pthread"];
-    let dynamic = compile(&dir, compiler, source, "dynamic", &flags);
-    let fixed = compile(
-        &dir,
-        compiler,
-        source,
-        "static",
-        &[&flags[..], &["-static"]].concat(),
-    );
-    let mut printed = Vec::new();
+    let static_flags = [&flags[..], &["-static"]].concat();
+    let mut programs = vec![
+        (
+            "dynamic",
+            compile(
+                &dir,
+                if cxx { "g++" } else { "gcc" },
+                source,
+                "dynamic",
+                &flags,
+            ),
+        ),
+        (
+            "static glibc",
+            compile(
+                &dir,
+                if cxx { "g++" } else { "gcc" },
+                source,
+                "static",
+                &static_flags,
+            ),
+        ),
+    ];
+    if !cxx {
+        programs.push((
+            "static musl",
+            compile(&dir, "musl-gcc", source, "static_musl", &static_flags),
+        ));
+    }
+    let mut printed: Vec<String> = Vec::new();
     let mut reports = Vec::new();
-    for (prog, trace) in [(&dynamic, "dynamic.trace"), (&fixed, "static.trace")] {
-        let trace = dir.path().join(trace);
-        let finished = output_of(
-            {
-                let mut cmd = std::process::Command::new(trapline());
-                cmd.args(["run", "-o"])
-                    .arg(&trace)
-                    .arg("--")
-                    .arg(prog)
-                    .current_dir(dir.path())
-                    .env("TRAPLINE_AGENT", agent());
-                cmd
-            },
-            "trapline run",
-        );
-        assert_eq!(finished.code(), 0, "{}", finished.describe());
-        if let Some(stdout) = stdout {
-            assert_eq!(finished.stdout, stdout, "{}", finished.describe());
+    for (label, prog) in programs {
+        let trace = dir
+            .path()
+            .join(format!("{}.trace", label.replace(' ', "_")));
+        let mut cmd = std::process::Command::new(trapline());
+        cmd.args(["run", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&prog)
+            .current_dir(dir.path())
+            .env("TRAPLINE_AGENT", agent());
+        let finished = output_of(cmd, &format!("trapline run of the {label} build"));
+        assert_eq!(finished.code(), 0, "{label}: {}", finished.describe());
+        match (stdout, printed.first()) {
+            (Some(want), _) => assert_eq!(finished.stdout, want, "{label}"),
+            (None, Some(first)) => assert_eq!(&finished.stdout, first, "{label}"),
+            (None, None) => {}
         }
         printed.push(finished.stdout.clone());
         assert_no_events_lost_in_summary(&finished);
-        reports.push(leaks(&trace));
+        reports.push((label.to_string(), leaks(&trace)));
     }
-    assert_eq!(printed[0], printed[1]);
-    let fixed = reports.pop().unwrap();
-    (reports.pop().unwrap(), fixed)
+    let (_, dynamic) = reports.remove(0);
+    (dynamic, reports)
 }
 
 /// leaks.c: seven leak sites of six allocation functions (realloc,
@@ -120,24 +137,25 @@ fn both_builds(name: &str, source: &str, stdout: Option<&str>) -> (Value, Value)
 /// malloc), 9 blocks and 1,032 bytes, with their stacks through main.
 #[test]
 fn a_static_program_has_the_leaks_of_its_dynamic_build() {
-    let (dynamic, fixed) = both_builds("static_leaks", "leaks.c", Some(""));
+    let (dynamic, statics) = builds("static_leaks", "leaks.c", Some(""));
     let keys = ["kind", "bytes", "blocks", "allocated_by"];
     let want = views(&dynamic, "records", "leaks.c", &keys);
     assert_eq!(want.len(), 7, "{want:#?}");
-    let got = views(&fixed, "records", "leaks.c", &keys);
-    assert_eq!(got, want);
+    for (label, fixed) in &statics {
+        assert_eq!(views(fixed, "records", "leaks.c", &keys), want, "{label}");
+        assert_same_losses(&dynamic, fixed);
+    }
     let line = |marker: &str| marker_line("leaks.c", marker);
     assert!(
-        got.contains(&format!(
+        want.contains(&format!(
             "kind=\"definitely_lost\" bytes=100 blocks=1 allocated_by=\"malloc\" \
              stack=leak_one:{} < middle:{} < main:{}",
             line("LEAK-ONE"),
             line("CALL-LEAK-ONE"),
             line("MAIN-MIDDLE")
         )),
-        "{got:#?}"
+        "{want:#?}"
     );
-    assert_same_losses(&dynamic, &fixed);
 }
 
 /// The lost kinds of the leak summary are the same both ways (the static
@@ -167,11 +185,17 @@ fn a_static_program_has_the_verdicts_of_its_dynamic_build() {
         "reach_mmap.c",
     ] {
         let name = format!("static_{}", source.trim_end_matches(".c"));
-        let (dynamic, fixed) = both_builds(&name, source, None);
+        let (dynamic, statics) = builds(&name, source, None);
         let want = views(&dynamic, "records", source, &keys);
         assert!(!want.is_empty(), "{source}: {dynamic}");
-        assert_eq!(views(&fixed, "records", source, &keys), want, "{source}");
-        assert_same_losses(&dynamic, &fixed);
+        for (label, fixed) in &statics {
+            assert_eq!(
+                views(fixed, "records", source, &keys),
+                want,
+                "{source}, {label}"
+            );
+            assert_same_losses(&dynamic, fixed);
+        }
     }
 }
 
@@ -180,11 +204,16 @@ fn a_static_program_has_the_verdicts_of_its_dynamic_build() {
 /// and an invalid realloc, none passed on: the program survives.
 #[test]
 fn a_static_program_has_the_errors_of_its_dynamic_build() {
-    let (dynamic, fixed) = both_builds("static_errors", "errors.c", Some("survived\n"));
-    let keys = ERROR_KEYS;
-    let want = views(&dynamic, "errors", "errors.c", &keys);
+    let (dynamic, statics) = builds("static_errors", "errors.c", Some("survived\n"));
+    let want = views(&dynamic, "errors", "errors.c", &ERROR_KEYS);
     assert_eq!(want.len(), 4, "{want:#?}");
-    assert_eq!(views(&fixed, "errors", "errors.c", &keys), want);
+    for (label, fixed) in &statics {
+        assert_eq!(
+            views(fixed, "errors", "errors.c", &ERROR_KEYS),
+            want,
+            "{label}"
+        );
+    }
 }
 
 /// C++: leaks through `operator new` and `new[]` (the static C++ library's
@@ -193,24 +222,28 @@ fn a_static_program_has_the_errors_of_its_dynamic_build() {
 /// match their blocks.
 #[test]
 fn a_static_cxx_program_has_the_reports_of_its_dynamic_build() {
-    let (dynamic, fixed) = both_builds("static_cpp_leak", "cpp_leak.cpp", None);
+    let (dynamic, statics) = builds("static_cpp_leak", "cpp_leak.cpp", None);
+    let fixed = &statics[0].1;
     let keys = ["kind", "bytes", "blocks", "allocated_by"];
     let want = views(&dynamic, "records", "cpp_leak.cpp", &keys);
     assert!(
         want.iter().any(|r| r.contains("operator new[]")),
         "{want:#?}"
     );
-    assert_eq!(views(&fixed, "records", "cpp_leak.cpp", &keys), want);
-    assert_same_losses(&dynamic, &fixed);
-    let keys = ERROR_KEYS;
+    assert_eq!(views(fixed, "records", "cpp_leak.cpp", &keys), want);
+    assert_same_losses(&dynamic, fixed);
     for (name, source) in [
         ("static_cpp_errors", "errors.cpp"),
         ("static_delete_mismatch", "delete_mismatch.cpp"),
     ] {
-        let (dynamic, fixed) = both_builds(name, source, Some("survived\n"));
-        let want = views(&dynamic, "errors", source, &keys);
+        let (dynamic, statics) = builds(name, source, Some("survived\n"));
+        let want = views(&dynamic, "errors", source, &ERROR_KEYS);
         assert_eq!(want.len(), 4, "{want:#?}");
-        assert_eq!(views(&fixed, "errors", source, &keys), want, "{source}");
+        assert_eq!(
+            views(&statics[0].1, "errors", source, &ERROR_KEYS),
+            want,
+            "{source}"
+        );
     }
 }
 

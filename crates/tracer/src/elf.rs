@@ -124,6 +124,11 @@ pub struct Program {
     /// addresses: the blocks they allocate are its bookkeeping, as ld.so's
     /// are in a dynamic program.
     pub loader_code: Vec<(u64, u64)>,
+    /// Every function of the symbol table, `[start, end)`, sorted.
+    pub functions: Vec<(u64, u64)>,
+    /// The code `.eh_frame` describes, `[start, end)` per FDE, sorted:
+    /// elsewhere (musl's C library) frames are unwound by their prologue.
+    pub cfi_covers: Vec<(u64, u64)>,
     /// `PT_GNU_RELRO` at its file address: data written at the start and
     /// made read-only, which can hold pointers to blocks.
     pub relro: Option<(u64, u64)>,
@@ -185,6 +190,20 @@ pub fn read(data: &[u8]) -> Result<Program, String> {
             })
             .map(|s| (s.address(), s.address() + s.size()))
             .collect(),
+        functions: {
+            let mut f: Vec<(u64, u64)> = file
+                .symbols()
+                .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+                .map(|s| (s.address(), s.address() + s.size()))
+                .collect();
+            f.sort_unstable();
+            f.dedup();
+            f
+        },
+        cfi_covers: file
+            .section_by_name(".eh_frame")
+            .and_then(|s| Some(fde_ranges(s.address(), s.data().ok()?)))
+            .unwrap_or_default(),
         tls_size: program_header(data, object::elf::PT_TLS)
             .map_or(0, |(_, size, align)| size.next_multiple_of(align.max(1))),
         relro: program_header(data, object::elf::PT_GNU_RELRO)
@@ -207,4 +226,24 @@ fn program_header(data: &[u8], kind: object::elf::ProgramType) -> Option<(u64, u
         .iter()
         .find(|ph| ph.p_type(LE) == kind)
         .map(|ph| (ph.p_vaddr(LE), ph.p_memsz(LE), ph.p_align(LE)))
+}
+
+/// The code ranges of `.eh_frame`'s FDEs (at `address`), sorted.
+fn fde_ranges(address: u64, data: &[u8]) -> Vec<(u64, u64)> {
+    use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+    let mut eh_frame = EhFrame::new(data, LittleEndian);
+    eh_frame.set_address_size(8);
+    let bases = BaseAddresses::default().set_eh_frame(address);
+    let mut ranges = Vec::new();
+    let mut entries = eh_frame.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry {
+            if let Ok(fde) = partial.parse(EhFrame::cie_from_offset) {
+                let start = fde.initial_address();
+                ranges.push((start, start + fde.len()));
+            }
+        }
+    }
+    ranges.sort_unstable();
+    ranges
 }

@@ -17,6 +17,7 @@
 mod elf;
 mod heap;
 pub mod launch;
+mod prologue_x86_64;
 mod remote;
 mod scan;
 mod stubs;

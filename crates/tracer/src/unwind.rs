@@ -5,6 +5,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 
 use crate::elf::Program;
+use crate::prologue_x86_64::{self, CallerRegs};
 use crate::remote::Memory;
 
 /// As many frames as the agent keeps.
@@ -13,7 +14,19 @@ pub const MAX_FRAMES: usize = 64;
 pub struct StackUnwinder {
     unwinder: UnwinderX86_64<Vec<u8>>,
     cache: CacheX86_64,
+    /// Functions, and the code CFI covers, at process addresses (sorted).
+    functions: Vec<(u64, u64)>,
+    cfi_covers: Vec<(u64, u64)>,
 }
+
+/// The range of `ranges` (sorted) holding `pc`.
+fn range_of(ranges: &[(u64, u64)], pc: u64) -> Option<(u64, u64)> {
+    let k = ranges.partition_point(|r| r.0 <= pc);
+    ranges[..k].last().copied().filter(|r| pc < r.1)
+}
+
+/// The most code read to find a function's prologue.
+const MAX_PROLOGUE_WALK: u64 = 1 << 16;
 
 impl StackUnwinder {
     /// An unwinder for the program loaded at `bias`, spanning `[start, end)`.
@@ -35,9 +48,12 @@ impl StackUnwinder {
             };
             unwinder.add_module(Module::new("program".into(), start..end, bias, info));
         }
+        let rebase = |r: &Vec<(u64, u64)>| r.iter().map(|(a, b)| (a + bias, b + bias)).collect();
         StackUnwinder {
             unwinder,
             cache: CacheX86_64::new(),
+            functions: rebase(&program.functions),
+            cfi_covers: rebase(&program.cfi_covers),
         }
     }
 
@@ -49,25 +65,46 @@ impl StackUnwinder {
         let mut read = |addr: u64| mem.word(addr).ok_or(());
         let mut at = ra;
         while frames.len() < MAX_FRAMES {
-            let Some(address) = FrameAddress::from_return_address(at) else {
-                break;
-            };
-            match self
-                .unwinder
-                .unwind_frame(address, &mut regs, &mut self.cache, &mut read)
-            {
-                Ok(Some(next)) if next != 0 => {
-                    frames.push(next);
-                    at = next;
-                }
-                other => {
-                    if std::env::var_os("TRAPLINE_TRACER_DEBUG").is_some() {
-                        eprintln!("unwind stop at {at:#x}: {other:?}");
-                    }
+            let next = if range_of(&self.cfi_covers, at - 1).is_some() {
+                let Some(address) = FrameAddress::from_return_address(at) else {
                     break;
+                };
+                match self
+                    .unwinder
+                    .unwind_frame(address, &mut regs, &mut self.cache, &mut read)
+                {
+                    Ok(Some(next)) if next != 0 => next,
+                    _ => break,
                 }
-            }
+            } else {
+                // No CFI here (musl's C library): the function's prologue.
+                let Some(caller) = self.by_prologue(mem, at, regs.sp(), regs.bp()) else {
+                    break;
+                };
+                regs = UnwindRegsX86_64::new(caller.ra, caller.sp, caller.bp);
+                caller.ra
+            };
+            frames.push(next);
+            at = next;
         }
         frames
+    }
+
+    /// The caller of the frame that returns to `at`, from the prologue of
+    /// the function holding its call site; `None` when that cannot be
+    /// trusted (no symbol, code unread, a return address after no call).
+    fn by_prologue(&self, mem: &Memory, at: u64, sp: u64, bp: u64) -> Option<CallerRegs> {
+        let pc = at - 1;
+        let (start, _) = range_of(&self.functions, pc)?;
+        if at - start > MAX_PROLOGUE_WALK {
+            return None;
+        }
+        let code = mem.read_vec(start, (at - start) as usize)?;
+        let mut word = |a: u64| mem.word(a);
+        let caller = prologue_x86_64::unwind(&code, start, pc, sp, bp, &mut word)?;
+        // A word that follows a call in the program's code, or nothing.
+        range_of(&self.functions, caller.ra - 1)?;
+        let before = mem.read_vec(caller.ra - 7, 7)?;
+        prologue_x86_64::follows_call(&before, caller.ra).then_some(caller)
     }
 }
