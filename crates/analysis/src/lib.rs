@@ -30,6 +30,7 @@ pub mod suppressions;
 pub mod thread_timeline;
 pub mod timeline;
 mod verdicts;
+pub mod window;
 
 pub use deadlocks::DeadlocksReport;
 pub use index::{MergedEvent, MergedEvents, Stopped, TraceIndex};

@@ -57,6 +57,18 @@ fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
 
 pub fn attach(args: AttachArgs) -> ExitCode {
     let pid = args.pid;
+    if crate::attach_window::recorded_with_control(pid) {
+        if args.record.is_some() || args.sample.is_some() {
+            return fail(
+                "attach",
+                format!(
+                    "process {pid} is recorded by `trapline run` already: its window is cut \
+                     from that recording, whose --record and --sample stand"
+                ),
+            );
+        }
+        return crate::attach_window::attach(pid, args.output, args.duration, args.force);
+    }
     if let Err(why) = check_target(pid) {
         return fail("attach", why);
     }
@@ -134,6 +146,9 @@ pub fn attach(args: AttachArgs) -> ExitCode {
 }
 
 pub fn detach(args: DetachArgs) -> ExitCode {
+    if let Some(code) = crate::attach_window::detach(args.pid) {
+        return code;
+    }
     let (_, socket) = crate::watch::socket_of(args.pid);
     match ask_detach(args.pid, &socket) {
         Ok(slots) => {
@@ -148,7 +163,7 @@ pub fn detach(args: DetachArgs) -> ExitCode {
 }
 
 /// Whether process `pid` has ended (gone, or a zombie not yet reaped).
-fn ended(pid: u32) -> bool {
+pub fn ended(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat
             .rsplit_once(')')
@@ -211,14 +226,15 @@ fn check_target(pid: u32) -> Result<(), String> {
         let (_, socket) = crate::watch::socket_of(pid);
         return Err(if Path::new(&socket).exists() {
             format!(
-                "process {pid} is recorded already (started by `trapline run`, or attached to): \
-                 `trapline watch {pid}` looks at it, `trapline detach {pid}` ends an attach"
+                "process {pid} is recorded already (attached to): `trapline watch {pid}` looks \
+                 at it, `trapline detach {pid}` ends the attach"
             )
         } else {
             format!(
                 "process {pid} holds trapline's agent already: started by `trapline run` \
-                 without --control, or attached to and detached (the agent stays, idle; a \
-                 process is attached to once)"
+                 without --control (its trace records it all; with --control, attach cuts a \
+                 window of it), or attached to and detached (the agent stays, idle; a process \
+                 is attached to once)"
             )
         });
     }
@@ -314,6 +330,15 @@ fn load_agent(pid: u32, agent: &Path, options: &str) -> Result<(), String> {
 
 /// Asks the agent of `pid` to detach; the slots it put back.
 fn ask_detach(pid: u32, socket: &str) -> Result<u64, String> {
+    let answer = ask(pid, socket, control::DETACH)?;
+    answer["slots"]
+        .as_u64()
+        .ok_or_else(|| format!("unexpected answer {answer}"))
+}
+
+/// Sends `request` to the control socket of process `pid`; its answer
+/// (an error answer is an `Err`).
+pub fn ask(pid: u32, socket: &str, request: &str) -> Result<serde_json::Value, String> {
     let stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!(
             "not attached to (no control socket at {socket}; `trapline attach {pid}` attaches)"
@@ -325,7 +350,7 @@ fn ask_detach(pid: u32, socket: &str) -> Result<u64, String> {
     })?;
     let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
     writer
-        .write_all(format!("{}\n", control::DETACH).as_bytes())
+        .write_all(format!("{request}\n").as_bytes())
         .map_err(|e| format!("cannot ask: {e}"))?;
     let mut line = String::new();
     BufReader::new(stream)
@@ -336,7 +361,5 @@ fn ask_detach(pid: u32, socket: &str) -> Result<u64, String> {
     if let Some(e) = answer["error"].as_str() {
         return Err(e.to_string());
     }
-    answer["slots"]
-        .as_u64()
-        .ok_or_else(|| format!("unexpected answer {line:?}"))
+    Ok(answer)
 }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod attach;
+mod attach_window;
 mod deadlocks;
 mod diff;
 mod embedded_agent;

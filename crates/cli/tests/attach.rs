@@ -20,10 +20,16 @@ struct Service {
 
 impl Service {
     fn start(program: &Path) -> Service {
-        let mut child = Command::new(program)
+        let mut cmd = Command::new(program);
+        cmd.env_remove("LD_PRELOAD");
+        Service::start_command(cmd)
+    }
+
+    /// The service as `cmd` starts it (`trapline run -- service`).
+    fn start_command(mut cmd: Command) -> Service {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .env_remove("LD_PRELOAD")
             .spawn()
             .expect("the service starts");
         let input = child.stdin.take().unwrap();
@@ -467,4 +473,106 @@ fn attach_for_a_duration() {
     let leaks = analysis_json("leaks", &long);
     assert_eq!(leaks["process"]["exit"], json!({"code": 0}));
     assert_eq!(as_array(&leaks, "records")[0]["bytes"], json!(96));
+}
+
+/// A process `trapline run --control` records already is attached to
+/// through its control channel: no second agent; detach cuts the window
+/// out of the run's trace, with the attach's semantics (earlier blocks'
+/// releases counted, the blocks born in it live at detach), and the run
+/// goes on recording.
+#[test]
+fn attach_to_a_process_trapline_run_records_cuts_its_window() {
+    let dir = TestDir::new("attach_run");
+    let prog = compile_c(&dir, "attach_service.c");
+    let run_trace = dir.path().join("run.trace");
+    let mut cmd = Command::new(trapline());
+    cmd.args(["run", "--control", "-q", "-o"])
+        .arg(&run_trace)
+        .arg("--")
+        .arg(&prog)
+        .env("TRAPLINE_AGENT", agent());
+    let mut svc = Service::start_command(cmd);
+    // The service is trapline run's child.
+    let runner = svc.pid();
+    let children = std::fs::read_to_string(format!("/proc/{runner}/task/{runner}/children"))
+        .expect("trapline run's children");
+    let pid = children
+        .split_whitespace()
+        .next()
+        .expect("the service")
+        .to_string();
+    assert_eq!(svc.ask("leak 1"), "leaked 1");
+
+    let window = dir.path().join("window.trace");
+    let window_arg = window.to_str().unwrap();
+    let a = trapline_cmd(&["attach", &pid, "-o", window_arg]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    assert!(
+        a.stderr.contains("is recorded by `trapline run` into"),
+        "{}",
+        a.stderr
+    );
+    assert_eq!(svc.ask("early"), "freed");
+    assert_eq!(svc.ask("leak 3"), "leaked 3");
+    assert_eq!(svc.ask("lock"), "locked");
+    assert_eq!(svc.ask("double"), "double");
+    let twice = trapline_cmd(&["attach", &pid, "-o", &format!("{window_arg}.2")]);
+    assert_eq!(twice.code(), 1, "{}", twice.describe());
+    assert!(
+        twice.stderr.contains("is attached to already"),
+        "{}",
+        twice.stderr
+    );
+    let d = trapline_cmd(&["detach", &pid]);
+    assert_eq!(d.code(), 0, "{}", d.describe());
+    assert!(
+        d.stderr.contains("5 releases of earlier blocks"),
+        "{}",
+        d.stderr
+    );
+    // The run goes on recording.
+    assert_eq!(svc.ask("leak 2"), "leaked 2");
+    let again = trapline_cmd(&["detach", &pid]);
+    assert_eq!(again.code(), 1, "{}", again.describe());
+    assert!(svc.quit().success());
+
+    let leaks = analysis_json("leaks", &window);
+    assert_eq!(leaks["process"]["exit"], json!({"detached": true}));
+    assert_eq!(leaks["trace"]["attached"]["earlier_releases"], json!(5));
+    let records = as_array(&leaks, "records");
+    assert_eq!(records.len(), 1, "{}", pretty(&leaks));
+    assert_eq!(
+        (records[0]["bytes"].clone(), records[0]["blocks"].clone()),
+        (json!(144), json!(3))
+    );
+    let line = marker_line("attach_service.c", "LEAK-ATTACHED");
+    assert!(
+        as_array(&records[0], "stack")
+            .iter()
+            .any(|f| f["function"] == "leak_while_attached" && f["line"] == json!(line)),
+        "{}",
+        pretty(&records[0])
+    );
+    let errors = as_array(&leaks, "errors");
+    assert_eq!(errors.len(), 1, "{}", pretty(&leaks));
+    assert_eq!(errors[0]["kind"], json!("double_free"));
+    let locks = analysis_json("locks", &window);
+    assert_eq!(
+        locks["totals"]["acquisitions"],
+        json!(10),
+        "{}",
+        pretty(&locks)
+    );
+    // The run's own trace has everything: 1 + 3 + 2 blocks leaked.
+    let run = analysis_json("leaks", &run_trace);
+    let held: u64 = as_array(&run, "records")
+        .iter()
+        .filter(|r| {
+            as_array(r, "stack")
+                .iter()
+                .any(|f| f["function"] == "leak_while_attached")
+        })
+        .map(|r| r["blocks"].as_u64().unwrap())
+        .sum();
+    assert_eq!(held, 6, "{}", pretty(&run));
 }

@@ -116,9 +116,11 @@ pub mod control {
     pub const SCAN: &str = "scan";
     /// A request: the agent's counters. The answer: `{"pid", "time_ns",
     /// "events", "events_lost", "requests", "access_monitor", "faults",
-    /// "fault_ns", "arms", "arm_ns", "armed_pages"}`; `access_monitor` is
-    /// the mechanism in use (`userfaultfd`), `off` before the first `arm`,
-    /// or why none can be used.
+    /// "fault_ns", "arms", "arm_ns", "armed_pages", "sweeps", "trace"}`;
+    /// `access_monitor` is the mechanism in use (`userfaultfd`), `off`
+    /// before the first `arm`, or why none can be used; `sweeps` counts the
+    /// writer's periodic sweeps written (an event made before a sweep began
+    /// is in `trace` once `sweeps` has gone past it).
     pub const COUNTERS: &str = "counters";
     /// A request: `blocks STACK FN N MIN_AGE_MS`, up to N of the site's
     /// live blocks at least MIN_AGE_MS old, spread over their ages (every

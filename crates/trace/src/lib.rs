@@ -13,8 +13,10 @@ pub mod scan;
 pub mod varint;
 
 mod builder;
+mod chunk_writer;
 
 pub use builder::TraceBuilder;
+pub use chunk_writer::ChunkWriter;
 pub use event::ProfileStopReason;
 pub use event::{
     AllocFn, ChunkContext, DecodeError, Decoder, Encoder, EndCounters, ErrorKind, Event, ExitKind,

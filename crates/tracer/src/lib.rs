@@ -23,7 +23,6 @@ mod scan;
 mod stubs;
 mod tracing;
 mod unwind;
-mod writer;
 
 pub use launch::{traceme_and_exec, TRACEME_ARG};
 pub use tracing::{record, Ended, Outcome, Request};

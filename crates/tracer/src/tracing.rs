@@ -13,8 +13,8 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use trapline_trace::{
-    AllocFn, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo, Segment,
-    SnapshotKind,
+    AllocFn, ChunkWriter, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo,
+    Segment, SnapshotKind,
 };
 
 use crate::elf::{self, Entry, Program, Trap};
@@ -23,7 +23,6 @@ use crate::remote::Memory;
 use crate::scan;
 use crate::stubs::{self, Stop, Stubs};
 use crate::unwind::StackUnwinder;
-use crate::writer::TraceWriter;
 
 /// What to record.
 pub struct Request {
@@ -117,7 +116,8 @@ struct Recorder {
     layout: scan::Layout,
     unwinder: StackUnwinder,
     heap: Heap,
-    out: TraceWriter,
+    /// The trace, until its `End` is written.
+    out: Option<ChunkWriter<File>>,
     threads: HashMap<Pid, ThreadState>,
     /// Threads created but not yet seen at their first stop.
     new_threads: HashSet<Pid>,
@@ -184,7 +184,7 @@ impl Recorder {
                 code
             },
         };
-        let mut out = TraceWriter::new(req.output.try_clone().map_err(|e| e.to_string())?)
+        let mut out = ChunkWriter::new(req.output.try_clone().map_err(|e| e.to_string())?)
             .map_err(|e| format!("cannot write the trace: {e}"))?;
         let start_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -230,7 +230,7 @@ impl Recorder {
             layout,
             unwinder,
             heap: Heap::default(),
-            out,
+            out: Some(out),
             threads,
             new_threads: HashSet::new(),
             forked: HashSet::new(),
@@ -254,7 +254,10 @@ impl Recorder {
     }
 
     fn emit(&mut self, tid: Pid, ev: &Event) -> Result<(), String> {
-        self.out.push(tid.as_raw() as u32, ev).map_err(write_error)
+        match self.out.as_mut() {
+            Some(out) => out.push(tid.as_raw() as u32, ev).map_err(write_error),
+            None => Ok(()),
+        }
     }
 
     /// The id of the stack of a call from `caller`; its definition is
@@ -322,7 +325,7 @@ impl Recorder {
             Ended::Signal(s) => ExitKind::Signal(s),
         };
         let counters = EndCounters {
-            events: self.out.written + 1,
+            events: self.out.as_ref().map_or(0, |o| o.written) + 1,
             events_lost: 0,
             untracked_calls: 0,
         };
@@ -334,8 +337,9 @@ impl Recorder {
                 counters,
             },
         )?;
-        let out = std::mem::replace(&mut self.out, TraceWriter::closed());
-        out.finish().map_err(write_error)?;
+        if let Some(out) = self.out.take() {
+            out.finish().map_err(write_error)?;
+        }
         Ok(Some(ended))
     }
 
@@ -804,14 +808,6 @@ impl Recorder {
             }
         }
         Ok(())
-    }
-}
-
-impl TraceWriter {
-    /// Stands in for the writer once the trace is finished.
-    fn closed() -> TraceWriter {
-        TraceWriter::new(File::open("/dev/null").expect("/dev/null opens"))
-            .expect("writing nothing cannot fail")
     }
 }
 

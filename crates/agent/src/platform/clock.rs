@@ -75,9 +75,12 @@ fn publish_at_least(t: u64) {
     });
 }
 
-/// The precise trace time; also raises the current tick to it.
+/// The precise trace time, to the tick's resolution (its low bits hold
+/// flags); also raises the current tick to it, so every event stamped
+/// after this returns carries this time or a later one (a window of the
+/// trace begins at a control answer's time).
 pub fn precise_now() -> u64 {
-    let t = trace_now();
+    let t = trace_now() & !FLAGS;
     publish_at_least(t);
     t
 }

@@ -522,15 +522,18 @@ fn counters_answer(out: &mut String, pid: u32, time: u64) {
         "{{\"pid\":{pid},\"time_ns\":{time},\"events\":{events},\"events_lost\":{lost},\"requests\":{requests},\"access_monitor\":"
     );
     json_string(out, &monitor_state());
-    let _ = writeln!(
+    let _ = write!(
         out,
-        ",\"faults\":{},\"fault_ns\":{},\"arms\":{},\"arm_ns\":{},\"armed_pages\":{}}}",
+        ",\"faults\":{},\"fault_ns\":{},\"arms\":{},\"arm_ns\":{},\"armed_pages\":{},\"sweeps\":{},\"trace\":",
         access::FAULTS.load(Ordering::Relaxed),
         access::FAULT_NS.load(Ordering::Relaxed),
         access::ARMS.load(Ordering::Relaxed),
         access::ARM_NS.load(Ordering::Relaxed),
-        access::armed()
+        access::armed(),
+        crate::services::writer::SWEEPS.load(Ordering::Acquire)
     );
+    json_string(out, crate::config::output().unwrap_or(""));
+    out.push_str("}\n");
 }
 
 /// Why access monitoring could not start (None: not asked yet).

@@ -317,6 +317,7 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
             last_sweep = now;
             periodic();
             drain(&mut scratch);
+            SWEEPS.fetch_add(1, Ordering::Release);
         }
         if STOP.load(Ordering::Acquire) {
             drain(&mut scratch);
@@ -335,6 +336,11 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     stopped();
     core::ptr::null_mut()
 }
+
+/// Periodic sweeps done, each counted once what it stole is written: an
+/// event made before a sweep began is in the file once the count has gone
+/// past that sweep (`control::COUNTERS`, for a window of the trace).
+pub static SWEEPS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
 /// The writer has left its loop: `finish` writes what is left itself.
 fn stopped() {

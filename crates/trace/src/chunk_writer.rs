@@ -1,19 +1,18 @@
-//! Writes events as the agent's writer does: chunks, each of one thread's
-//! events. The recorder sees every event in one order, so a chunk ends
-//! where the next event is another thread's, and the file's order is the
-//! order of the calls.
+//! Writes a trace from events in one order (a recorder outside the
+//! process, a window cut from a trace): chunks, each of one thread's
+//! events, a chunk ending where the next event is another thread's, so
+//! the file's order is the order given.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 
-use trapline_trace::format::{encode_chunk, write_file_header};
-use trapline_trace::{event::encode_to_vec, ChunkContext, Event};
+use crate::event::{encode_to_vec, ChunkContext, Event};
+use crate::format::{encode_chunk, write_file_header};
 
 /// Events per chunk at most.
 const CHUNK_EVENTS: u32 = 4096;
 
-pub struct TraceWriter {
-    out: BufWriter<File>,
+pub struct ChunkWriter<W: Write> {
+    out: BufWriter<W>,
     tid: u32,
     raw: Vec<u8>,
     ctx: ChunkContext,
@@ -25,11 +24,12 @@ pub struct TraceWriter {
     pub written: u64,
 }
 
-impl TraceWriter {
-    pub fn new(file: File) -> std::io::Result<TraceWriter> {
-        let mut out = BufWriter::with_capacity(1 << 20, file);
+impl<W: Write> ChunkWriter<W> {
+    /// Writes the file header to `out`.
+    pub fn new(out: W) -> std::io::Result<ChunkWriter<W>> {
+        let mut out = BufWriter::with_capacity(1 << 20, out);
         write_file_header(&mut out)?;
-        Ok(TraceWriter {
+        Ok(ChunkWriter {
             out,
             tid: 0,
             raw: Vec::new(),
@@ -81,7 +81,7 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// Writes what is pending and syncs nothing more than a flush.
+    /// Writes what is pending.
     pub fn finish(mut self) -> std::io::Result<()> {
         self.flush_chunk()?;
         self.out.flush()
