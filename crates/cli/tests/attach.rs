@@ -576,3 +576,52 @@ fn attach_to_a_process_trapline_run_records_cuts_its_window() {
         .sum();
     assert_eq!(held, 6, "{}", pretty(&run));
 }
+
+/// A window attach whose process ends before the detach: the window runs
+/// to the process's end and ends with its exit, its exit scan kept for the
+/// blocks born in the window.
+#[test]
+fn a_window_attach_ends_with_the_process_that_ends_in_it() {
+    let dir = TestDir::new("attach_run_exit");
+    let prog = compile_c(&dir, "attach_service.c");
+    let run_trace = dir.path().join("run.trace");
+    let mut cmd = Command::new(trapline());
+    cmd.args(["run", "--control", "-q", "-o"])
+        .arg(&run_trace)
+        .arg("--")
+        .arg(&prog)
+        .env("TRAPLINE_AGENT", agent());
+    let mut svc = Service::start_command(cmd);
+    let runner = svc.pid();
+    let children = std::fs::read_to_string(format!("/proc/{runner}/task/{runner}/children"))
+        .expect("trapline run's children");
+    let pid = children
+        .split_whitespace()
+        .next()
+        .expect("the service")
+        .to_string();
+    let window = dir.path().join("window.trace");
+    let a = trapline_cmd(&["attach", &pid, "-o", window.to_str().unwrap()]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    assert_eq!(svc.ask("leak 2"), "leaked 2");
+    assert!(svc.quit().success());
+    let d = trapline_cmd(&["detach", &pid]);
+    assert_eq!(d.code(), 0, "{}", d.describe());
+    assert!(
+        d.stderr.contains("the process ended inside it"),
+        "{}",
+        d.stderr
+    );
+    let leaks = analysis_json("leaks", &window);
+    assert_eq!(
+        leaks["process"]["exit"],
+        json!({"code": 0}),
+        "{}",
+        pretty(&leaks)
+    );
+    let records = as_array(&leaks, "records");
+    assert_eq!(records.len(), 1, "{}", pretty(&leaks));
+    assert_eq!(records[0]["kind"], json!("definitely_lost"));
+    assert_eq!(records[0]["bytes"], json!(96));
+    assert_eq!(leaks["summary"]["definitely_lost"]["blocks"], json!(2));
+}
