@@ -247,6 +247,33 @@ fn a_static_cxx_program_has_the_reports_of_its_dynamic_build() {
     }
 }
 
+/// A forked child's events stay out of the parent's trace (its first stop
+/// may come before the fork event names it), a thread's leak is the same
+/// both ways, glibc's release of a thread's tcache at its end (allocated
+/// without `malloc`) is no error, and a vforked child runs its exec.
+#[test]
+fn a_static_program_keeps_its_children_apart() {
+    let (dynamic, statics) = builds(
+        "static_children",
+        "static_children.c",
+        Some("child ok\nparent ok 0\n"),
+    );
+    let keys = ["kind", "bytes", "blocks", "allocated_by"];
+    let want = views(&dynamic, "records", "static_children.c", &keys);
+    assert!(want.iter().any(|r| r.contains("bytes=33")), "{want:#?}");
+    for (label, fixed) in &statics {
+        assert_eq!(
+            views(fixed, "records", "static_children.c", &keys),
+            want,
+            "{label}"
+        );
+        assert_eq!(fixed["errors"], serde_json::json!([]), "{label}");
+        assert_same_losses(&dynamic, fixed);
+    }
+    // The child's block is in neither parent's trace.
+    assert!(want.iter().all(|r| !r.contains("bytes=20 ")), "{want:#?}");
+}
+
 /// What the outside recorder cannot do yet is refused before the program
 /// runs, and a static program without symbols is refused with the reason.
 #[test]

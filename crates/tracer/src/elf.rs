@@ -124,6 +124,10 @@ pub struct Program {
     /// addresses: the blocks they allocate are its bookkeeping, as ld.so's
     /// are in a dynamic program.
     pub loader_code: Vec<(u64, u64)>,
+    /// glibc's functions that release, at a thread's or the process's end,
+    /// blocks its allocator made for itself without passing through
+    /// `malloc` (a thread's tcache): `*freeres*` and `tcache_*`.
+    pub allocator_teardown: Vec<(u64, u64)>,
     /// Every function of the symbol table, `[start, end)`, sorted.
     pub functions: Vec<(u64, u64)>,
     /// The code `.eh_frame` describes, `[start, end)` per FDE, sorted:
@@ -187,6 +191,16 @@ pub fn read(data: &[u8]) -> Result<Program, String> {
                 s.kind() == object::SymbolKind::Text
                     && s.size() > 0
                     && s.name().is_ok_and(|n| n.starts_with("_dl_"))
+            })
+            .map(|s| (s.address(), s.address() + s.size()))
+            .collect(),
+        allocator_teardown: file
+            .symbols()
+            .filter(|s| {
+                s.kind() == object::SymbolKind::Text
+                    && s.size() > 0
+                    && s.name()
+                        .is_ok_and(|n| n.contains("freeres") || n.starts_with("tcache_"))
             })
             .map(|s| (s.address(), s.address() + s.size()))
             .collect(),

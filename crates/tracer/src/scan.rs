@@ -33,6 +33,8 @@ pub struct Layout {
     /// plan's writable mappings, but written with pointers to blocks at
     /// the start (a static C library's link map and search paths).
     pub relro: Option<(u64, u64)>,
+    /// The allocator's teardown functions (`elf::Program::allocator_teardown`).
+    pub allocator_teardown: Vec<(u64, u64)>,
     /// The C library's loader functions (`elf::Program::loader_code`),
     /// sorted: their blocks are roots.
     pub loader_code: Vec<(u64, u64)>,
@@ -115,6 +117,7 @@ pub fn judge(
     mem: &Memory,
     heap: &Heap,
     threads: &[StoppedThread],
+    ended_stacks: &[u64],
     layout: &Layout,
     time: u64,
 ) -> Result<(Vec<Event>, u64, u64), String> {
@@ -138,6 +141,18 @@ pub fn judge(
     });
     merge(&mut rodata);
     let mut excluded = layout.excluded.clone();
+    // The stacks of ended threads (glibc caches them), where no live
+    // thread runs: what is left there, their TLS included, is dead, as it
+    // is to the agent, which never sees an ended thread's stack again.
+    for &sp in ended_stacks {
+        let Some(i) = trapline_reach::maps::containing(&maps, sp) else {
+            continue;
+        };
+        let m = &maps[i];
+        if !threads.iter().any(|t| t.sp >= m.start && t.sp < m.end) {
+            excluded.push((m.start, m.end));
+        }
+    }
     let mut read = |lo: u64, hi: u64, f: &mut dyn FnMut(u64)| remote.words(lo, hi, f);
     if let Some(m) = trapline_reach::arena::find_main_arena(layout.data.clone(), &mut read) {
         excluded.push(trapline_reach::arena::extent(m));

@@ -121,6 +121,15 @@ struct Recorder {
     threads: HashMap<Pid, ThreadState>,
     /// Threads created but not yet seen at their first stop.
     new_threads: HashSet<Pid>,
+    /// Threads or children seen at their first stop before the event that
+    /// tells which they are: held stopped until it comes.
+    unannounced: HashSet<Pid>,
+    /// Stack pointers of threads at their end: their stacks are no roots
+    /// unless a live thread runs on one again.
+    ended_stacks: Vec<u64>,
+    /// Releases the C library made of blocks it allocated itself, inside
+    /// its allocator (a thread's tcache at its exit): passed on, counted.
+    untracked_calls: u64,
     /// Forked children, to be restored and let go at their first stop.
     forked: HashSet<Pid>,
     /// vfork children: they share the program's memory, stubs included,
@@ -174,6 +183,11 @@ impl Recorder {
             excluded: vec![(stubs.page, stubs.page + stubs::PAGE)],
             tls_size: program.tls_size,
             relro: program.relro.map(|(a, b)| (a + bias, b + bias)),
+            allocator_teardown: program
+                .allocator_teardown
+                .iter()
+                .map(|(a, b)| (a + bias, b + bias))
+                .collect(),
             loader_code: {
                 let mut code: Vec<(u64, u64)> = program
                     .loader_code
@@ -233,6 +247,9 @@ impl Recorder {
             out: Some(out),
             threads,
             new_threads: HashSet::new(),
+            unannounced: HashSet::new(),
+            ended_stacks: Vec::new(),
+            untracked_calls: 0,
             forked: HashSet::new(),
             vforked: HashSet::new(),
             deferred: VecDeque::new(),
@@ -367,6 +384,11 @@ impl Recorder {
             }
             if self.new_threads.remove(&tid) {
                 self.threads.entry(tid).or_default();
+            } else if !self.threads.contains_key(&tid) && !self.vforked.contains(&tid) {
+                // A first stop that came before its creator's event: a
+                // thread or a child, told apart when that event comes.
+                self.unannounced.insert(tid);
+                return Ok(());
             }
             self.interrupt_due.remove(&tid);
             return resume(tid, None);
@@ -394,22 +416,37 @@ impl Recorder {
                         create_id,
                     },
                 )?;
-                if !self.threads.contains_key(&child) {
+                if self.unannounced.remove(&child) {
+                    self.threads.entry(child).or_default();
+                    resume(child, None)?;
+                } else if !self.threads.contains_key(&child) {
                     self.new_threads.insert(child);
                 }
             }
         } else if event == PtraceEvent::PTRACE_EVENT_FORK as i32 {
             if let Ok(child) = msg() {
                 self.forked.insert(child);
+                if self.unannounced.remove(&child) {
+                    self.let_fork_go(child)?;
+                }
             }
         } else if event == PtraceEvent::PTRACE_EVENT_VFORK as i32 {
             if let Ok(child) = msg() {
                 self.vforked.insert(child);
+                if self.unannounced.remove(&child) {
+                    resume(child, None)?;
+                }
             }
         } else if event == PtraceEvent::PTRACE_EVENT_EXEC as i32 {
             if self.vforked.remove(&tid) {
                 let _ = ptrace::detach(tid, None);
                 return Ok(());
+            }
+        } else if event == PtraceEvent::PTRACE_EVENT_EXIT as i32 && tid != self.pid {
+            // A thread ends: its stack (kept in glibc's cache) holds only
+            // dead pointers from now on.
+            if let Ok(regs) = ptrace::getregs(tid) {
+                self.ended_stacks.push(regs.rsp);
             }
         } else if event == PtraceEvent::PTRACE_EVENT_EXIT as i32
             && tid == self.pid
@@ -632,6 +669,12 @@ impl Recorder {
         }
         let kind = match self.heap.freed_lately(addr) {
             Some(_) => ErrorKind::DoubleFree,
+            None if self.in_allocator(caller.ra) => {
+                // Allocated inside the allocator, without its entry point
+                // (glibc's tcache), and released by it: its own business.
+                self.untracked_calls += 1;
+                return Ok(true);
+            }
             None => ErrorKind::InvalidFree,
         };
         self.error(tid, time, kind, func, addr, stack)
@@ -685,6 +728,16 @@ impl Recorder {
         self.emit(tid, &ev)
     }
 
+    /// Whether a call returning to `ra` was made by the allocator's own
+    /// teardown code (`elf::Program::allocator_teardown`).
+    fn in_allocator(&self, ra: u64) -> bool {
+        let pc = ra.wrapping_sub(1);
+        self.layout
+            .allocator_teardown
+            .iter()
+            .any(|&(a, b)| pc >= a && pc < b)
+    }
+
     /// A realloc of `old`, which is no live block; whether to let it go on.
     fn invalid_realloc(
         &mut self,
@@ -719,6 +772,7 @@ impl Recorder {
             &self.mem,
             &self.heap,
             &threads,
+            &self.ended_stacks,
             &self.layout,
             time,
         );
