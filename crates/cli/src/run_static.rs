@@ -22,6 +22,8 @@ fn unsupported(args: &RunArgs) -> Option<&'static str> {
             "--control and --watch",
         ),
         (args.scan_every.is_some(), "--scan-every"),
+        (args.scan_budget.is_some(), "--scan-budget"),
+        (args.no_release_stacks, "--no-release-stacks"),
         (args.timeout.is_some(), "--timeout"),
     ]
     .into_iter()
@@ -67,6 +69,7 @@ pub fn main(args: &RunArgs, program: &Path, output: &Path) -> ExitCode {
         argv: args.command.clone(),
         output: file,
         pass_invalid: args.pass_invalid_frees,
+        scan: !args.no_scan,
     };
     let recorded = trapline_tracer::record(request, |pid| {
         forwarder = Some(crate::run::forward_signals(

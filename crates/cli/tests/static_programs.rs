@@ -293,6 +293,20 @@ fn a_static_program_refuses_what_its_recorder_lacks() {
         finished.describe()
     );
     assert!(!finished.stdout.contains("static ran"));
+    let finished = output_of(
+        run_command(&dir, &["--no-release-stacks"], &prog, &[]),
+        "trapline run --no-release-stacks",
+    );
+    assert_eq!(finished.code(), 2, "{}", finished.describe());
+    // --no-scan is followed: the exit snapshot is left unjudged.
+    let finished = output_of(
+        run_command(&dir, &["--no-scan"], &prog, &[]),
+        "trapline run --no-scan",
+    );
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    assert_eq!(finished.stdout, "static ran\n");
+    assert_eq!(leaks(&dir.trace())["summary"]["source"], "exit_snapshot");
+    std::fs::remove_file(dir.trace()).unwrap();
     let stripped = dir.path().join("stripped");
     std::fs::copy(&prog, &stripped).unwrap();
     let strip = std::process::Command::new("strip")

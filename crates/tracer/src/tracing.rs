@@ -35,6 +35,9 @@ pub struct Request {
     pub output: File,
     /// Pass invalid releases on to the C library (`--pass-invalid-frees`).
     pub pass_invalid: bool,
+    /// Judge the live blocks at exit (`--no-scan` clears it: the snapshot
+    /// lists them unjudged).
+    pub scan: bool,
 }
 
 /// How the program ended.
@@ -144,6 +147,7 @@ struct Recorder {
     create_ids: u64,
     snapshot_taken: bool,
     pass_invalid: bool,
+    scan: bool,
     refused: Vec<(String, String)>,
 }
 
@@ -259,6 +263,7 @@ impl Recorder {
             create_ids: 0,
             snapshot_taken: false,
             pass_invalid: req.pass_invalid,
+            scan: req.scan,
             refused,
         })
     }
@@ -764,6 +769,23 @@ impl Recorder {
                 kind: SnapshotKind::Exit,
             },
         )?;
+        if !self.scan {
+            let mut live: Vec<(u64, Block)> =
+                self.heap.live.iter().map(|(a, b)| (*a, *b)).collect();
+            live.sort_unstable_by_key(|(addr, _)| *addr);
+            let bytes = live.iter().map(|(_, b)| b.size).sum();
+            let blocks = live.len() as u64;
+            for (addr, b) in live {
+                let ev = Event::LiveBlock {
+                    addr,
+                    size: b.size,
+                    func: b.func,
+                    stack: b.stack,
+                };
+                self.emit(tid, &ev)?;
+            }
+            return self.emit(tid, &Event::SnapshotEnd { blocks, bytes });
+        }
         // Every thread stopped, so that the snapshot is of one moment.
         let stopped = self.stop_others(tid)?;
         let threads = self.stopped_threads(&stopped, at_exit_call);
