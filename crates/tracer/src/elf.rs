@@ -121,12 +121,12 @@ pub struct Program {
     pub tls_size: u64,
     /// The C library's dynamic-loader functions (`_dl_*`, linked into a
     /// static program for TLS, `dlopen` and its link map), at file
-    /// addresses: the blocks they allocate are its bookkeeping, as ld.so's
-    /// are in a dynamic program.
+    /// addresses, sorted: the blocks they allocate are its bookkeeping, as
+    /// ld.so's are in a dynamic program.
     pub loader_code: Vec<(u64, u64)>,
     /// glibc's functions that release, at a thread's or the process's end,
     /// blocks its allocator made for itself without passing through
-    /// `malloc` (a thread's tcache): `*freeres*` and `tcache_*`.
+    /// `malloc` (a thread's tcache): `*freeres*` and `tcache_*`, sorted.
     pub allocator_teardown: Vec<(u64, u64)>,
     /// Every function of the symbol table, `[start, end)`, sorted.
     pub functions: Vec<(u64, u64)>,
@@ -143,22 +143,37 @@ pub fn read(data: &[u8]) -> Result<Program, String> {
     if file.architecture() != object::Architecture::X86_64 {
         return Err("not an x86-64 program".into());
     }
+    // The defined functions of the symbol table, read once: (name, start, size).
+    let functions: Vec<(&str, u64, u64)> = file
+        .symbols()
+        .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
+        .filter_map(|s| Some((s.name().ok()?, s.address(), s.size())))
+        .collect();
     let mut entries: Vec<Entry> = Vec::new();
     for (name, trap) in TRAPPED {
-        let Some(sym) = file.symbols().find(|s| {
-            s.name() == Ok(name) && s.is_definition() && s.kind() == object::SymbolKind::Text
-        }) else {
+        let Some(&(_, addr, _)) = functions.iter().find(|f| f.0 == *name) else {
             continue;
         };
-        if entries.iter().any(|e| e.addr == sym.address()) {
+        if entries.iter().any(|e| e.addr == addr) {
             continue;
         }
         entries.push(Entry {
             name,
             trap: *trap,
-            addr: sym.address(),
+            addr,
         });
     }
+    // The extents of the functions whose name `wanted` accepts, sorted.
+    let extents = |wanted: &dyn Fn(&str) -> bool| {
+        let mut r: Vec<(u64, u64)> = functions
+            .iter()
+            .filter(|f| f.2 > 0 && wanted(f.0))
+            .map(|f| (f.1, f.1 + f.2))
+            .collect();
+        r.sort_unstable();
+        r.dedup();
+        r
+    };
     let segments = file
         .segments()
         .filter_map(|s| {
@@ -178,46 +193,21 @@ pub fn read(data: &[u8]) -> Result<Program, String> {
         file.section_by_name(name)
             .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())))
     };
+    let eh_frame = section(".eh_frame");
     Ok(Program {
         entries,
         segments,
         build_id: file.build_id().ok().flatten().unwrap_or_default().to_vec(),
         relocatable: file.kind() == ObjectKind::Dynamic,
         eh_frame_hdr: section(".eh_frame_hdr"),
-        eh_frame: section(".eh_frame"),
-        loader_code: file
-            .symbols()
-            .filter(|s| {
-                s.kind() == object::SymbolKind::Text
-                    && s.size() > 0
-                    && s.name().is_ok_and(|n| n.starts_with("_dl_"))
-            })
-            .map(|s| (s.address(), s.address() + s.size()))
-            .collect(),
-        allocator_teardown: file
-            .symbols()
-            .filter(|s| {
-                s.kind() == object::SymbolKind::Text
-                    && s.size() > 0
-                    && s.name()
-                        .is_ok_and(|n| n.contains("freeres") || n.starts_with("tcache_"))
-            })
-            .map(|s| (s.address(), s.address() + s.size()))
-            .collect(),
-        functions: {
-            let mut f: Vec<(u64, u64)> = file
-                .symbols()
-                .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
-                .map(|s| (s.address(), s.address() + s.size()))
-                .collect();
-            f.sort_unstable();
-            f.dedup();
-            f
-        },
-        cfi_covers: file
-            .section_by_name(".eh_frame")
-            .and_then(|s| Some(fde_ranges(s.address(), s.data().ok()?)))
+        cfi_covers: eh_frame
+            .as_ref()
+            .map(|(at, bytes)| fde_ranges(*at, bytes))
             .unwrap_or_default(),
+        eh_frame,
+        loader_code: extents(&|n| n.starts_with("_dl_")),
+        allocator_teardown: extents(&|n| n.contains("freeres") || n.starts_with("tcache_")),
+        functions: extents(&|_| true),
         tls_size: program_header(data, object::elf::PT_TLS)
             .map_or(0, |(_, size, align)| size.next_multiple_of(align.max(1))),
         relro: program_header(data, object::elf::PT_GNU_RELRO)
@@ -226,6 +216,17 @@ pub fn read(data: &[u8]) -> Result<Program, String> {
             .section_by_name(".text")
             .map(|s| (s.address(), s.address() + s.size())),
     })
+}
+
+/// The range of `ranges` (sorted, none overlapping) holding `pc`.
+pub fn range_of(ranges: &[(u64, u64)], pc: u64) -> Option<(u64, u64)> {
+    let k = ranges.partition_point(|r| r.0 <= pc);
+    ranges[..k].last().copied().filter(|r| pc < r.1)
+}
+
+/// File-address ranges moved to where the program is loaded (`bias` added).
+pub fn rebased(ranges: &[(u64, u64)], bias: u64) -> Vec<(u64, u64)> {
+    ranges.iter().map(|(a, b)| (a + bias, b + bias)).collect()
 }
 
 /// The first program header of type `kind`: its address, memory size

@@ -192,12 +192,8 @@ pub fn judge(
         .ok_or("no memory for the scan")?;
     // The loader's own blocks (DTVs, link maps) are roots, as the agent
     // counts ld.so's: a thread's DTV is pointed to 16 bytes in.
-    let in_loader = |pc: u64| {
-        let k = layout.loader_code.partition_point(|r| r.0 <= pc);
-        k > 0 && pc < layout.loader_code[k - 1].1
-    };
     for (i, b) in index.blocks.iter().enumerate() {
-        if in_loader(heap.innermost(b.block.stack)) {
+        if crate::elf::range_of(&layout.loader_code, heap.innermost(b.block.stack)).is_some() {
             marker.root_block(i);
         }
     }

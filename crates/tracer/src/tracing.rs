@@ -187,20 +187,8 @@ impl Recorder {
             excluded: vec![(stubs.page, stubs.page + stubs::PAGE)],
             tls_size: program.tls_size,
             relro: program.relro.map(|(a, b)| (a + bias, b + bias)),
-            allocator_teardown: program
-                .allocator_teardown
-                .iter()
-                .map(|(a, b)| (a + bias, b + bias))
-                .collect(),
-            loader_code: {
-                let mut code: Vec<(u64, u64)> = program
-                    .loader_code
-                    .iter()
-                    .map(|(a, b)| (a + bias, b + bias))
-                    .collect();
-                code.sort_unstable();
-                code
-            },
+            allocator_teardown: elf::rebased(&program.allocator_teardown, bias),
+            loader_code: elf::rebased(&program.loader_code, bias),
         };
         let mut out = ChunkWriter::new(req.output.try_clone().map_err(|e| e.to_string())?)
             .map_err(|e| format!("cannot write the trace: {e}"))?;
@@ -672,7 +660,8 @@ impl Recorder {
             }
             return Ok(true);
         }
-        let kind = match self.heap.freed_lately(addr) {
+        let freed = self.heap.freed_lately(addr);
+        let kind = match freed {
             Some(_) => ErrorKind::DoubleFree,
             None if self.in_allocator(caller.ra) => {
                 // Allocated inside the allocator, without its entry point
@@ -682,28 +671,14 @@ impl Recorder {
             }
             None => ErrorKind::InvalidFree,
         };
-        self.error(tid, time, kind, func, addr, stack)
-    }
-
-    /// Writes a misuse of `addr` (with how it was allocated and freed
-    /// when it was freed lately); whether to pass the call on.
-    fn error(
-        &mut self,
-        tid: Pid,
-        time: u64,
-        kind: ErrorKind,
-        func: AllocFn,
-        addr: u64,
-        stack: u32,
-    ) -> Result<bool, String> {
-        let freed = self.heap.freed_lately(addr);
         let pass = self.pass_invalid;
         self.report(tid, time, kind, func, addr, stack, freed, pass, 0)?;
         Ok(pass)
     }
 
     /// Writes an `Error` event; `known`: the block's allocation (and its
-    /// release, when freed before).
+    /// release, when freed before). A refused call is passed on only with
+    /// `--pass-invalid-frees`.
     #[allow(clippy::too_many_arguments)]
     fn report(
         &mut self,
@@ -736,11 +711,7 @@ impl Recorder {
     /// Whether a call returning to `ra` was made by the allocator's own
     /// teardown code (`elf::Program::allocator_teardown`).
     fn in_allocator(&self, ra: u64) -> bool {
-        let pc = ra.wrapping_sub(1);
-        self.layout
-            .allocator_teardown
-            .iter()
-            .any(|&(a, b)| pc >= a && pc < b)
+        elf::range_of(&self.layout.allocator_teardown, ra.wrapping_sub(1)).is_some()
     }
 
     /// A realloc of `old`, which is no live block; whether to let it go on.
@@ -753,7 +724,20 @@ impl Recorder {
     ) -> Result<bool, String> {
         let stack = self.stack(tid, caller)?;
         let time = self.now();
-        self.error(tid, time, ErrorKind::InvalidRealloc, func, old, stack)
+        let freed = self.heap.freed_lately(old);
+        let pass = self.pass_invalid;
+        self.report(
+            tid,
+            time,
+            ErrorKind::InvalidRealloc,
+            func,
+            old,
+            stack,
+            freed,
+            pass,
+            0,
+        )?;
+        Ok(pass)
     }
 
     /// The exit snapshot: every live block, judged with the program's

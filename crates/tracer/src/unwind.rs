@@ -4,7 +4,7 @@
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 
-use crate::elf::Program;
+use crate::elf::{self, Program};
 use crate::prologue_x86_64::{self, CallerRegs};
 use crate::remote::Memory;
 
@@ -17,12 +17,6 @@ pub struct StackUnwinder {
     /// Functions, and the code CFI covers, at process addresses (sorted).
     functions: Vec<(u64, u64)>,
     cfi_covers: Vec<(u64, u64)>,
-}
-
-/// The range of `ranges` (sorted) holding `pc`.
-fn range_of(ranges: &[(u64, u64)], pc: u64) -> Option<(u64, u64)> {
-    let k = ranges.partition_point(|r| r.0 <= pc);
-    ranges[..k].last().copied().filter(|r| pc < r.1)
 }
 
 /// The most code read to find a function's prologue.
@@ -48,12 +42,11 @@ impl StackUnwinder {
             };
             unwinder.add_module(Module::new("program".into(), start..end, bias, info));
         }
-        let rebase = |r: &Vec<(u64, u64)>| r.iter().map(|(a, b)| (a + bias, b + bias)).collect();
         StackUnwinder {
             unwinder,
             cache: CacheX86_64::new(),
-            functions: rebase(&program.functions),
-            cfi_covers: rebase(&program.cfi_covers),
+            functions: elf::rebased(&program.functions, bias),
+            cfi_covers: elf::rebased(&program.cfi_covers, bias),
         }
     }
 
@@ -65,7 +58,7 @@ impl StackUnwinder {
         let mut read = |addr: u64| mem.word(addr).ok_or(());
         let mut at = ra;
         while frames.len() < MAX_FRAMES {
-            let next = if range_of(&self.cfi_covers, at - 1).is_some() {
+            let next = if elf::range_of(&self.cfi_covers, at - 1).is_some() {
                 let Some(address) = FrameAddress::from_return_address(at) else {
                     break;
                 };
@@ -95,7 +88,7 @@ impl StackUnwinder {
     /// trusted (no symbol, code unread, a return address after no call).
     fn by_prologue(&self, mem: &Memory, at: u64, sp: u64, bp: u64) -> Option<CallerRegs> {
         let pc = at - 1;
-        let (start, _) = range_of(&self.functions, pc)?;
+        let (start, _) = elf::range_of(&self.functions, pc)?;
         if at - start > MAX_PROLOGUE_WALK {
             return None;
         }
@@ -103,7 +96,7 @@ impl StackUnwinder {
         let mut word = |a: u64| mem.word(a);
         let caller = prologue_x86_64::unwind(&code, start, pc, sp, bp, &mut word)?;
         // A word that follows a call in the program's code, or nothing.
-        range_of(&self.functions, caller.ra - 1)?;
+        elf::range_of(&self.functions, caller.ra - 1)?;
         let before = mem.read_vec(caller.ra - 7, 7)?;
         prologue_x86_64::follows_call(&before, caller.ra).then_some(caller)
     }
