@@ -50,7 +50,7 @@ pub struct DetachArgs {
     pub pid: u32,
 }
 
-fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("trapline {command}: {msg}");
     ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
 }
@@ -120,18 +120,13 @@ pub fn attach(args: AttachArgs) -> ExitCode {
     let Some(secs) = args.duration else {
         return ExitCode::SUCCESS;
     };
-    // The recording's length, or the process's end if it comes first.
-    let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
-    while std::time::Instant::now() < until {
-        if ended(pid) {
-            eprintln!(
-                "trapline attach: process {pid} ended while attached; its trace ends with its \
-                 exit: trapline leaks {}",
-                output.display()
-            );
-            return ExitCode::SUCCESS;
-        }
-        std::thread::sleep(Duration::from_millis(100).min(until - std::time::Instant::now()));
+    if !run_for(pid, secs) {
+        eprintln!(
+            "trapline attach: process {pid} ended while attached; its trace ends with its \
+             exit: trapline leaks {}",
+            output.display()
+        );
+        return ExitCode::SUCCESS;
     }
     match ask_detach(pid, &socket) {
         Ok(slots) => {
@@ -162,8 +157,21 @@ pub fn detach(args: DetachArgs) -> ExitCode {
     }
 }
 
+/// Waits `secs` seconds (an attach's `--duration`) while process `pid`
+/// runs; false when it ended first.
+pub fn run_for(pid: u32, secs: f64) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
+    while std::time::Instant::now() < until {
+        if ended(pid) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100).min(until - std::time::Instant::now()));
+    }
+    true
+}
+
 /// Whether process `pid` has ended (gone, or a zombie not yet reaped).
-pub fn ended(pid: u32) -> bool {
+fn ended(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat
             .rsplit_once(')')

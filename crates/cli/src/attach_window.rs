@@ -6,7 +6,7 @@
 //! the attach's own trace, as an attached recording would have it. The
 //! process and its recording go on untouched.
 
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use trapline_contract::{control, env};
 use trapline_trace::ChunkWriter;
 
-use crate::attach::{ask, ended};
+use crate::attach::{ask, fail, run_for};
 
 /// Writer sweeps to wait for past the window's end: one may have begun
 /// before it (its events made after its steal wait for the next).
@@ -22,11 +22,6 @@ const SWEEPS_PAST_END: u64 = 2;
 /// How long a detach waits for those sweeps (the writer sweeps every
 /// 200 ms) before it gives up.
 const SWEEP_WAIT: Duration = Duration::from_secs(10);
-
-fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("trapline {command}: {msg}");
-    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
-}
 
 /// The file that notes a window attach of process `pid`.
 fn state_path(pid: u32) -> PathBuf {
@@ -122,10 +117,8 @@ pub fn attach(pid: u32, output: Option<PathBuf>, duration: Option<f64>, force: b
     let Some(secs) = duration else {
         return ExitCode::SUCCESS;
     };
-    let until = Instant::now() + Duration::from_secs_f64(secs);
-    while Instant::now() < until && !ended(pid) {
-        std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
-    }
+    // Ended first or not, the window is cut now.
+    run_for(pid, secs);
     detach(pid).unwrap_or(ExitCode::SUCCESS)
 }
 
@@ -195,6 +188,5 @@ fn finish_window(pid: u32, trace: &Path, output: &Path, from_ns: u64) -> Result<
     if window.process_ended {
         summary.push_str("; the process ended inside it");
     }
-    let _ = std::io::stderr().flush();
     Ok(summary + &format!("; see: trapline leaks {}", output.display()))
 }

@@ -475,24 +475,17 @@ fn attach_for_a_duration() {
     assert_eq!(as_array(&leaks, "records")[0]["bytes"], json!(96));
 }
 
-/// A process `trapline run --control` records already is attached to
-/// through its control channel: no second agent; detach cuts the window
-/// out of the run's trace, with the attach's semantics (earlier blocks'
-/// releases counted, the blocks born in it live at detach), and the run
-/// goes on recording.
-#[test]
-fn attach_to_a_process_trapline_run_records_cuts_its_window() {
-    let dir = TestDir::new("attach_run");
-    let prog = compile_c(&dir, "attach_service.c");
-    let run_trace = dir.path().join("run.trace");
+/// attach_service.c under `trapline run --control` into `run_trace`, and
+/// the service's pid (trapline run's child).
+fn service_under_run(dir: &TestDir, run_trace: &Path) -> (Service, String) {
+    let prog = compile_c(dir, "attach_service.c");
     let mut cmd = Command::new(trapline());
     cmd.args(["run", "--control", "-q", "-o"])
-        .arg(&run_trace)
+        .arg(run_trace)
         .arg("--")
         .arg(&prog)
         .env("TRAPLINE_AGENT", agent());
-    let mut svc = Service::start_command(cmd);
-    // The service is trapline run's child.
+    let svc = Service::start_command(cmd);
     let runner = svc.pid();
     let children = std::fs::read_to_string(format!("/proc/{runner}/task/{runner}/children"))
         .expect("trapline run's children");
@@ -501,6 +494,19 @@ fn attach_to_a_process_trapline_run_records_cuts_its_window() {
         .next()
         .expect("the service")
         .to_string();
+    (svc, pid)
+}
+
+/// A process `trapline run --control` records already is attached to
+/// through its control channel: no second agent; detach cuts the window
+/// out of the run's trace, with the attach's semantics (earlier blocks'
+/// releases counted, the blocks born in it live at detach), and the run
+/// goes on recording.
+#[test]
+fn attach_to_a_process_trapline_run_records_cuts_its_window() {
+    let dir = TestDir::new("attach_run");
+    let run_trace = dir.path().join("run.trace");
+    let (mut svc, pid) = service_under_run(&dir, &run_trace);
     assert_eq!(svc.ask("leak 1"), "leaked 1");
 
     let window = dir.path().join("window.trace");
@@ -583,23 +589,8 @@ fn attach_to_a_process_trapline_run_records_cuts_its_window() {
 #[test]
 fn a_window_attach_ends_with_the_process_that_ends_in_it() {
     let dir = TestDir::new("attach_run_exit");
-    let prog = compile_c(&dir, "attach_service.c");
     let run_trace = dir.path().join("run.trace");
-    let mut cmd = Command::new(trapline());
-    cmd.args(["run", "--control", "-q", "-o"])
-        .arg(&run_trace)
-        .arg("--")
-        .arg(&prog)
-        .env("TRAPLINE_AGENT", agent());
-    let mut svc = Service::start_command(cmd);
-    let runner = svc.pid();
-    let children = std::fs::read_to_string(format!("/proc/{runner}/task/{runner}/children"))
-        .expect("trapline run's children");
-    let pid = children
-        .split_whitespace()
-        .next()
-        .expect("the service")
-        .to_string();
+    let (mut svc, pid) = service_under_run(&dir, &run_trace);
     let window = dir.path().join("window.trace");
     let a = trapline_cmd(&["attach", &pid, "-o", window.to_str().unwrap()]);
     assert_eq!(a.code(), 0, "{}", a.describe());
