@@ -45,18 +45,13 @@ done
 
 CPU=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | sed -n 1p)
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
-CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS python3 - "$results" "$ROOT/bench/results.jsonl" <<'PY'
-import datetime, json, os, re, statistics, sys
-times = {}
-for line in open(sys.argv[1]):
-    build, tool, rest = line.split(maxsplit=2)
-    seconds = float(re.search(r"loop_s=([0-9.]+)", rest).group(1))
-    times.setdefault(build, {}).setdefault(tool, []).append(seconds)
+CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS PYTHONPATH=$BENCH_DIR python3 - "$results" "$ROOT/bench/results.jsonl" <<'PY'
+import json, os, statistics, sys
+import loop_times
+times = loop_times.read(sys.argv[1])
 pairs = int(os.environ["PAIRS"])
-now = datetime.datetime.now(datetime.timezone.utc)
 row = {
-    "date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"),
-    "commit": os.environ["COMMIT"], "cpu": os.environ["CPU"],
+    **loop_times.stamp(),
     "workload": f"threads_pairs.c, {pairs:,} malloc+free pairs in 1 thread, on glibc, jemalloc's library and jemalloc's archive in the executable (bench/detour.sh)",
     "tool": "trapline run", "rounds": len(times["glibc"]["native"]),
     "seconds": times,

@@ -41,15 +41,12 @@ done
 
 CPU=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | sed -n 1p)
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
-CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS python3 - "$results" "$ROOT/bench/results.jsonl" <<'PY'
-import datetime, json, os, re, statistics, sys
-times = {}
-for line in open(sys.argv[1]):
-    build, tool, rest = line.split(maxsplit=2)
-    seconds = float(re.search(r"loop_s=([0-9.]+)", rest).group(1))
-    times.setdefault(build, {}).setdefault(tool, []).append(seconds)
+CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS PYTHONPATH=$BENCH_DIR python3 - "$results" "$ROOT/bench/results.jsonl" <<'PY'
+import json, os, statistics, sys
+import loop_times
+times = loop_times.read(sys.argv[1])
 pairs = int(os.environ["PAIRS"])
-now = datetime.datetime.now(datetime.timezone.utc)
+stamp = loop_times.stamp()
 names = {
     ("static", "native"): "native (static build)",
     ("static", "trapline"): "trapline run (static build, from outside)",
@@ -61,8 +58,7 @@ with open(sys.argv[2], "a") as out:
     for (build, tool), name in names.items():
         secs = times[build][tool]
         row = {
-            "date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"),
-            "commit": os.environ["COMMIT"], "cpu": os.environ["CPU"],
+            **stamp,
             "workload": f"threads_pairs.c, {pairs:,} malloc+free pairs in 1 thread, built static (recorded from outside) and dynamic (the agent) (bench/static.sh)",
             "tool": name, "rounds": len(secs), "seconds": secs,
             "median_s": round(statistics.median(secs), 5),
