@@ -20,6 +20,7 @@ mod run_static;
 mod stats;
 mod trace_names;
 mod trace_output;
+mod vm;
 mod watch;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -78,6 +79,9 @@ enum Command {
     /// Watch a process started with `run --control`: live bytes per
     /// allocation site, and the sites that keep growing, while it runs.
     Watch(watch::WatchArgs),
+    /// Record a program in a QEMU guest and replay it with trapline's
+    /// plugin: the guest kernel's allocations too.
+    Vm(vm::VmArgs),
 }
 
 fn main() -> ExitCode {
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
         Command::Export(args) => export::main(args),
         Command::Diff(args) => diff::main(args),
         Command::Report(args) => report::main(args),
+        Command::Vm(args) => vm::main(args),
     }
 }
 

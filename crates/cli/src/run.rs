@@ -190,7 +190,7 @@ fn parse_percent(s: &str) -> Result<f64, String> {
 const DEFAULT_PROFILE_HZ: u32 = 999;
 const DEFAULT_PROFILE_HZ_TEXT: &str = "999";
 
-fn parse_seconds(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.001 => Ok(v),
         _ => Err(format!("`{s}` is not a number of seconds (at least 0.001)")),
@@ -241,10 +241,15 @@ pub fn find_agent() -> Result<PathBuf, String> {
 
 /// Resolves CMD like execvp does.
 fn resolve_command(cmd: &OsString) -> Result<PathBuf, ExitCode> {
+    find_command(cmd).map_err(|(code, msg)| fail(code, msg))
+}
+
+/// Resolves CMD like execvp does; else the exit status and why.
+pub(crate) fn find_command(cmd: &OsString) -> Result<PathBuf, (u8, String)> {
     let p = Path::new(cmd);
     let found = if p.as_os_str().to_string_lossy().contains('/') {
         if p.is_dir() {
-            return Err(fail(
+            return Err((
                 EXIT_NOT_EXECUTABLE,
                 format!("{}: is a directory, not a program", p.display()),
             ));
@@ -260,15 +265,15 @@ fn resolve_command(cmd: &OsString) -> Result<PathBuf, ExitCode> {
             .unwrap_or(None)
     };
     let Some(path) = found else {
-        return Err(fail(
+        return Err((
             EXIT_NOT_FOUND,
             format!("{}: command not found", p.display()),
         ));
     };
     let meta = std::fs::metadata(&path)
-        .map_err(|e| fail(EXIT_NOT_EXECUTABLE, format!("{}: {e}", path.display())))?;
+        .map_err(|e| (EXIT_NOT_EXECUTABLE, format!("{}: {e}", path.display())))?;
     if meta.permissions().mode() & 0o111 == 0 {
-        return Err(fail(
+        return Err((
             EXIT_NOT_EXECUTABLE,
             format!("{}: permission denied (not executable)", path.display()),
         ));

@@ -19,6 +19,7 @@ mod symtab;
 
 pub use allocator::{private_allocator, private_allocator_of, PrivateAllocator};
 pub use block_file::BlockFile;
+pub use module::KERNEL_MAP_SUFFIX;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -31,7 +31,13 @@ pub(crate) struct RawFrame {
 pub(crate) struct ModuleDebug {
     dwarf: Option<addr2line::Context<Reader>>,
     symbols: SymbolTable,
+    /// A kernel symbol map: frames are named `function+offset`.
+    kernel_map: bool,
 }
+
+/// The file name ending of a kernel symbol map that a trace names as a
+/// module (`trapline vm replay` writes one beside its trace).
+pub const KERNEL_MAP_SUFFIX: &str = ".kallsyms";
 
 /// The result of loading: the module's debug info plus warnings that do not
 /// prevent its use.
@@ -56,6 +62,20 @@ impl ModuleDebug {
         let shown = path.display();
         let file =
             debugfile::read_file(path).map_err(|e| format!("{shown}: cannot read it ({e})"))?;
+        if path.to_string_lossy().ends_with(KERNEL_MAP_SUFFIX) && !file.data.starts_with(b"\x7fELF")
+        {
+            let mut symbols = SymbolTable::default();
+            symbols.add_kernel_map(&String::from_utf8_lossy(&file.data));
+            symbols.finish();
+            return Ok(Loaded {
+                debug: ModuleDebug {
+                    dwarf: None,
+                    symbols,
+                    kernel_map: true,
+                },
+                warnings: Vec::new(),
+            });
+        }
         let object = object::File::parse(&*file.data)
             .map_err(|e| format!("{shown}: not a readable ELF file ({e})"))?;
         if !expected_build_id.is_empty() {
@@ -121,7 +141,11 @@ impl ModuleDebug {
             None
         };
         Ok(Loaded {
-            debug: ModuleDebug { dwarf, symbols },
+            debug: ModuleDebug {
+                dwarf,
+                symbols,
+                kernel_map: false,
+            },
             warnings,
         })
     }
@@ -134,6 +158,17 @@ impl ModuleDebug {
     /// The frames at file virtual address `probe`, innermost inlined first;
     /// at least one.
     pub(crate) fn resolve(&self, probe: u64) -> Vec<RawFrame> {
+        if self.kernel_map {
+            // The return address, one past the probe, as the kernel prints it.
+            let function = self
+                .symbols
+                .lookup_start(probe)
+                .map(|(start, name)| format!("{name}+{:#x}", probe + 1 - start));
+            return vec![RawFrame {
+                function,
+                ..RawFrame::default()
+            }];
+        }
         let mut frames = Vec::new();
         if let Some(context) = &self.dwarf {
             let mut lookup = context.find_frames(probe);

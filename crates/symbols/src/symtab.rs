@@ -77,6 +77,43 @@ impl SymbolTable {
         }
     }
 
+    /// Adds the code symbols of a kernel symbol map (`/proc/kallsyms` or
+    /// `System.map`: `ADDRESS TYPE NAME [MODULE]` a line). The map has no
+    /// sizes: a function runs to the next symbol.
+    pub(crate) fn add_kernel_map(&mut self, text: &str) {
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(address), Some(kind), Some(name)) =
+                (words.next(), words.next(), words.next())
+            else {
+                continue;
+            };
+            if !matches!(kind, "t" | "T") {
+                continue;
+            }
+            let Ok(start) = u64::from_str_radix(address, 16) else {
+                continue;
+            };
+            if start == 0 {
+                continue;
+            }
+            self.symbols.push(Symbol {
+                start,
+                end: u64::MAX,
+                name: name.into(),
+                sized: false,
+                rank: (0, 0, name.len()),
+            });
+        }
+    }
+
+    /// The start of the function containing `address`, with its name.
+    pub(crate) fn lookup_start(&self, address: u64) -> Option<(u64, &str)> {
+        let after = self.symbols.partition_point(|s| s.start <= address);
+        let s = self.symbols.get(after.checked_sub(1)?)?;
+        (address < s.end).then_some((s.start, &*s.name))
+    }
+
     /// Sorts the symbols and keeps the best-named alias at every address
     /// (`malloc` rather than `__libc_malloc`).
     pub(crate) fn finish(&mut self) {

@@ -63,6 +63,21 @@ pub enum AllocFn {
     // Also format version 6: C23's sized releases (glibc 2.41).
     FreeSized,
     FreeAlignedSized,
+    // Format version 14: a Linux guest kernel's allocators, recorded by
+    // `trapline vm replay`.
+    /// `kmalloc` and its variants (`__kmalloc*`, `kmalloc_large*`).
+    Kmalloc,
+    /// `kmem_cache_alloc` and its variants.
+    KmemCacheAlloc,
+    /// `kvmalloc`: kmalloc, or vmalloc when that fails.
+    Kvmalloc,
+    Krealloc,
+    /// `vmalloc` and its variants (`vzalloc`, `__vmalloc*`).
+    Vmalloc,
+    Kfree,
+    KmemCacheFree,
+    Kvfree,
+    Vfree,
 }
 
 /// Which allocator interface a block belongs to; freeing through another
@@ -75,6 +90,8 @@ pub enum Family {
     New,
     /// Array `operator new[]`, released by `operator delete[]`.
     NewArray,
+    /// A guest kernel's allocators (kmalloc, slab caches, vmalloc).
+    Kernel,
 }
 
 impl Family {
@@ -84,13 +101,14 @@ impl Family {
             Family::Malloc => "malloc",
             Family::New => "new",
             Family::NewArray => "new[]",
+            Family::Kernel => "kernel",
         }
     }
 }
 
 impl AllocFn {
     /// Every function, in format order.
-    pub const ALL: [AllocFn; 37] = [
+    pub const ALL: [AllocFn; 46] = [
         AllocFn::Malloc,
         AllocFn::Calloc,
         AllocFn::Realloc,
@@ -128,6 +146,15 @@ impl AllocFn {
         AllocFn::Dallocx,
         AllocFn::FreeSized,
         AllocFn::FreeAlignedSized,
+        AllocFn::Kmalloc,
+        AllocFn::KmemCacheAlloc,
+        AllocFn::Kvmalloc,
+        AllocFn::Krealloc,
+        AllocFn::Vmalloc,
+        AllocFn::Kfree,
+        AllocFn::KmemCacheFree,
+        AllocFn::Kvfree,
+        AllocFn::Vfree,
     ];
 
     /// Decodes the format value.
@@ -189,6 +216,15 @@ impl AllocFn {
             AllocFn::Dallocx => "dallocx",
             AllocFn::FreeSized => "free_sized",
             AllocFn::FreeAlignedSized => "free_aligned_sized",
+            AllocFn::Kmalloc => "kmalloc",
+            AllocFn::KmemCacheAlloc => "kmem_cache_alloc",
+            AllocFn::Kvmalloc => "kvmalloc",
+            AllocFn::Krealloc => "krealloc",
+            AllocFn::Vmalloc => "vmalloc",
+            AllocFn::Kfree => "kfree",
+            AllocFn::KmemCacheFree => "kmem_cache_free",
+            AllocFn::Kvfree => "kvfree",
+            AllocFn::Vfree => "vfree",
         }
     }
 
@@ -229,6 +265,8 @@ impl AllocFn {
             | DeleteArraySizedAligned
             | DeleteArrayNothrow
             | DeleteArrayAlignedNothrow => Family::NewArray,
+            Kmalloc | KmemCacheAlloc | Kvmalloc | Krealloc | Vmalloc | Kfree | KmemCacheFree
+            | Kvfree | Vfree => Family::Kernel,
             _ => Family::Malloc,
         }
     }
@@ -239,6 +277,10 @@ impl AllocFn {
         matches!(
             self,
             Free | Sdallocx
+                | Kfree
+                | KmemCacheFree
+                | Kvfree
+                | Vfree
                 | Dallocx
                 | FreeSized
                 | FreeAlignedSized

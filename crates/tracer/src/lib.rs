@@ -15,7 +15,6 @@
 #![forbid(unsafe_code)]
 
 mod elf;
-mod heap;
 pub mod launch;
 mod prologue_x86_64;
 mod remote;

@@ -9,8 +9,8 @@ use trapline_reach::maps::{merge, Mapping, Special};
 use trapline_reach::{roots, BlockIndex, Marker, PlainBuffers, Span};
 use trapline_trace::{Event, ScanStats, ScanTrigger};
 
-use crate::heap::{Block, Heap};
 use crate::remote::Memory;
+use trapline_outside::heap::{Block, Heap};
 
 /// A stopped thread as the scan needs it: where its live stack starts, its
 /// registers (roots) and its TLS base.

@@ -18,11 +18,12 @@ use trapline_trace::{
 };
 
 use crate::elf::{self, Entry, Program, Trap};
-use crate::heap::{Block, Freed, Heap};
 use crate::remote::Memory;
 use crate::scan;
 use crate::stubs::{self, Stop, Stubs};
 use crate::unwind::StackUnwinder;
+use trapline_outside::checks::mismatch;
+use trapline_outside::heap::{Block, Freed, Heap};
 
 /// What to record.
 pub struct Request {
@@ -650,7 +651,7 @@ impl Recorder {
                     stack,
                 },
             )?;
-            if let Some((kind, given)) = mismatch(func, block, regs) {
+            if let Some((kind, given)) = mismatch(func, block, regs.rsi, regs.rdx) {
                 // Released all the same, as the agent does.
                 let known = Freed {
                     block,
@@ -869,35 +870,6 @@ impl Recorder {
         }
         Ok(())
     }
-}
-
-/// How a release does not match its block, as the agent judges it: another
-/// family (`free` of a `new` block), a sized release stating another size,
-/// or C++ alignment that differs; with what the release gave for the last
-/// two. `regs` holds the release's arguments.
-fn mismatch(
-    func: AllocFn,
-    block: Block,
-    regs: &nix::libc::user_regs_struct,
-) -> Option<(ErrorKind, u64)> {
-    use trapline_trace::Family;
-    if block.func.family() != func.family() {
-        return Some((ErrorKind::MismatchedFree, 0));
-    }
-    let (size, align) = match func {
-        AllocFn::DeleteSized | AllocFn::DeleteArraySized => (Some(regs.rsi), 0),
-        AllocFn::DeleteSizedAligned | AllocFn::DeleteArraySizedAligned => {
-            (Some(regs.rsi), regs.rdx)
-        }
-        f if f.cxx_aligned() => (None, regs.rsi),
-        _ => (None, 0),
-    };
-    if let Some(size) = size.filter(|&s| s != block.size) {
-        return Some((ErrorKind::MismatchedSize, size));
-    }
-    let cxx = func.family() != Family::Malloc;
-    (cxx && func.cxx_aligned() != block.func.cxx_aligned())
-        .then_some((ErrorKind::MismatchedAlignment, align))
 }
 
 /// `PTRACE_EVENT_STOP`: a seized thread's interrupt, first or group stop.

@@ -1,0 +1,181 @@
+//! `trapline vm record` and `trapline vm replay`: whole-system record and
+//! replay of a program in a QEMU guest (crates/vm).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use trapline_vm::{RecordRequest, ReplayRequest, VmError};
+
+#[derive(clap::Args, Debug)]
+pub struct VmArgs {
+    #[command(subcommand)]
+    command: VmCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum VmCommand {
+    /// Boot a small Linux guest under QEMU with record/replay on, run
+    /// CMD in it and record everything it did (exit status: CMD's).
+    Record(RecordArgs),
+    /// Replay a recording with trapline's QEMU plugin and write a trace
+    /// that `leaks`, `stats` and the other analyses read.
+    Replay(ReplayArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RecordArgs {
+    /// The recording's directory (must not exist, or be empty).
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+    /// Also dump the guest kernel's symbols, so that a replay can trap its
+    /// allocator (kmalloc, kmem_cache_alloc, vmalloc and their frees).
+    #[arg(long)]
+    kernel_allocs: bool,
+    /// The guest kernel (default: the newest /boot/vmlinuz-*).
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// A kernel module to load in the guest before CMD runs (repeatable).
+    #[arg(long = "kernel-module", value_name = "KO")]
+    modules: Vec<PathBuf>,
+    /// Another file to carry into the guest, at the same path (repeatable).
+    #[arg(long = "file", value_name = "PATH")]
+    files: Vec<PathBuf>,
+    /// The guest's memory.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    memory: u32,
+    /// Stop the guest (and fail, exit 124) after this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::run::parse_seconds)]
+    timeout: Option<f64>,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    command: Vec<OsString>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ReplayArgs {
+    /// The recording's directory, written by `trapline vm record`.
+    recording: PathBuf,
+    /// The trace to write.
+    #[arg(short = 'o', long = "output", default_value = "trapline.trace")]
+    output: PathBuf,
+    /// Replay twice and fail unless both give the same events.
+    #[arg(long)]
+    verify: bool,
+    /// Bytes of the program's stack copied at each trapped call, from which
+    /// its call stack is unwound.
+    #[arg(long, default_value_t = 16384, value_name = "BYTES")]
+    stack_bytes: usize,
+    /// Stop the replay (and fail, exit 124) after this many seconds
+    /// (default: 30 times the recording's time, plus 2 minutes).
+    #[arg(long, value_name = "SECONDS", value_parser = crate::run::parse_seconds)]
+    timeout: Option<f64>,
+}
+
+fn fail(command: &str, e: VmError) -> ExitCode {
+    eprintln!("trapline vm {command}: {}", e.message);
+    ExitCode::from(e.exit_code)
+}
+
+pub fn main(args: VmArgs) -> ExitCode {
+    match args.command {
+        VmCommand::Record(a) => record(a),
+        VmCommand::Replay(a) => replay(a),
+    }
+}
+
+fn record(a: RecordArgs) -> ExitCode {
+    let program = match crate::run::find_command(&a.command[0]) {
+        Ok(p) => std::fs::canonicalize(&p).unwrap_or(p),
+        Err((code, msg)) => {
+            return fail(
+                "record",
+                VmError {
+                    message: msg,
+                    exit_code: code,
+                },
+            )
+        }
+    };
+    let req = RecordRequest {
+        output: a.output.clone(),
+        program,
+        argv: a
+            .command
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect(),
+        kernel: a.kernel,
+        kernel_allocs: a.kernel_allocs,
+        files: absolute(a.files),
+        modules: absolute(a.modules),
+        memory_mb: a.memory,
+        timeout: a.timeout.map(Duration::from_secs_f64),
+    };
+    match trapline_vm::record(&req) {
+        Ok(done) => {
+            print!("{}", done.output);
+            let m = &done.manifest;
+            eprintln!(
+                "==trapline== recorded {} in a guest: {:.1} s, {} bytes of replay log; exit status {}",
+                a.output.display(),
+                m.record_seconds,
+                m.replay_log_bytes,
+                m.exit_status
+            );
+            eprintln!(
+                "==trapline== next: trapline vm replay {} -o TRACE",
+                a.output.display()
+            );
+            ExitCode::from((m.exit_status & 0xff) as u8)
+        }
+        Err(e) => fail("record", e),
+    }
+}
+
+fn absolute(paths: Vec<PathBuf>) -> Vec<PathBuf> {
+    paths
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect()
+}
+
+fn replay(a: ReplayArgs) -> ExitCode {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let req = ReplayRequest {
+        recording: a.recording.clone(),
+        output: a.output.clone(),
+        plugin: trapline_vm::plugin_beside(&exe),
+        timeout: a.timeout.map(Duration::from_secs_f64),
+        verify: a.verify,
+        stack_bytes: a.stack_bytes,
+    };
+    match trapline_vm::replay(&req) {
+        Ok(done) => {
+            let c = &done.converted;
+            let times: Vec<String> = done
+                .replay_seconds
+                .iter()
+                .map(|s| format!("{s:.1} s"))
+                .collect();
+            eprintln!(
+                "==trapline== replayed {} ({}{}): {} allocations, {} releases, {} errors; kernel: {} allocations, {} releases; {} blocks ({} bytes) live at the end; {} guest instructions",
+                a.recording.display(),
+                times.join(", "),
+                if a.verify { ", both replays identical" } else { "" },
+                c.allocations,
+                c.releases,
+                c.errors,
+                c.kernel_allocations,
+                c.kernel_releases,
+                c.live_blocks,
+                c.live_bytes,
+                c.guest_instructions
+            );
+            eprintln!("==trapline== trace: {}", a.output.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail("replay", e),
+    }
+}

@@ -1,0 +1,679 @@
+//! The plugin's raw log, turned into the trace the agent writes: calls
+//! nested in another trapped call on the same stack are the allocator's
+//! own business and dropped, allocations are judged at their return and
+//! releases at their call (before the block can be reused), user stacks
+//! are unwound with framehop over the copied stack bytes, and the guest
+//! instruction count is the trace's clock.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
+use trapline_outside::checks::mismatch;
+use trapline_outside::heap::{Block, Freed, Heap};
+use trapline_outside::traps::Trap;
+use trapline_trace::event::segment_flags;
+use trapline_trace::{
+    AllocFn, ChunkWriter, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo,
+    Segment, SnapshotKind,
+};
+
+use crate::plan::{self, KernelCall, Layout, Meaning, SizeFrom};
+use crate::raw::{self, Enter, Record, Stack};
+use crate::recording::Manifest;
+use crate::VmError;
+
+/// As many frames as the agent keeps.
+const MAX_FRAMES: usize = 64;
+/// x86-64 kernel stacks: 16 KiB, aligned to their size.
+const KERNEL_STACK: u64 = 16 << 10;
+/// `ZERO_SIZE_PTR`: what kmalloc(0) returns; no block.
+const ZERO_SIZE_PTR: u64 = 16;
+
+pub struct Input<'a> {
+    pub raw: &'a [u8],
+    pub layout: &'a Layout,
+    pub plan: &'a plan::Plan,
+    pub manifest: &'a Manifest,
+    pub kernel_map: Option<&'a Path>,
+    pub output: &'a Path,
+}
+
+/// What the conversion counted.
+#[derive(Default, Debug)]
+pub struct Converted {
+    pub allocations: u64,
+    pub releases: u64,
+    pub errors: u64,
+    pub kernel_allocations: u64,
+    pub kernel_releases: u64,
+    /// Calls made inside another trapped call: the allocator's own.
+    pub nested: u64,
+    /// Calls of other processes (a forked child's): not this trace's.
+    pub other_processes: u64,
+    /// Releases of blocks allocated before the trace began (the kernel's)
+    /// or by the allocator itself (glibc's thread cache).
+    pub untracked: u64,
+    /// Calls whose return was never seen (a longjmp, a thread killed).
+    pub abandoned: u64,
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+    pub guest_instructions: u64,
+    pub events: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Context {
+    /// A user thread: its address space and thread pointer.
+    User(u64, u64),
+    /// A kernel stack.
+    Kernel(u64),
+}
+
+struct Active {
+    enter: Enter,
+    nested: bool,
+    stack: u32,
+}
+
+struct Converter<'a> {
+    input: &'a Input<'a>,
+    out: ChunkWriter<File>,
+    heap: Heap,
+    active: HashMap<Context, Vec<Active>>,
+    call_context: HashMap<u64, Context>,
+    traced_space: Option<u64>,
+    threads: HashMap<u64, u32>,
+    unwinder: UnwinderX86_64<Vec<u8>>,
+    cache: CacheX86_64,
+    symbolizer: trapline_symbols::Symbolizer,
+    last_time: u64,
+    counts: Converted,
+}
+
+fn space_of(cr3: u64) -> u64 {
+    cr3 & 0x000f_ffff_ffff_e000
+}
+
+fn write_error(e: std::io::Error) -> VmError {
+    VmError::usage(format!("cannot write the trace: {e}"))
+}
+
+pub fn convert(input: &Input) -> Result<Converted, VmError> {
+    let file = File::create(input.output)
+        .map_err(|e| VmError::usage(format!("{}: {e}", input.output.display())))?;
+    let out = ChunkWriter::new(file).map_err(write_error)?;
+    let mut unwinder = UnwinderX86_64::new();
+    for (i, m) in input.layout.modules.iter().enumerate() {
+        let sections = plan::unwind_sections(m);
+        let Some((eh_at, eh)) = sections.eh_frame else {
+            continue;
+        };
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: sections.text.map(|(a, b)| a..b),
+            eh_frame_svma: Some(eh_at..eh_at + eh.len() as u64),
+            eh_frame: Some(eh),
+            eh_frame_hdr_svma: sections
+                .eh_frame_hdr
+                .as_ref()
+                .map(|(at, h)| *at..*at + h.len() as u64),
+            eh_frame_hdr: sections.eh_frame_hdr.map(|(_, h)| h),
+            ..Default::default()
+        };
+        let (start, end) = m.span();
+        unwinder.add_module(Module::new(format!("module{i}"), start..end, m.bias, info));
+    }
+    let mut c = Converter {
+        input,
+        out,
+        heap: Heap::default(),
+        active: HashMap::new(),
+        call_context: HashMap::new(),
+        traced_space: None,
+        threads: HashMap::new(),
+        unwinder,
+        cache: CacheX86_64::new(),
+        symbolizer: trapline_symbols::Symbolizer::new(),
+        last_time: 0,
+        counts: Converted::default(),
+    };
+    c.header()?;
+    let mut end_icount = 0;
+    for record in raw::Reader::new(input.raw)? {
+        match record? {
+            Record::Enter(e) => c.enter(e)?,
+            Record::Return {
+                call,
+                icount,
+                rax,
+                through,
+            } => c.returned(call, icount, rax, through)?,
+            Record::End {
+                icount, abandoned, ..
+            } => {
+                end_icount = icount;
+                c.counts.abandoned = abandoned;
+            }
+        }
+    }
+    c.finish(end_icount)
+}
+
+impl Converter<'_> {
+    fn main_tid(&self) -> u32 {
+        self.input.manifest.pid
+    }
+
+    fn header(&mut self) -> Result<(), VmError> {
+        let m = self.input.manifest;
+        let mut events = vec![Event::Process(ProcessInfo {
+            pid: m.pid,
+            ppid: 1,
+            start_unix_ns: 0,
+            exe: m.program.display().to_string(),
+            argv: m.argv.clone(),
+        })];
+        for (i, module) in self.input.layout.modules.iter().enumerate() {
+            let info = ModuleInfo {
+                id: i as u32 + 1,
+                path: module.path.display().to_string(),
+                build_id: module.build_id.clone(),
+                bias: module.bias,
+                segments: module.segments.clone(),
+            };
+            self.symbolizer.add_module(&info);
+            events.push(Event::ModuleLoad(info));
+        }
+        if let Some(map) = self.input.kernel_map {
+            let path = std::fs::canonicalize(map).unwrap_or(map.to_path_buf());
+            events.push(Event::ModuleLoad(ModuleInfo {
+                id: self.input.layout.modules.len() as u32 + 1,
+                path: path.display().to_string(),
+                build_id: Vec::new(),
+                bias: 0,
+                segments: vec![Segment {
+                    start: 0xffff_8000_0000_0000,
+                    end: u64::MAX,
+                    flags: segment_flags::READ | segment_flags::EXEC,
+                }],
+            }));
+        }
+        for ev in &events {
+            self.out.push(0, ev).map_err(write_error)?;
+        }
+        Ok(())
+    }
+
+    /// Trace time: the guest instruction count, strictly increasing.
+    fn time(&mut self, icount: u64) -> u64 {
+        let t = icount.max(self.last_time + 1);
+        self.last_time = t;
+        t
+    }
+
+    fn emit(&mut self, tid: u32, ev: &Event) -> Result<(), VmError> {
+        self.out.push(tid, ev).map_err(write_error)
+    }
+
+    /// The trace's thread of a user thread pointer: the main thread has
+    /// the process id, others follow in order of first appearance.
+    fn thread(&mut self, fs_base: u64) -> u32 {
+        let next = self.main_tid() + self.threads.len() as u32;
+        *self.threads.entry(fs_base).or_insert(next)
+    }
+
+    fn context_of(e: &Enter) -> Context {
+        if e.rsp >> 63 == 1 {
+            Context::Kernel(e.rsp / KERNEL_STACK)
+        } else {
+            Context::User(space_of(e.cr3), e.fs_base)
+        }
+    }
+
+    fn enter(&mut self, e: Enter) -> Result<(), VmError> {
+        let ctx = Self::context_of(&e);
+        if let Context::User(space, _) = ctx {
+            let traced = *self.traced_space.get_or_insert(space);
+            if traced != space {
+                self.counts.other_processes += 1;
+                return Ok(());
+            }
+        }
+        let meaning = self.input.plan.traps.get(e.trap as usize).map(|t| t.1);
+        let Some(meaning) = meaning else {
+            return Err(VmError::damaged(format!(
+                "the raw log names trap {}, which the plan lacks",
+                e.trap
+            )));
+        };
+        let calls = self.active.entry(ctx).or_default();
+        let nested = !calls.is_empty();
+        let call = e.call;
+        let tid = self.tid_of(&e);
+        let mut stack = 0;
+        if nested {
+            self.counts.nested += 1;
+        } else {
+            stack = self.stack(tid, &e)?;
+            match meaning {
+                Meaning::User(Trap::Release(func) | Trap::Delete(func)) => {
+                    self.user_release(tid, func, &e, stack)?
+                }
+                Meaning::Kernel(KernelCall::Release(func, arg)) => {
+                    self.kernel_release(tid, func, e.args[arg], e.icount, stack)?
+                }
+                _ => {}
+            }
+        }
+        self.call_context.insert(call, ctx);
+        self.active.entry(ctx).or_default().push(Active {
+            enter: e,
+            nested,
+            stack,
+        });
+        Ok(())
+    }
+
+    fn tid_of(&mut self, e: &Enter) -> u32 {
+        if self.traced_space == Some(space_of(e.cr3)) {
+            self.thread(e.fs_base)
+        } else {
+            self.main_tid()
+        }
+    }
+
+    fn returned(&mut self, call: u64, icount: u64, rax: u64, through: u64) -> Result<(), VmError> {
+        let Some(ctx) = self.call_context.remove(&call) else {
+            return Ok(());
+        };
+        let calls = self.active.entry(ctx).or_default();
+        let Some(i) = calls.iter().position(|a| a.enter.call == call) else {
+            return Ok(());
+        };
+        // Calls entered after this one on its stack never returned.
+        for gone in calls.drain(i + 1..) {
+            self.call_context.remove(&gone.enter.call);
+        }
+        let active = calls.remove(i);
+        if active.nested {
+            return Ok(());
+        }
+        let meaning = self.input.plan.traps[active.enter.trap as usize].1;
+        let tid = self.tid_of(&active.enter);
+        match meaning {
+            Meaning::User(Trap::Allocation(func)) => {
+                self.user_allocation(tid, func, &active, icount, rax, through)
+            }
+            Meaning::Kernel(KernelCall::Allocate(func, size_from)) => {
+                let size = match size_from {
+                    SizeFrom::Arg(n) => active.enter.args[n],
+                    SizeFrom::Peeked => active.enter.peeked & 0xffff_ffff,
+                };
+                self.kernel_allocation(tid, func, 0, size, rax, icount, active.stack)
+            }
+            Meaning::Kernel(KernelCall::Reallocate) => {
+                let (old, size) = (active.enter.args[0], active.enter.args[1]);
+                self.kernel_allocation(tid, AllocFn::Krealloc, old, size, rax, icount, active.stack)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The stack of a call at its entry: unwound from the copied stack,
+    /// or the return addresses found on a kernel stack.
+    fn stack(&mut self, tid: u32, e: &Enter) -> Result<u32, VmError> {
+        let frames = match &e.stack {
+            Stack::None => return Ok(0),
+            Stack::Scanned(found) => found.clone(),
+            Stack::Raw(bytes) => self.unwind(e.rsp, e.rbp, bytes),
+        };
+        if frames.is_empty() {
+            return Ok(0);
+        }
+        let (id, new) = self.heap.intern(frames);
+        if let Some(frames) = new {
+            self.emit(tid, &Event::StackDef { id, frames })?;
+        }
+        Ok(id)
+    }
+
+    fn unwind(&mut self, rsp: u64, rbp: u64, bytes: &[u8]) -> Vec<u64> {
+        let word = |addr: u64| -> Result<u64, ()> {
+            let off = addr.checked_sub(rsp).ok_or(())? as usize;
+            let b = bytes.get(off..off + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+        };
+        let Ok(ra) = word(rsp) else {
+            return Vec::new();
+        };
+        let mut frames = vec![ra];
+        let mut regs = UnwindRegsX86_64::new(ra, rsp + 8, rbp);
+        let mut read = word;
+        let mut at = ra;
+        while frames.len() < MAX_FRAMES {
+            let Some(address) = FrameAddress::from_return_address(at) else {
+                break;
+            };
+            match self
+                .unwinder
+                .unwind_frame(address, &mut regs, &mut self.cache, &mut read)
+            {
+                Ok(Some(next)) if next != 0 => {
+                    frames.push(next);
+                    at = next;
+                }
+                _ => break,
+            }
+        }
+        frames
+    }
+
+    fn user_allocation(
+        &mut self,
+        tid: u32,
+        func: AllocFn,
+        active: &Active,
+        icount: u64,
+        rax: u64,
+        through: u64,
+    ) -> Result<(), VmError> {
+        let [arg0, arg1, arg2, ..] = active.enter.args;
+        let (size, align) = match func {
+            AllocFn::Calloc => (arg0.saturating_mul(arg1), 0),
+            AllocFn::Realloc => (arg1, 0),
+            AllocFn::ReallocArray => (arg1.saturating_mul(arg2), 0),
+            AllocFn::PosixMemalign => (arg2, arg1),
+            AllocFn::AlignedAlloc | AllocFn::Memalign => (arg1, arg0),
+            f if f.cxx_aligned() => (arg0, arg1),
+            _ => (arg0, 0),
+        };
+        let addr = match func {
+            AllocFn::PosixMemalign if rax as i32 == 0 => through,
+            AllocFn::PosixMemalign => 0,
+            _ => rax,
+        };
+        let stack = active.stack;
+        let time = self.time(icount);
+        let resize = matches!(func, AllocFn::Realloc | AllocFn::ReallocArray);
+        if addr == 0 && size > 0 {
+            return self.emit(
+                tid,
+                &Event::AllocFailed {
+                    time,
+                    func,
+                    size,
+                    align,
+                    stack,
+                },
+            );
+        }
+        let old = if resize { arg0 } else { 0 };
+        if old != 0 && self.heap.released(old, stack).is_none() {
+            // A realloc of no live block: glibc has already judged it (and
+            // aborts on a bad one); report it as the agent does.
+            let freed = self.heap.freed_lately(old);
+            self.report(
+                tid,
+                time,
+                ErrorKind::InvalidRealloc,
+                func,
+                old,
+                stack,
+                freed,
+                true,
+                0,
+            )?;
+            return Ok(());
+        }
+        self.counts.allocations += 1;
+        if addr != 0 {
+            self.heap.allocated(addr, Block { size, func, stack });
+        } else if old == 0 {
+            return Ok(());
+        }
+        let ev = if resize {
+            Event::Realloc {
+                time,
+                old_addr: old,
+                new_addr: addr,
+                size: if addr == 0 { 0 } else { size },
+                func,
+                stack,
+            }
+        } else {
+            Event::Alloc {
+                time,
+                addr,
+                size,
+                align,
+                func,
+                stack,
+            }
+        };
+        self.emit(tid, &ev)
+    }
+
+    fn user_release(
+        &mut self,
+        tid: u32,
+        func: AllocFn,
+        e: &Enter,
+        stack: u32,
+    ) -> Result<(), VmError> {
+        let addr = e.args[0];
+        if addr == 0 {
+            return Ok(());
+        }
+        let time = self.time(e.icount);
+        if let Some(block) = self.heap.released(addr, stack) {
+            self.counts.releases += 1;
+            self.emit(
+                tid,
+                &Event::Free {
+                    time,
+                    addr,
+                    func,
+                    stack,
+                },
+            )?;
+            if let Some((kind, given)) = mismatch(func, block, e.args[1], e.args[2]) {
+                let known = Freed {
+                    block,
+                    free_stack: 0,
+                };
+                self.report(tid, time, kind, func, addr, stack, Some(known), true, given)?;
+            }
+            return Ok(());
+        }
+        let freed = self.heap.freed_lately(addr);
+        let kind = match freed {
+            Some(_) => ErrorKind::DoubleFree,
+            None if self.by_allocator_teardown(e) => {
+                // glibc's thread cache, allocated without malloc and
+                // released with free when its thread ends.
+                self.counts.untracked += 1;
+                return Ok(());
+            }
+            None => ErrorKind::InvalidFree,
+        };
+        // The guest's C library got the call (and judged it itself).
+        self.report(tid, time, kind, func, addr, stack, freed, true, 0)
+    }
+
+    /// Whether a release was called by the C library's own teardown.
+    fn by_allocator_teardown(&mut self, e: &Enter) -> bool {
+        let Stack::Raw(bytes) = &e.stack else {
+            return false;
+        };
+        let Some(ra) = bytes
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        else {
+            return false;
+        };
+        self.symbolizer.symbolize(ra).iter().any(|f| {
+            f.function
+                .as_deref()
+                .is_some_and(|n| n.starts_with("tcache_") || n.contains("freeres"))
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &mut self,
+        tid: u32,
+        time: u64,
+        kind: ErrorKind,
+        func: AllocFn,
+        addr: u64,
+        stack: u32,
+        known: Option<Freed>,
+        passed_on: bool,
+        given: u64,
+    ) -> Result<(), VmError> {
+        self.counts.errors += 1;
+        let ev = Event::Error {
+            time,
+            kind,
+            func,
+            addr,
+            stack,
+            alloc_func: known.map(|f| f.block.func),
+            alloc_size: known.map_or(0, |f| f.block.size),
+            alloc_stack: known.map_or(0, |f| f.block.stack),
+            free_stack: known.map_or(0, |f| f.free_stack),
+            passed_on,
+            given,
+        };
+        self.emit(tid, &ev)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn kernel_allocation(
+        &mut self,
+        tid: u32,
+        func: AllocFn,
+        old: u64,
+        size: u64,
+        addr: u64,
+        icount: u64,
+        stack: u32,
+    ) -> Result<(), VmError> {
+        let block = |a: u64| a > ZERO_SIZE_PTR && a >> 63 == 1;
+        if !block(addr) && !block(old) {
+            return Ok(());
+        }
+        let time = self.time(icount);
+        let old_known = block(old) && self.heap.released(old, stack).is_some();
+        if block(addr) {
+            self.heap.allocated(addr, Block { size, func, stack });
+        }
+        self.counts.kernel_allocations += 1;
+        let ev = if old_known {
+            Event::Realloc {
+                time,
+                old_addr: old,
+                new_addr: if block(addr) { addr } else { 0 },
+                size: if block(addr) { size } else { 0 },
+                func,
+                stack,
+            }
+        } else if block(addr) {
+            Event::Alloc {
+                time,
+                addr,
+                size,
+                align: 0,
+                func,
+                stack,
+            }
+        } else {
+            return Ok(());
+        };
+        self.emit(tid, &ev)
+    }
+
+    fn kernel_release(
+        &mut self,
+        tid: u32,
+        func: AllocFn,
+        addr: u64,
+        icount: u64,
+        stack: u32,
+    ) -> Result<(), VmError> {
+        if addr <= ZERO_SIZE_PTR {
+            return Ok(());
+        }
+        if self.heap.released(addr, stack).is_none() {
+            // Allocated before the traced process started, or by another.
+            self.counts.untracked += 1;
+            return Ok(());
+        }
+        self.counts.kernel_releases += 1;
+        let time = self.time(icount);
+        self.emit(
+            tid,
+            &Event::Free {
+                time,
+                addr,
+                func,
+                stack,
+            },
+        )
+    }
+
+    fn finish(mut self, end_icount: u64) -> Result<Converted, VmError> {
+        let tid = self.main_tid();
+        let time = self.time(end_icount);
+        self.emit(
+            tid,
+            &Event::SnapshotBegin {
+                time,
+                kind: SnapshotKind::Exit,
+            },
+        )?;
+        let mut live: Vec<(u64, Block)> = self.heap.live.iter().map(|(a, b)| (*a, *b)).collect();
+        live.sort_unstable_by_key(|(a, _)| *a);
+        let bytes: u64 = live.iter().map(|(_, b)| b.size).sum();
+        let blocks = live.len() as u64;
+        for (addr, b) in live {
+            let ev = Event::LiveBlock {
+                addr,
+                size: b.size,
+                func: b.func,
+                stack: b.stack,
+            };
+            self.emit(tid, &ev)?;
+        }
+        self.emit(tid, &Event::SnapshotEnd { blocks, bytes })?;
+        let status = self.input.manifest.exit_status;
+        let exit = if status > 128 {
+            ExitKind::Signal(status - 128)
+        } else {
+            ExitKind::Code(status)
+        };
+        let counters = EndCounters {
+            events: self.out.written + 1,
+            events_lost: 0,
+            untracked_calls: self.counts.untracked,
+        };
+        let time = self.time(end_icount);
+        self.emit(
+            tid,
+            &Event::End {
+                time,
+                exit,
+                counters,
+            },
+        )?;
+        self.counts.live_blocks = blocks;
+        self.counts.live_bytes = bytes;
+        self.counts.guest_instructions = end_icount;
+        self.counts.events = self.out.written;
+        self.out.finish().map_err(write_error)?;
+        Ok(self.counts)
+    }
+}

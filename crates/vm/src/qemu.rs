@@ -1,0 +1,154 @@
+//! Running `qemu-system-x86_64`: the machine both the recording and its
+//! replays use, and a wait that stops QEMU at a deadline.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::VmError;
+
+/// The QEMU binary: `$TRAPLINE_QEMU`, else `qemu-system-x86_64` on PATH.
+pub fn binary() -> Result<PathBuf, VmError> {
+    if let Some(p) = std::env::var_os("TRAPLINE_QEMU") {
+        return Ok(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join("qemu-system-x86_64");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(VmError::cannot_run(
+        "qemu-system-x86_64 is not installed (Debian: apt-get install -t bookworm-backports qemu-system-x86; QEMU 9.2 or later, for its plugin API)".into(),
+    ))
+}
+
+/// QEMU's version line, checked to be 9.2 or later (the plugin reads guest
+/// memory with `qemu_plugin_read_memory_vaddr`, new in 9.2).
+pub fn version(qemu: &Path) -> Result<String, VmError> {
+    let out = Command::new(qemu)
+        .arg("--version")
+        .output()
+        .map_err(|e| VmError::cannot_run(format!("{}: {e}", qemu.display())))?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text.lines().next().unwrap_or("").to_string();
+    let number = line
+        .split_whitespace()
+        .skip_while(|w| *w != "version")
+        .nth(1)
+        .unwrap_or("");
+    let mut parts = number.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if !out.status.success() || (major, minor) < (9, 2) {
+        return Err(VmError::cannot_run(format!(
+            "{} is not QEMU 9.2 or later ({}): its plugin API cannot read guest memory",
+            qemu.display(),
+            if line.is_empty() {
+                "no version".into()
+            } else {
+                line.clone()
+            }
+        )));
+    }
+    Ok(line)
+}
+
+/// The machine, the same for the recording and every replay: one vCPU, no
+/// default devices (no network, no disk), the kernel and initramfs given,
+/// serial ports writing to files, and the guest instruction counter as the
+/// clock (`-icount`), which record/replay needs.
+pub struct Machine<'a> {
+    pub kernel: &'a Path,
+    pub initramfs: &'a Path,
+    pub memory_mb: u32,
+    pub console: &'a Path,
+    pub symbols: Option<&'a Path>,
+}
+
+/// The kernel command line: no address randomization of the kernel (the
+/// replay traps it at the addresses of the symbol table dumped in the
+/// recording), only emergencies on the console, and a panic ends the guest.
+pub const KERNEL_ARGS: &str = "console=ttyS0 loglevel=1 nokaslr panic=-1 rdinit=/init";
+
+pub fn command(qemu: &Path, machine: &Machine, rr: &str, log: &Path) -> Command {
+    let mut c = Command::new(qemu);
+    c.args([
+        "-nodefaults",
+        "-no-user-config",
+        "-machine",
+        "pc",
+        "-accel",
+        "tcg",
+    ])
+    .args(["-smp", "1", "-m", &machine.memory_mb.to_string()])
+    .args(["-display", "none", "-monitor", "none", "-no-reboot"])
+    .arg("-kernel")
+    .arg(machine.kernel)
+    .arg("-initrd")
+    .arg(machine.initramfs)
+    .args(["-append", KERNEL_ARGS])
+    .arg("-serial")
+    .arg(format!("file:{}", machine.console.display()));
+    if let Some(symbols) = machine.symbols {
+        c.arg("-serial").arg(format!("file:{}", symbols.display()));
+    }
+    c.arg("-icount")
+        .arg(format!("shift=auto,rr={rr},rrfile={}", log.display()));
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// How QEMU ended.
+pub struct Finished {
+    pub status: Option<ExitStatus>,
+    pub timed_out: bool,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// Waits for QEMU; past `timeout`, kills it, so nothing is left running.
+pub fn wait(mut child: Child, timeout: Option<Duration>, started: Instant) -> Finished {
+    let stderr_pipe = child.stderr.take();
+    let stdout_pipe = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut s = String::new();
+        if let Some(mut p) = stderr_pipe {
+            let _ = p.read_to_string(&mut s);
+        }
+        s
+    });
+    let out_reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut s = String::new();
+        if let Some(mut p) = stdout_pipe {
+            let _ = p.read_to_string(&mut s);
+        }
+        s
+    });
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) => {}
+            Err(_) => break None,
+        }
+        if timeout.is_some_and(|t| started.elapsed() >= t) {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = reader.join().unwrap_or_default();
+    stderr.push_str(&out_reader.join().unwrap_or_default());
+    Finished {
+        status,
+        timed_out,
+        stderr,
+        elapsed: started.elapsed(),
+    }
+}

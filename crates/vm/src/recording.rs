@@ -1,0 +1,103 @@
+//! A recording's directory: QEMU's record/replay log, the initramfs and
+//! kernel it booted, the guest's console, the kernel's symbols, and a
+//! manifest that ties them together.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::VmError;
+
+pub const MANIFEST: &str = "manifest.json";
+pub const REPLAY_LOG: &str = "replay.bin";
+pub const INITRAMFS: &str = "initramfs.cpio";
+pub const CONSOLE: &str = "console.log";
+pub const KERNEL_SYMBOLS: &str = "kernel.kallsyms";
+
+/// Bump when the manifest or the guest's protocol changes.
+pub const MANIFEST_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Manifest {
+    pub version: u32,
+    pub qemu: String,
+    pub kernel: PathBuf,
+    pub memory_mb: u32,
+    pub program: PathBuf,
+    pub argv: Vec<String>,
+    pub kernel_allocs: bool,
+    /// Prefix of the marker lines `/init` prints.
+    pub marker: String,
+    pub exit_status: i32,
+    /// The command's process id in the guest.
+    pub pid: u32,
+    pub record_seconds: f64,
+    pub replay_log_bytes: u64,
+    pub replay_log_crc32: u32,
+    pub initramfs_crc32: u32,
+    pub console_crc32: u32,
+}
+
+pub fn crc_of(path: &Path) -> Result<(u64, u32), VmError> {
+    let data =
+        std::fs::read(path).map_err(|e| VmError::damaged(format!("{}: {e}", path.display())))?;
+    Ok((data.len() as u64, crc32fast::hash(&data)))
+}
+
+/// A recording directory, checked whole before a replay.
+pub struct Recording {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+}
+
+impl Recording {
+    pub fn open(dir: &Path) -> Result<Recording, VmError> {
+        let path = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            VmError::damaged(format!(
+                "{}: not a complete recording ({}: {e})",
+                dir.display(),
+                path.display()
+            ))
+        })?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| VmError::damaged(format!("{}: {e}", path.display())))?;
+        if manifest.version != MANIFEST_VERSION {
+            return Err(VmError::damaged(format!(
+                "{}: recording format {}, this trapline reads {MANIFEST_VERSION}",
+                path.display(),
+                manifest.version
+            )));
+        }
+        let rec = Recording {
+            dir: dir.to_path_buf(),
+            manifest,
+        };
+        let (size, crc) = crc_of(&rec.path(REPLAY_LOG))?;
+        if (size, crc) != (rec.manifest.replay_log_bytes, rec.manifest.replay_log_crc32) {
+            return Err(VmError::damaged(format!(
+                "{}: damaged: {size} bytes with checksum {crc:08x}, recorded {} bytes with {:08x}",
+                rec.path(REPLAY_LOG).display(),
+                rec.manifest.replay_log_bytes,
+                rec.manifest.replay_log_crc32
+            )));
+        }
+        for (name, want) in [
+            (INITRAMFS, rec.manifest.initramfs_crc32),
+            (CONSOLE, rec.manifest.console_crc32),
+        ] {
+            let (_, crc) = crc_of(&rec.path(name))?;
+            if crc != want {
+                return Err(VmError::damaged(format!(
+                    "{}: damaged: its checksum changed since the recording",
+                    rec.path(name).display()
+                )));
+            }
+        }
+        Ok(rec)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
