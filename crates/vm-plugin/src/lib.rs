@@ -18,7 +18,9 @@
 //!   the stack, as the kernel's own stack dump finds them) or `none`; RET
 //!   is `ret` (also report the return) or `noret`; WHO is `any` or
 //!   `process` (only in the traced process's address space: the one that
-//!   first hits a `user` trap); PEEK is `-` or an offset: read the word
+//!   first hits a `user` trap, until it hits an `end` trap) or `end` (the
+//!   traced process's end: its address space is torn down, and may be
+//!   reused by others); PEEK is `-` or an offset: read the word
 //!   at the first argument plus it at the call (a field of a structure
 //!   passed); OUT is `out` to read the word the first argument points to
 //!   at the return (a result passed back through a pointer), else `-`;
@@ -151,6 +153,7 @@ struct Trap {
     process_only: bool,
     peek: Option<u64>,
     out: bool,
+    ends: bool,
 }
 
 #[derive(Default)]
@@ -191,6 +194,8 @@ struct State {
     registers: Option<[*mut c_void; 12]>,
     scratch: *mut GArray,
     traced_space: Option<u64>,
+    /// The traced process has ended: `process` traps fire no more.
+    ended: bool,
     pending: Vec<Pending>,
     calls: u64,
     returns: u64,
@@ -272,6 +277,7 @@ fn parse_plan(text: &str) -> Result<Plan, String> {
                         p => Some(hex(p)?),
                     },
                     out: *out == "out",
+                    ends: *who == "end",
                 };
                 plan.traps.insert(hex(addr)?, trap);
             }
@@ -393,8 +399,8 @@ impl State {
     }
 
     /// The words on a kernel stack that point into kernel code just after
-    /// a call instruction.
-    fn scanned_stack(&mut self, plan: &Plan, rsp: u64, limit: usize) -> Vec<u64> {
+    /// a call instruction, each with the call's target when it is direct.
+    fn scanned_stack(&mut self, plan: &Plan, rsp: u64, limit: usize) -> Vec<(u64, u64)> {
         let top = (rsp | (KERNEL_STACK - 1)) + 1;
         let len = ((top - rsp) as usize).min(limit);
         let bytes = self.raw_stack(rsp, len);
@@ -406,7 +412,13 @@ impl State {
             }
             let mut before = [0u8; 8];
             if self.read_memory(w - 8, &mut before) && follows_call(&before) {
-                found.push(w);
+                let target = if before[3] == 0xe8 {
+                    let rel = i32::from_le_bytes(before[4..8].try_into().expect("4 bytes"));
+                    w.wrapping_add(rel as i64 as u64)
+                } else {
+                    0
+                };
+                found.push((w, target));
                 if found.len() == MAX_SCANNED {
                     break;
                 }
@@ -428,8 +440,11 @@ impl State {
         if !trap.kernel && self.traced_space.is_none() {
             self.traced_space = Some(space);
         }
-        if trap.process_only && self.traced_space != Some(space) {
+        if (trap.process_only || trap.ends) && (self.ended || self.traced_space != Some(space)) {
             return;
+        }
+        if trap.ends {
+            self.ended = true;
         }
         let rsp = regs[RSP];
         let return_address = if trap.wants_return {
@@ -471,9 +486,10 @@ impl State {
             StackCopy::Scan => {
                 let found = self.scanned_stack(plan, rsp, plan.stack_bytes);
                 record.push(2);
-                record.extend_from_slice(&((found.len() * 8) as u32).to_le_bytes());
-                for w in found {
+                record.extend_from_slice(&((found.len() * 16) as u32).to_le_bytes());
+                for (w, target) in found {
                     record.extend_from_slice(&w.to_le_bytes());
+                    record.extend_from_slice(&target.to_le_bytes());
                 }
             }
         }
@@ -505,17 +521,12 @@ impl State {
             };
             self.read_register(handles[RSP])
         };
-        let Some(i) = self.pending.iter().rposition(|p| p.rsp == rsp) else {
+        if !self.pending.iter().any(|p| p.rsp == rsp) {
             return;
-        };
+        }
         let regs = self.registers();
         let space = cr3_space(regs[CR3]);
         let kernel = rsp >> 63 == 1;
-        let (call, expected, out) = (
-            self.pending[i].call,
-            self.pending[i].return_address,
-            self.pending[i].out,
-        );
         let same_stack = |q: &Pending| {
             if kernel {
                 q.rsp >> 63 == 1 && q.rsp / KERNEL_STACK == rsp / KERNEL_STACK
@@ -523,24 +534,42 @@ impl State {
                 q.rsp >> 63 == 0 && q.space == space && q.thread == regs[FS_BASE]
             }
         };
-        if !same_stack(&self.pending[i]) || self.word(rsp) != Some(expected) {
+        let Some(i) = self
+            .pending
+            .iter()
+            .rposition(|p| p.rsp == rsp && same_stack(p))
+        else {
+            return;
+        };
+        let expected = self.pending[i].return_address;
+        if self.word(rsp) != Some(expected) {
             return;
         }
+        // Every call that returns here: a call that jumped to another
+        // (a tail call: kvfree to kfree) returns with it, at its `ret`.
+        let returning: Vec<(u64, Option<u64>)> = self
+            .pending
+            .iter()
+            .rev()
+            .filter(|q| q.rsp == rsp && q.return_address == expected && same_stack(q))
+            .map(|q| (q.call, q.out))
+            .collect();
         // Calls deeper on this stack that never returned (a longjmp, an
         // exception) are given up.
         let before = self.pending.len();
-        self.pending
-            .retain(|q| q.call != call && !(q.rsp < rsp && same_stack(q)));
-        self.abandoned += (before - self.pending.len() - 1) as u64;
-        self.returns += 1;
-        let mut record = Vec::with_capacity(33);
-        record.push(2u8);
-        record.extend_from_slice(&call.to_le_bytes());
-        record.extend_from_slice(&icount.to_le_bytes());
-        record.extend_from_slice(&regs[RAX].to_le_bytes());
-        let through = out.and_then(|p| self.word(p)).unwrap_or(0);
-        record.extend_from_slice(&through.to_le_bytes());
-        self.write(&record);
+        self.pending.retain(|q| !(q.rsp <= rsp && same_stack(q)));
+        self.abandoned += (before - self.pending.len() - returning.len()) as u64;
+        for (call, out) in returning {
+            self.returns += 1;
+            let mut record = Vec::with_capacity(33);
+            record.push(2u8);
+            record.extend_from_slice(&call.to_le_bytes());
+            record.extend_from_slice(&icount.to_le_bytes());
+            record.extend_from_slice(&regs[RAX].to_le_bytes());
+            let through = out.and_then(|p| self.word(p)).unwrap_or(0);
+            record.extend_from_slice(&through.to_le_bytes());
+            self.write(&record);
+        }
         // SAFETY: as in enter.
         unsafe { *score_ptr(vcpu, 8) = self.pending.len() as u64 }
     }
@@ -741,6 +770,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
             registers: None,
             scratch,
             traced_space: None,
+            ended: false,
             pending: Vec::new(),
             calls: 0,
             returns: 0,

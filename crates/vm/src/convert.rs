@@ -38,7 +38,67 @@ pub struct Input<'a> {
     pub plan: &'a plan::Plan,
     pub manifest: &'a Manifest,
     pub kernel_map: Option<&'a Path>,
+    /// The guest kernel's code symbols (`/proc/kallsyms` lines).
+    pub kernel_symbols: Option<&'a str>,
     pub output: &'a Path,
+}
+
+/// The guest kernel's functions, by start address.
+#[derive(Default)]
+struct KernelFunctions {
+    starts: Vec<(u64, String)>,
+}
+
+impl KernelFunctions {
+    fn new(text: &str) -> KernelFunctions {
+        let mut starts: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                let (a, kind, name) = (w.next()?, w.next()?, w.next()?);
+                if !matches!(kind, "t" | "T") {
+                    return None;
+                }
+                Some((u64::from_str_radix(a, 16).ok()?, name.to_string()))
+            })
+            .collect();
+        starts.sort();
+        KernelFunctions { starts }
+    }
+
+    fn containing(&self, addr: u64) -> Option<&(u64, String)> {
+        let i = self.starts.partition_point(|(s, _)| *s <= addr);
+        self.starts.get(i.checked_sub(1)?)
+    }
+
+    /// The frames of a kernel stack from the return addresses found on
+    /// it: the first is the trapped call's own; a later one is kept when
+    /// its call (if direct) went to the function holding the frame inside
+    /// it, which drops most stale words a scan finds.
+    fn frames(&self, found: &[(u64, u64)]) -> Vec<u64> {
+        let mut frames = Vec::new();
+        let mut expected = None;
+        for &(ra, target) in found {
+            let indirect = target == 0
+                || self
+                    .containing(target)
+                    .is_some_and(|(_, n)| n.starts_with("__x86_indirect_"));
+            // An indirect call cannot be checked: a stale copy of a frame
+            // already seen is dropped at least.
+            let fits = frames.is_empty()
+                || (indirect && !frames.contains(&ra))
+                || expected == Some(target);
+            if !fits {
+                continue;
+            }
+            frames.push(ra);
+            expected = self.containing(ra - 1).map(|(s, _)| *s);
+            if frames.len() == MAX_FRAMES {
+                break;
+            }
+        }
+        frames
+    }
 }
 
 /// What the conversion counted.
@@ -85,10 +145,13 @@ struct Converter<'a> {
     active: HashMap<Context, Vec<Active>>,
     call_context: HashMap<u64, Context>,
     traced_space: Option<u64>,
+    /// The traced process's address space is gone.
+    ended: bool,
     threads: HashMap<u64, u32>,
     unwinder: UnwinderX86_64<Vec<u8>>,
     cache: CacheX86_64,
     symbolizer: trapline_symbols::Symbolizer,
+    kernel: KernelFunctions,
     last_time: u64,
     counts: Converted,
 }
@@ -133,10 +196,15 @@ pub fn convert(input: &Input) -> Result<Converted, VmError> {
         active: HashMap::new(),
         call_context: HashMap::new(),
         traced_space: None,
+        ended: false,
         threads: HashMap::new(),
         unwinder,
         cache: CacheX86_64::new(),
         symbolizer: trapline_symbols::Symbolizer::new(),
+        kernel: input
+            .kernel_symbols
+            .map(KernelFunctions::new)
+            .unwrap_or_default(),
         last_time: 0,
         counts: Converted::default(),
     };
@@ -249,6 +317,16 @@ impl Converter<'_> {
                 e.trap
             )));
         };
+        match meaning {
+            Meaning::Start => return Ok(()),
+            Meaning::End => {
+                if self.traced_space == Some(space_of(e.cr3)) {
+                    self.ended = true;
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
         let calls = self.active.entry(ctx).or_default();
         let nested = !calls.is_empty();
         let call = e.call;
@@ -327,7 +405,7 @@ impl Converter<'_> {
     fn stack(&mut self, tid: u32, e: &Enter) -> Result<u32, VmError> {
         let frames = match &e.stack {
             Stack::None => return Ok(0),
-            Stack::Scanned(found) => found.clone(),
+            Stack::Scanned(found) => self.kernel.frames(found),
             Stack::Raw(bytes) => self.unwind(e.rsp, e.rbp, bytes),
         };
         if frames.is_empty() {

@@ -313,13 +313,9 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
         .map_err(|e| VmError::damaged(e.to_string()))?;
     let ran = console::parse(&console_text, &m.marker);
     let kernel_symbols = if m.kernel_allocs {
-        let text = std::fs::read_to_string(rec.path(recording::KERNEL_SYMBOLS)).map_err(|e| {
-            VmError::damaged(format!(
-                "{}: {e}",
-                rec.path(recording::KERNEL_SYMBOLS).display()
-            ))
-        })?;
-        Some(text.replace('\r', ""))
+        Some(recording::kernel_symbols(
+            &rec.path(recording::KERNEL_SYMBOLS),
+        )?)
     } else {
         None
     };
@@ -385,6 +381,13 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
                 console::first_difference(&console_text, &replayed)
             )));
         }
+        if let Some(keep) = std::env::var_os("TRAPLINE_VM_KEEP_RAW") {
+            // For debugging the plugin: its raw log, kept.
+            let _ = std::fs::copy(&raw_path, &keep);
+            let mut plan_copy = keep;
+            plan_copy.push(".plan");
+            let _ = std::fs::copy(&plan_path, plan_copy);
+        }
         raw::check_complete(&raw)?;
         raws.push(raw);
     }
@@ -411,6 +414,7 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
         plan: &plan,
         manifest: m,
         kernel_map: kernel_map.as_ref().map(|(p, _)| p.as_path()),
+        kernel_symbols: kernel_symbols.as_deref(),
         output: &req.output,
     })?;
     Ok(ReplayOutcome {

@@ -122,6 +122,12 @@ impl Layout {
 /// What a trapped address means.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Meaning {
+    /// The program's entry point: the first user instruction of the traced
+    /// process, which tells the plugin and the conversion its address space.
+    Start,
+    /// `exit_mmap`: the traced process's address space is torn down (at its
+    /// exit, or an exec), and its page tables may serve another process.
+    End,
     User(Trap),
     Kernel(KernelCall),
 }
@@ -220,6 +226,14 @@ pub fn build(
 ) -> Result<Plan, VmError> {
     let mut traps: Vec<(u64, Meaning)> = Vec::new();
     let mut text = format!("stack {stack_bytes}\n");
+    let entry = {
+        let main = &layout.modules[0];
+        let file = object::File::parse(&*main.data)
+            .map_err(|e| VmError::damaged(format!("{}: {e}", main.path.display())))?;
+        file.entry().wrapping_add(main.bias)
+    };
+    text.push_str(&format!("trap {entry:x} 0 user none noret any - -\n"));
+    traps.push((entry, Meaning::Start));
     for (name, trap) in TRAPPED {
         if matches!(trap, Trap::Exit) {
             continue;
@@ -289,6 +303,16 @@ pub fn build(
                 "the recording's kernel symbols have no kfree: the dump is incomplete".into(),
             ));
         }
+        let Some(&end) = index.get("exit_mmap") else {
+            return Err(VmError::damaged(
+                "the recording's kernel symbols have no exit_mmap: the dump is incomplete".into(),
+            ));
+        };
+        text.push_str(&format!(
+            "trap {end:x} {} kernel none noret end - -\n",
+            traps.len()
+        ));
+        traps.push((end, Meaning::End));
         for (a, b) in kernel_code(symbols) {
             text.push_str(&format!("watch {a:x} {b:x}\nktext {a:x} {b:x}\n"));
         }

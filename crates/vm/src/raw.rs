@@ -9,8 +9,9 @@ pub enum Stack {
     None,
     /// The stack's bytes from the stack pointer up.
     Raw(Vec<u8>),
-    /// Return addresses found on a kernel stack.
-    Scanned(Vec<u64>),
+    /// Return addresses found on a kernel stack, each with the target of
+    /// the direct call before it (0: an indirect call).
+    Scanned(Vec<(u64, u64)>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -107,8 +108,12 @@ impl<'a> Reader<'a> {
                     1 => Stack::Raw(bytes.to_vec()),
                     2 => Stack::Scanned(
                         bytes
-                            .chunks_exact(8)
-                            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                            .chunks_exact(16)
+                            .map(|w| {
+                                let word =
+                                    |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+                                (word(&w[..8]), word(&w[8..]))
+                            })
                             .collect(),
                     ),
                     _ => Stack::None,

@@ -12,7 +12,8 @@ pub const MANIFEST: &str = "manifest.json";
 pub const REPLAY_LOG: &str = "replay.bin";
 pub const INITRAMFS: &str = "initramfs.cpio";
 pub const CONSOLE: &str = "console.log";
-pub const KERNEL_SYMBOLS: &str = "kernel.kallsyms";
+/// The guest kernel's code symbols (`/proc/kallsyms`), gzip-compressed.
+pub const KERNEL_SYMBOLS: &str = "kernel.kallsyms.gz";
 
 /// Bump when the manifest or the guest's protocol changes.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -100,4 +101,16 @@ impl Recording {
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
+}
+
+/// The kernel symbols a recording dumped, decompressed.
+pub fn kernel_symbols(path: &Path) -> Result<String, VmError> {
+    use std::io::Read;
+    let data =
+        std::fs::read(path).map_err(|e| VmError::damaged(format!("{}: {e}", path.display())))?;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&data[..])
+        .read_to_string(&mut text)
+        .map_err(|e| VmError::damaged(format!("{}: damaged ({e})", path.display())))?;
+    Ok(text)
 }
