@@ -14,59 +14,6 @@ use common::*;
 use serde_json::Value;
 use std::path::Path;
 
-/// A record or error reduced to what both builds must agree on: the kind,
-/// the sizes, the function, and the frames in `source` (function, line).
-fn program_view(v: &Value, source: &str, keys: &[&str]) -> Option<String> {
-    let frames = |stack: &Value| -> Vec<String> {
-        stack
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|f| f["file"].as_str().is_some_and(|p| p.ends_with(source)))
-            .map(|f| format!("{}:{}", f["function"].as_str().unwrap(), f["line"]))
-            .collect()
-    };
-    let own = frames(&v["stack"]);
-    if own.is_empty() {
-        return None;
-    }
-    let first_is_own = v["stack"][0]["file"]
-        .as_str()
-        .is_some_and(|p| p.ends_with(source));
-    if v["kind"] == "still_reachable" && !first_is_own {
-        return None;
-    }
-    let mut out: Vec<String> = keys.iter().map(|k| format!("{k}={}", v[*k])).collect();
-    out.push(format!("stack={}", own.join(" < ")));
-    if !v["alloc_stack"].is_null() {
-        out.push(format!(
-            "alloc_stack={}",
-            frames(&v["alloc_stack"]).join(" < ")
-        ));
-    }
-    Some(out.join(" "))
-}
-
-fn views(report: &Value, section: &str, source: &str, keys: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = report[section]
-        .as_array()
-        .unwrap_or_else(|| panic!("no {section} in {report}"))
-        .iter()
-        .filter_map(|r| program_view(r, source, keys))
-        .collect();
-    v.sort();
-    v
-}
-
-/// What an error's two reports must agree on.
-const ERROR_KEYS: [&str; 5] = [
-    "kind",
-    "function",
-    "alloc_function",
-    "alloc_size",
-    "passed_on",
-];
-
 /// Records `source` built dynamically (the agent) and statically (from
 /// outside): with glibc, and for C with musl too, each printing `stdout`
 /// (None: the same every way). The dynamic build's leaks report, and each

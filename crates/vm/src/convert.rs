@@ -705,7 +705,9 @@ impl Converter<'_> {
 
     fn finish(mut self, end_icount: u64) -> Result<Converted, VmError> {
         let tid = self.main_tid();
-        let time = self.time(end_icount);
+        // After the last event: where QEMU noticed the power-off differs
+        // between replays.
+        let time = self.time(0);
         self.emit(
             tid,
             &Event::SnapshotBegin {
@@ -738,7 +740,7 @@ impl Converter<'_> {
             events_lost: 0,
             untracked_calls: self.counts.untracked,
         };
-        let time = self.time(end_icount);
+        let time = self.time(0);
         self.emit(
             tid,
             &Event::End {

@@ -10,7 +10,14 @@ use crate::VmError;
 /// The QEMU binary: `$TRAPLINE_QEMU`, else `qemu-system-x86_64` on PATH.
 pub fn binary() -> Result<PathBuf, VmError> {
     if let Some(p) = std::env::var_os("TRAPLINE_QEMU") {
-        return Ok(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            return Err(VmError::cannot_run(format!(
+                "TRAPLINE_QEMU names {}, which is not a file",
+                p.display()
+            )));
+        }
+        return Ok(p);
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     for dir in std::env::split_paths(&path) {

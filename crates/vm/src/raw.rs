@@ -232,3 +232,21 @@ pub fn first_difference(a: &[u8], b: &[u8]) -> String {
     }
     "one log is longer".into()
 }
+
+/// The log without its end record, whose instruction count is where QEMU
+/// noticed the guest's power-off: that differs between replays, the events
+/// before it do not.
+pub fn events_part(data: &[u8]) -> &[u8] {
+    let Ok(mut reader) = Reader::new(data) else {
+        return data;
+    };
+    let mut last_start = reader.offset();
+    while let Some(r) = reader.next() {
+        match r {
+            Ok(Record::End { .. }) => return &data[..last_start],
+            Ok(_) => last_start = reader.offset(),
+            Err(_) => break,
+        }
+    }
+    data
+}

@@ -925,3 +925,62 @@ pub fn thousands(n: u64) -> String {
     }
     out
 }
+
+// ---------------------------------------------------------------------------
+// Reports of two recorders of one program, compared.
+
+/// A record or error reduced to what both builds must agree on: the kind,
+/// the sizes, the function, and the frames in `source` (function, line).
+#[allow(dead_code)] // not every test binary uses it
+pub fn program_view(v: &Value, source: &str, keys: &[&str]) -> Option<String> {
+    let frames = |stack: &Value| -> Vec<String> {
+        stack
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["file"].as_str().is_some_and(|p| p.ends_with(source)))
+            .map(|f| format!("{}:{}", f["function"].as_str().unwrap(), f["line"]))
+            .collect()
+    };
+    let own = frames(&v["stack"]);
+    if own.is_empty() {
+        return None;
+    }
+    let first_is_own = v["stack"][0]["file"]
+        .as_str()
+        .is_some_and(|p| p.ends_with(source));
+    if v["kind"] == "still_reachable" && !first_is_own {
+        return None;
+    }
+    let mut out: Vec<String> = keys.iter().map(|k| format!("{k}={}", v[*k])).collect();
+    out.push(format!("stack={}", own.join(" < ")));
+    if !v["alloc_stack"].is_null() {
+        out.push(format!(
+            "alloc_stack={}",
+            frames(&v["alloc_stack"]).join(" < ")
+        ));
+    }
+    Some(out.join(" "))
+}
+
+#[allow(dead_code)]
+pub fn views(report: &Value, section: &str, source: &str, keys: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = report[section]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {section} in {report}"))
+        .iter()
+        .filter_map(|r| program_view(r, source, keys))
+        .collect();
+    v.sort();
+    v
+}
+
+/// What an error's two reports must agree on.
+#[allow(dead_code)]
+pub const ERROR_KEYS: [&str; 5] = [
+    "kind",
+    "function",
+    "alloc_function",
+    "alloc_size",
+    "passed_on",
+];
