@@ -65,7 +65,7 @@ struct ReplayArgs {
     verify: bool,
     /// Bytes of the program's stack copied at each trapped call, from which
     /// its call stack is unwound.
-    #[arg(long, default_value_t = 16384, value_name = "BYTES")]
+    #[arg(long, default_value_t = 4096, value_name = "BYTES")]
     stack_bytes: usize,
     /// Stop the replay (and fail, exit 124) after this many seconds
     /// (default: 30 times the recording's time, plus 2 minutes).

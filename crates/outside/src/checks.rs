@@ -1,8 +1,23 @@
-//! Checks of a release against the block it releases.
+//! What an allocator call's arguments say: the size and alignment asked
+//! for, and whether a release matches the block it releases.
 
 use trapline_trace::{AllocFn, ErrorKind, Family};
 
 use crate::heap::Block;
+
+/// The size and alignment an allocating call asked for, from its first
+/// three arguments.
+pub fn size_and_align(func: AllocFn, [arg0, arg1, arg2]: [u64; 3]) -> (u64, u64) {
+    match func {
+        AllocFn::Calloc => (arg0.saturating_mul(arg1), 0),
+        AllocFn::Realloc => (arg1, 0),
+        AllocFn::ReallocArray => (arg1.saturating_mul(arg2), 0),
+        AllocFn::PosixMemalign => (arg2, arg1),
+        AllocFn::AlignedAlloc | AllocFn::Memalign => (arg1, arg0),
+        f if f.cxx_aligned() => (arg0, arg1),
+        _ => (arg0, 0),
+    }
+}
 
 /// How a release does not match its block, as the agent judges it: another
 /// family (`free` of a `new` block), a sized release stating another size,

@@ -22,7 +22,7 @@ use crate::remote::Memory;
 use crate::scan;
 use crate::stubs::{self, Stop, Stubs};
 use crate::unwind::StackUnwinder;
-use trapline_outside::checks::mismatch;
+use trapline_outside::checks::{mismatch, size_and_align};
 use trapline_outside::heap::{Block, Freed, Heap};
 
 /// What to record.
@@ -561,15 +561,7 @@ impl Recorder {
         );
         let ra = self.word(regs.rsp + 24)?;
         let result = regs.rax;
-        let (size, align) = match func {
-            AllocFn::Calloc => (arg0.saturating_mul(arg1), 0),
-            AllocFn::Realloc => (arg1, 0),
-            AllocFn::ReallocArray => (arg1.saturating_mul(arg2), 0),
-            AllocFn::PosixMemalign => (arg2, arg1),
-            AllocFn::AlignedAlloc | AllocFn::Memalign => (arg1, arg0),
-            f if f.cxx_aligned() => (arg0, arg1),
-            _ => (arg0, 0),
-        };
+        let (size, align) = size_and_align(func, [arg0, arg1, arg2]);
         let addr = if func == AllocFn::PosixMemalign {
             if result as i32 == 0 {
                 self.word(arg0)?

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
-use trapline_outside::checks::mismatch;
+use trapline_outside::checks::{mismatch, size_and_align};
 use trapline_outside::heap::{Block, Freed, Heap};
 use trapline_outside::traps::Trap;
 use trapline_trace::event::segment_flags;
@@ -459,15 +459,7 @@ impl Converter<'_> {
         through: u64,
     ) -> Result<(), VmError> {
         let [arg0, arg1, arg2, ..] = active.enter.args;
-        let (size, align) = match func {
-            AllocFn::Calloc => (arg0.saturating_mul(arg1), 0),
-            AllocFn::Realloc => (arg1, 0),
-            AllocFn::ReallocArray => (arg1.saturating_mul(arg2), 0),
-            AllocFn::PosixMemalign => (arg2, arg1),
-            AllocFn::AlignedAlloc | AllocFn::Memalign => (arg1, arg0),
-            f if f.cxx_aligned() => (arg0, arg1),
-            _ => (arg0, 0),
-        };
+        let (size, align) = size_and_align(func, [arg0, arg1, arg2]);
         let addr = match func {
             AllocFn::PosixMemalign if rax as i32 == 0 => through,
             AllocFn::PosixMemalign => 0,

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# What whole-system record and replay costs (`trapline vm`, crates/vm):
+# one guest, booted from the initramfs of its own recording, run
+#   - natively on the host (the program alone, no guest),
+#   - under plain TCG (the same QEMU machine, no -icount, no record),
+#   - under plain TCG with -icount (the clock record/replay needs),
+#   - recorded (`trapline vm record`),
+#   - replayed without a plugin (QEMU's rr=replay),
+#   - replayed by `trapline vm replay` (the plugin, then the conversion),
+# interleaved ROUNDS times, for two programs: tests/fixtures/leaks.c (a
+# few dozen allocations) and bench/src/threads_pairs.c with PAIRS
+# malloc+free pairs. KVM is tried once: the row says why when the host
+# cannot run a guest under it. Wall seconds of each; the recording's size
+# per guest second (the guest's uptime at power-off, from its console).
+# Appends rows to bench/results.jsonl.
+#
+#   bench/vm.sh        (release build of this tree)
+#
+# Knobs (environment): ROUNDS=3, PAIRS=20000.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$BENCH_DIR/.." && pwd)
+WORK=$BENCH_DIR/work/vm
+ROUNDS=${ROUNDS:-3}
+PAIRS=${PAIRS:-20000}
+rm -rf "$WORK"
+mkdir -p "$WORK"
+
+(cd "$ROOT" && cargo build --release -q -p trapline-cli -p trapline-vm-plugin >&2)
+TRAPLINE=$ROOT/target/release/trapline
+export TRAPLINE_VM_PLUGIN=$ROOT/target/release/libtrapline_vm_plugin.so
+QEMU=$(command -v qemu-system-x86_64)
+gcc -O2 -g -o "$WORK/leaks" "$ROOT/tests/fixtures/leaks.c"
+gcc -O2 -g -pthread -o "$WORK/pairs" "$BENCH_DIR/src/threads_pairs.c"
+
+# The machine `trapline vm` runs (crates/vm/src/qemu.rs), for the runs
+# without trapline: the recording's kernel and initramfs, into MACHINE.
+machine() {
+    local rec=$1
+    local kernel
+    kernel=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kernel"])' "$rec/manifest.json")
+    MACHINE=(-nodefaults -no-user-config -machine pc -smp 1 -m 256 -display none -monitor none
+        -no-reboot -kernel "$kernel" -initrd "$rec/initramfs.cpio"
+        -append "console=ttyS0 loglevel=1 nokaslr panic=-1 rdinit=/init"
+        -serial "file:$WORK/console.out")
+}
+
+wall() { # prints the wall seconds of a command
+    local start end
+    start=$(date +%s.%N)
+    "$@" >/dev/null 2>&1
+    end=$(date +%s.%N)
+    python3 -c "print(round($end - $start, 3))"
+}
+
+results=$WORK/results.txt
+: >"$results"
+declare -A args=([leaks]="" [pairs]="$PAIRS 1")
+for round in $(seq "$ROUNDS"); do
+    for prog in leaks pairs; do
+        rec=$WORK/rec-$prog-$round
+        # shellcheck disable=SC2086
+        echo "$prog native $(wall "$WORK/$prog" ${args[$prog]})" >>"$results"
+        # shellcheck disable=SC2086
+        echo "$prog record $(wall "$TRAPLINE" vm record -o "$rec" -- "$WORK/$prog" ${args[$prog]})" >>"$results"
+        machine "$rec"
+        echo "$prog tcg $(wall "$QEMU" "${MACHINE[@]}" -accel tcg)" >>"$results"
+        grep -q "EXIT 0" "$WORK/console.out"
+        echo "$prog tcg_icount $(wall "$QEMU" "${MACHINE[@]}" -accel tcg -icount shift=auto)" >>"$results"
+        grep -q "EXIT 0" "$WORK/console.out"
+        echo "$prog replay $(wall "$QEMU" "${MACHINE[@]}" -accel tcg -icount "shift=auto,rr=replay,rrfile=$rec/replay.bin")" >>"$results"
+        grep -q "EXIT 0" "$WORK/console.out"
+        echo "$prog trapline_replay $(wall "$TRAPLINE" vm replay "$rec" -o "$WORK/$prog.trace")" >>"$results"
+        uptime=$(tr -d '\r' <"$rec/console.log" | sed -n 's/^\[ *\([0-9.]*\)\].*Power down.*/\1/p' | tail -1)
+        bytes=$(stat -c %s "$rec/replay.bin")
+        echo "$prog guest_seconds $uptime" >>"$results"
+        echo "$prog log_bytes $bytes" >>"$results"
+        if [ "$round" -gt 1 ]; then rm -rf "$rec"; fi
+    done
+    echo "round $round done" >&2
+done
+# KVM, once: does a guest boot at all?
+machine "$WORK/rec-leaks-1"
+: >"$WORK/console.out"
+if kvm_out=$(timeout 120 "$QEMU" "${MACHINE[@]}" -accel kvm 2>&1) && grep -q "EXIT 0" "$WORK/console.out"; then
+    echo "leaks kvm_ok yes" >>"$results"
+else
+    echo "leaks kvm_error $(echo "$kvm_out" | tr '\n' ' ' | cut -c1-200)" >>"$results"
+fi
+
+CPU=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | sed -n 1p)
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
+QEMU_VERSION=$("$QEMU" --version | head -1)
+CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS QEMU_VERSION=$QEMU_VERSION PYTHONPATH=$BENCH_DIR \
+    python3 - "$results" "$ROOT/bench/results.jsonl" <<'PY'
+import json, os, statistics, sys
+import loop_times
+runs, facts = {}, {}
+with open(sys.argv[1]) as f:
+    for line in f:
+        prog, what, value = line.rstrip("\n").split(" ", 2)
+        if what in ("guest_seconds", "log_bytes"):
+            runs.setdefault(prog, {}).setdefault(what, []).append(float(value))
+        elif what.startswith("kvm"):
+            facts["kvm"] = value if what == "kvm_error" else "boots"
+        else:
+            runs.setdefault(prog, {}).setdefault(what, []).append(float(value))
+stamp = loop_times.stamp()
+pairs = int(os.environ["PAIRS"])
+workloads = {
+    "leaks": "leaks.c (62 allocations) in a QEMU guest, whole-system record and replay (bench/vm.sh)",
+    "pairs": f"threads_pairs.c, {pairs:,} malloc+free pairs, in a QEMU guest, whole-system record and replay (bench/vm.sh)",
+}
+names = {
+    "native": "native on the host",
+    "tcg": "plain TCG boot and run (no -icount)",
+    "tcg_icount": "TCG with -icount shift=auto, no record",
+    "record": "trapline vm record",
+    "replay": "QEMU rr=replay, no plugin",
+    "trapline_replay": "trapline vm replay (plugin and conversion)",
+}
+with open(sys.argv[2], "a") as out:
+    for prog, workload in workloads.items():
+        r = runs[prog]
+        base = statistics.median(r["tcg"])
+        for key, name in names.items():
+            secs = r[key]
+            row = {**stamp, "workload": workload, "qemu": os.environ["QEMU_VERSION"],
+                   "tool": name, "rounds": len(secs), "seconds": secs,
+                   "median_s": round(statistics.median(secs), 3)}
+            if key not in ("native", "tcg"):
+                row["ratio_to_plain_tcg"] = round(statistics.median(secs) / base, 2)
+            if key == "record":
+                log = statistics.median(r["log_bytes"])
+                guest = statistics.median(r["guest_seconds"])
+                row["replay_log_bytes"] = int(log)
+                row["guest_seconds"] = guest
+                row["log_bytes_per_guest_second"] = int(log / guest)
+                row["kvm"] = facts.get("kvm", "not tried")
+            out.write(json.dumps(row) + "\n")
+            print(prog, name, row["median_s"], row.get("ratio_to_plain_tcg", ""))
+PY
