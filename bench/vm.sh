@@ -3,7 +3,8 @@
 # one guest, booted from the initramfs of its own recording, run
 #   - natively on the host (the program alone, no guest),
 #   - under plain TCG (the same QEMU machine, no -icount, no record),
-#   - under plain TCG with -icount (the clock record/replay needs),
+#   - under plain TCG with -icount (the clock record/replay needs, as
+#     crates/vm/src/qemu.rs sets it),
 #   - recorded (`trapline vm record`),
 #   - replayed without a plugin (QEMU's rr=replay),
 #   - replayed by `trapline vm replay` (the plugin, then the conversion),
@@ -67,9 +68,9 @@ for round in $(seq "$ROUNDS"); do
         machine "$rec"
         echo "$prog tcg $(wall "$QEMU" "${MACHINE[@]}" -accel tcg)" >>"$results"
         grep -q "EXIT 0" "$WORK/console.out"
-        echo "$prog tcg_icount $(wall "$QEMU" "${MACHINE[@]}" -accel tcg -icount shift=auto)" >>"$results"
+        echo "$prog tcg_icount $(wall "$QEMU" "${MACHINE[@]}" -accel tcg -icount shift=3,sleep=off)" >>"$results"
         grep -q "EXIT 0" "$WORK/console.out"
-        echo "$prog replay $(wall "$QEMU" "${MACHINE[@]}" -accel tcg -icount "shift=auto,rr=replay,rrfile=$rec/replay.bin")" >>"$results"
+        echo "$prog replay $(wall "$QEMU" "${MACHINE[@]}" -accel tcg -icount "shift=3,sleep=off,rr=replay,rrfile=$rec/replay.bin")" >>"$results"
         grep -q "EXIT 0" "$WORK/console.out"
         echo "$prog trapline_replay $(wall "$TRAPLINE" vm replay "$rec" -o "$WORK/$prog.trace")" >>"$results"
         uptime=$(tr -d '\r' <"$rec/console.log" | sed -n 's/^\[ *\([0-9.]*\)\].*Power down.*/\1/p' | tail -1)
@@ -115,7 +116,7 @@ workloads = {
 names = {
     "native": "native on the host",
     "tcg": "plain TCG boot and run (no -icount)",
-    "tcg_icount": "TCG with -icount shift=auto, no record",
+    "tcg_icount": "TCG with -icount shift=3,sleep=off, no record",
     "record": "trapline vm record",
     "replay": "QEMU rr=replay, no plugin",
     "trapline_replay": "trapline vm replay (plugin and conversion)",

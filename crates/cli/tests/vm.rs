@@ -265,7 +265,7 @@ fn bad_input_gets_clear_errors() {
     let refused = record(&dir, "static", &[], &static_program);
     assert_eq!(refused.code(), 125, "{}", refused.describe());
     assert!(
-        refused.stderr.contains("statically linked"),
+        refused.stderr.contains("not a dynamically linked"),
         "{}",
         refused.stderr
     );

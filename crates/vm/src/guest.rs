@@ -38,7 +38,7 @@ pub fn libraries(program: &Path) -> Result<Vec<PathBuf>, VmError> {
         .map_err(|e| VmError::usage(format!("{}: {e}", program.display())))?;
     let interp = interpreter(&data).ok_or_else(|| {
         VmError::cannot_run(format!(
-            "{} is statically linked or not an x86-64 ELF program: `trapline vm` traps a dynamic program's shared C library",
+            "{} is not a dynamically linked x86-64 program (a static program, a script, another architecture): `trapline vm` traps a dynamic program's shared C library",
             program.display()
         ))
     })?;
