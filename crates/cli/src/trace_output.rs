@@ -72,7 +72,7 @@ fn not_regular(kind: std::fs::FileType) -> Option<&'static str> {
 
 /// Whether the file begins with a trace's magic, or is empty (a trace that
 /// was never written: the agent could not start).
-fn is_trace_or_empty(path: &Path) -> bool {
+pub(crate) fn is_trace_or_empty(path: &Path) -> bool {
     let Ok(mut f) = std::fs::File::open(path) else {
         return false;
     };

@@ -67,6 +67,9 @@ struct ReplayArgs {
     /// its call stack is unwound.
     #[arg(long, default_value_t = 4096, value_name = "BYTES")]
     stack_bytes: usize,
+    /// Replace TRACE even when it is a file that is not a trapline trace.
+    #[arg(long)]
+    force: bool,
     /// Stop the replay (and fail, exit 124) after this many seconds
     /// (default: 30 times the recording's time, plus 2 minutes).
     #[arg(long, value_name = "SECONDS", value_parser = crate::run::parse_seconds)]
@@ -142,6 +145,21 @@ fn absolute(paths: Vec<PathBuf>) -> Vec<PathBuf> {
 }
 
 fn replay(a: ReplayArgs) -> ExitCode {
+    if let Ok(meta) = std::fs::symlink_metadata(&a.output) {
+        let usage = |message: String| fail("replay", VmError::usage(message));
+        if meta.file_type().is_symlink() || meta.is_dir() {
+            return usage(format!(
+                "{} is a symbolic link or a directory: give a trace file",
+                a.output.display()
+            ));
+        }
+        if !a.force && !crate::trace_output::is_trace_or_empty(&a.output) {
+            return usage(format!(
+                "{} exists and is not a trapline trace: refusing to overwrite it (--force replaces it)",
+                a.output.display()
+            ));
+        }
+    }
     let exe = std::env::current_exe().unwrap_or_default();
     let req = ReplayRequest {
         recording: a.recording.clone(),

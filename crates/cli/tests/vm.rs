@@ -300,6 +300,44 @@ fn bad_input_gets_clear_errors() {
     // A good recording, then damaged copies of it.
     let good = record(&dir, "rec", &[], &clean);
     assert_eq!(good.code(), 0, "{}", good.describe());
+    // An output that is not a trace is kept.
+    std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+    let kept = vm(&dir, &["replay", "rec", "-o", "notes.txt"]);
+    assert_eq!(kept.code(), 2, "{}", kept.describe());
+    assert!(
+        kept.stderr.contains("not a trapline trace"),
+        "{}",
+        kept.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
+        "mine"
+    );
+
+    // A QEMU built without plugin support refuses `-plugin`.
+    let no_plugins = dir.path().join("qemu-without-plugins");
+    std::fs::write(
+        &no_plugins,
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'QEMU emulator version 10.0.2'; exit 0; fi\n\
+         echo 'qemu-system-x86_64: -plugin: plugin interface not enabled in this build' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&no_plugins, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut without = Command::new(trapline());
+    without
+        .args(["vm", "replay", "rec", "-o", "np.trace"])
+        .current_dir(dir.path())
+        .env("TRAPLINE_VM_PLUGIN", plugin())
+        .env("TRAPLINE_QEMU", &no_plugins);
+    let without = output_of(without, "vm replay with a QEMU without plugins");
+    assert_eq!(without.code(), 125, "{}", without.describe());
+    assert!(
+        without.stderr.contains("could not load trapline's plugin")
+            && without.stderr.contains("plugin interface not enabled"),
+        "{}",
+        without.stderr
+    );
+    assert!(!dir.path().join("np.trace").exists());
     let log = dir.path().join("rec/replay.bin");
     let mut bytes = std::fs::read(&log).unwrap();
     let middle = bytes.len() / 2;

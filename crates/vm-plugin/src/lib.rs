@@ -15,7 +15,9 @@
 //!   ADDR;
 //!   ID (decimal) names it in the log; SPACE is `user` or `kernel`;
 //!   STACK is `raw` (copy the stack), `scan` (the return addresses found on
-//!   the stack, as the kernel's own stack dump finds them) or `none`; RET
+//!   the stack, as the kernel's own stack dump finds them), `array` (not
+//!   the stack: the second argument's count of words from the array the
+//!   third points to, as a bulk free passes its blocks) or `none`; RET
 //!   is `ret` (also report the return) or `noret`; WHO is `any` or
 //!   `process` (only in the traced process's address space: the one that
 //!   first hits a `user` trap, until it hits an `end` trap) or `end` (the
@@ -142,6 +144,7 @@ enum StackCopy {
     None,
     Raw,
     Scan,
+    Array,
 }
 
 #[derive(Clone, Copy)]
@@ -172,6 +175,8 @@ const REGS: [&str; 12] = [
 const RIP: usize = 0;
 const RSP: usize = 1;
 const RDI: usize = 3;
+const RSI: usize = 4;
+const RDX: usize = 5;
 const RAX: usize = 9;
 const CR3: usize = 10;
 const FS_BASE: usize = 11;
@@ -219,6 +224,8 @@ static SCOREBOARD: std::sync::atomic::AtomicPtr<c_void> =
 const MAX_PENDING: usize = 4096;
 /// Return addresses kept by a `scan` stack.
 const MAX_SCANNED: usize = 48;
+/// The most words an `array` trap copies.
+const MAX_ARRAY: u64 = 4096;
 /// x86-64 kernel stacks are 16 KiB and aligned to their size.
 const KERNEL_STACK: u64 = 16 << 10;
 
@@ -268,6 +275,7 @@ fn parse_plan(text: &str) -> Result<Plan, String> {
                     stack: match *stack {
                         "raw" => StackCopy::Raw,
                         "scan" => StackCopy::Scan,
+                        "array" => StackCopy::Array,
                         _ => StackCopy::None,
                     },
                     wants_return: *ret == "ret",
@@ -482,6 +490,16 @@ impl State {
                 record.push(1);
                 record.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 record.extend_from_slice(&bytes);
+            }
+            StackCopy::Array => {
+                let count = regs[RSI].min(MAX_ARRAY) as usize;
+                let mut words = vec![0u8; count * 8];
+                if !self.read_memory(regs[RDX], &mut words) {
+                    words.clear();
+                }
+                record.push(3);
+                record.extend_from_slice(&(words.len() as u32).to_le_bytes());
+                record.extend_from_slice(&words);
             }
             StackCopy::Scan => {
                 let found = self.scanned_stack(plan, rsp, plan.stack_bytes);

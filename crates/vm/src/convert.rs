@@ -343,6 +343,19 @@ impl Converter<'_> {
                 Meaning::Kernel(KernelCall::Release(func, arg)) => {
                     self.kernel_release(tid, func, e.args[arg], e.icount, stack)?
                 }
+                Meaning::Kernel(KernelCall::ReleaseBulk) => {
+                    if let Stack::Words(blocks) = &e.stack {
+                        for &addr in blocks {
+                            // A cache's free with no cache given is kfree's.
+                            let func = if e.args[0] == 0 {
+                                AllocFn::Kfree
+                            } else {
+                                AllocFn::KmemCacheFree
+                            };
+                            self.kernel_release(tid, func, addr, e.icount, 0)?;
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -404,7 +417,7 @@ impl Converter<'_> {
     /// or the return addresses found on a kernel stack.
     fn stack(&mut self, tid: u32, e: &Enter) -> Result<u32, VmError> {
         let frames = match &e.stack {
-            Stack::None => return Ok(0),
+            Stack::None | Stack::Words(_) => return Ok(0),
             Stack::Scanned(found) => self.kernel.frames(found),
             Stack::Raw(bytes) => self.unwind(e.rsp, e.rbp, bytes),
         };

@@ -167,6 +167,7 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
     let symbols = dir.join(recording::KERNEL_SYMBOLS);
     let machine = qemu::Machine {
         kernel: &kernel,
+        icount: qemu::ICOUNT,
         initramfs: &dir.join(recording::INITRAMFS),
         memory_mb: req.memory_mb,
         console: &console,
@@ -231,6 +232,7 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
         qemu: qemu_version,
         kernel: kernel.canonicalize().unwrap_or(kernel),
         memory_mb: req.memory_mb,
+        icount: qemu::ICOUNT.into(),
         program: req.program.clone(),
         argv: req.argv.clone(),
         kernel_allocs: req.kernel_allocs,
@@ -333,6 +335,7 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
         let symbols = tmp.0.join(format!("symbols{round}"));
         let machine = qemu::Machine {
             kernel: &m.kernel,
+            icount: &m.icount,
             initramfs: &rec.path(recording::INITRAMFS),
             memory_mb: m.memory_mb,
             console: &console,

@@ -143,6 +143,9 @@ pub enum KernelCall {
     Reallocate,
     /// The block in argument N.
     Release(AllocFn, usize),
+    /// `kmem_cache_free_bulk(cache, count, blocks)`: batched `kfree_rcu`
+    /// frees this way.
+    ReleaseBulk,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -190,6 +193,7 @@ const KERNEL_TRAPPED: &[(&str, KernelCall)] = {
         ("kvfree_sensitive", Release(Kvfree, 0)),
         ("kmem_cache_free", Release(KmemCacheFree, 1)),
         ("vfree", Release(Vfree, 0)),
+        ("kmem_cache_free_bulk", ReleaseBulk),
     ]
 };
 
@@ -283,6 +287,7 @@ pub fn build(
             }
             let (stack, who) = match call {
                 KernelCall::Release(..) => ("none", "any"),
+                KernelCall::ReleaseBulk => ("array", "any"),
                 _ => ("scan", "process"),
             };
             let peek = match call {

@@ -74,6 +74,8 @@ pub fn version(qemu: &Path) -> Result<String, VmError> {
 pub const ICOUNT: &str = "shift=3,sleep=off";
 pub struct Machine<'a> {
     pub kernel: &'a Path,
+    /// The `-icount` clock ([`ICOUNT`] for a new recording).
+    pub icount: &'a str,
     pub initramfs: &'a Path,
     pub memory_mb: u32,
     pub console: &'a Path,
@@ -107,8 +109,11 @@ pub fn command(qemu: &Path, machine: &Machine, rr: &str, log: &Path) -> Command 
     if let Some(symbols) = machine.symbols {
         c.arg("-serial").arg(format!("file:{}", symbols.display()));
     }
-    c.arg("-icount")
-        .arg(format!("{ICOUNT},rr={rr},rrfile={}", log.display()));
+    c.arg("-icount").arg(format!(
+        "{},rr={rr},rrfile={}",
+        machine.icount,
+        log.display()
+    ));
     c.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

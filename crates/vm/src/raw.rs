@@ -12,6 +12,9 @@ pub enum Stack {
     /// Return addresses found on a kernel stack, each with the target of
     /// the direct call before it (0: an indirect call).
     Scanned(Vec<(u64, u64)>),
+    /// Not a stack: the words of an array a call was passed (a bulk
+    /// free's blocks).
+    Words(Vec<u64>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -114,6 +117,12 @@ impl<'a> Reader<'a> {
                                     |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
                                 (word(&w[..8]), word(&w[8..]))
                             })
+                            .collect(),
+                    ),
+                    3 => Stack::Words(
+                        bytes
+                            .chunks_exact(8)
+                            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
                             .collect(),
                     ),
                     _ => Stack::None,

@@ -24,6 +24,10 @@ pub struct Manifest {
     pub qemu: String,
     pub kernel: PathBuf,
     pub memory_mb: u32,
+    /// QEMU's `-icount` clock of the recording, which its replays must use
+    /// (recordings without it used `shift=auto`).
+    #[serde(default = "clock_before_it_was_kept")]
+    pub icount: String,
     pub program: PathBuf,
     pub argv: Vec<String>,
     pub kernel_allocs: bool,
@@ -37,6 +41,10 @@ pub struct Manifest {
     pub replay_log_crc32: u32,
     pub initramfs_crc32: u32,
     pub console_crc32: u32,
+}
+
+fn clock_before_it_was_kept() -> String {
+    "shift=auto".into()
 }
 
 pub fn crc_of(path: &Path) -> Result<(u64, u32), VmError> {
