@@ -448,6 +448,11 @@ impl State {
         if !trap.kernel && self.traced_space.is_none() {
             self.traced_space = Some(space);
         }
+        if trap.kernel && self.traced_space.is_none() {
+            // Before the traced process starts, no kernel call concerns it:
+            // a free then can release no block it allocated.
+            return;
+        }
         if (trap.process_only || trap.ends) && (self.ended || self.traced_space != Some(space)) {
             return;
         }

@@ -128,10 +128,12 @@ pub fn init_script(guest: &Guest) -> String {
     ));
     s.push_str(&format!("echo {m}-EXIT $?\n"));
     if guest.kernel_symbols {
-        // The code symbols only, compressed, through a raw port: the serial
-        // port is slow under TCG, and its output is in the recording.
+        // The modules' code symbols, whose addresses depend on what was
+        // loaded: the kernel's own come from a boot of their own
+        // (`symbols_initramfs`), since a serial port is slow under TCG and
+        // its output is in the recording and in every replay.
         s.push_str("stty -F /dev/ttyS1 raw -echo\n");
-        s.push_str("grep ' [tT] ' /proc/kallsyms | gzip -1 > /dev/ttyS1\n");
+        s.push_str("grep ' [tT] ' /proc/kallsyms | grep '\\[' | gzip -1 > /dev/ttyS1\n");
     }
     s.push_str(&format!("echo {m}-DONE\npoweroff -f\n"));
     s
@@ -143,11 +145,27 @@ pub fn initramfs(guest: &Guest) -> Result<Vec<u8>, VmError> {
     files.push(guest.program.to_path_buf());
     files.extend(guest.files.iter().cloned());
     files.extend(guest.modules.iter().cloned());
+    archive(&files, &init_script(guest))
+}
+
+/// The `/init` of the boot that dumps the kernel's own code symbols
+/// (compressed, through the second serial port in raw mode). Without
+/// address randomization they are the same in every boot of the kernel.
+pub const SYMBOLS_INIT: &str = "#!/bin/busybox sh
+mount -t proc proc /proc
+mount -t devtmpfs dev /dev
+stty -F /dev/ttyS1 raw -echo
+grep ' [tT] ' /proc/kallsyms | grep -v '\\[' | gzip -1 > /dev/ttyS1
+poweroff -f
+";
+
+/// An initramfs of busybox, `files` at their paths, and `init`.
+pub fn archive(files: &[PathBuf], init: &str) -> Result<Vec<u8>, VmError> {
     let mut dirs = BTreeSet::new();
     for d in ["bin", "dev", "proc", "sys", "tmp"] {
         dirs.insert(PathBuf::from("/").join(d));
     }
-    for f in &files {
+    for f in files {
         let mut p = f.parent();
         while let Some(d) = p {
             if d != Path::new("/") {
@@ -177,7 +195,7 @@ pub fn initramfs(guest: &Guest) -> Result<Vec<u8>, VmError> {
         );
     }
     let mut added = BTreeSet::new();
-    for f in &files {
+    for f in files {
         if !added.insert(f.clone()) || f == Path::new(BUSYBOX) {
             continue;
         }
@@ -187,7 +205,6 @@ pub fn initramfs(guest: &Guest) -> Result<Vec<u8>, VmError> {
             .unwrap_or(0o755);
         archive.add(&f.to_string_lossy(), cpio::REGULAR | mode, &data, (0, 0));
     }
-    let init = init_script(guest);
     archive.add("init", cpio::REGULAR | 0o755, init.as_bytes(), (0, 0));
     Ok(archive.finish())
 }

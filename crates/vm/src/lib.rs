@@ -164,7 +164,7 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
     };
     write(recording::INITRAMFS, &initramfs)?;
     let console = dir.join(recording::CONSOLE);
-    let symbols = dir.join(recording::KERNEL_SYMBOLS);
+    let symbols = dir.join(recording::MODULE_SYMBOLS);
     let machine = qemu::Machine {
         kernel: &kernel,
         icount: qemu::ICOUNT,
@@ -174,8 +174,11 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
         symbols: req.kernel_allocs.then_some(symbols.as_path()),
     };
     let log = dir.join(recording::REPLAY_LOG);
+    if req.kernel_allocs {
+        dump_kernel_symbols(&qemu, &kernel, dir, req.timeout)?;
+    }
     let started = Instant::now();
-    let child = qemu::command(&qemu, &machine, "record", &log)
+    let child = qemu::command(&qemu, &machine, Some(("record", &log)))
         .spawn()
         .map_err(|e| VmError::cannot_run(format!("{}: {e}", qemu.display())))?;
     let finished = qemu::wait(child, req.timeout, started);
@@ -253,6 +256,53 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
     })
 }
 
+/// Boots `kernel` once, unrecorded, to dump its code symbols into
+/// `dir` (the recorded boot adds the modules').
+fn dump_kernel_symbols(
+    qemu: &Path,
+    kernel: &Path,
+    dir: &Path,
+    timeout: Option<Duration>,
+) -> Result<(), VmError> {
+    let initramfs = dir.join("symbols-initramfs.cpio");
+    let archive = guest::archive(&[], guest::SYMBOLS_INIT)?;
+    std::fs::write(&initramfs, archive)
+        .map_err(|e| VmError::usage(format!("{}: {e}", initramfs.display())))?;
+    let console = dir.join("symbols-console.log");
+    let symbols = dir.join(recording::KERNEL_SYMBOLS);
+    let machine = qemu::Machine {
+        kernel,
+        icount: qemu::ICOUNT,
+        initramfs: &initramfs,
+        memory_mb: 256,
+        console: &console,
+        symbols: Some(&symbols),
+    };
+    let started = Instant::now();
+    let child = qemu::command(qemu, &machine, None)
+        .spawn()
+        .map_err(|e| VmError::cannot_run(format!("{}: {e}", qemu.display())))?;
+    // A boot to a shell that dumps a file: minutes mean it hangs.
+    let limit = timeout.unwrap_or(Duration::from_secs(300));
+    let finished = qemu::wait(child, Some(limit), started);
+    let _ = std::fs::remove_file(&initramfs);
+    let dumped = recording::kernel_symbols(&symbols);
+    if finished.timed_out || !finished.status.is_some_and(|s| s.success()) || dumped.is_err() {
+        return Err(VmError::cannot_run(format!(
+            "the boot that dumps the kernel's symbols failed{}: {}; its console is in {}",
+            if finished.timed_out {
+                " (--timeout)"
+            } else {
+                ""
+            },
+            finished.stderr.trim(),
+            console.display()
+        )));
+    }
+    let _ = std::fs::remove_file(&console);
+    Ok(())
+}
+
 pub struct ReplayRequest {
     pub recording: PathBuf,
     pub output: PathBuf,
@@ -315,9 +365,7 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
         .map_err(|e| VmError::damaged(e.to_string()))?;
     let ran = console::parse(&console_text, &m.marker);
     let kernel_symbols = if m.kernel_allocs {
-        Some(recording::kernel_symbols(
-            &rec.path(recording::KERNEL_SYMBOLS),
-        )?)
+        Some(recording::all_kernel_symbols(&rec)?)
     } else {
         None
     };
@@ -341,7 +389,11 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
             console: &console,
             symbols: m.kernel_allocs.then_some(symbols.as_path()),
         };
-        let mut cmd = qemu::command(&qemu, &machine, "replay", &rec.path(recording::REPLAY_LOG));
+        let mut cmd = qemu::command(
+            &qemu,
+            &machine,
+            Some(("replay", &rec.path(recording::REPLAY_LOG))),
+        );
         cmd.arg("-plugin").arg(format!(
             "{},plan={},out={}",
             req.plugin.display(),

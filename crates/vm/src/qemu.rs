@@ -87,7 +87,9 @@ pub struct Machine<'a> {
 /// recording), only emergencies on the console, and a panic ends the guest.
 pub const KERNEL_ARGS: &str = "console=ttyS0 loglevel=1 nokaslr panic=-1 rdinit=/init";
 
-pub fn command(qemu: &Path, machine: &Machine, rr: &str, log: &Path) -> Command {
+/// QEMU for `machine`; `rr`: `record` or `replay` and the log, or None for
+/// a plain run (no clock, no log).
+pub fn command(qemu: &Path, machine: &Machine, rr: Option<(&str, &Path)>) -> Command {
     let mut c = Command::new(qemu);
     c.args([
         "-nodefaults",
@@ -109,11 +111,13 @@ pub fn command(qemu: &Path, machine: &Machine, rr: &str, log: &Path) -> Command 
     if let Some(symbols) = machine.symbols {
         c.arg("-serial").arg(format!("file:{}", symbols.display()));
     }
-    c.arg("-icount").arg(format!(
-        "{},rr={rr},rrfile={}",
-        machine.icount,
-        log.display()
-    ));
+    if let Some((rr, log)) = rr {
+        c.arg("-icount").arg(format!(
+            "{},rr={rr},rrfile={}",
+            machine.icount,
+            log.display()
+        ));
+    }
     c.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

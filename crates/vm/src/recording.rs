@@ -12,8 +12,11 @@ pub const MANIFEST: &str = "manifest.json";
 pub const REPLAY_LOG: &str = "replay.bin";
 pub const INITRAMFS: &str = "initramfs.cpio";
 pub const CONSOLE: &str = "console.log";
-/// The guest kernel's code symbols (`/proc/kallsyms`), gzip-compressed.
+/// The guest kernel's code symbols (`/proc/kallsyms`), gzip-compressed,
+/// from a boot of their own.
 pub const KERNEL_SYMBOLS: &str = "kernel.kallsyms.gz";
+/// The loaded modules' code symbols, from the recorded boot.
+pub const MODULE_SYMBOLS: &str = "modules.kallsyms.gz";
 
 /// Bump when the manifest or the guest's protocol changes.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -111,7 +114,17 @@ impl Recording {
     }
 }
 
-/// The kernel symbols a recording dumped, decompressed.
+/// The kernel's and the modules' symbols of a recording, decompressed.
+pub fn all_kernel_symbols(rec: &Recording) -> Result<String, VmError> {
+    let mut text = kernel_symbols(&rec.path(KERNEL_SYMBOLS))?;
+    let modules = rec.path(MODULE_SYMBOLS);
+    if modules.exists() {
+        text.push_str(&kernel_symbols(&modules)?);
+    }
+    Ok(text)
+}
+
+/// Symbols a guest dumped, decompressed.
 pub fn kernel_symbols(path: &Path) -> Result<String, VmError> {
     use std::io::Read;
     let data =
