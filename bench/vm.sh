@@ -8,9 +8,11 @@
 #   - recorded (`trapline vm record`),
 #   - replayed without a plugin (QEMU's rr=replay),
 #   - replayed by `trapline vm replay` (the plugin, then the conversion),
-# interleaved ROUNDS times, for two programs: tests/fixtures/leaks.c (a
-# few dozen allocations) and bench/src/threads_pairs.c with PAIRS
-# malloc+free pairs. KVM is tried once: the row says why when the host
+# interleaved ROUNDS times, for three programs: tests/fixtures/leaks.c (a
+# few dozen allocations), bench/src/threads_pairs.c with PAIRS
+# malloc+free pairs, and tests/fixtures/vm_kleak_writer.c recorded with
+# --kernel-allocs and the kleak module (built here against the kernel's
+# headers), whose replay traps the kernel's allocator too. KVM is tried once: the row says why when the host
 # cannot run a guest under it. Wall seconds of each; the recording's size
 # per guest second (the guest's uptime at power-off, from its console).
 # Appends rows to bench/results.jsonl.
@@ -34,6 +36,10 @@ export TRAPLINE_VM_PLUGIN=$ROOT/target/release/libtrapline_vm_plugin.so
 QEMU=$(command -v qemu-system-x86_64)
 gcc -O2 -g -o "$WORK/leaks" "$ROOT/tests/fixtures/leaks.c"
 gcc -O2 -g -pthread -o "$WORK/pairs" "$BENCH_DIR/src/threads_pairs.c"
+gcc -O2 -g -o "$WORK/kernel" "$ROOT/tests/fixtures/vm_kleak_writer.c"
+KERNEL_IMAGE=$(ls /boot/vmlinuz-* | sort -V | tail -1)
+cp "$ROOT/tests/fixtures/vm_kleak/kleak.c" "$ROOT/tests/fixtures/vm_kleak/Kbuild" "$WORK/"
+make -s -C "/lib/modules/${KERNEL_IMAGE#/boot/vmlinuz-}/build" M="$WORK" modules >&2
 
 # The machine `trapline vm` runs (crates/vm/src/qemu.rs), for the runs
 # without trapline: the recording's kernel and initramfs, into MACHINE.
@@ -45,6 +51,9 @@ machine() {
         -no-reboot -kernel "$kernel" -initrd "$rec/initramfs.cpio"
         -append "console=ttyS0 loglevel=1 nokaslr panic=-1 rdinit=/init"
         -serial "file:$WORK/console.out")
+    if [ -e "$rec/modules.kallsyms.gz" ]; then
+        MACHINE+=(-serial "file:$WORK/symbols.out")
+    fi
 }
 
 wall() { # prints the wall seconds of a command
@@ -57,14 +66,15 @@ wall() { # prints the wall seconds of a command
 
 results=$WORK/results.txt
 : >"$results"
-declare -A args=([leaks]="" [pairs]="$PAIRS 1")
+declare -A args=([leaks]="" [pairs]="$PAIRS 1" [kernel]="")
+declare -A record_flags=([leaks]="" [pairs]="" [kernel]="--kernel-allocs --kernel-module $WORK/kleak.ko")
 for round in $(seq "$ROUNDS"); do
-    for prog in leaks pairs; do
+    for prog in leaks pairs kernel; do
         rec=$WORK/rec-$prog-$round
         # shellcheck disable=SC2086
         echo "$prog native $(wall "$WORK/$prog" ${args[$prog]})" >>"$results"
         # shellcheck disable=SC2086
-        echo "$prog record $(wall "$TRAPLINE" vm record -o "$rec" -- "$WORK/$prog" ${args[$prog]})" >>"$results"
+        echo "$prog record $(wall "$TRAPLINE" vm record ${record_flags[$prog]} -o "$rec" -- "$WORK/$prog" ${args[$prog]})" >>"$results"
         machine "$rec"
         echo "$prog tcg $(wall "$QEMU" "${MACHINE[@]}" -accel tcg)" >>"$results"
         grep -q "EXIT 0" "$WORK/console.out"
@@ -112,6 +122,7 @@ pairs = int(os.environ["PAIRS"])
 workloads = {
     "leaks": "leaks.c (62 allocations) in a QEMU guest, whole-system record and replay (bench/vm.sh)",
     "pairs": f"threads_pairs.c, {pairs:,} malloc+free pairs, in a QEMU guest, whole-system record and replay (bench/vm.sh)",
+    "kernel": "vm_kleak_writer.c and the kleak module in a QEMU guest, recorded with --kernel-allocs (the record includes the boot that dumps the kernel's symbols) (bench/vm.sh)",
 }
 names = {
     "native": "native on the host",
