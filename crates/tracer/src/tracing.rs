@@ -653,15 +653,16 @@ impl Recorder {
             }
             return Ok(true);
         }
+        if self.in_allocator(caller.ra) {
+            // The allocator's own teardown (glibc's tcache at a thread's
+            // end): the cache, allocated without its entry point, and the
+            // blocks the program freed into it, released again.
+            self.untracked_calls += 1;
+            return Ok(true);
+        }
         let freed = self.heap.freed_lately(addr);
         let kind = match freed {
             Some(_) => ErrorKind::DoubleFree,
-            None if self.in_allocator(caller.ra) => {
-                // Allocated inside the allocator, without its entry point
-                // (glibc's tcache), and released by it: its own business.
-                self.untracked_calls += 1;
-                return Ok(true);
-            }
             None => ErrorKind::InvalidFree,
         };
         let pass = self.pass_invalid;

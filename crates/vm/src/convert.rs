@@ -328,7 +328,12 @@ impl Converter<'_> {
             _ => {}
         }
         let calls = self.active.entry(ctx).or_default();
-        let nested = !calls.is_empty();
+        let mut nested = !calls.is_empty();
+        if !nested && self.called_by_loader(&e) {
+            // Not the program's: the agent never sees these either.
+            self.counts.untracked += 1;
+            nested = true;
+        }
         let call = e.call;
         let tid = self.tid_of(&e);
         let mut stack = 0;
@@ -571,19 +576,35 @@ impl Converter<'_> {
             }
             return Ok(());
         }
+        if self.by_allocator_teardown(e) {
+            // glibc's thread cache at its thread's end: the cache itself
+            // (allocated without malloc) and the blocks the program freed
+            // into it, released again by glibc's own free.
+            self.counts.untracked += 1;
+            return Ok(());
+        }
         let freed = self.heap.freed_lately(addr);
         let kind = match freed {
             Some(_) => ErrorKind::DoubleFree,
-            None if self.by_allocator_teardown(e) => {
-                // glibc's thread cache, allocated without malloc and
-                // released with free when its thread ends.
-                self.counts.untracked += 1;
-                return Ok(());
-            }
             None => ErrorKind::InvalidFree,
         };
         // The guest's C library got the call (and judged it itself).
         self.report(tid, time, kind, func, addr, stack, freed, true, 0)
+    }
+
+    /// Whether a user call was made by the dynamic loader itself (a
+    /// thread's TLS, its DTV).
+    fn called_by_loader(&self, e: &Enter) -> bool {
+        let (Some((start, end)), Stack::Raw(bytes)) = (self.input.layout.loader, &e.stack) else {
+            return false;
+        };
+        let Some(ra) = bytes
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        else {
+            return false;
+        };
+        (start..end).contains(&ra)
     }
 
     /// Whether a release was called by the C library's own teardown.

@@ -76,7 +76,7 @@ pub fn loaded_path(line: &str) -> Option<PathBuf> {
 }
 
 /// `PT_INTERP` of an x86-64 ELF file.
-fn interpreter(data: &[u8]) -> Option<String> {
+pub fn interpreter(data: &[u8]) -> Option<String> {
     use object::read::elf::{ElfFile64, ProgramHeader};
     use object::Endianness;
     let file = ElfFile64::<Endianness>::parse(data).ok()?;

@@ -107,6 +107,10 @@ fn main_program_base(file: &object::File) -> u64 {
 pub struct Layout {
     /// The program first, then the libraries in the loader's order.
     pub modules: Vec<Loaded>,
+    /// Where the dynamic loader is: the agent never sees the allocations it
+    /// makes (through the C library's functions, but not through their
+    /// import slots), so neither does a replay.
+    pub loader: Option<(u64, u64)>,
 }
 
 impl Layout {
@@ -115,7 +119,12 @@ impl Layout {
         for (path, at) in libraries {
             modules.push(Loaded::new(path, Some(*at))?);
         }
-        Ok(Layout { modules })
+        let interpreter = crate::guest::interpreter(&modules[0].data);
+        let loader = modules
+            .iter()
+            .find(|m| interpreter.as_deref() == Some(&*m.path.to_string_lossy()))
+            .map(Loaded::span);
+        Ok(Layout { modules, loader })
     }
 }
 
