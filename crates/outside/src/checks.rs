@@ -1,9 +1,9 @@
 //! What an allocator call's arguments say: the size and alignment asked
 //! for, and whether a release matches the block it releases.
 
-use trapline_trace::{AllocFn, ErrorKind, Family};
+use trapline_trace::{AllocFn, ErrorKind, Event, Family};
 
-use crate::heap::Block;
+use crate::heap::{Block, Freed};
 
 /// The size and alignment an allocating call asked for, from its first
 /// three arguments.
@@ -39,4 +39,32 @@ pub fn mismatch(func: AllocFn, block: Block, rsi: u64, rdx: u64) -> Option<(Erro
     let cxx = func.family() != Family::Malloc;
     (cxx && func.cxx_aligned() != block.func.cxx_aligned())
         .then_some((ErrorKind::MismatchedAlignment, align))
+}
+
+/// The `Error` event of a misused call; `known`: the block's allocation
+/// (and its release, when freed before).
+#[allow(clippy::too_many_arguments)]
+pub fn error_event(
+    time: u64,
+    kind: ErrorKind,
+    func: AllocFn,
+    addr: u64,
+    stack: u32,
+    known: Option<Freed>,
+    passed_on: bool,
+    given: u64,
+) -> Event {
+    Event::Error {
+        time,
+        kind,
+        func,
+        addr,
+        stack,
+        alloc_func: known.map(|f| f.block.func),
+        alloc_size: known.map_or(0, |f| f.block.size),
+        alloc_stack: known.map_or(0, |f| f.block.stack),
+        free_stack: known.map_or(0, |f| f.free_stack),
+        passed_on,
+        given,
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use trapline_trace::AllocFn;
+use trapline_trace::{AllocFn, Event};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Block {
@@ -71,5 +71,25 @@ impl Heap {
 
     pub fn freed_lately(&self, addr: u64) -> Option<Freed> {
         self.freed.get(&addr).copied()
+    }
+
+    /// The exit snapshot of the live blocks, unjudged: a `LiveBlock` each,
+    /// by address, then `SnapshotEnd`; with the blocks and bytes counted.
+    pub fn live_snapshot(&self) -> (Vec<Event>, u64, u64) {
+        let mut live: Vec<(u64, Block)> = self.live.iter().map(|(a, b)| (*a, *b)).collect();
+        live.sort_unstable_by_key(|(addr, _)| *addr);
+        let bytes = live.iter().map(|(_, b)| b.size).sum();
+        let blocks = live.len() as u64;
+        let mut events: Vec<Event> = live
+            .into_iter()
+            .map(|(addr, b)| Event::LiveBlock {
+                addr,
+                size: b.size,
+                func: b.func,
+                stack: b.stack,
+            })
+            .collect();
+        events.push(Event::SnapshotEnd { blocks, bytes });
+        (events, blocks, bytes)
     }
 }

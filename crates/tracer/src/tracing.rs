@@ -22,7 +22,7 @@ use crate::remote::Memory;
 use crate::scan;
 use crate::stubs::{self, Stop, Stubs};
 use crate::unwind::StackUnwinder;
-use trapline_outside::checks::{mismatch, size_and_align};
+use trapline_outside::checks::{error_event, mismatch, size_and_align};
 use trapline_outside::heap::{Block, Freed, Heap};
 
 /// What to record.
@@ -686,19 +686,7 @@ impl Recorder {
         passed_on: bool,
         given: u64,
     ) -> Result<(), String> {
-        let ev = Event::Error {
-            time,
-            kind,
-            func,
-            addr,
-            stack,
-            alloc_func: known.map(|f| f.block.func),
-            alloc_size: known.map_or(0, |f| f.block.size),
-            alloc_stack: known.map_or(0, |f| f.block.stack),
-            free_stack: known.map_or(0, |f| f.free_stack),
-            passed_on,
-            given,
-        };
+        let ev = error_event(time, kind, func, addr, stack, known, passed_on, given);
         self.emit(tid, &ev)
     }
 
@@ -748,21 +736,11 @@ impl Recorder {
             },
         )?;
         if !self.scan {
-            let mut live: Vec<(u64, Block)> =
-                self.heap.live.iter().map(|(a, b)| (*a, *b)).collect();
-            live.sort_unstable_by_key(|(addr, _)| *addr);
-            let bytes = live.iter().map(|(_, b)| b.size).sum();
-            let blocks = live.len() as u64;
-            for (addr, b) in live {
-                let ev = Event::LiveBlock {
-                    addr,
-                    size: b.size,
-                    func: b.func,
-                    stack: b.stack,
-                };
-                self.emit(tid, &ev)?;
+            let (events, _, _) = self.heap.live_snapshot();
+            for ev in &events {
+                self.emit(tid, ev)?;
             }
-            return self.emit(tid, &Event::SnapshotEnd { blocks, bytes });
+            return Ok(());
         }
         // Every thread stopped, so that the snapshot is of one moment.
         let stopped = self.stop_others(tid)?;

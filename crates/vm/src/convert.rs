@@ -11,7 +11,7 @@ use std::path::Path;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
-use trapline_outside::checks::{mismatch, size_and_align};
+use trapline_outside::checks::{error_event, mismatch, size_and_align};
 use trapline_outside::heap::{Block, Freed, Heap};
 use trapline_outside::traps::Trap;
 use trapline_trace::event::segment_flags;
@@ -639,19 +639,7 @@ impl Converter<'_> {
         given: u64,
     ) -> Result<(), VmError> {
         self.counts.errors += 1;
-        let ev = Event::Error {
-            time,
-            kind,
-            func,
-            addr,
-            stack,
-            alloc_func: known.map(|f| f.block.func),
-            alloc_size: known.map_or(0, |f| f.block.size),
-            alloc_stack: known.map_or(0, |f| f.block.stack),
-            free_stack: known.map_or(0, |f| f.free_stack),
-            passed_on,
-            given,
-        };
+        let ev = error_event(time, kind, func, addr, stack, known, passed_on, given);
         self.emit(tid, &ev)
     }
 
@@ -741,20 +729,10 @@ impl Converter<'_> {
                 kind: SnapshotKind::Exit,
             },
         )?;
-        let mut live: Vec<(u64, Block)> = self.heap.live.iter().map(|(a, b)| (*a, *b)).collect();
-        live.sort_unstable_by_key(|(a, _)| *a);
-        let bytes: u64 = live.iter().map(|(_, b)| b.size).sum();
-        let blocks = live.len() as u64;
-        for (addr, b) in live {
-            let ev = Event::LiveBlock {
-                addr,
-                size: b.size,
-                func: b.func,
-                stack: b.stack,
-            };
-            self.emit(tid, &ev)?;
+        let (events, blocks, bytes) = self.heap.live_snapshot();
+        for ev in &events {
+            self.emit(tid, ev)?;
         }
-        self.emit(tid, &Event::SnapshotEnd { blocks, bytes })?;
         let status = self.input.manifest.exit_status;
         let exit = if status > 128 {
             ExitKind::Signal(status - 128)
