@@ -1593,3 +1593,43 @@ fn the_run_summary_names_the_traces_that_carry_the_work() {
         run.describe()
     );
 }
+
+/// setxid.c: dropping privileges (setgroups, setgid, setuid) makes glibc
+/// signal every thread it created, the agent's too, and wait for each. It
+/// must not hang: in a forked child (whose writer thread is a new one), nor
+/// under `--control` (whose serving thread is one more), and the process
+/// that dropped them keeps its trace whole.
+#[test]
+fn dropping_privileges_reaches_every_agent_thread() {
+    let src = "setxid.c";
+    for (flags, mode) in [
+        (&[][..], "fork"),
+        (&["--control"][..], ""),
+        (&["--control"][..], "fork"),
+    ] {
+        let dir = TestDir::new(&format!("setxid_{}_{mode}", flags.len()));
+        let prog = compile_c(&dir, src);
+        let run = run(&dir, flags, &prog, &[mode]);
+        assert_eq!(run.code(), 0, "{flags:?} {mode}: {}", run.describe());
+        assert_eq!(run.stdout, "dropped\n", "{flags:?} {mode}");
+        assert_no_events_lost_in_summary(&run);
+        let dropper = if mode == "fork" {
+            let others = dir.other_traces();
+            assert_eq!(others.len(), 1, "{flags:?}: {others:?}");
+            others[0].clone()
+        } else {
+            dir.trace()
+        };
+        let report = leaks(&dropper);
+        assert_complete(&report);
+        let lost: Vec<&Value> = records(&report)
+            .iter()
+            .filter(|r| r["kind"] == "definitely_lost")
+            .collect();
+        assert_eq!(lost.len(), 1, "{flags:?} {mode}: {lost:?}");
+        assert_eq!(lost[0]["bytes"], 40, "{}", lost[0]);
+        let top = &lost[0]["stack"][0];
+        assert_eq!(top["function"], "drop", "{}", lost[0]);
+        assert_eq!(top["line"], marker_line(src, "drop-leak"), "{}", lost[0]);
+    }
+}

@@ -172,27 +172,14 @@ fn spawn() -> bool {
     }
 }
 
-/// Starts an agent thread running `main`, with every signal the writer
-/// blocks blocked; its tid.
+/// Starts an agent thread running `main`, with the agent threads' mask
+/// but the scan's park signal; its tid.
 fn spawn_thread(main: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -> Option<u32> {
     let park = 1u64 << (crate::services::scan::world::park_signal() - 1);
-    let old = writer::set_signal_mask(libc::SIG_BLOCK, writer::WRITER_BLOCKED & !park);
-    // SAFETY: a detached thread running `main`, which takes no argument.
-    let tid = unsafe {
-        let mut t: libc::pthread_t = 0;
-        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
-        libc::pthread_attr_init(&mut attr);
-        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        let r = sys::create_untraced(&mut t, &attr, main, core::ptr::null_mut());
-        libc::pthread_attr_destroy(&mut attr);
-        (r == 0).then(|| {
-            let tid = crate::events::threads::kernel_tid(t).unwrap_or(0);
-            crate::platform::agent_threads::note(tid);
-            tid
-        })
-    };
-    writer::set_signal_mask(libc::SIG_SETMASK, old);
-    tid
+    let thread = crate::platform::agent_threads::spawn(main, park).0?;
+    let tid = crate::events::threads::kernel_tid(thread).unwrap_or(0);
+    crate::platform::agent_threads::note(tid);
+    Some(tid)
 }
 
 /// Stops serving: the socket file goes (the process is finishing its

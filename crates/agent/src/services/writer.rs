@@ -8,7 +8,7 @@
 //! most a fraction of a second behind.
 
 use crate::events::buffers;
-use crate::platform::sys;
+use crate::platform::{agent_threads, sys};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use trapline_trace::format::{encode_chunk_reusing, write_file_header};
 
@@ -286,10 +286,7 @@ extern "C" fn writer_main(_arg: *mut libc::c_void) -> *mut libc::c_void {
     crate::events::thread::mark_agent_thread();
     // SAFETY: naming our own thread; the name fits in 16 bytes.
     unsafe { libc::pthread_setname_np(libc::pthread_self(), c"trapline-writer".as_ptr()) };
-    // The thread started with every signal but the faults blocked (`start`),
-    // SIGXFSZ among them: a trace that outgrows the file size limit
-    // (RLIMIT_FSIZE) must not kill the program; the write fails with EFBIG
-    // instead, and the lost events are counted.
+    // The thread started with `agent_threads::AGENT_BLOCKED` (`start`).
     // SAFETY: PERIODIC holds a `fn()` stored by `start`.
     let periodic: fn() =
         unsafe { core::mem::transmute::<usize, fn()>(PERIODIC.load(Ordering::Acquire)) };
@@ -361,52 +358,17 @@ fn end_for_program(scratch: &mut Vec<u8>) -> ! {
     stopped();
     crate::events::thread::adopt_for_program();
     // The program's exit handlers run here, with a program thread's mask.
-    set_signal_mask(libc::SIG_SETMASK, CREATOR_MASK.load(Ordering::Relaxed));
+    agent_threads::set_signal_mask(libc::SIG_SETMASK, CREATOR_MASK.load(Ordering::Relaxed));
     // SAFETY: exit(0) is what glibc calls when a process's last thread ends.
     unsafe { libc::exit(0) }
 }
-
-/// Signals the writer thread blocks: all but the faults its own code could
-/// raise. The kernel gives a signal sent to the process to any thread that
-/// does not block it: the writer took a pool worker's SIGTERM and died of
-/// it without finishing the trace (its handler leaves agent threads
-/// alone), and in a program that blocks SIGTERM everywhere to `sigwait`
-/// for it, the writer took it and the process died.
-pub const WRITER_BLOCKED: u64 = {
-    let mut mask = !0u64;
-    let mut i = 0;
-    while i < sys::FAULT_SIGNALS.len() {
-        mask &= !(1 << (sys::FAULT_SIGNALS[i] - 1));
-        i += 1;
-    }
-    mask
-};
 
 /// The creating thread's mask when the writer started, which the writer
 /// takes back when it becomes the program's last thread (`end_for_program`).
 static CREATOR_MASK: AtomicU64 = AtomicU64::new(0);
 
-/// rt_sigprocmask on the calling thread (the system call: the
-/// `pthread_sigmask` symbol is the agent's own hook). Returns the old mask.
-pub fn set_signal_mask(how: libc::c_int, mask: u64) -> u64 {
-    let mut old: u64 = 0;
-    // SAFETY: rt_sigprocmask with 8-byte masks we own.
-    unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            how,
-            &mask as *const u64,
-            &mut old as *mut u64,
-            8usize,
-        )
-    };
-    old
-}
-
-/// Starts the writer thread (a raw pthread, detached: nothing of Rust's
-/// thread runtime runs on it before it is marked as the agent's own), with
-/// the signals of `WRITER_BLOCKED` blocked from its first instruction: it
-/// inherits them from this thread, which blocks them for the moment.
+/// Starts the writer thread, with the agent threads' mask from its first
+/// instruction (`agent_threads::spawn`).
 pub fn start(periodic: fn()) {
     crate::platform::clock::on_ticker_asleep(buffers::wake);
     STARTING.store(true, Ordering::Release);
@@ -418,39 +380,21 @@ pub fn start(periodic: fn()) {
     // has run its first instruction and noted itself as the agent's, and
     // then parks it like any thread (the agent's own signal, thread-directed).
     let park = 1u64 << (crate::services::scan::world::park_signal() - 1);
-    let creator_mask = set_signal_mask(libc::SIG_BLOCK, WRITER_BLOCKED & !park);
+    let (thread, creator_mask) = agent_threads::spawn(writer_main, park);
     CREATOR_MASK.store(creator_mask, Ordering::Relaxed);
-    // SAFETY: creating a detached thread running `writer_main`, which takes no argument.
-    let ok = unsafe {
-        let mut t: libc::pthread_t = 0;
-        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
-        libc::pthread_attr_init(&mut attr);
-        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        // Not through the agent's own pthread_create hook: the writer is no program thread.
-        let r = crate::platform::sys::create_untraced(
-            &mut t,
-            &attr,
-            writer_main,
-            core::ptr::null_mut(),
-        );
-        libc::pthread_attr_destroy(&mut attr);
-        if r == 0 {
-            // Known before it runs: an exit that counts the program's
-            // threads must not take it for one, nor wait for it to start
-            // (its start-up touched a megabyte a short-lived process never
-            // needed).
-            WRITER_TID.store(
-                crate::events::threads::kernel_tid(t).unwrap_or(0),
-                Ordering::Release,
-            );
+    match thread {
+        // Known before it runs: an exit that counts the program's threads
+        // must not take it for one, nor wait for it to start (its start-up
+        // touched a megabyte a short-lived process never needed).
+        Some(t) => WRITER_TID.store(
+            crate::events::threads::kernel_tid(t).unwrap_or(0),
+            Ordering::Release,
+        ),
+        None => {
+            STARTING.store(false, Ordering::Release);
+            buffers::WRITER_RUNNING.store(false, Ordering::Release);
+            sys::warn("cannot start the writer thread; the trace is written at exit");
         }
-        r == 0
-    };
-    set_signal_mask(libc::SIG_SETMASK, creator_mask);
-    if !ok {
-        STARTING.store(false, Ordering::Release);
-        buffers::WRITER_RUNNING.store(false, Ordering::Release);
-        sys::warn("cannot start the writer thread; the trace is written at exit");
     }
 }
 
