@@ -550,3 +550,46 @@ fn run_watch_names_a_servers_stale_and_growing_sites_in_its_summary() {
         assert!(!stderr.contains(function), "{stderr}");
     }
 }
+
+/// watched_roots.c has its own agent watch the pages of a block that
+/// points to 8 others, then clears it (each page's first write gives it
+/// back). The copies the agent kept of the pages are no roots: the 8 blocks
+/// are definitely lost, as without watching, and only the holder is
+/// still reachable.
+#[test]
+fn the_copies_of_watched_pages_are_not_roots() {
+    let dir = TestDir::new("watched_roots");
+    let src = "watched_roots.c";
+    let prog = compile_c(&dir, src);
+    let run = run(&dir, &["--control"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "cleared\n", "{}", run.describe());
+    let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
+    assert_complete(&report);
+    let mut summary: Vec<(String, u64, u64)> = records(&report)
+        .iter()
+        .map(|r| {
+            let top = &r["stack"][0];
+            assert_eq!(basename(top.get("file")), src, "{}", pretty(r));
+            (
+                as_str(r, "kind").to_owned(),
+                as_u64(r, "bytes"),
+                top["line"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    summary.sort();
+    assert_eq!(
+        summary,
+        [
+            ("definitely_lost".to_owned(), 512, marker_line(src, "LOST")),
+            (
+                "still_reachable".to_owned(),
+                65536,
+                marker_line(src, "HOLDER")
+            ),
+        ],
+        "{}",
+        pretty(&report)
+    );
+}

@@ -168,23 +168,17 @@ pub enum Refusal {
     NotOpen,
 }
 
-/// A page to keep a watched page's contents in: a spare one, or a new one.
+/// A page to keep a watched page's contents in: a spare one, or a new one
+/// of the agent heap's. Its copy of a heap page holds the program's
+/// pointers, and a spare one keeps them after the page went back: it must be
+/// in the agent heap's registry, which the reachability scan leaves out of
+/// its roots, or the copies would keep blocks the program lost reachable.
 fn aside_page(spare: &mut Vec<u64>) -> Option<u64> {
     if let Some(p) = spare.pop() {
         return Some(p);
     }
-    // SAFETY: a fresh private mapping of ours.
-    let p = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            PAGE as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    (p != libc::MAP_FAILED).then_some(p as u64)
+    let p = crate::platform::heap::map_own(PAGE as usize);
+    (!p.is_null()).then_some(p as u64)
 }
 
 /// Arms `page` (page-aligned, in a private anonymous mapping: the caller
