@@ -8,7 +8,7 @@ use crate::tracking::access;
 use crate::tracking::live::{self, Block, Freed};
 use crate::tracking::untracked;
 use crate::{capture::stacks, platform::clock};
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 use trapline_trace::{AllocFn, ErrorKind, Event};
 
 /// How a hook may use the agent right now.
@@ -406,6 +406,31 @@ fn through_private_operators(alloc_stack: u32, release: StartRegs) -> bool {
 /// passed on, counted, never errors.
 pub static EARLIER_RELEASES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
+/// The dynamic loader's code while attached: `[start, end)`.
+static LOADER_CODE: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Notes where the dynamic loader's code is (attached mode). Its calls to
+/// the allocator go through pointers it bound at the program's start
+/// (`__rtld_malloc` and its kin), not through import slots, so an attached
+/// agent never sees its allocations (a thread's DTV) but may see their
+/// release: through an executable's canonical PLT entry for `free` (a
+/// non-PIE python3), which attach patched.
+pub fn note_loader_code(start: u64, end: u64) {
+    LOADER_CODE[0].store(start, Ordering::Relaxed);
+    LOADER_CODE[1].store(end, Ordering::Relaxed);
+}
+
+/// Whether the call was made from the dynamic loader's code, whose
+/// allocations an attached agent never sees.
+#[cold]
+fn called_from_loader(regs: StartRegs) -> bool {
+    let (start, end) = (
+        LOADER_CODE[0].load(Ordering::Relaxed),
+        LOADER_CODE[1].load(Ordering::Relaxed),
+    );
+    regs.pc_is_return_address && (start..end).contains(&regs.pc)
+}
+
 /// Records a release of `addr`; returns whether to pass it to the C library.
 #[inline]
 pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
@@ -514,10 +539,13 @@ fn free_recorded(
         return true;
     }
     let freed = shard.recently_freed(addr);
-    if freed.is_none() && crate::config::flag(&crate::config::OPTIONS.blocks_predate) {
+    if crate::config::flag(&crate::config::OPTIONS.blocks_predate)
+        && (freed.is_none() || called_from_loader(regs))
+    {
         // A block from before the agent saw the allocator (an attach, a
         // detour): the program's own to release. A block released lately
-        // is still a double free.
+        // is still a double free, unless the loader releases it: the
+        // allocator handed the address to the loader again unseen.
         drop(shard);
         EARLIER_RELEASES.fetch_add(1, Ordering::Relaxed);
         return true;
@@ -682,8 +710,8 @@ pub fn realloc(
             ts.last_time = shard.stamp(clock::tick(), ts.last_time);
         }
         if old_block.is_none() && !untracked::remove(old_addr) {
-            if shard.recently_freed(old_addr).is_none()
-                && crate::config::flag(&crate::config::OPTIONS.blocks_predate)
+            if crate::config::flag(&crate::config::OPTIONS.blocks_predate)
+                && (shard.recently_freed(old_addr).is_none() || called_from_loader(regs))
             {
                 // A block from before the attach: resized, it is a new
                 // block from the trace's point of view.

@@ -86,14 +86,21 @@ fn patchable(m: &Module, own: usize, first: bool) -> bool {
         return false;
     }
     let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-    !(name.starts_with(b"ld-linux")
-        || name.starts_with(b"linux-vdso")
-        || name.starts_with(b"linux-gate"))
+    !(is_loader(m) || name.starts_with(b"linux-vdso") || name.starts_with(b"linux-gate"))
+}
+
+/// Whether `m` is glibc's dynamic loader.
+fn is_loader(m: &Module) -> bool {
+    trapline_contract::elf::is_glibc_loader(m.path().to_bytes())
 }
 
 fn patch_new(s: &mut State) {
     let own = sys::own_module().dli_fbase as usize;
     for (i, m) in imports::modules().iter().enumerate() {
+        if is_loader(m) {
+            let code = m.extent();
+            crate::events::record::note_loader_code(code.start as u64, code.end as u64);
+        }
         if s.done.contains(&m.base) || !patchable(m, own, i == 0) {
             continue;
         }
