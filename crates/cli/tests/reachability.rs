@@ -682,6 +682,36 @@ fn a_thread_running_on_a_heap_block_stack() {
     );
 }
 
+/// reach_below_sp.c: a thread blocked in read(2) whose only copies of two
+/// blocks are in its red zone and in a vector register. The scan read a
+/// stopped thread's stack from the park handler's frame up, the red zone and
+/// the whole signal frame included: both blocks were still reachable, and a
+/// stale copy the agent's hooks left there, or the CPU's variant of memcpy
+/// left in ymm16-31, could make any lost block reachable
+/// (`reach_coroutine.c` on an AVX-512 machine). Now only the stack from the
+/// interrupted stack pointer up and the general registers are read, as
+/// LeakSanitizer reads them: both are definitely lost.
+#[test]
+fn the_red_zone_and_vector_registers_of_a_stopped_thread_are_not_roots() {
+    let dir = TestDir::new("reach_below_sp");
+    let prog = compile_c(&dir, "reach_below_sp.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    let at = |marker| {
+        bytes_blocks(record_at(
+            &report,
+            "definitely_lost",
+            "reach_below_sp.c",
+            marker,
+        ))
+    };
+    assert_eq!(at("RED-ZONE-ONLY"), (2048, 1));
+    assert_eq!(at("VECTOR-ONLY"), (4096, 1));
+    let [definite, indirect, possible, _] = kind_totals(&report);
+    assert_eq!((definite, indirect, possible), ((6144, 2), (0, 0), (0, 0)));
+}
+
 /// seccomp_filter.c: a program whose seccomp filter forbids
 /// process_vm_readv, killing the process on it ("kill", systemd's default
 /// action) or failing it ("errno"). The exit scan read roots with that call: the first kind died of

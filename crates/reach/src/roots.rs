@@ -15,16 +15,22 @@
 //! - kernel and device mappings (`[vvar]`, `[vdso]`, `/dev/*`).
 //!
 //! A mapping holding the stack pointer of a stopped thread is read from that
-//! stack pointer up (the park handler's frame sits just below the signal
-//! frame with the thread's registers, vector registers included; the
-//! thread's static TLS and descriptor lie above its stack). Everything below
-//! is dead. The scanning thread's own stack is read from where its live
-//! frames start: the caller of `exit`, or the entry stack of the process when
-//! `main` returned. A thread's own stack that it left through `swapcontext`
-//! or `setcontext` is read from where it left it (`hooks/context.rs`). Any
-//! other stack on which no stopped thread is (an alternate signal stack not
-//! in use, a coroutine stack switched away from, a thread that could not be
-//! stopped) is read whole.
+//! stack pointer up, as LeakSanitizer does (the thread's static TLS and
+//! descriptor lie above its stack), and its general registers are read from the
+//! signal frame that stopped it. Everything below the stack pointer is dead:
+//! the red zone, where the frames of the calls the thread made last (the
+//! agent's hooks among them) left copies of addresses, and the signal frame
+//! with the vector registers, which memcheck and LeakSanitizer do not read
+//! either: they hold mostly what the C library's string functions copied last,
+//! in registers that depend on the CPU (the AVX-512 variants use ymm16 to
+//! ymm31, which no call clears), so reading them made a lost block's verdict
+//! depend on the CPU model. The scanning thread's own stack is read from where
+//! its live frames start: the caller of `exit`, or the entry stack of the
+//! process when `main` returned. A thread's own stack that it left through
+//! `swapcontext` or `setcontext` is read from where it left it
+//! (`hooks/context.rs`). Any other stack on which no stopped thread is (an
+//! alternate signal stack not in use, a coroutine stack switched away from, a
+//! thread that could not be stopped) is read whole.
 
 use crate::maps::{containing, Mapping, Special};
 

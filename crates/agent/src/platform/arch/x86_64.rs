@@ -477,6 +477,25 @@ pub unsafe fn note_agent_eintr(ucontext: *const libc::c_void) {
     }
 }
 
+/// How many general registers `interrupted_state` gives (`gregs[..16]`:
+/// r8 to r15, rdi, rsi, rbp, rbx, rdx, rax, rcx and rsp).
+pub const GENERAL_REGISTERS: u64 = 16;
+
+/// The stack pointer of the code a signal interrupted, and the address of
+/// its general registers in the signal frame (`GENERAL_REGISTERS` words,
+/// valid while the handler runs), from the handler's `ucontext`.
+///
+/// # Safety
+/// `ucontext` must be the context pointer the kernel passed to the handler.
+pub unsafe fn interrupted_state(ucontext: *const libc::c_void) -> Option<(u64, u64)> {
+    if ucontext.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes the kernel's ucontext_t for this signal.
+    let gregs = unsafe { &(*(ucontext as *const libc::ucontext_t)).uc_mcontext.gregs };
+    Some((gregs[libc::REG_RSP as usize] as u64, gregs.as_ptr() as u64))
+}
+
 /// Zeroes caller-saved registers the agent's code leaves copies of program
 /// addresses in (the event buffer's last address, table entries copied
 /// through vector registers): a conservative scan would take such a stale

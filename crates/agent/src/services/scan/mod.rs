@@ -598,6 +598,15 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
             root_bytes += (8 * CALLEE_SAVED) as u64;
         }
     }
+    // Parked threads' general registers, read from their signal frames
+    // (which lie below their stacks' live parts).
+    for p in world.parked.iter().filter(|p| p.registers != 0) {
+        let n = crate::platform::arch::GENERAL_REGISTERS;
+        root_bytes +=
+            mem.reader
+                .borrow_mut()
+                .for_each_word(p.registers, p.registers + 8 * n, |w| marker.word(w, true));
+    }
     // Stacks that threads left for another (hooks/context.rs) are live from
     // where they were left; no thread runs on them.
     let running = stack_starts.len();

@@ -1,10 +1,10 @@
 //! Stopping every other thread of the process while the scan reads memory.
 //!
-//! Each thread is sent `park_signal()` with tgkill. Its handler (which runs on
-//! the thread's current stack, so the registers the kernel saved in the signal
-//! frame lie just above the handler's stack pointer) publishes that stack
-//! pointer in the thread's slot and sleeps on a futex until the scan releases
-//! it. Threads created meanwhile are found by listing /proc/self/task again
+//! Each thread is sent `park_signal()` with tgkill. Its handler runs on the
+//! thread's current stack, below the red zone of the interrupted code; it
+//! publishes in the thread's slot the interrupted stack pointer and where
+//! the kernel saved the thread's general registers in the signal frame, and
+//! sleeps on a futex until the scan releases it. Threads created meanwhile are found by listing /proc/self/task again
 //! until no new thread appears. A thread that does not park within the
 //! deadline (it blocks the signal, or the program took the signal over) is
 //! counted as not suspended: its stack is then scanned as it is, without its
@@ -47,6 +47,8 @@ struct Slot {
     left_sp: AtomicU64,
     /// The thread parked inside the agent (a recorded call under way).
     inside: AtomicU32,
+    /// Where its general registers are (`Parked::registers`).
+    registers: AtomicU64,
 }
 
 /// The slot table, mapped once and never unmapped: a handler that runs late
@@ -68,14 +70,20 @@ pub fn park_signal() -> c_int {
     libc::SIGRTMAX() - 3
 }
 
-/// A thread stopped for the scan: its stack pointer inside the park handler.
+/// A thread stopped for the scan.
 #[derive(Clone, Copy)]
 pub struct Parked {
     pub tid: u32,
+    /// Where its stack is live from: its stack pointer when the signal
+    /// came (the handler's frames, the signal frame and the red zone lie
+    /// below it).
     pub sp: u64,
     /// Where it left its own stack for another, or 0: the own stack is live
     /// from there.
     pub left_sp: u64,
+    /// Where the kernel saved its general registers (`arch::GENERAL_REGISTERS`
+    /// words in the signal frame, read while it is parked), or 0.
+    pub registers: u64,
 }
 
 /// The stopped world.
@@ -142,6 +150,7 @@ fn insert(slots: &[Slot], tid: u32) -> Option<(&Slot, usize)> {
             slots[i].sp.store(0, Ordering::Relaxed);
             slots[i].left_sp.store(0, Ordering::Relaxed);
             slots[i].inside.store(0, Ordering::Relaxed);
+            slots[i].registers.store(0, Ordering::Relaxed);
             slots[i].state.store(SIGNALLED, Ordering::Relaxed);
             slots[i].tid.store(tid, Ordering::Release);
             return Some((&slots[i], i));
@@ -156,9 +165,16 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
     // A sleep or wait this signal cut short is retried by its hook (eintr.rs).
     // SAFETY: the kernel's context for this signal.
     unsafe { crate::platform::arch::note_agent_eintr(ctx) };
-    // Interrupted on the agent's side stack: the thread's own stack is live
-    // from where the agent left it.
-    let sp = crate::events::thread::own_stack_sp(crate::platform::arch::stack_pointer());
+    // The stack is live from where the signal found it. Interrupted on the
+    // agent's side stack, the thread's own stack is live from where the
+    // agent left it, and the registers are the agent's.
+    // SAFETY: the kernel's context for this signal.
+    let (interrupted_sp, mut registers) = unsafe { crate::platform::arch::interrupted_state(ctx) }
+        .unwrap_or((crate::platform::arch::stack_pointer(), 0));
+    let sp = crate::events::thread::own_stack_sp(interrupted_sp);
+    if sp != interrupted_sp {
+        registers = 0;
+    }
     let p = TABLE.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: the table is never unmapped.
@@ -178,6 +194,7 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
                 let left =
                     crate::events::thread::current_if_any().map_or(0, |t| t.own_stack_left_at(sp));
                 slot.left_sp.store(left, Ordering::Relaxed);
+                slot.registers.store(registers, Ordering::Relaxed);
                 slot.state.store(PARKED, Ordering::Release);
                 crate::platform::futex::futex_wake(&slot.state, 1);
                 crate::platform::hold::wait_at_gate();
@@ -423,6 +440,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
                         tid,
                         sp: s.sp.load(Ordering::Relaxed),
                         left_sp: s.left_sp.load(Ordering::Relaxed),
+                        registers: s.registers.load(Ordering::Relaxed),
                     });
                 } else {
                     world.not_suspended += 1;
