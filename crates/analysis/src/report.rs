@@ -606,11 +606,24 @@ pub fn prefix(process: &ProcessReport) -> String {
 /// The command line for text reports.
 pub fn command_text(process: &ProcessReport) -> String {
     if !process.command.is_empty() {
-        process.command.join(" ")
+        let words: Vec<String> = process.command.iter().map(|a| shell_quoted(a)).collect();
+        words.join(" ")
     } else if let Some(exe) = &process.executable {
         exe.clone()
     } else {
         "(unknown: the trace has no process record)".to_string()
+    }
+}
+
+/// `arg` as a POSIX shell reads it back: as it is when it holds only
+/// characters no shell treats specially, else in single quotes (an empty
+/// argument as `''`, which a plain join would lose).
+fn shell_quoted(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=,+@%^".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
     }
 }
 

@@ -1633,3 +1633,38 @@ fn dropping_privileges_reaches_every_agent_thread() {
         assert_eq!(top["line"], marker_line(src, "drop-leak"), "{}", lost[0]);
     }
 }
+
+/// `redis-server --port 7777 --save ''` was shown as `... --save`: the empty
+/// argument was dropped from the process record. And a program started
+/// through a symlink was named by the file the symlink names
+/// (`redis-server` by `redis-check-rdb`), in the process record and in
+/// every frame. Now the record keeps every argument, the text quotes those
+/// a shell would not read back as they are, and the program is named as it
+/// was started.
+#[test]
+fn the_command_line_and_the_program_are_named_as_started() {
+    let dir = TestDir::new("named_as_started");
+    let prog = compile_c(&dir, "leaks.c");
+    let alias = prog.with_file_name("alias");
+    std::os::unix::fs::symlink(&prog, &alias).expect("symlink");
+    let args = ["--save", "", "two words", "it's"];
+    let run = run(&dir, &[], &alias, &args);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    let alias_text = alias.display().to_string();
+    let mut expected = vec![alias_text.clone()];
+    expected.extend(args.iter().map(|a| a.to_string()));
+    assert_eq!(process_command(&report), expected);
+    assert_eq!(field(&report, "process")["executable"], json!(alias_text));
+    let modules: Vec<&str> = records(&report)
+        .iter()
+        .flat_map(|r| as_array(r, "stack"))
+        .filter(|f| as_str(f, "function") == "main")
+        .map(|f| as_str(f, "module"))
+        .collect();
+    assert_eq!(modules.len(), 7, "{modules:?}");
+    assert!(modules.iter().all(|m| *m == alias_text), "{modules:?}");
+    let text = leaks_text(&dir.trace(), &[]);
+    let line = format!("Command: {alias_text} --save '' 'two words' 'it'\\''s'\n");
+    assert!(text.contains(&line), "{text}");
+}

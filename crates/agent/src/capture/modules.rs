@@ -177,9 +177,45 @@ fn read_build_id(note_start: u64, note_len: u64) -> Option<Vec<u8>> {
     None
 }
 
-/// The executable's path. Through /proc/thread-self: once the main thread
-/// has left through pthread_exit, /proc/self/exe (its zombie's) is unreadable.
+/// The executable's path as the process was started by (`redis-server`,
+/// not `redis-check-rdb`, the file its symlink names), when that path is
+/// still the executable; else its real path.
 pub fn exe_path() -> String {
+    static STARTED_AS: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let real = real_exe_path();
+    match STARTED_AS.get_or_init(started_as) {
+        Some(named) if *named != real && same_file(named, &real) => named.clone(),
+        _ => real,
+    }
+}
+
+/// The path execve was given (AT_EXECFN), made absolute: read once, early,
+/// in the directory the process started in.
+fn started_as() -> Option<String> {
+    // SAFETY: getauxval has no preconditions.
+    let at = unsafe { libc::getauxval(libc::AT_EXECFN) };
+    if at == 0 {
+        return None;
+    }
+    // SAFETY: the kernel's NUL-terminated copy of the path, at the top of
+    // the initial stack, which the process does not unmap.
+    let path = unsafe { core::ffi::CStr::from_ptr(at as *const core::ffi::c_char) };
+    let path = std::path::absolute(path.to_str().ok()?).ok()?;
+    Some(path.to_str()?.to_owned())
+}
+
+fn same_file(a: &str, b: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The executable's real path. Through /proc/thread-self: once the main
+/// thread has left through pthread_exit, /proc/self/exe (its zombie's) is
+/// unreadable.
+fn real_exe_path() -> String {
     let mut buf = [0u8; 4096];
     let mut n = -1;
     for link in [c"/proc/thread-self/exe", c"/proc/self/exe"] {

@@ -51,12 +51,41 @@ fn own_path() -> String {
 /// its process record, and nothing said so.
 const CMDLINE_KEPT_BYTES: usize = 64 << 10;
 
-fn read_cmdline() -> Vec<String> {
-    let Ok(bytes) = std::fs::read("/proc/self/cmdline") else {
-        return Vec::new();
+/// The command line, read once per image: before the program runs, its
+/// arguments are as it was started with; a fork child keeps them, although
+/// the program may have rewritten them since (nginx's workers retitle
+/// themselves "nginx: worker process", padded with NULs).
+fn command_line() -> Vec<String> {
+    static ARGV: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    ARGV.get_or_init(|| {
+        let Ok(bytes) = std::fs::read("/proc/self/cmdline") else {
+            return Vec::new();
+        };
+        let args = split_cmdline(&bytes, config::flag(&OPTIONS.attached));
+        kept_arguments(&args, CMDLINE_KEPT_BYTES)
+    })
+    .clone()
+}
+
+/// The arguments in /proc/PID/cmdline, each ended by a NUL: an empty one
+/// (`--save ''`) is a NUL alone. Attached, the program may have retitled
+/// itself: trailing empty ones are then taken for the padding of its title.
+fn split_cmdline(bytes: &[u8], maybe_retitled: bool) -> Vec<&[u8]> {
+    let Some(body) = bytes.strip_suffix(&[0]) else {
+        // Retitled without a NUL at the end: one argument.
+        return if bytes.is_empty() {
+            Vec::new()
+        } else {
+            vec![bytes]
+        };
     };
-    let args: Vec<&[u8]> = bytes.split(|&b| b == 0).filter(|s| !s.is_empty()).collect();
-    kept_arguments(&args, CMDLINE_KEPT_BYTES)
+    let mut args: Vec<&[u8]> = body.split(|&b| b == 0).collect();
+    if maybe_retitled {
+        while args.len() > 1 && args.last().is_some_and(|a| a.is_empty()) {
+            args.pop();
+        }
+    }
+    args
 }
 
 /// The arguments, as many as fit in `cap` bytes (the last one cut), then
@@ -95,7 +124,7 @@ fn header_buffer() -> Box<Buffer> {
         ppid,
         start_unix_ns: START_UNIX_NS.load(Ordering::Relaxed),
         exe: exe.clone(),
-        argv: read_cmdline(),
+        argv: command_line(),
     });
     if !b.push_event(&ev, None) {
         crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
@@ -170,9 +199,10 @@ fn shadowing_allocator(exe: &str) -> Option<String> {
         };
         let path = sys::loader_path(info.dli_fname);
         // The main program's name is empty, or what it was started as.
-        let same_file = std::fs::canonicalize(&path)
-            .map(|p| p.to_string_lossy() == exe)
-            .unwrap_or(false);
+        let same_file = match (std::fs::canonicalize(&path), std::fs::canonicalize(exe)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
         return Some(if path.is_empty() || same_file {
             exe.to_string()
         } else {
@@ -1190,7 +1220,17 @@ pub fn exec_env_additions(envp: &[&[u8]]) -> Vec<CString> {
 
 #[cfg(test)]
 mod tests {
-    use super::kept_arguments;
+    use super::{kept_arguments, split_cmdline};
+
+    #[test]
+    fn empty_arguments_are_kept_and_title_padding_is_not() {
+        let args = split_cmdline(b"redis-server\0--save\0\0", false);
+        assert_eq!(args, [&b"redis-server"[..], b"--save", b""]);
+        let args = split_cmdline(b"nginx: worker process\0\0\0\0", true);
+        assert_eq!(args, [&b"nginx: worker process"[..]]);
+        assert_eq!(split_cmdline(b"retitled", true), [&b"retitled"[..]]);
+        assert!(split_cmdline(b"", false).is_empty());
+    }
 
     #[test]
     fn a_long_command_line_is_cut_and_says_so() {
