@@ -71,6 +71,10 @@ pub struct RunArgs {
     /// Trace only the top process (its exec'd images too), not its children.
     #[arg(long)]
     pub no_follow: bool,
+    /// Let the command run on if trapline itself is killed (by default the
+    /// kernel sends it SIGKILL then: nothing runs on orphaned, recording).
+    #[arg(long)]
+    pub outlive: bool,
     /// Pass invalid and double frees on to the C library (which usually aborts)
     /// instead of skipping them as memcheck does.
     #[arg(long)]
@@ -596,6 +600,10 @@ pub fn main(args: RunArgs) -> ExitCode {
             (args.control || args.watch.is_some()).then(|| "1".to_string()),
         ),
         (env::SAMPLE_BYTES, args.sample.map(|b| b.to_string())),
+        (
+            env::DIE_WITH,
+            (!args.outlive).then(|| std::process::id().to_string()),
+        ),
     ];
     for (name, value) in options {
         match value {

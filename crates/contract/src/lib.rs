@@ -15,6 +15,10 @@ pub mod env {
     pub const ROLE: &str = "TRAPLINE_ROLE";
     /// The value of [`ROLE`] for the command.
     pub const ROLE_TOP: &str = "top";
+    /// The pid of `trapline run`, for the command alone: it gets SIGKILL
+    /// when `trapline run` dies (unless `--outlive`), as it would have
+    /// with it, instead of running on orphaned and recording.
+    pub const DIE_WITH: &str = "TRAPLINE_DIE_WITH";
     /// `0`: trace only the top process (`--no-follow`).
     pub const FOLLOW: &str = "TRAPLINE_FOLLOW";
     /// `1`: pass invalid and double frees on to the C library.

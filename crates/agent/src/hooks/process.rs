@@ -163,7 +163,7 @@ fn env_with_agent(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*c
 /// Variables `trapline run` gives the top process's first image alone.
 fn is_for_the_top_image(entry: &[u8]) -> bool {
     use trapline_contract::env;
-    [env::ROLE, env::IGNORE_SIGPIPE]
+    [env::ROLE, env::IGNORE_SIGPIPE, env::DIE_WITH]
         .iter()
         .any(|name| env::sets(entry, name))
 }

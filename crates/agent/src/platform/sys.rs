@@ -61,6 +61,20 @@ pub fn getpid_raw() -> u32 {
     unsafe { libc::syscall(libc::SYS_getpid) as u32 }
 }
 
+/// Makes the kernel send this process SIGKILL when `parent` (the thread of
+/// it that forked us) dies, and sends it now if it died already (we were
+/// then given to another parent).
+pub fn die_with_parent(parent: u32) {
+    // SAFETY: prctl with an integer argument; getppid and kill have no
+    // preconditions.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        if libc::getppid() as u32 != parent {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
 /// Prints a diagnostic from the agent to stderr without allocating.
 pub fn warn(msg: &str) {
     warn_parts(&[msg]);

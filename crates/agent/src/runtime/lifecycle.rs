@@ -340,6 +340,13 @@ pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CSt
     let top = config::flag(&OPTIONS.top);
     let follow = config::flag(&OPTIONS.follow);
     remove_from_environment(env::ROLE.as_bytes());
+    if let Some(parent) = std::env::var(env::DIE_WITH)
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        sys::die_with_parent(parent);
+    }
+    remove_from_environment(env::DIE_WITH.as_bytes());
     if config::flag(&OPTIONS.ignore_sigpipe) {
         // Before the fatal-signal handlers go in (they are installed only
         // where the disposition is SIG_DFL), and before the program runs.

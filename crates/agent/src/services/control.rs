@@ -86,6 +86,7 @@ fn listen() -> Result<(), String> {
             "{dir} is not a directory of this user's that only it may enter (mode 0700)"
         ));
     }
+    remove_stale_sockets(&dir);
     let pid = crate::phase::owner();
     let path = control::socket_path(&dir, pid);
     let c_path = cstring(&path)?;
@@ -147,6 +148,32 @@ fn listen() -> Result<(), String> {
     // Announced in the trace, for a reader that wants to ask the process.
     queue_event(&trapline_trace::Event::ControlSocket { path }, None, 0);
     Ok(())
+}
+
+/// Removes the sockets in `dir` of processes that are gone (killed before
+/// their agent could remove its own).
+fn remove_stale_sockets(dir: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".sock"))
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+            .filter(|&p| p > 0)
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            // SAFETY: errno is this thread's.
+            && unsafe { *libc::__errno_location() } == libc::ESRCH;
+        if gone {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Hands one event (with the definition of `stack`, unless 0) to the
