@@ -9,7 +9,7 @@
 //! own) never reads a torn value.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::RwLock;
 use trapline_contract::env;
 
 /// A knob of the agent's own, not set by `trapline run`: `0` turns the
@@ -104,11 +104,22 @@ pub static OPTIONS: Options = Options {
     blocks_predate: AtomicBool::new(false),
 };
 
-/// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`).
-static OUTPUT: OnceLock<String> = OnceLock::new();
+/// The trace's path (`TRAPLINE_OUTPUT`, else `trapline-PID.trace`). Set
+/// again by an attach after a failed one (the strings are leaked: a few,
+/// ever).
+static OUTPUT: RwLock<Option<&'static str>> = RwLock::new(None);
 
 /// The control socket's directory, when the CLI named it (attach).
-static CONTROL_DIR: OnceLock<String> = OnceLock::new();
+static CONTROL_DIR: RwLock<Option<&'static str>> = RwLock::new(None);
+
+fn store(at: &RwLock<Option<&'static str>>, value: Option<String>) {
+    let value = value.map(|v| &*Box::leak(v.into_boxed_str()));
+    *at.write().unwrap_or_else(|e| e.into_inner()) = value;
+}
+
+fn load(at: &RwLock<Option<&'static str>>) -> Option<&'static str> {
+    *at.read().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Reads every option from the environment (the constructor; `pid` names
 /// a trace whose path was not given).
@@ -131,17 +142,15 @@ pub fn read_from_lines(lines: &str, pid: u32) {
         },
         pid,
     );
-    if let Some(dir) = lines
+    let dir = lines
         .lines()
-        .find_map(|l| l.strip_prefix(env::CONTROL_DIR)?.strip_prefix('='))
-    {
-        let _ = CONTROL_DIR.set(dir.to_owned());
-    }
+        .find_map(|l| l.strip_prefix(env::CONTROL_DIR)?.strip_prefix('='));
+    store(&CONTROL_DIR, dir.map(str::to_owned));
 }
 
 /// The control socket's directory the CLI named, if it did.
 pub fn control_dir() -> Option<&'static str> {
-    CONTROL_DIR.get().map(String::as_str)
+    load(&CONTROL_DIR)
 }
 
 fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
@@ -190,12 +199,15 @@ fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
         set(&o.scan_at_exit, false);
         o.scan_every_ms.store(0, Ordering::Relaxed);
     }
-    let _ = OUTPUT.set(var(env::OUTPUT).unwrap_or_else(|| format!("trapline-{pid}.trace")));
+    store(
+        &OUTPUT,
+        Some(var(env::OUTPUT).unwrap_or_else(|| format!("trapline-{pid}.trace"))),
+    );
 }
 
 /// The trace's path, once read.
 pub fn output() -> Option<&'static str> {
-    OUTPUT.get().map(String::as_str)
+    load(&OUTPUT)
 }
 
 #[inline]

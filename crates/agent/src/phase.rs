@@ -68,6 +68,11 @@ impl Word {
         self.0.fetch_or(INITIALIZED, Ordering::AcqRel) & INITIALIZED != 0
     }
 
+    /// Marks the agent not initialized again (an attach that failed).
+    pub fn undo_init(&self) {
+        self.set(INITIALIZED, false);
+    }
+
     pub fn initialized(&self) -> bool {
         self.has(INITIALIZED)
     }
@@ -148,6 +153,12 @@ pub fn begin_init() -> bool {
 
 pub fn initialized() -> bool {
     WORD.initialized()
+}
+
+/// Lets a later `begin_init` begin again (an attach that failed before it
+/// changed anything of the process's).
+pub fn undo_init() {
+    WORD.undo_init()
 }
 
 /// Nothing more is recorded (see `STOPPED`).

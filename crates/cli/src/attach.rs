@@ -81,6 +81,18 @@ pub fn attach(args: AttachArgs) -> ExitCode {
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("trapline-{pid}.trace")));
     let output = std::path::absolute(&output).unwrap_or(output);
+    let dir = output.parent().unwrap_or(Path::new("/"));
+    if let Some(user) = target_user(pid).filter(|u| !may_write_in(u, dir)) {
+        return fail(
+            "attach",
+            format!(
+                "{}: process {pid} (user {}) cannot make its trace there; \
+                 -o names a directory that user may write (nothing was changed)",
+                output.display(),
+                user.uid
+            ),
+        );
+    }
     if output.exists() && !args.force {
         return fail(
             "attach",
@@ -91,10 +103,13 @@ pub fn attach(args: AttachArgs) -> ExitCode {
         );
     }
     let (dir, socket) = crate::watch::socket_of(pid);
-    let mut options = vec![
-        format!("{}={}", env::OUTPUT, output.display()),
-        format!("{}={dir}", env::CONTROL_DIR),
-    ];
+    let mut options = vec![format!("{}={}", env::OUTPUT, output.display())];
+    // The caller's own directory when the process is the caller's user's;
+    // else the agent makes its user's (root can enter it, and `watch` and
+    // `detach` find the socket wherever it is).
+    if target_user(pid).is_some_and(|u| u.uid == nix::unistd::geteuid().as_raw()) {
+        options.push(format!("{}={dir}", env::CONTROL_DIR));
+    }
     if let Some(list) = &args.record {
         if let Some(bad) = list
             .iter()
@@ -183,15 +198,49 @@ fn ended(pid: u32) -> bool {
 
 /// What keeps `pid` from being attached to, checked before anything
 /// touches it.
+/// The effective user and groups of a process (/proc/PID/status).
+struct TargetUser {
+    uid: u32,
+    gids: Vec<u32>,
+}
+
+fn target_user(pid: u32) -> Option<TargetUser> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let ids = |key: &str| -> Vec<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|u| u.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let uid = *ids("Uid:").get(1)?;
+    let mut gids = ids("Groups:");
+    gids.extend(ids("Gid:").get(1));
+    Some(TargetUser { uid, gids })
+}
+
+/// Whether process `pid`'s user may make a file in `dir` (by its mode
+/// bits: the process writes the trace itself, and a refusal found only
+/// after the agent is in is a worse error).
+fn may_write_in(user: &TargetUser, dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(dir) else {
+        return false;
+    };
+    let mode = m.mode();
+    user.uid == 0
+        || (m.uid() == user.uid && mode & 0o300 == 0o300)
+        || (m.uid() != user.uid && user.gids.contains(&m.gid()) && mode & 0o030 == 0o030)
+        || (m.uid() != user.uid && !user.gids.contains(&m.gid()) && mode & 0o003 == 0o003)
+}
+
 fn check_target(pid: u32) -> Result<(), String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|_| format!("no process {pid}"))?;
-    let uid: u32 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|u| u.parse().ok())
-        .unwrap_or(u32::MAX);
+    let user = target_user(pid).ok_or_else(|| format!("no process {pid}"))?;
+    let uid = user.uid;
     let me = nix::unistd::geteuid().as_raw();
     if me != 0 && me != uid {
         return Err(format!(
@@ -230,21 +279,15 @@ fn check_target(pid: u32) -> Result<(), String> {
     }
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
-    if maps.lines().any(|l| env::names_agent(l.as_bytes())) {
-        let (_, socket) = crate::watch::socket_of(pid);
-        return Err(if Path::new(&socket).exists() {
-            format!(
-                "process {pid} is recorded already (attached to): `trapline watch {pid}` looks \
-                 at it, `trapline detach {pid}` ends the attach"
-            )
-        } else {
-            format!(
-                "process {pid} holds trapline's agent already: started by `trapline run` \
-                 without --control (its trace records it all; with --control, attach cuts a \
-                 window of it), or attached to and detached (the agent stays, idle; a process \
-                 is attached to once)"
-            )
-        });
+    // An agent that is in but serves no socket may be idle after a failed
+    // attach, which the next one takes up again; the agent says otherwise.
+    if maps.lines().any(|l| env::names_agent(l.as_bytes()))
+        && crate::watch::served_socket(pid).is_some()
+    {
+        return Err(format!(
+            "process {pid} is recorded already (attached to): `trapline watch {pid}` looks \
+             at it, `trapline detach {pid}` ends the attach"
+        ));
     }
     if libc_mapping(&maps).is_none() {
         return Err(format!(

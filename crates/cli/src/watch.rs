@@ -307,10 +307,58 @@ const MAX_REMEMBERED: usize = 100_000;
 /// The control socket's directory and the socket of `pid` in it, where
 /// this user's CLI looks (`trapline attach` tells the agent the directory).
 pub fn socket_of(pid: u32) -> (String, String) {
+    if let Some(path) = served_socket(pid) {
+        let dir = Path::new(&path)
+            .parent()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        return (dir, path);
+    }
     let uid = nix::unistd::geteuid().as_raw();
     let dir = control::socket_dir(std::env::var("XDG_RUNTIME_DIR").ok().as_deref(), uid);
     let path = control::socket_path(&dir, pid);
     (dir, path)
+}
+
+/// The control socket process `pid` listens on, wherever it is: the
+/// directory is its user's, which is not the caller's when root looks at a
+/// process that runs as another user (or dropped privileges after it made
+/// its socket as root). Found as a listening Unix socket named `PID.sock`
+/// in /proc/net/unix whose inode is one of the process's descriptors
+/// (readable by root and by the process's own user).
+pub fn served_socket(pid: u32) -> Option<String> {
+    let name = format!("/{pid}.sock");
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).ok()?;
+    // Num RefCount Protocol Flags Type St Inode Path; a listener has
+    // __SO_ACCEPTCON (0x10000) in Flags.
+    let listening: Vec<(u64, &str)> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = u64::from_str_radix(f.get(3)?, 16).ok()?;
+            let inode = f.get(6)?.parse().ok()?;
+            let path = *f.get(7)?;
+            (flags & 0x10000 != 0 && path.ends_with(&name)).then_some((inode, path))
+        })
+        .collect();
+    if listening.is_empty() {
+        return None;
+    }
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let Ok(link) = std::fs::read_link(fd.path()) else {
+            continue;
+        };
+        let inode = link
+            .to_str()
+            .and_then(|l| l.strip_prefix("socket:["))
+            .and_then(|l| l.strip_suffix(']'))
+            .and_then(|l| l.parse::<u64>().ok());
+        if let Some((_, path)) = listening.iter().find(|(i, _)| Some(*i) == inode) {
+            return Some(path.to_string());
+        }
+    }
+    None
 }
 
 pub fn main(args: WatchArgs) -> ExitCode {

@@ -655,3 +655,91 @@ fn the_loaders_releases_while_attached_are_no_errors() {
         .unwrap();
     assert!(earlier >= 20, "{}", pretty(&leaks["trace"]));
 }
+
+/// Root attached to a process of another user's (an nginx worker running
+/// as nobody): the agent, running as that user, could not make its socket
+/// in root's directory, which the CLI named for it; the attach said
+/// "recording" and nothing could end it (`detach` and `watch` looked in the
+/// caller's directory alone). And an attach whose trace the process could
+/// not write failed, and left every later attach refused. Now the agent
+/// makes its socket in its own user's directory and fails the attach if it
+/// cannot; `detach` and `watch` find the socket the process listens on
+/// wherever it is; a directory the process may not write in is refused
+/// before anything is injected, and a trace the agent cannot open leaves
+/// it idle, for the next attach to take up.
+#[test]
+fn root_attaches_to_another_users_process_and_ends_it() {
+    let dir = TestDir::new("attach_other_user");
+    let prog = compile_c(&dir, "attach_service.c");
+    let open = dir.path().join("open");
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&prog)
+        .env_remove("LD_PRELOAD");
+    let mut svc = Service::start_command(cmd);
+    let pid = svc.pid().to_string();
+
+    let closed = dir.path().join("closed.trace");
+    let a = trapline_cmd(&["attach", &pid, "-o", closed.to_str().unwrap()]);
+    assert_eq!(a.code(), 1, "{}", a.describe());
+    assert_eq!(
+        a.stderr,
+        format!(
+            "trapline attach: {}: process {pid} (user 65534) cannot make its trace there; -o \
+             names a directory that user may write (nothing was changed)\n",
+            closed.display()
+        )
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        !maps.contains("libtrapline_agent"),
+        "the agent was injected"
+    );
+
+    let roots = open.join("roots.trace");
+    std::fs::write(&roots, b"root's").unwrap();
+    let a = trapline_cmd(&["attach", &pid, "-o", roots.to_str().unwrap(), "--force"]);
+    assert_eq!(a.code(), 1, "{}", a.describe());
+    assert!(
+        a.stderr.contains(&format!(
+            "the agent could not start: cannot write trace {}: Permission denied",
+            roots.display()
+        )),
+        "{}",
+        a.stderr
+    );
+    assert_eq!(std::fs::read(&roots).unwrap(), b"root's");
+    assert_eq!(svc.ask("leak 2"), "leaked 2");
+
+    let trace = open.join("nobody.trace");
+    let a = trapline_cmd(&["attach", &pid, "-o", trace.to_str().unwrap()]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    let socket = format!("/tmp/trapline-65534/{pid}.sock");
+    assert!(Path::new(&socket).exists(), "no {socket}");
+    assert_eq!(svc.ask("leak 3"), "leaked 3");
+    let w = trapline_cmd(&["watch", &pid, "--count", "1", "--format", "jsonl"]);
+    assert_eq!(w.code(), 0, "{}", w.describe());
+    let look: serde_json::Value = serde_json::from_str(w.stdout.trim()).expect("a look");
+    assert_eq!(look["pid"], json!(svc.pid()));
+    let d = trapline_cmd(&["detach", &pid]);
+    assert_eq!(d.code(), 0, "{}", d.describe());
+    assert!(d
+        .stderr
+        .starts_with(&format!("trapline detach: detached from process {pid} (")));
+    assert!(!Path::new(&socket).exists(), "{socket} stayed");
+    assert!(svc.quit().success());
+    let report = leaks(&trace);
+    assert_complete(&report);
+    let leaked: u64 = records(&report)
+        .iter()
+        .filter(|r| {
+            as_array(r, "stack")
+                .iter()
+                .any(|f| as_str(f, "function") == "leak_while_attached")
+        })
+        .map(|r| as_u64(r, "blocks"))
+        .sum();
+    assert_eq!(leaked, 3);
+}

@@ -456,7 +456,15 @@ pub fn loaded_by_preload() -> bool {
 pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
     let _g = INIT_LOCK.guard();
     if phase::begin_init() {
-        return Err("the agent is already recording in this process".into());
+        return Err(if loaded_by_preload() {
+            "it holds trapline's agent already, started by `trapline run` without \
+             --control (its trace records it all; with --control, attach cuts a window of it)"
+                .into()
+        } else {
+            "this process was attached to and detached already: a process is attached to \
+             once (the agent stays in it, idle)"
+                .into()
+        });
     }
     crate::platform::heap::set_aside_reserve();
     let ts = begin_process_state();
@@ -480,16 +488,24 @@ pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
     let _ = AGENT_PATH.set(own_path());
     sys::look_up_globally();
     resolve_real_functions(resolve_hooks);
-    crate::events::sync::register_fork_handlers();
-    follow_modules_and_threads();
     // SAFETY: dlerror only reads and frees this thread's error state.
     unsafe { libc::dlerror() };
-    let opened = open_trace_file(true);
-    if let Err(why) = opened {
+    // What can fail comes before anything of the process's changes (fork
+    // handlers, hooks): a failed attach leaves the agent idle, and a later
+    // one starts again from the top.
+    let ready = crate::services::control::bind_for_attach()
+        .map_err(|why| format!("cannot serve the control socket that detach needs: {why}"))
+        .and_then(|()| open_trace_file(true));
+    if let Err(why) = ready {
+        crate::services::control::unbind();
         phase::set_recording_stopped(true);
         ts.guard -= 1;
+        phase::undo_init();
         return Err(why);
     }
+    phase::set_recording_stopped(false);
+    crate::events::sync::register_fork_handlers();
+    follow_modules_and_threads();
     start_trace();
     ts.guard -= 1;
     Ok(())

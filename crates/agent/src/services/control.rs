@@ -24,15 +24,15 @@ use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use trapline_contract::control;
 use trapline_trace::AllocFn;
 
 /// The listening socket (-1: none).
 static LISTEN_FD: AtomicI32 = AtomicI32::new(-1);
-/// The socket's path, and the process that made it (a fork child must not
-/// remove its parent's).
-static SOCKET: OnceLock<(CString, u32)> = OnceLock::new();
+/// The socket's path, the process that made it (a fork child must not
+/// remove its parent's), and the path as text.
+static SOCKET: Mutex<Option<(CString, u32, String)>> = Mutex::new(None);
 /// Requests answered.
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 /// The serving thread's tid (0 before it runs).
@@ -50,8 +50,33 @@ pub fn start() {
     if !crate::config::flag(&options.control) || !crate::config::flag(&options.top) {
         return;
     }
-    if let Err(why) = listen() {
+    let bound = if LISTEN_FD.load(Ordering::Acquire) >= 0 {
+        Ok(())
+    } else {
+        bind()
+    };
+    if let Err(why) = bound.and_then(|()| start_serving()) {
         sys::warn_parts(&["control socket not served: ", &why]);
+    }
+}
+
+/// Makes the socket before an attach changes anything of the process's:
+/// an attach without one could never be detached from (`start` then
+/// serves it).
+pub fn bind_for_attach() -> Result<(), String> {
+    bind()
+}
+
+/// Closes and removes a socket `bind_for_attach` made (the attach failed).
+pub fn unbind() {
+    let fd = LISTEN_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        if let Some((path, _, _)) = SOCKET.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // SAFETY: our socket's NUL-terminated path.
+            unsafe { libc::unlink(path.as_ptr()) };
+        }
+        // SAFETY: our listening descriptor, which no thread serves yet.
+        unsafe { libc::close(fd) };
     }
 }
 
@@ -64,28 +89,18 @@ fn cstring(s: &str) -> Result<CString, String> {
     CString::new(s).map_err(|_| format!("{s}: a path with a NUL byte"))
 }
 
-/// Makes the directory and the socket, and starts the serving thread.
-fn listen() -> Result<(), String> {
+/// Makes the directory and the listening socket.
+fn bind() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let xdg = std::env::var("XDG_RUNTIME_DIR").ok();
     let dir = match crate::config::control_dir() {
-        Some(dir) => dir.to_owned(),
-        None => control::socket_dir(xdg.as_deref(), uid),
+        Some(dir) => own_directory(dir, uid)?,
+        // An XDG_RUNTIME_DIR inherited from another user (a daemon started
+        // by root that changed its user) is not ours: the default then.
+        None => own_directory(&control::socket_dir(xdg.as_deref(), uid), uid)
+            .or_else(|_| own_directory(&control::socket_dir(None, uid), uid))?,
     };
-    let c_dir = cstring(&dir)?;
-    // SAFETY: a NUL-terminated path; an existing directory is checked below.
-    unsafe { libc::mkdir(c_dir.as_ptr(), 0o700) };
-    // SAFETY: lstat writes the zeroed struct we own.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    if unsafe { libc::lstat(c_dir.as_ptr(), &mut st) } != 0 {
-        return Err(format!("{dir}: {}", errno_text()));
-    }
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != uid || st.st_mode & 0o077 != 0 {
-        return Err(format!(
-            "{dir} is not a directory of this user's that only it may enter (mode 0700)"
-        ));
-    }
     remove_stale_sockets(&dir);
     let pid = crate::phase::owner();
     let path = control::socket_path(&dir, pid);
@@ -140,7 +155,18 @@ fn listen() -> Result<(), String> {
         };
         LISTEN_FD.store(fd, Ordering::Release);
     }
-    let _ = SOCKET.set((c_path, pid));
+    *SOCKET.lock().unwrap_or_else(|e| e.into_inner()) = Some((c_path, pid, path));
+    Ok(())
+}
+
+/// Starts the serving thread on the bound socket.
+fn start_serving() -> Result<(), String> {
+    let path = SOCKET
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|(_, _, path)| path.clone())
+        .unwrap_or_default();
     if !spawn() {
         stop();
         return Err("cannot start its thread".to_string());
@@ -148,6 +174,26 @@ fn listen() -> Result<(), String> {
     // Announced in the trace, for a reader that wants to ask the process.
     queue_event(&trapline_trace::Event::ControlSocket { path }, None, 0);
     Ok(())
+}
+
+/// `dir`, made if it does not exist, if it is a directory of user `uid`'s
+/// that only it may enter.
+fn own_directory(dir: &str, uid: u32) -> Result<String, String> {
+    let c_dir = cstring(dir)?;
+    // SAFETY: a NUL-terminated path; an existing directory is checked below.
+    unsafe { libc::mkdir(c_dir.as_ptr(), 0o700) };
+    // SAFETY: lstat writes the zeroed struct we own.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::lstat(c_dir.as_ptr(), &mut st) } != 0 {
+        return Err(format!("{dir}: {}", errno_text()));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != uid || st.st_mode & 0o077 != 0 {
+        return Err(format!(
+            "{dir} is not a directory of this user's that only it may enter (mode 0700)"
+        ));
+    }
+    Ok(dir.to_owned())
 }
 
 /// Removes the sockets in `dir` of processes that are gone (killed before
@@ -214,7 +260,7 @@ fn spawn_thread(main: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -> 
 /// removes it.
 pub fn stop() {
     let fd = LISTEN_FD.swap(-1, Ordering::AcqRel);
-    if let Some((path, pid)) = SOCKET.get() {
+    if let Some((path, pid, _)) = SOCKET.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         if *pid == sys::getpid_raw() && fd >= 0 {
             // SAFETY: our socket's NUL-terminated path.
             unsafe { libc::unlink(path.as_ptr()) };
