@@ -109,6 +109,20 @@ pub static OPTIONS: Options = Options {
 /// ever).
 static OUTPUT: RwLock<Option<&'static str>> = RwLock::new(None);
 
+/// The file this process image writes its trace into, once open.
+static TRACE_PATH: RwLock<Option<&'static str>> = RwLock::new(None);
+
+/// Notes the file this image's trace went into (a fork child's is named
+/// after the top's).
+pub fn set_trace_path(path: String) {
+    store(&TRACE_PATH, Some(path));
+}
+
+/// The file this image's trace is written into (what `watch` reads).
+pub fn trace_path() -> Option<&'static str> {
+    load(&TRACE_PATH)
+}
+
 /// The control socket's directory, when the CLI named it (attach).
 static CONTROL_DIR: RwLock<Option<&'static str>> = RwLock::new(None);
 

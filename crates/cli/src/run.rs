@@ -666,6 +666,11 @@ pub fn main(args: RunArgs) -> ExitCode {
     handle.close();
     let _ = forwarder.join();
     let watched = watcher.map(crate::watch::Beside::finish);
+    if args.control || args.watch.is_some() {
+        // Workers that changed their user could not remove their sockets
+        // from the directory they made them in as root.
+        crate::watch::remove_stale_sockets();
+    }
 
     let code: u8 = match (status.code(), status.signal()) {
         _ if timed_out => EXIT_TIMED_OUT,

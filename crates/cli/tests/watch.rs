@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// `trapline watch PID ARGS...` to its end: (status, stdout, stderr).
@@ -592,4 +593,46 @@ fn the_copies_of_watched_pages_are_not_roots() {
         "{}",
         pretty(&report)
     );
+}
+
+/// `trapline watch <nginx worker>` was refused ("not started with
+/// `trapline run --control`"): only the top process served a socket, and
+/// in a master/worker server the master does no work. Now every traced
+/// process of a `--control` run serves its own.
+#[test]
+fn the_worker_a_master_forked_is_watched() {
+    let dir = TestDir::new("forked_worker");
+    let prog = compile_c(&dir, "forked_worker.c");
+    let mut child = isolated(run_command(&dir, &["--control"], &prog, &[]))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
+    let line = read_stdout_line(&mut child);
+    let worker = line
+        .trim()
+        .strip_prefix("worker ")
+        .expect("the worker prints its pid")
+        .to_owned();
+    // Until the worker's trace holds the block's stack (its writer sweeps
+    // every 200 ms).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let look = loop {
+        let (code, out, err) = watch(&worker, &["--count", "1", "--format", "jsonl"]);
+        assert_eq!(code, 0, "{err}");
+        let look: Value = serde_json::from_str(out.trim()).expect("one JSON look");
+        if entry_at(field(&look, "sites"), "forked_worker.c", "WORKER-BLOCK").is_some() {
+            break look;
+        }
+        assert!(std::time::Instant::now() < deadline, "{look}");
+    };
+    assert_eq!(look["pid"].as_u64(), worker.parse().ok());
+    let block = entry_at(field(&look, "sites"), "forked_worker.c", "WORKER-BLOCK").unwrap();
+    assert_eq!(as_u64(block, "bytes"), 4000);
+    let socket = socket_of(&worker);
+    drop(child.stdin.take());
+    let finished = finish(child, "trapline run");
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    assert!(!Path::new(&socket).exists(), "{socket} stayed");
 }

@@ -251,13 +251,18 @@ fn open_trace_file(top: bool) -> Result<(), String> {
     };
     if top {
         let path = CString::new(output).unwrap_or_default();
-        return writer::open(&path, false).map_err(|e| cannot(output, e));
+        writer::open(&path, false).map_err(|e| cannot(output, e))?;
+        config::set_trace_path(output.to_owned());
+        return Ok(());
     }
     for n in 0..1000 {
         let name = trapline_contract::trace_names::image_trace(output, pid, n);
         let path = CString::new(name.clone()).unwrap_or_default();
         match writer::open(&path, true) {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                config::set_trace_path(name);
+                return Ok(());
+            }
             Err(libc::EEXIST) => continue,
             Err(e) => return Err(cannot(&name, e)),
         }
@@ -965,6 +970,7 @@ fn restart_trace() {
         crate::events::buffers::submit_first(header_buffer());
         writer::start(periodic);
         phase::set_recording_stopped(false);
+        crate::services::control::start();
     } else {
         phase::set_recording_stopped(true);
     }

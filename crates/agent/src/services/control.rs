@@ -1,7 +1,8 @@
 //! The control socket: the mechanism half of watching a running program.
 //!
-//! With `trapline run --control` (or `--watch`), the agent of the top
-//! process listens on a Unix socket, `PID.sock` in a directory only its
+//! With `trapline run --control` (or `--watch`), the agent of every traced
+//! process image (fork children and exec'd images included) listens on a
+//! Unix socket, `PID.sock` in a directory only its
 //! owner may enter (trapline-contract's `control`), and an agent thread of
 //! its own answers requests there, one line each: the live blocks summed
 //! per allocation site, and the agent's counters. The policy (what to ask,
@@ -43,11 +44,10 @@ static SERVER_TID: AtomicU32 = AtomicU32::new(0);
 /// another live agent serves, is refused with a warning: the program runs
 /// on unwatched.
 pub fn start() {
-    // The process `trapline run` started, not its descendants: a build's
-    // thousands of short processes would each pay for a socket and a
-    // thread no one asks.
-    let options = &crate::config::OPTIONS;
-    if !crate::config::flag(&options.control) || !crate::config::flag(&options.top) {
+    // Every process image of a `--control` run: in a master/worker server
+    // the workers, fork children, do the work, and a wrapper script's
+    // exec'd program is the service.
+    if !crate::config::flag(&crate::config::OPTIONS.control) {
         return;
     }
     let bound = if LISTEN_FD.load(Ordering::Acquire) >= 0 {
@@ -274,7 +274,15 @@ pub fn stop() {
 
 /// A fork child serves nothing: the socket and its thread are the parent's.
 pub fn reset_in_child() {
-    LISTEN_FD.store(-1, Ordering::Relaxed);
+    let fd = LISTEN_FD.swap(-1, Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: the parent's listening descriptor, which no thread of
+        // this child serves; the parent's socket file stays the parent's.
+        unsafe { libc::close(fd) };
+    }
+    if let Ok(mut socket) = SOCKET.try_lock() {
+        *socket = None;
+    }
     SERVER_TID.store(0, Ordering::Relaxed);
 }
 
@@ -527,7 +535,7 @@ fn sites_answer(out: &mut String, client: &mut Client, pid: u32, time: u64) {
         out,
         "{{\"pid\":{pid},\"time_ns\":{time},\"since_ns\":{since},\"trace\":"
     );
-    json_string(out, crate::config::output().unwrap_or(""));
+    json_string(out, crate::config::trace_path().unwrap_or(""));
     out.push_str(",\"sites\":[");
     let sites = sites(time, since);
     for (i, s) in sites.iter().enumerate() {
@@ -592,7 +600,7 @@ fn counters_answer(out: &mut String, pid: u32, time: u64) {
         access::armed(),
         crate::services::writer::SWEEPS.load(Ordering::Acquire)
     );
-    json_string(out, crate::config::output().unwrap_or(""));
+    json_string(out, crate::config::trace_path().unwrap_or(""));
     out.push_str("}\n");
 }
 
