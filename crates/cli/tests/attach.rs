@@ -478,11 +478,17 @@ fn attach_for_a_duration() {
 /// attach_service.c under `trapline run --control` into `run_trace`, and
 /// the service's pid (trapline run's child).
 fn service_under_run(dir: &TestDir, run_trace: &Path) -> (Service, String) {
+    service_under_run_as(dir, run_trace, &[])
+}
+
+/// The same, started through `wrapper` (a shell that execs the service).
+fn service_under_run_as(dir: &TestDir, run_trace: &Path, wrapper: &[&str]) -> (Service, String) {
     let prog = compile_c(dir, "attach_service.c");
     let mut cmd = Command::new(trapline());
     cmd.args(["run", "--control", "-q", "-o"])
         .arg(run_trace)
         .arg("--")
+        .args(wrapper)
         .arg(&prog)
         .env("TRAPLINE_AGENT", agent());
     let svc = Service::start_command(cmd);
@@ -581,6 +587,32 @@ fn attach_to_a_process_trapline_run_records_cuts_its_window() {
         .map(|r| r["blocks"].as_u64().unwrap())
         .sum();
     assert_eq!(held, 6, "{}", pretty(&run));
+}
+
+/// The README's attach to a `run --control` process, when the command is
+/// a wrapper that execs the service (pyenv's `python3` shim): the exec'd
+/// image served no socket, attach answered "recorded already" and detach
+/// "not attached to". Every image of a `--control` run serves one now, and
+/// the window comes from the image's own trace.
+#[test]
+fn attach_to_a_service_a_wrapper_execd_under_run_cuts_its_window() {
+    let dir = TestDir::new("attach_run_wrapped");
+    let run_trace = dir.path().join("run.trace");
+    let (mut svc, pid) = service_under_run_as(&dir, &run_trace, &["/bin/sh", "-c", "exec \"$0\""]);
+    let window = dir.path().join("window.trace");
+    let a = trapline_cmd(&["attach", &pid, "-o", window.to_str().unwrap()]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    assert_eq!(svc.ask("leak 3"), "leaked 3");
+    let d = trapline_cmd(&["detach", &pid]);
+    assert_eq!(d.code(), 0, "{}", d.describe());
+    assert!(svc.quit().success());
+    let leaks = analysis_json("leaks", &window);
+    let records = as_array(&leaks, "records");
+    assert_eq!(records.len(), 1, "{}", pretty(&leaks));
+    assert_eq!(
+        (records[0]["bytes"].clone(), records[0]["blocks"].clone()),
+        (json!(144), json!(3))
+    );
 }
 
 /// A window attach whose process ends before the detach: the window runs
