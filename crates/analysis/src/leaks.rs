@@ -1187,8 +1187,9 @@ fn growth_text(out: &mut String, p: &str, g: &Growth) {
     .unwrap();
 }
 
-/// "N" or, for a leader with indirect bytes, "N (D direct, I indirect)".
-fn record_amount(rec: &LossRecord) -> String {
+/// "N" or, for a leader with indirect bytes, "N (D direct, I indirect)",
+/// as memcheck words its loss records.
+pub fn record_amount(rec: &LossRecord) -> String {
     match (rec.direct_bytes, rec.indirect_bytes) {
         (Some(d), Some(i)) if i > 0 => format!(
             "{} ({} direct, {} indirect)",

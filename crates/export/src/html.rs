@@ -112,9 +112,13 @@ fn process(h: &mut String, p: &ProcessPage) {
             "trapline report: pid {}",
             s.process.pid.map_or("?".into(), |p| p.to_string())
         )),
-        esc(&s.process.command.join(" "))
+        esc(&trapline_analysis::report::command_text(&s.process))
     );
+    // memcheck's LEAK SUMMARY: definitely lost is the leaders' own bytes,
+    // indirectly lost those lost through them; the table's records give
+    // both, as memcheck's loss records do.
     let definitely = l.summary.definitely_lost.map(|b| b.bytes);
+    let indirectly = l.summary.indirectly_lost.map(|b| b.bytes);
     let detached = l.process.exit.is_some_and(|e| e.detached);
     let cards = [
         (
@@ -130,6 +134,11 @@ fn process(h: &mut String, p: &ProcessPage) {
             "definitely lost",
             definitely.map_or("not judged".into(), |b| format!("{} bytes", thousands(b))),
             "definitely-lost",
+        ),
+        (
+            "indirectly lost",
+            indirectly.map_or("not judged".into(), |b| format!("{} bytes", thousands(b))),
+            "indirectly-lost",
         ),
         ("allocation errors", thousands(l.summary.errors), "errors"),
         (
@@ -382,7 +391,7 @@ fn leak_table(h: &mut String, l: &LeaksReport) {
             h,
             "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td><details><summary>{}</summary>",
             r.kind.replace('_', " "),
-            thousands(r.bytes),
+            trapline_analysis::leaks::record_amount(r),
             thousands(r.blocks),
             esc(r.allocated_by),
             esc(&stack_name(&r.stack))
