@@ -125,6 +125,11 @@ pub fn attach(args: AttachArgs) -> ExitCode {
     if let Some(bytes) = args.sample {
         options.push(format!("{}={bytes}", env::SAMPLE_BYTES));
     }
+    let agent = match target_user(pid).map(|u| agent_for(&u, &agent)) {
+        Some(Ok(a)) => a,
+        Some(Err(why)) => return fail("attach", format!("the agent for process {pid}: {why}")),
+        None => agent,
+    };
     if let Err(why) = load_agent(pid, &agent, &options.join("\n")) {
         return fail("attach", format!("process {pid}: {why}"));
     }
@@ -223,19 +228,68 @@ fn target_user(pid: u32) -> Option<TargetUser> {
     Some(TargetUser { uid, gids })
 }
 
+/// Whether `user` has the `rwx` bits `want` (0o4 read, 0o2 write, 0o1
+/// search) on `path` by its mode bits.
+fn permits(user: &TargetUser, path: &Path, want: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return false;
+    };
+    let bits = if m.uid() == user.uid {
+        m.mode() >> 6
+    } else if user.gids.contains(&m.gid()) {
+        m.mode() >> 3
+    } else {
+        m.mode()
+    };
+    user.uid == 0 || bits & want == want
+}
+
+/// Whether `user` may reach `path`: search on every directory above it.
+fn may_reach(user: &TargetUser, path: &Path) -> bool {
+    path.ancestors().skip(1).all(|d| permits(user, d, 0o1))
+}
+
 /// Whether process `pid`'s user may make a file in `dir` (by its mode
 /// bits: the process writes the trace itself, and a refusal found only
 /// after the agent is in is a worse error).
 fn may_write_in(user: &TargetUser, dir: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(m) = std::fs::metadata(dir) else {
-        return false;
-    };
-    let mode = m.mode();
-    user.uid == 0
-        || (m.uid() == user.uid && mode & 0o300 == 0o300)
-        || (m.uid() != user.uid && user.gids.contains(&m.gid()) && mode & 0o030 == 0o030)
-        || (m.uid() != user.uid && !user.gids.contains(&m.gid()) && mode & 0o003 == 0o003)
+    may_reach(user, dir) && permits(user, dir, 0o3)
+}
+
+/// The agent as the target's user can open it: where it is, or else a copy
+/// in a directory of the caller's that everyone may read but only the
+/// caller write (root's agent in /root, a worker running as nobody).
+fn agent_for(user: &TargetUser, agent: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if may_reach(user, agent) && permits(user, agent, 0o4) {
+        return Ok(agent.to_path_buf());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    let dir = PathBuf::from(format!("/tmp/trapline-agents-{me}"));
+    let _ = std::fs::create_dir(&dir);
+    let m = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{}: not a directory of this user's that only it may write",
+            dir.display()
+        ));
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let bytes = std::fs::read(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+    let digest = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let copy = dir.join(format!("libtrapline_agent-{digest:016x}.so"));
+    if !copy.exists() {
+        let part = dir.join(format!(".{}.part", std::process::id()));
+        std::fs::write(&part, &bytes)
+            .and_then(|()| std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o644)))
+            .and_then(|()| std::fs::rename(&part, &copy))
+            .map_err(|e| format!("{}: {e}", copy.display()))?;
+    }
+    Ok(copy)
 }
 
 fn check_target(pid: u32) -> Result<(), String> {

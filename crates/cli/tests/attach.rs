@@ -745,9 +745,28 @@ fn root_attaches_to_another_users_process_and_ends_it() {
     assert_eq!(std::fs::read(&roots).unwrap(), b"root's");
     assert_eq!(svc.ask("leak 2"), "leaked 2");
 
+    // Root's agent where nobody may not read it (a clone in a 0700
+    // directory): the process is given a copy it can open.
+    let private = dir.path().join("private");
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let private_agent = private.join("libtrapline_agent.so");
+    std::fs::copy(agent(), &private_agent).unwrap();
     let trace = open.join("nobody.trace");
-    let a = trapline_cmd(&["attach", &pid, "-o", trace.to_str().unwrap()]);
+    let mut cmd = Command::new(trapline());
+    cmd.args(["attach", &pid, "-o", trace.to_str().unwrap()])
+        .env("TRAPLINE_AGENT", &private_agent);
+    let a = output_of(cmd, "trapline attach");
     assert_eq!(a.code(), 0, "{}", a.describe());
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        maps.contains("/tmp/trapline-agents-0/libtrapline_agent-"),
+        "the copy is not mapped"
+    );
     let socket = format!("/tmp/trapline-65534/{pid}.sock");
     assert!(Path::new(&socket).exists(), "no {socket}");
     assert_eq!(svc.ask("leak 3"), "leaked 3");
