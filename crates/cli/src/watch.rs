@@ -325,24 +325,10 @@ pub fn socket_of(pid: u32) -> (String, String) {
 pub fn remove_stale_sockets() {
     let uid = nix::unistd::geteuid().as_raw();
     let dir = control::socket_dir(std::env::var("XDG_RUNTIME_DIR").ok().as_deref(), uid);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let pid = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".sock"))
-            .and_then(|n| n.parse::<i32>().ok())
-            .filter(|&p| p > 0);
-        if let Some(pid) = pid {
-            let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-                == Err(nix::errno::Errno::ESRCH);
-            if gone {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
+    control::remove_stale_sockets(&dir, |pid| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None)
+            == Err(nix::errno::Errno::ESRCH)
+    });
 }
 
 /// The control socket process `pid` listens on, wherever it is: the

@@ -99,6 +99,26 @@ pub mod control {
         format!("{dir}/{pid}.sock")
     }
 
+    /// Removes the sockets in `dir` of the processes `gone` says no longer
+    /// exist (killed before their agents could remove their own, or
+    /// unable to: a worker that changed its user).
+    pub fn remove_stale_sockets(dir: &str, gone: impl Fn(u32) -> bool) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".sock"))
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|&p| p > 0 && p <= i32::MAX as u32);
+            if pid.is_some_and(&gone) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
     /// A request, one line: the live blocks summed per allocation site.
     /// The answer, one line of JSON: `{"pid", "time_ns", "trace",
     /// "since_ns", "sites": [{"stack", "fn", "bytes", "blocks", "ages",

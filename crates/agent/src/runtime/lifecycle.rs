@@ -498,7 +498,7 @@ pub fn init_attached(options: &str, resolve_hooks: fn()) -> Result<(), String> {
     // What can fail comes before anything of the process's changes (fork
     // handlers, hooks): a failed attach leaves the agent idle, and a later
     // one starts again from the top.
-    let ready = crate::services::control::bind_for_attach()
+    let ready = crate::services::control::bind()
         .map_err(|why| format!("cannot serve the control socket that detach needs: {why}"))
         .and_then(|()| open_trace_file(true));
     if let Err(why) = ready {

@@ -31,9 +31,9 @@ use trapline_trace::AllocFn;
 
 /// The listening socket (-1: none).
 static LISTEN_FD: AtomicI32 = AtomicI32::new(-1);
-/// The socket's path, the process that made it (a fork child must not
-/// remove its parent's), and the path as text.
-static SOCKET: Mutex<Option<(CString, u32, String)>> = Mutex::new(None);
+/// The socket's path, and the process that made it (a fork child must not
+/// remove its parent's).
+static SOCKET: Mutex<Option<(CString, u32)>> = Mutex::new(None);
 /// Requests answered.
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 /// The serving thread's tid (0 before it runs).
@@ -60,18 +60,11 @@ pub fn start() {
     }
 }
 
-/// Makes the socket before an attach changes anything of the process's:
-/// an attach without one could never be detached from (`start` then
-/// serves it).
-pub fn bind_for_attach() -> Result<(), String> {
-    bind()
-}
-
-/// Closes and removes a socket `bind_for_attach` made (the attach failed).
+/// Closes and removes a socket `bind` made (the attach failed).
 pub fn unbind() {
     let fd = LISTEN_FD.swap(-1, Ordering::AcqRel);
     if fd >= 0 {
-        if let Some((path, _, _)) = SOCKET.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some((path, _)) = SOCKET.lock().unwrap_or_else(|e| e.into_inner()).take() {
             // SAFETY: our socket's NUL-terminated path.
             unsafe { libc::unlink(path.as_ptr()) };
         }
@@ -89,8 +82,10 @@ fn cstring(s: &str) -> Result<CString, String> {
     CString::new(s).map_err(|_| format!("{s}: a path with a NUL byte"))
 }
 
-/// Makes the directory and the listening socket.
-fn bind() -> Result<(), String> {
+/// Makes the directory and the listening socket; `start` then serves it.
+/// An attach binds first, before it changes anything of the process's: an
+/// attach without a socket could never be detached from.
+pub fn bind() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let xdg = std::env::var("XDG_RUNTIME_DIR").ok();
@@ -101,7 +96,7 @@ fn bind() -> Result<(), String> {
         None => own_directory(&control::socket_dir(xdg.as_deref(), uid), uid)
             .or_else(|_| own_directory(&control::socket_dir(None, uid), uid))?,
     };
-    remove_stale_sockets(&dir);
+    control::remove_stale_sockets(&dir, gone);
     let pid = crate::phase::owner();
     let path = control::socket_path(&dir, pid);
     let c_path = cstring(&path)?;
@@ -155,7 +150,7 @@ fn bind() -> Result<(), String> {
         };
         LISTEN_FD.store(fd, Ordering::Release);
     }
-    *SOCKET.lock().unwrap_or_else(|e| e.into_inner()) = Some((c_path, pid, path));
+    *SOCKET.lock().unwrap_or_else(|e| e.into_inner()) = Some((c_path, pid));
     Ok(())
 }
 
@@ -165,7 +160,7 @@ fn start_serving() -> Result<(), String> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
-        .map(|(_, _, path)| path.clone())
+        .map(|(path, _)| path.to_string_lossy().into_owned())
         .unwrap_or_default();
     if !spawn() {
         stop();
@@ -196,30 +191,11 @@ fn own_directory(dir: &str, uid: u32) -> Result<String, String> {
     Ok(dir.to_owned())
 }
 
-/// Removes the sockets in `dir` of processes that are gone (killed before
-/// their agent could remove its own).
-fn remove_stale_sockets(dir: &str) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".sock"))
-            .and_then(|n| n.parse::<libc::pid_t>().ok())
-            .filter(|&p| p > 0)
-        else {
-            continue;
-        };
-        // SAFETY: signal 0 only checks that the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } != 0
-            // SAFETY: errno is this thread's.
-            && unsafe { *libc::__errno_location() } == libc::ESRCH;
-        if gone {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
+/// Whether process `pid` no longer exists.
+fn gone(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists; errno is this
+    // thread's.
+    unsafe { libc::kill(pid as libc::pid_t, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
 }
 
 /// Hands one event (with the definition of `stack`, unless 0) to the
@@ -260,7 +236,7 @@ fn spawn_thread(main: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void) -> 
 /// removes it.
 pub fn stop() {
     let fd = LISTEN_FD.swap(-1, Ordering::AcqRel);
-    if let Some((path, pid, _)) = SOCKET.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+    if let Some((path, pid)) = SOCKET.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         if *pid == sys::getpid_raw() && fd >= 0 {
             // SAFETY: our socket's NUL-terminated path.
             unsafe { libc::unlink(path.as_ptr()) };
