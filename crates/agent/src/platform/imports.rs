@@ -44,6 +44,9 @@ pub struct Module {
     pub phdrs: *const libc::Elf64_Phdr,
     pub phnum: usize,
     pub name: *const c_char,
+    /// The calling thread's TLS block of the module (null: none, or not
+    /// allocated for this thread yet).
+    pub tls_data: *const libc::c_void,
 }
 
 /// An import slot: where it is and the symbol it holds.
@@ -71,6 +74,7 @@ pub fn modules() -> Vec<Module> {
                 phdrs: i.dlpi_phdr,
                 phnum: usize::from(i.dlpi_phnum),
                 name: i.dlpi_name,
+                tls_data: i.dlpi_tls_data,
             });
         }
         0
@@ -105,6 +109,13 @@ impl Module {
             .max()
             .unwrap_or(0);
         self.base + start..self.base + end
+    }
+
+    /// The calling thread's TLS block of the module, `[start, end)`.
+    pub fn own_tls(&self) -> Option<(usize, usize)> {
+        let tls = self.phdrs().iter().find(|p| p.p_type == libc::PT_TLS)?;
+        let start = self.tls_data as usize;
+        (start != 0).then(|| (start, start + tls.p_memsz as usize))
     }
 
     fn phdrs(&self) -> &[libc::Elf64_Phdr] {

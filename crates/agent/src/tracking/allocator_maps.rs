@@ -61,6 +61,13 @@ pub fn set_allocator(extent: Option<(u64, u64)>) {
     KNOWN.store(1, Ordering::Release);
 }
 
+/// The allocator library's extent, when the program's allocator is one
+/// (not the C library's malloc).
+pub fn allocator_extent() -> Option<(u64, u64)> {
+    let hi = ALLOCATOR_HI.load(Ordering::Relaxed);
+    (hi != 0).then(|| (ALLOCATOR_LO.load(Ordering::Relaxed), hi))
+}
+
 fn in_allocator(pc: u64) -> bool {
     pc >= ALLOCATOR_LO.load(Ordering::Relaxed) && pc < ALLOCATOR_HI.load(Ordering::Relaxed)
 }

@@ -668,6 +668,19 @@ pub fn stack_pointer() -> u64 {
     sp
 }
 
+/// The calling thread's thread pointer (the %fs base): glibc and musl both
+/// keep the thread control block's own address in its first word. Static
+/// TLS blocks lie at fixed offsets below it.
+#[inline(always)]
+pub fn thread_pointer() -> u64 {
+    let tp: u64;
+    // SAFETY: %fs:0 is the TCB's self pointer in every thread the C library made.
+    unsafe {
+        core::arch::asm!("mov {tp}, fs:0", tp = out(reg) tp, options(nostack, preserves_flags, readonly));
+    }
+    tp
+}
+
 /// Registers a function must preserve (rbx, rbp, r12-r15): at a call into the
 /// agent they may hold the caller's pointers, which the reachability scan
 /// treats as roots.

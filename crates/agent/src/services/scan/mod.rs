@@ -272,6 +272,31 @@ fn agent_module_ranges() -> Vec<(u64, u64)> {
         .unwrap_or_default()
 }
 
+/// Where the allocator library's static TLS block lies below each thread's
+/// thread pointer, and its size: `(tp - start, size)`. jemalloc keeps its
+/// thread state there (its tcache, the keys of its radix-tree cache:
+/// addresses masked to 1 GiB and 4 GiB boundaries); read as a root, a key
+/// that fell inside a large block made the block "possibly lost" whenever
+/// ASLR put it across such a boundary. Nothing there points to a program's
+/// block, as nothing in the allocator's own mappings does. `None` for the C
+/// library's malloc, for an allocator built into the executable (whose TLS
+/// is the program's own), and for a TLS block that is not static (a
+/// dlopen'd allocator's, allocated on first use: not at one offset in
+/// every thread).
+fn allocator_tls_below_thread_pointer() -> Option<(u64, u64)> {
+    let (lo, _) = crate::tracking::allocator_maps::allocator_extent()?;
+    let module = crate::platform::imports::modules()
+        .into_iter()
+        .skip(1)
+        .find(|m| m.extent().contains(&(lo as usize)))?;
+    let (start, end) = module.own_tls()?;
+    let tp = crate::platform::arch::thread_pointer() as usize;
+    // Static TLS (variant II) lies just below the thread pointer.
+    const STATIC_TLS_MOST: usize = 64 << 20;
+    (start < tp && tp - start <= STATIC_TLS_MOST)
+        .then(|| ((tp - start) as u64, (end - start) as u64))
+}
+
 /// For each block, whether its allocation's innermost frame is in ld.so
 /// (one lookup per distinct stack).
 fn loader_blocks(blocks: &[Packed], loader: &[(u64, u64)]) -> Vec<u32> {
@@ -476,6 +501,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     crate::tracking::allocator_maps::allocator_ranges(&mut excluded);
     // glibc's bookkeeping in its own data (arena.rs).
     excluded.extend(arena::main_arena(libc_data_ranges, &mut reader));
+    let allocator_tls = allocator_tls_below_thread_pointer();
     let agent_tids = crate::platform::agent_threads::others();
     for sp in crate::platform::agent_threads::stack_pointers() {
         if let Some(i) = crate::platform::proc_maps::containing(&maps, sp) {
@@ -540,7 +566,7 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         return refused();
     };
     let mut agent_maps = Vec::with_capacity(crate::platform::heap::mapping_count() + 256);
-    excluded.reserve(agent_maps.capacity() + 8);
+    excluded.reserve(agent_maps.capacity() + max_threads + 8);
     let mut root_ranges =
         Vec::with_capacity(2 * maps.len() + excluded.capacity() + max_threads + 16);
     let exit_sp = EXIT_SP.load(Ordering::Acquire);
@@ -577,6 +603,15 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     // 4. Roots and marking. No allocation from here to `resume`.
     crate::platform::heap::mappings_into(&mut agent_maps);
     excluded.extend_from_slice(&agent_maps);
+    if let Some((below, size)) = allocator_tls {
+        let own = crate::platform::arch::thread_pointer();
+        let pointers = world.parked.iter().map(|p| p.thread_pointer).chain([own]);
+        for tp in pointers.filter(|&tp| tp > below) {
+            if excluded.len() < excluded.capacity() {
+                excluded.push((tp - below, tp - below + size));
+            }
+        }
+    }
     trapline_reach::maps::merge(&mut excluded);
     stack_starts.extend(world.parked.iter().map(|p| p.sp));
     let mut root_bytes = 0u64;

@@ -49,6 +49,8 @@ struct Slot {
     inside: AtomicU32,
     /// Where its general registers are (`Parked::registers`).
     registers: AtomicU64,
+    /// Its thread pointer (`Parked::thread_pointer`).
+    thread_pointer: AtomicU64,
 }
 
 /// The slot table, mapped once and never unmapped: a handler that runs late
@@ -84,6 +86,8 @@ pub struct Parked {
     /// Where the kernel saved its general registers (`arch::GENERAL_REGISTERS`
     /// words in the signal frame, read while it is parked), or 0.
     pub registers: u64,
+    /// Its thread pointer: where its static TLS blocks are.
+    pub thread_pointer: u64,
 }
 
 /// The stopped world.
@@ -151,6 +155,7 @@ fn insert(slots: &[Slot], tid: u32) -> Option<(&Slot, usize)> {
             slots[i].left_sp.store(0, Ordering::Relaxed);
             slots[i].inside.store(0, Ordering::Relaxed);
             slots[i].registers.store(0, Ordering::Relaxed);
+            slots[i].thread_pointer.store(0, Ordering::Relaxed);
             slots[i].state.store(SIGNALLED, Ordering::Relaxed);
             slots[i].tid.store(tid, Ordering::Release);
             return Some((&slots[i], i));
@@ -195,6 +200,8 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
                     crate::events::thread::current_if_any().map_or(0, |t| t.own_stack_left_at(sp));
                 slot.left_sp.store(left, Ordering::Relaxed);
                 slot.registers.store(registers, Ordering::Relaxed);
+                slot.thread_pointer
+                    .store(crate::platform::arch::thread_pointer(), Ordering::Relaxed);
                 slot.state.store(PARKED, Ordering::Release);
                 crate::platform::futex::futex_wake(&slot.state, 1);
                 crate::platform::hold::wait_at_gate();
@@ -441,6 +448,7 @@ pub fn stop(scratch: Scratch, skip: &[u32], insist_outside: bool) -> World {
                         sp: s.sp.load(Ordering::Relaxed),
                         left_sp: s.left_sp.load(Ordering::Relaxed),
                         registers: s.registers.load(Ordering::Relaxed),
+                        thread_pointer: s.thread_pointer.load(Ordering::Relaxed),
                     });
                 } else {
                     world.not_suspended += 1;
