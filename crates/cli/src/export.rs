@@ -66,7 +66,7 @@ pub fn main(args: ExportArgs) -> ExitCode {
     if args.format == ExportFormat::Parquet {
         return parquet(path, &args.output, args.force);
     }
-    if let Err(code) = output::refuse_existing("export", &args.output, args.force) {
+    if let Err(code) = output::refuse_existing("export", &args.output, args.force, &[path]) {
         return code;
     }
     if args.format == ExportFormat::Perfetto {

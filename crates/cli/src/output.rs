@@ -206,9 +206,22 @@ pub fn print(out: &str) {
         .and_then(|()| stdout.flush());
 }
 
-/// Fails (`command`'s error on `path`) when `path` exists and `force` is
-/// not given: checked before any work, so nothing is lost or written.
-pub fn refuse_existing(command: &str, path: &Path, force: bool) -> Result<(), ExitCode> {
+/// Fails (`command`'s error on `path`) when `path` is one of the traces
+/// `inputs` the command reads (even with `force`), or exists and `force`
+/// is not given: checked before any work, so nothing is lost or written.
+pub fn refuse_existing(
+    command: &str,
+    path: &Path,
+    force: bool,
+    inputs: &[&Path],
+) -> Result<(), ExitCode> {
+    if inputs.iter().any(|input| same_file(path, input)) {
+        return Err(fail(
+            command,
+            path,
+            "is a trace this command reads: choose another output (nothing was written)",
+        ));
+    }
     if path.exists() && !force {
         return Err(fail(
             command,
@@ -217,6 +230,30 @@ pub fn refuse_existing(command: &str, path: &Path, force: bool) -> Result<(), Ex
         ));
     }
     Ok(())
+}
+
+/// Whether `a` and `b` name the same file: the same inode when both exist;
+/// else the same absolute path once the directories are resolved (a file
+/// not yet there, which one of them is about to create).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        (Err(_), Err(_)) | (Ok(_), Err(_)) | (Err(_), Ok(_)) => {
+            resolved(a).is_some_and(|x| resolved(b).is_some_and(|y| x == y))
+        }
+    }
+}
+
+/// `path` absolute, its directory's links and `..` resolved, the last
+/// component kept as written (it need not exist).
+fn resolved(path: &Path) -> Option<std::path::PathBuf> {
+    let name = path.file_name()?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(name))
 }
 
 /// Writes `FILE` through `write` into a temporary file beside it, renamed

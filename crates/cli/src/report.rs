@@ -35,7 +35,8 @@ pub struct ReportArgs {
 /// Runs the command: 0 when the page is written, 1 when a trace cannot be
 /// read or the page cannot be written, 2 for bad usage.
 pub fn main(args: ReportArgs) -> ExitCode {
-    if let Err(code) = output::refuse_existing("report", &args.output, args.force) {
+    let inputs: Vec<&Path> = args.traces.iter().map(PathBuf::as_path).collect();
+    if let Err(code) = output::refuse_existing("report", &args.output, args.force, &inputs) {
         return code;
     }
     let mut pages = Vec::new();

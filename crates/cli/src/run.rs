@@ -530,8 +530,13 @@ pub fn main(args: RunArgs) -> ExitCode {
                 .iter()
                 .map(|f| f.display().to_string())
                 .collect();
+            let deleted = match p.deleted {
+                0 => String::new(),
+                1 => "; the older trace kept there was deleted".to_owned(),
+                n => format!("; the {n} older traces kept there were deleted"),
+            };
             eprintln!(
-                "trapline run: the previous run's trace{} moved aside (older ones replaced): {}",
+                "trapline run: the previous run's trace{} moved aside: {}{deleted}",
                 if names.len() == 1 { "" } else { "s" },
                 names.join(", ")
             );

@@ -9,13 +9,16 @@
 use crate::trace_names;
 use std::ffi::OsString;
 use std::io::{Error, ErrorKind, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// What `prepare` did that the user should know.
 pub struct Prepared {
     /// The previous run's traces, moved aside (their new names).
     pub moved_aside: Vec<PathBuf>,
+    /// How many older traces (`PATH.old*`) the move deleted.
+    pub deleted: usize,
 }
 
 /// Checks `output` against the command's arguments and what is there, moves
@@ -51,9 +54,12 @@ pub fn prepare(output: &Path, command: &[OsString], force: bool) -> Result<Prepa
             ));
         }
     }
-    let moved_aside = move_previous_aside(output, previous_top)?;
+    let (moved_aside, deleted) = move_previous_aside(output, previous_top)?;
     create(output).map_err(|e| format!("cannot write the trace {shown}: {e}"))?;
-    Ok(Prepared { moved_aside })
+    Ok(Prepared {
+        moved_aside,
+        deleted,
+    })
 }
 
 fn not_regular(kind: std::fs::FileType) -> Option<&'static str> {
@@ -88,14 +94,22 @@ pub(crate) fn is_trace_or_empty(path: &Path) -> bool {
     got == 0 || (got == head.len() && &head == trapline_trace::format::MAGIC)
 }
 
-/// The command argument (or the command) that is the same file as `output`.
+/// The command argument (or the command) that names `output`, as a path or
+/// as the value of a `KEY=PATH` argument (`dd of=PATH`), whether the file
+/// exists yet or not: a command that writes it would corrupt the trace.
 fn names_the_same_file(output: &Path, command: &[OsString]) -> Option<OsString> {
-    let out = std::fs::metadata(output).ok()?;
     command
         .iter()
         .find(|arg| {
-            std::fs::metadata(Path::new(arg))
-                .is_ok_and(|m| m.dev() == out.dev() && m.ino() == out.ino())
+            let bytes = arg.as_bytes();
+            let value = bytes
+                .iter()
+                .position(|&b| b == b'=')
+                .map(|i| std::ffi::OsStr::from_bytes(&bytes[i + 1..]));
+            [Some(arg.as_os_str()), value]
+                .into_iter()
+                .flatten()
+                .any(|p| !p.is_empty() && crate::output::same_file(output, Path::new(p)))
         })
         .cloned()
 }
@@ -109,21 +123,23 @@ fn old_name(output: &Path, trace: &Path) -> PathBuf {
 }
 
 /// Moves the previous run's traces (PATH when `top_is_trace`, and every
-/// PATH.<pid>[.n]) to PATH.old*, after removing an older PATH.old family.
-fn move_previous_aside(output: &Path, top_is_trace: bool) -> Result<Vec<PathBuf>, String> {
+/// PATH.<pid>[.n]) to PATH.old*, after removing an older PATH.old family;
+/// returns the new names and how many older files were removed.
+fn move_previous_aside(output: &Path, top_is_trace: bool) -> Result<(Vec<PathBuf>, usize), String> {
     let mut previous = trace_names::family_files(output);
     if top_is_trace {
         previous.insert(0, output.to_path_buf());
     }
     if previous.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let old_top = old_name(output, output);
     let mut older = trace_names::family_files(&old_top);
     older.push(old_top);
+    let mut deleted = 0;
     for f in older {
         match std::fs::remove_file(&f) {
-            Ok(()) => {}
+            Ok(()) => deleted += 1,
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => {
                 return Err(format!(
@@ -145,7 +161,7 @@ fn move_previous_aside(output: &Path, top_is_trace: bool) -> Result<Vec<PathBuf>
         })?;
         moved.push(to);
     }
-    Ok(moved)
+    Ok((moved, deleted))
 }
 
 /// Creates the trace file (never through a link) and writes the magic: a

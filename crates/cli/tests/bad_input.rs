@@ -183,6 +183,27 @@ fn run_never_overwrites_what_is_not_a_trace() {
         assert_eq!(std::fs::read_to_string(&script).unwrap(), text);
     }
 
+    // A file the command would create is named too: the trace it wrote
+    // would be corrupt (as a path, and as a `KEY=PATH` value).
+    for command in [
+        &["/bin/cp", "input.sh", "copy.out"][..],
+        &["/bin/dd", "if=input.sh", "of=copy.out"][..],
+    ] {
+        let mut args = vec!["run", "-o", "copy.out", "--"];
+        args.extend_from_slice(command);
+        let finished = run_with(&args);
+        assert_eq!(finished.code(), 125, "{}", finished.describe());
+        let named = command.last().unwrap();
+        assert!(
+            finished
+                .stderr
+                .contains(&format!("would overwrite {named}, which the command names")),
+            "{}",
+            finished.describe()
+        );
+        assert!(!dir.path().join("copy.out").exists());
+    }
+
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "keep me\n").unwrap();
     let finished = run_with(&["run", "-o", "notes.txt", "--", "/bin/true"]);
@@ -287,12 +308,13 @@ fn run_moves_the_previous_runs_traces_aside() {
         );
     }
     assert!(
-        second.stderr.contains(
-            "trapline run: the previous run's traces moved aside (older ones replaced): "
-        ),
+        second
+            .stderr
+            .contains("trapline run: the previous run's traces moved aside: "),
         "{}",
         second.describe()
     );
+    assert!(!second.stderr.contains("deleted"), "{}", second.describe());
     for name in &old {
         assert!(
             second.stderr.contains(name.as_str()),
@@ -301,6 +323,16 @@ fn run_moves_the_previous_runs_traces_aside() {
         );
     }
     assert_eq!(family("t.trace").len(), 3);
+    // A third run keeps one generation, as perf keeps one perf.data.old,
+    // and says what it deleted.
+    let third = run_tree(false);
+    assert!(
+        third
+            .stderr
+            .contains("; the 3 older traces kept there were deleted"),
+        "{}",
+        third.describe()
+    );
 }
 
 /// A program that another C library's loader starts (musl's,

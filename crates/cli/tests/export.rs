@@ -167,6 +167,17 @@ fn export_refuses_what_it_cannot_write() {
     let e = export(&dir.trace(), &["--format", "pprof", "--force"], &file);
     assert_eq!(e.code(), 0, "{}", e.describe());
     assert_ne!(std::fs::read(&file).unwrap(), b"mine");
+    // Its own input is never replaced, --force or not, however it is named.
+    let trace = std::fs::read(dir.trace()).unwrap();
+    let same = dir.path().join(".").join("t.trace");
+    let e = export(&dir.trace(), &["--format", "pprof", "--force"], &same);
+    assert_eq!(e.code(), 1, "{}", e.describe());
+    assert!(
+        e.stderr.contains("is a trace this command reads"),
+        "{}",
+        e.describe()
+    );
+    assert_eq!(std::fs::read(dir.trace()).unwrap(), trace);
 
     let cpu = dir.path().join("cpu.pb.gz");
     let e = export(

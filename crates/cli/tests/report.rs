@@ -154,6 +154,27 @@ fn report_refuses_what_it_cannot_do() {
         out.stderr
     );
     assert_eq!(std::fs::read_to_string(&page).unwrap(), "mine");
+    // Its own input is never replaced, even with --force.
+    let trace = dir.path().join("g.trace");
+    std::fs::write(&trace, b"TRAPLINE and the rest of a trace").unwrap();
+    let mut cmd = Command::new(trapline());
+    cmd.arg("report")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--force");
+    let out = output_of(cmd, "trapline report");
+    assert_eq!(out.code(), 1, "{}", out.describe());
+    assert!(
+        out.stderr
+            .contains("g.trace: is a trace this command reads"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        std::fs::read(&trace).unwrap(),
+        b"TRAPLINE and the rest of a trace"
+    );
 }
 
 /// Two runs in one page, a tab each: lock_orders.c's AB/BA order, drawn as
