@@ -31,7 +31,7 @@ pub const EXIT_TIMED_OUT: u8 = 124;
 const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A byte count with an optional binary suffix: `4096`, `512K`, `1M`, `2G`.
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => t.split_at(i),

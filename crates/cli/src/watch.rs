@@ -59,6 +59,107 @@ pub struct WatchArgs {
     /// pause, and gives every watched page back.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub scan_every: u32,
+    /// Write the looks to FILE instead of stdout, keeping at most
+    /// `--log-limit` on disk (FILE and FILE.1).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Replace FILE (and FILE.1) if they exist.
+    #[arg(long, requires = "output")]
+    pub force: bool,
+    /// With -o: most bytes of looks kept on disk (a count, or 512K, 64M).
+    /// When FILE reaches half of it, it becomes FILE.1 (the FILE.1 before
+    /// is deleted) and FILE starts again: the last half of the limit, at
+    /// least, is always kept.
+    #[arg(long, value_name = "SIZE", default_value = "64M", requires = "output",
+          value_parser = crate::run::parse_bytes)]
+    pub log_limit: u64,
+}
+
+/// Where the looks go: stdout, or a file rotated to `FILE.1` whenever it
+/// reaches half the limit, so that at most the limit is on disk.
+enum LookSink {
+    Stdout,
+    File {
+        path: PathBuf,
+        file: std::fs::File,
+        written: u64,
+        half_limit: u64,
+    },
+}
+
+impl LookSink {
+    fn open(args: &WatchArgs) -> Result<LookSink, String> {
+        let Some(path) = &args.output else {
+            return Ok(LookSink::Stdout);
+        };
+        let rotated = rotated_name(path);
+        for p in [path, &rotated] {
+            if p.exists() && !args.force {
+                return Err(format!(
+                    "{}: exists; --force replaces it (nothing was written)",
+                    p.display()
+                ));
+            }
+        }
+        match std::fs::remove_file(&rotated) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("cannot remove {}: {e}", rotated.display()));
+            }
+            _ => {}
+        }
+        let file = std::fs::File::create(path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        Ok(LookSink::File {
+            path: path.clone(),
+            file,
+            written: 0,
+            half_limit: args.log_limit / 2,
+        })
+    }
+
+    /// Writes one look; false when it cannot (a closed stdout, a full disk).
+    fn write(&mut self, look: &str) -> bool {
+        match self {
+            LookSink::Stdout => {
+                let mut stdout = std::io::stdout().lock();
+                stdout
+                    .write_all(look.as_bytes())
+                    .and_then(|_| stdout.flush())
+                    .is_ok()
+            }
+            LookSink::File {
+                path,
+                file,
+                written,
+                half_limit,
+            } => {
+                let len = look.len() as u64;
+                if *written > 0 && *written + len > *half_limit {
+                    let fresh = std::fs::rename(&*path, rotated_name(path))
+                        .and_then(|()| std::fs::File::create(&*path));
+                    match fresh {
+                        Ok(f) => {
+                            *file = f;
+                            *written = 0;
+                        }
+                        Err(e) => {
+                            eprintln!("trapline watch: cannot rotate {}: {e}", path.display());
+                            return false;
+                        }
+                    }
+                }
+                *written += len;
+                file.write_all(look.as_bytes()).is_ok()
+            }
+        }
+    }
+}
+
+/// `FILE.1`, where a full look log goes.
+fn rotated_name(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
 }
 
 fn parse_percent(s: &str) -> Result<f64, String> {
@@ -373,6 +474,13 @@ pub fn served_socket(pid: u32) -> Option<String> {
 }
 
 pub fn main(args: WatchArgs) -> ExitCode {
+    let mut sink = match LookSink::open(&args) {
+        Ok(sink) => sink,
+        Err(e) => {
+            eprintln!("trapline watch: {e}");
+            return ExitCode::from(crate::EXIT_ANALYSIS_ERROR);
+        }
+    };
     let (_, path) = socket_of(args.pid);
     if let Some(secs) = args.wait {
         let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -411,7 +519,9 @@ pub fn main(args: WatchArgs) -> ExitCode {
             previous: None,
         });
     }
-    let refresh = args.format == WatchFormat::Text && std::io::stdout().is_terminal();
+    let refresh = args.format == WatchFormat::Text
+        && args.output.is_none()
+        && std::io::stdout().is_terminal();
     let mut reader = match stream.try_clone() {
         Ok(r) => BufReader::new(r),
         Err(e) => {
@@ -450,12 +560,7 @@ pub fn main(args: WatchArgs) -> ExitCode {
             WatchFormat::Jsonl => w.jsonl(now, &growing, args.top),
             WatchFormat::Text => w.text(now, &growing, args.top, refresh),
         };
-        let mut stdout = std::io::stdout().lock();
-        if stdout
-            .write_all(out.as_bytes())
-            .and_then(|_| stdout.flush())
-            .is_err()
-        {
+        if !sink.write(&out) {
             return ExitCode::SUCCESS;
         }
         looks += 1;
@@ -479,8 +584,8 @@ pub fn start_beside(pid: u32, secs: f64, stale_after: Option<f64>, trace: &Path)
     let mut looks = trace.as_os_str().to_owned();
     looks.push(".watch.jsonl");
     let looks = PathBuf::from(looks);
-    let started = std::fs::File::create(&looks).and_then(|out| {
-        std::process::Command::new(std::env::current_exe()?)
+    let started = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
             .args([
                 "watch",
                 &pid.to_string(),
@@ -488,12 +593,15 @@ pub fn start_beside(pid: u32, secs: f64, stale_after: Option<f64>, trace: &Path)
                 "jsonl",
                 "--wait",
                 "30",
+                "--force",
             ])
             .arg("--interval")
             .arg(secs.to_string())
+            .arg("-o")
+            .arg(&looks)
             .args(stale_after.map(|s| format!("--stale-after={s}")))
             .stdin(std::process::Stdio::null())
-            .stdout(out)
+            .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
     });
@@ -520,18 +628,30 @@ impl Beside {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let text = std::fs::read_to_string(&self.looks).unwrap_or_default();
-        let last: Option<Value> = text
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str(l).ok());
+        // The log just rotated holds no look yet: the last is in FILE.1.
+        let rotated = rotated_name(&self.looks);
+        let last_in = |path: &Path| -> Option<Value> {
+            let text = std::fs::read_to_string(path).ok()?;
+            text.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok())
+        };
+        let last = last_in(&self.looks).or_else(|| last_in(&rotated));
         let Some(last) = last else {
             return vec![format!("watch: no look taken ({})", self.looks.display())];
         };
+        let kept = if rotated.exists() {
+            format!(
+                "{} (the latest; earlier looks in {}, older ones deleted)",
+                self.looks.display(),
+                rotated.display()
+            )
+        } else {
+            self.looks.display().to_string()
+        };
         let mut lines = vec![format!(
-            "watch: {} looks in {}",
+            "watch: {} looks in {kept}",
             last.get("looks").and_then(Value::as_u64).unwrap_or(0),
-            self.looks.display()
         )];
         let sites = last.get("sites").and_then(Value::as_array);
         for s in sites.into_iter().flatten() {
