@@ -420,7 +420,7 @@ impl Hasher for StackIdHasher {
 
 impl LeaksPass {
     fn observe(&mut self, m: &MergedEvent) {
-        self.facts.observe(m.time, &m.event);
+        self.facts.observe_merged(m);
         match &mut self.growth {
             Some(g) => {
                 if m.time != 0 {
@@ -808,7 +808,7 @@ pub fn analyze_with<R: Read + Seek>(
     let trace = facts.trace_status(&index, stopped);
     let with_scan = |k: Verdict| scan.as_ref().map(|_| kinds_total[k as usize - 1]);
     Ok(LeaksReport {
-        process: facts.process_report(),
+        process: facts.process_report_with_crash(&mut symbolizer),
         summary: LeaksSummary {
             unfreed_at_exit: unfreed,
             source: if scan.is_some() {
@@ -972,6 +972,24 @@ pub fn render_text(r: &LeaksReport) -> String {
     match &r.process.exit {
         Some(e) => writeln!(out, "{p}Exit: {}", e.describe()).unwrap(),
         None => writeln!(out, "{p}Exit: unknown (the process did not finish)").unwrap(),
+    }
+    if let Some(c) = &r.process.crash {
+        // memcheck's "Process terminating with default action of signal".
+        let cause = c
+            .cause
+            .as_deref()
+            .map_or(String::new(), |k| format!(" ({k})"));
+        let address = c
+            .address
+            .as_deref()
+            .map_or(String::new(), |a| format!(" at address {a}"));
+        writeln!(
+            out,
+            "{p}CRASH: thread {} died of {}{cause}{address}; the blocks below are as the crash left them",
+            c.tid, c.signal_name
+        )
+        .unwrap();
+        stack_text(&mut out, &p, None, &c.stack, 0);
     }
     if !exit_snapshot {
         writeln!(

@@ -34,6 +34,78 @@ pub struct ProcessReport {
     pub start_unix_ns: Option<u64>,
     /// How the process ended; null when the trace has no end record.
     pub exit: Option<ExitReport>,
+    /// The fatal signal a thread's own code raised (a fault, `abort`), with
+    /// where it struck; null when the process did not crash, and in the
+    /// reports of other commands (`leaks` reads it).
+    pub crash: Option<CrashReport>,
+}
+
+/// A crash: the fatal signal one thread's own code raised.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CrashReport {
+    /// The thread that crashed.
+    pub tid: u32,
+    /// The signal's number and name (`SIGSEGV`).
+    pub signal: u32,
+    pub signal_name: String,
+    /// Its `si_code`, and what it means for this signal ("address not
+    /// mapped"; null for codes without a meaning here).
+    pub code: i32,
+    pub cause: Option<String>,
+    /// The faulting address (`si_addr`) of SIGSEGV, SIGBUS, SIGILL and
+    /// SIGFPE; null for the others.
+    pub address: Option<String>,
+    /// Where the signal struck, innermost first (the first frame is the
+    /// faulting instruction itself).
+    pub stack: Vec<FrameReport>,
+}
+
+/// The name of signal `n` (`SIGSEGV`), or `signal N`.
+pub fn signal_name(n: u32) -> String {
+    let name = match n {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => return format!("signal {n}"),
+    };
+    name.to_owned()
+}
+
+/// What `si_code` `code` says of fault signal `signal` (siginfo.h).
+fn fault_cause(signal: u32, code: i32) -> Option<&'static str> {
+    Some(match (signal, code) {
+        (11, 1) => "address not mapped",
+        (11, 2) => "access not permitted by the mapping",
+        (11, 4) => "protection key denied the access",
+        (7, 1) => "misaligned address",
+        (7, 2) => "no such physical address",
+        (7, 3) => "hardware error",
+        (4, 1) => "illegal opcode",
+        (4, 2) => "illegal operand",
+        (4, 4) => "illegal addressing mode",
+        (4, 5) => "illegal trap",
+        (4, 6) => "privileged opcode",
+        (8, 1) => "integer divide by zero",
+        (8, 2) => "integer overflow",
+        (8, 3) => "floating-point divide by zero",
+        (_, 0) => "sent by the program itself (kill or raise)",
+        (_, -6) => "sent by the program itself (tgkill: abort, raise)",
+        (_, 128) => "raised by the kernel (a general-protection fault: a non-canonical address)",
+        _ => return None,
+    })
 }
 
 impl From<&ProcessInfo> for ProcessReport {
@@ -46,6 +118,7 @@ impl From<&ProcessInfo> for ProcessReport {
             command: p.argv.clone(),
             start_unix_ns: Some(p.start_unix_ns),
             exit: None,
+            crash: None,
         }
     }
 }
@@ -96,7 +169,10 @@ impl ExitReport {
         if let Some(c) = self.code {
             format!("exit code {c}")
         } else if let Some(s) = self.signal {
-            format!("killed by signal {s}")
+            match u32::try_from(s).map(signal_name) {
+                Ok(name) if !name.starts_with("signal") => format!("killed by signal {s} ({name})"),
+                _ => format!("killed by signal {s}"),
+            }
         } else if self.detached {
             "detached (the process went on)".to_string()
         } else {
@@ -249,9 +325,47 @@ pub(crate) struct Facts {
     pub caller_only: std::collections::HashSet<u32>,
     /// See `TraceStatus::attached`.
     pub attached: Option<AttachedReport>,
+    /// The `Crash` record and its thread.
+    crash: Option<(u32, Event)>,
 }
 
 impl Facts {
+    /// Takes note of one merged event (`observe`, and what needs its thread).
+    pub fn observe_merged(&mut self, m: &crate::index::MergedEvent) {
+        if matches!(m.event, Event::Crash { .. }) && self.crash.is_none() {
+            self.crash = Some((m.tid, m.event.clone()));
+        }
+        self.observe(m.time, &m.event);
+    }
+
+    /// The process section with its crash, its stack symbolized.
+    pub fn process_report_with_crash(&self, sym: &mut StackSymbolizer) -> ProcessReport {
+        let mut r = self.process_report();
+        if let Some((
+            tid,
+            Event::Crash {
+                signal,
+                code,
+                addr,
+                stack,
+                ..
+            },
+        )) = &self.crash
+        {
+            let faults = [4, 7, 8, 11].contains(signal) && *code > 0;
+            r.crash = Some(CrashReport {
+                tid: *tid,
+                signal: *signal,
+                signal_name: signal_name(*signal),
+                code: *code,
+                cause: fault_cause(*signal, *code).map(str::to_owned),
+                address: faults.then(|| format!("{addr:#x}")),
+                stack: sym.sample_stack(&self.stacks, *stack),
+            });
+        }
+        r
+    }
+
     /// Takes note of one event.
     pub fn observe(&mut self, time: u64, ev: &Event) {
         self.events += 1;

@@ -807,6 +807,16 @@ fn wait_with_timeout(
 /// The short report printed when the command ends: about the command's
 /// process as it ended (its last image, when it replaced itself with exec),
 /// then the other processes added up. `top_pid`: the command's process;
+/// The signals a crash ends a program with (a fault, `abort`): the agent
+/// records where it struck and judges the heap (lifecycle.rs).
+const CRASH_SIGNALS: [i32; 5] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGABRT,
+];
+
 /// `killed_by`: the signal that ended it, if one did. Returns the trace of
 /// that last image.
 pub(crate) fn summarize(
@@ -916,6 +926,12 @@ pub(crate) fn summarize(
                     Some(signal) => eprintln!("==trapline== {}", unflushed_death(signal)),
                     None => eprintln!("==trapline== {UNFLUSHED_EXIT}"),
                 }
+            } else if let Some(signal) = killed_by.filter(|s| CRASH_SIGNALS.contains(s)) {
+                eprintln!(
+                    "==trapline== CRASH: the program died of {}: where it struck, and the heap as it left it: trapline leaks {}",
+                    trapline_analysis::report::signal_name(signal as u32),
+                    last_trace.display()
+                );
             }
         }
         Some(Err(e)) => eprintln!("==trapline== cannot read {}: {e}", last_trace.display()),

@@ -784,6 +784,18 @@ pub enum Event {
         /// site (0: none).
         last_access_ns: u64,
     },
+    /// The chunk's thread died of a fatal signal raised by its own code (a
+    /// fault, `abort`), at `time`: the signal, its `si_code`, the faulting
+    /// address (`si_addr`; 0 for signals without one) and the stack where
+    /// the signal struck, its innermost frame the interrupted instruction
+    /// (format version 15).
+    Crash {
+        time: u64,
+        signal: u32,
+        code: i32,
+        addr: u64,
+        stack: u32,
+    },
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
 }
@@ -826,6 +838,7 @@ impl Event {
             | Event::SamplesMissed { time, .. }
             | Event::SiteVerdict { time, .. }
             | Event::Attach { time }
+            | Event::Crash { time, .. }
             | Event::ProfileStop { time, .. } => Some(*time),
             Event::Lock(l) => Some(l.time()),
             _ => None,
@@ -874,6 +887,8 @@ pub(crate) mod tag {
     pub const ATTACH: u8 = 54;
     /// Format version 13.
     pub const ATTACH_TOTALS: u8 = 55;
+    /// Format version 15.
+    pub const CRASH: u8 = 56;
     // 64..=95: locks and thread synchronisation.
     pub const LOCK_INIT: u8 = 64;
     pub const LOCK_DESTROY: u8 = 65;

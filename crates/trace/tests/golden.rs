@@ -820,6 +820,16 @@ fn golden() -> Vec<(Event, &'static str)> {
             "37 ac 02",
         ),
         (
+            Event::Crash {
+                time: T0 + 5_100_001,
+                signal: 11,
+                code: 1,
+                addr: 0x10,
+                stack: 7,
+            },
+            "38 00 0b 01 10 07",
+        ),
+        (
             Event::End {
                 time: T0 + 5_100_002,
                 exit: ExitKind::Detach,
@@ -1052,5 +1062,5 @@ fn damaged_events_decode_as_before() {
         decode(&[tag, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     }
     // To find what changed: print `results` before and after, and diff.
-    assert_eq!((cases, crc.finalize()), (9086, 0x1ff3_1010));
+    assert_eq!((cases, crc.finalize()), (9146, 0xc1f9_4c72));
 }

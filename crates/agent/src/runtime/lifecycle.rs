@@ -280,7 +280,7 @@ fn periodic() {
 extern "C" fn on_fatal_signal(
     sig: core::ffi::c_int,
     info: *mut libc::siginfo_t,
-    _ctx: *mut libc::c_void,
+    ctx: *mut libc::c_void,
 ) {
     // SAFETY: errno is thread-local; saved and restored around our work.
     let saved_errno = unsafe { *libc::__errno_location() };
@@ -289,8 +289,13 @@ extern "C" fn on_fatal_signal(
         unsafe { *libc::__errno_location() = saved_errno };
         return;
     }
+    let ending = if record_crash(sig, info, ctx) {
+        Ending::Crash
+    } else {
+        Ending::Signal
+    };
     if !wait_out_fault_during_finish() {
-        finish(ExitKind::Signal(sig), Ending::Signal);
+        finish(ExitKind::Signal(sig), ending);
     }
     // SAFETY: restoring the default action and re-raising; the signal is blocked
     // in this handler, so it is delivered (and kills) when the handler returns.
@@ -302,6 +307,53 @@ extern "C" fn on_fatal_signal(
         libc::raise(sig);
         *libc::__errno_location() = saved_errno;
     }
+}
+
+/// A crash of program code: a fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL with
+/// a fault's `si_code`) or `abort`, struck outside the agent. Records the
+/// `Crash` with the stack where it struck and notes the thread's live
+/// frames and registers for the exit scan; false when the thread was
+/// inside the agent (its buffer, caches or a lock may be mid-use: the
+/// trace ends as from any fatal signal, without a crash record or scan).
+fn record_crash(
+    sig: core::ffi::c_int,
+    info: *const libc::siginfo_t,
+    ctx: *mut libc::c_void,
+) -> bool {
+    if info.is_null() || ctx.is_null() || !phase::initialized() || phase::recording_stopped() {
+        return false;
+    }
+    // SAFETY: the kernel's siginfo for this signal (SA_SIGINFO).
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    let fault = sys::FAULT_SIGNALS.contains(&sig) && code > 0 && code != libc::SI_KERNEL;
+    if !(fault || sig == libc::SIGABRT) || !owns_process() {
+        return false;
+    }
+    let Some(ts) = thread::current_if_any() else {
+        return false;
+    };
+    if ts.agent_thread || ts.guard > 0 {
+        return false;
+    }
+    ts.guard += 1;
+    // SAFETY: the kernel's context for this signal.
+    let regs = unsafe { crate::platform::arch::interrupted_regs(ctx) };
+    let stack = crate::events::record::capture_stack(ts, regs, thread::Site::Free);
+    let time = ts.next_time();
+    let crash = Event::Crash {
+        time,
+        signal: sig as u32,
+        code,
+        addr: if fault { addr } else { 0 },
+        stack,
+    };
+    ts.emit(Some(time), |e, c| e.event(c, &crash));
+    ts.guard -= 1;
+    // SAFETY: as above.
+    if let Some((sp, registers)) = unsafe { crate::platform::arch::interrupted_state(ctx) } {
+        crate::services::scan::note_crash(sp, registers);
+    }
+    true
 }
 
 /// The signal came from another process or the terminal, not from a fault
@@ -633,6 +685,19 @@ pub enum Ending {
     /// A fatal signal: it may have struck while this thread held glibc's heap
     /// lock or an agent lock, so nothing may allocate or wait without bound.
     Signal,
+    /// A crash outside the agent (`record_crash`): this thread holds no
+    /// agent lock, so the exit scan judges the heap as the crash left it
+    /// (the others are stopped for it). glibc's heap lock may be held (the
+    /// agent's code never takes it), and the loader's: no freeres, no
+    /// rescan of the modules.
+    Crash,
+}
+
+impl Ending {
+    /// Ending by a fatal signal, crash or not.
+    fn by_signal(self) -> bool {
+        matches!(self, Ending::Signal | Ending::Crash)
+    }
 }
 
 /// Where the final records go: the writer's queue, or (signal) straight to
@@ -714,7 +779,7 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     if phase::recording_stopped() {
         // Finished, or another thread is past its snapshot and still
         // writing the end of the trace.
-        if ending != Ending::Signal && owns_process() {
+        if !ending.by_signal() && owns_process() {
             wait_for_other_finish();
         }
         return;
@@ -729,7 +794,7 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         return;
     }
     if !phase::begin_finish(sys::gettid(), exit == ExitKind::Exec) {
-        if ending != Ending::Signal {
+        if !ending.by_signal() {
             wait_for_other_finish();
         }
         return;
@@ -837,7 +902,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         t.guard += 1;
     }
     let mut out = FinalOutput::new(ending);
-    if !signal {
+    if !ending.by_signal() {
         // Rescanning allocates and takes the loader's lock: not from a signal.
         for m in modules::refresh().loaded {
             out.push(&Event::ModuleLoad(m), None);

@@ -376,7 +376,8 @@ impl Get<ExitKind> for Exit {
     }
 }
 
-/// An errno value, stored as its 32 bits.
+/// An errno value (or another C `int`: a signal's `si_code`), stored as
+/// its 32 bits.
 struct Errno;
 
 impl Put<&i32> for Errno {
@@ -877,4 +878,5 @@ event_codec! {
     CONTROL_SOCKET => ControlSocket { path: Str("control socket path") },
     ATTACH => Attach { time: Time },
     ATTACH_TOTALS => AttachTotals { earlier_releases: U64 },
+    CRASH => Crash { time: Time, signal: U32("signal"), code: Errno, addr: U64, stack: Stack },
 }

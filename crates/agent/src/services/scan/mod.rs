@@ -42,6 +42,10 @@ static LAST_MS: AtomicU64 = AtomicU64::new(0);
 static EXIT_TID: AtomicU32 = AtomicU32::new(0);
 static EXIT_SP: AtomicU64 = AtomicU64::new(0);
 static EXIT_REGS: [AtomicU64; CALLEE_SAVED] = [const { AtomicU64::new(0) }; CALLEE_SAVED];
+/// A crashed thread's general registers, saved in its signal frame
+/// (`arch::GENERAL_REGISTERS` words, valid while its handler runs the
+/// finish), or 0: then `EXIT_REGS` holds the exiting thread's.
+static EXIT_GREGS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" {
     /// The stack pointer at the process entry point (ld.so).
@@ -72,6 +76,7 @@ pub fn reset_in_child() {
     SCAN_LOCK.reset();
     crate::platform::agent_threads::forget_all();
     EXIT_TID.store(0, Ordering::Relaxed);
+    EXIT_GREGS.store(0, Ordering::Relaxed);
 }
 
 /// Notes the live frames and registers of a thread calling `exit`.
@@ -85,6 +90,17 @@ pub fn note_exit_call(regs: &[u64; CALLEE_SAVED], caller_sp: u64) {
         }
         EXIT_SP.store(caller_sp, Ordering::Release);
     }
+}
+
+/// Notes where a crashed thread's live frames start (the stack pointer the
+/// fatal signal interrupted: the handler's frames, the signal frame and
+/// the red zone lie below) and where its registers are saved, for the scan
+/// its handler runs. Replaces what an `exit` call noted: a crash in an
+/// exit handler leaves the handler's frames live.
+pub fn note_crash(sp: u64, registers: u64) {
+    EXIT_GREGS.store(registers, Ordering::Relaxed);
+    EXIT_SP.store(sp, Ordering::Relaxed);
+    EXIT_TID.store(sys::gettid(), Ordering::Release);
 }
 
 /// Notes the calling hook's frame as where the exiting thread's live frames
@@ -626,7 +642,15 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
             crate::events::thread::own_stack_sp(crate::platform::arch::stack_pointer())
         };
         stack_starts.push(own_sp);
-        if exit_tid == me {
+        let crashed_registers = EXIT_GREGS.load(Ordering::Relaxed);
+        if exit_tid == me && crashed_registers != 0 {
+            let n = crate::platform::arch::GENERAL_REGISTERS;
+            root_bytes += mem.reader.borrow_mut().for_each_word(
+                crashed_registers,
+                crashed_registers + 8 * n,
+                |w| marker.word(w, true),
+            );
+        } else if exit_tid == me {
             for r in &EXIT_REGS {
                 marker.word(r.load(Ordering::Relaxed), true);
             }
