@@ -11,7 +11,11 @@
 //!   over all pairs): 1 for a series that only climbs, near 0 for a working
 //!   set that comes and goes;
 //! - a bounded cache fills and then stays: its slope over the last third of
-//!   the run is about 0, where a leak's is what it was all along.
+//!   the run is about 0, where a leak's is what it was all along;
+//! - a site that allocated a few blocks and stopped (one table per command
+//!   type, a pool's few arenas) rose in a few steps: a growing site rose
+//!   between at least `MIN_RISES` pairs of consecutive samples, and at
+//!   least `MIN_LATE_RISES` of them in the last third.
 //!
 //! The samples stop short of the run's end, where exit handlers and the C
 //! library's freeres release what a service holds for its whole life.
@@ -32,6 +36,14 @@ const MIN_LATE_SHARE: f64 = 0.5;
 /// it, a site's growth is no news a user needs (reachability still judges
 /// its blocks).
 const MIN_RISE_BYTES: u64 = 64 << 10;
+/// Least number of consecutive samples between which a growing site's live
+/// bytes rose: fewer steps are a few blocks allocated once each (redis's
+/// five 24 KiB latency histograms, one per command type, were judged
+/// growing for 22 s at confidence 0.83).
+const MIN_RISES: usize = 6;
+/// Least number of those rises in the last third of the samples: a site
+/// that stopped rising is not growing.
+const MIN_LATE_RISES: usize = 2;
 
 /// Why a site was judged growing.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -147,6 +159,10 @@ pub fn judge(times: &[f64], ys: &[u64]) -> Option<Growth> {
     if slope <= 0.0 || confidence < MIN_CONFIDENCE || late_slope < MIN_LATE_SHARE * slope {
         return None;
     }
+    let rises = |from: usize| (from.max(1)..n).filter(|&i| ys[i] > ys[i - 1]).count();
+    if rises(0) < MIN_RISES || rises(late) < MIN_LATE_RISES {
+        return None;
+    }
     // The latest sample at the lowest level of the rest of the series.
     let mut since = n - 1;
     let mut low = ys[n - 1];
@@ -246,6 +262,17 @@ mod tests {
         assert_eq!(judge(&t, &working), None);
         let trickle: Vec<u64> = (0..n as u64).map(|i| 100 * i).collect();
         assert_eq!(judge(&t, &trickle), None);
+        // Five 24 KiB tables allocated once each, the last late in the run:
+        // a rise in five steps is no growth. Eight steps, three of them in
+        // the last third, are.
+        let steps = |at: &[u64]| -> Vec<u64> {
+            (0..n as u64)
+                .map(|i| 24_576 * at.iter().filter(|&&s| i >= s).count() as u64)
+                .collect()
+        };
+        assert_eq!(judge(&t, &steps(&[10, 22, 34, 46, 58])), None);
+        let eight = steps(&[4, 12, 20, 28, 36, 44, 52, 60]);
+        assert!(judge(&t, &eight).is_some(), "{eight:?}");
         // Growth that began half way: the time since is half the run.
         let late: Vec<u64> = (0..n as u64)
             .map(|i| 300_000 + 20_000 * i.saturating_sub(32))

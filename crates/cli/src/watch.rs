@@ -896,7 +896,10 @@ impl Watcher {
         if growing.contains_key(site) {
             v.push("growing");
         }
-        if self.staleness(now, site).is_some_and(|s| s.is_stale()) {
+        // Data that is rarely read but still reachable and not growing is
+        // no leak suspect (an idle keyspace): stale counts only beside
+        // another verdict, although the site's blocks stay watched.
+        if !v.is_empty() && self.staleness(now, site).is_some_and(|s| s.is_stale()) {
             v.push("stale");
         }
         v

@@ -217,25 +217,29 @@ fn run_summary_equals_stats_with_and_without_agent_totals() {
     }
 }
 
-/// A program killed by a signal leaves no agent totals (the signal may have
-/// struck between a count and its event); its summary replays the trace.
+/// A program killed by a signal that is no crash leaves no agent totals
+/// (the signal may have struck between a count and its event); its summary
+/// replays the trace. A crash outside the agent (abort) finishes as an exit
+/// does, with totals that match.
 #[test]
 fn no_agent_totals_after_a_fatal_signal() {
     let dir = TestDir::new("summary_abort");
     let prog = compile_c(&dir, "exit_paths.c");
-    let run = run(&dir, &[], &prog, &["abort"]);
-    assert_eq!(run.code(), 134, "{}", run.describe());
-    let report = stats(&dir.trace());
-    assert_eq!(
-        report["agent_totals_match"],
-        Value::Null,
-        "{}",
-        pretty(&report)
-    );
-    assert_eq!(
-        summary_numbers(&run.stderr).0,
-        as_u64(&report, "allocation_calls")
-    );
+    for (mode, status, totals) in [("term", 143, Value::Null), ("abort", 134, json!(true))] {
+        let run = run(&dir, &[], &prog, &[mode]);
+        assert_eq!(run.code(), status, "{}", run.describe());
+        let report = stats(&dir.trace());
+        assert_eq!(
+            report["agent_totals_match"],
+            totals,
+            "{mode}: {}",
+            pretty(&report)
+        );
+        assert_eq!(
+            summary_numbers(&run.stderr).0,
+            as_u64(&report, "allocation_calls")
+        );
+    }
 }
 
 /// The site views of sampled_leaks.c (see its header comment): churn's
