@@ -94,6 +94,15 @@ fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// A connection to `port`: a line reader and the writer.
+fn line_connection(port: u16) -> (BufReader<TcpStream>, TcpStream) {
+    let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    (BufReader::new(stream.try_clone().unwrap()), stream)
+}
+
 /// The effective uid of process `pid`.
 fn euid(pid: u32) -> u32 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -229,12 +238,7 @@ fn memcached_as_nobody_under_control() {
     let run = serving(run, port);
     let memcached = children(run.id())[0];
     assert_eq!(euid(memcached), 65534);
-    let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut writer = stream;
+    let (mut reader, mut writer) = line_connection(port);
     let mut line = String::new();
     for i in 0..300 {
         let value = format!("value-{i}-{}", "x".repeat(i % 200));
@@ -368,12 +372,7 @@ fn redis_under_control_and_under_watch_judged_alike() {
             ],
         ));
         let run = serving(run, port);
-        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut writer = stream;
+        let (mut reader, mut writer) = line_connection(port);
         for i in 0..400 {
             let value = format!("value-{i}-{}", "y".repeat(i % 300));
             let key = format!("key{i}");
