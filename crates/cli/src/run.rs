@@ -655,8 +655,8 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     let child_pid = Pid::from_raw(child.id() as i32);
-    let watcher = args.watch.and_then(|secs| {
-        crate::watch::start_beside(child_pid.as_raw() as u32, secs, args.stale_after, &output)
+    let watcher = args.watch.map(|secs| {
+        crate::watch::TreeWatch::start(child_pid.as_raw() as u32, secs, args.stale_after, &output)
     });
     let (handle, forwarder) = forward_signals(signals, child_pid);
     let (status, timed_out) = match wait_with_timeout(child, child_pid, timeout) {
@@ -670,7 +670,7 @@ pub fn main(args: RunArgs) -> ExitCode {
     };
     handle.close();
     let _ = forwarder.join();
-    let watched = watcher.map(crate::watch::Beside::finish);
+    let watched = watcher.map(crate::watch::TreeWatch::finish);
     if args.control || args.watch.is_some() {
         // Workers that changed their user could not remove their sockets
         // from the directory they made them in as root.

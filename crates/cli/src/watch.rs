@@ -617,6 +617,87 @@ pub fn start_beside(pid: u32, secs: f64, stale_after: Option<f64>, trace: &Path)
     }
 }
 
+/// `trapline run --watch`: a watcher beside the top process and beside
+/// every process of its tree that serves a socket (a master's workers,
+/// which do the work), found every half second while the run lasts; a
+/// process's looks go next to its trace, `TRACE.<pid>.watch.jsonl`.
+pub struct TreeWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    finder: std::thread::JoinHandle<Vec<(u32, Beside)>>,
+}
+
+impl TreeWatch {
+    pub fn start(top: u32, secs: f64, stale_after: Option<f64>, trace: &Path) -> TreeWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let trace = trace.to_path_buf();
+        let finder = std::thread::spawn(move || {
+            let mut watched: Vec<(u32, Beside)> = Vec::new();
+            watched.extend(start_beside(top, secs, stale_after, &trace).map(|b| (top, b)));
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                for pid in descendants(top) {
+                    if watched.iter().any(|(p, _)| *p == pid) || served_socket(pid).is_none() {
+                        continue;
+                    }
+                    let mut own = trace.as_os_str().to_owned();
+                    own.push(format!(".{pid}"));
+                    if let Some(b) = start_beside(pid, secs, stale_after, Path::new(&own)) {
+                        watched.push((pid, b));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            watched
+        });
+        TreeWatch { stop, finder }
+    }
+
+    /// The run has ended: the summary lines of every watcher, the top
+    /// process's first, the others' marked with their pid.
+    pub fn finish(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let watched = self.finder.join().unwrap_or_default();
+        let mut lines = Vec::new();
+        for (i, (pid, b)) in watched.into_iter().enumerate() {
+            let own = b.finish();
+            if i == 0 {
+                lines.extend(own);
+            } else {
+                lines.extend(
+                    own.into_iter()
+                        .map(|l| l.replacen("watch: ", &format!("watch (process {pid}): "), 1)),
+                );
+            }
+        }
+        lines
+    }
+}
+
+/// The processes below `pid`, children first.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        for task in std::fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for c in list
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                if !out.contains(&c) {
+                    out.push(c);
+                    next.push(c);
+                }
+            }
+        }
+    }
+    out
+}
+
 impl Beside {
     /// The program has ended: waits for the watcher (which sees its socket
     /// go) and returns the summary lines, the sites still growing at its

@@ -660,15 +660,10 @@ fn the_copies_of_watched_pages_are_not_roots() {
     );
 }
 
-/// `trapline watch <nginx worker>` was refused ("not started with
-/// `trapline run --control`"): only the top process served a socket, and
-/// in a master/worker server the master does no work. Now every traced
-/// process of a `--control` run serves its own.
-#[test]
-fn the_worker_a_master_forked_is_watched() {
-    let dir = TestDir::new("forked_worker");
-    let prog = compile_c(&dir, "forked_worker.c");
-    let mut child = isolated(run_command(&dir, &["--control"], &prog, &[]))
+/// `trapline run FLAG` of forked_worker.c, and the worker's pid.
+fn start_forked_worker(dir: &TestDir, flag: &str) -> (std::process::Child, String) {
+    let prog = compile_c(dir, "forked_worker.c");
+    let mut child = isolated(run_command(dir, &[flag], &prog, &[]))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -680,6 +675,17 @@ fn the_worker_a_master_forked_is_watched() {
         .strip_prefix("worker ")
         .expect("the worker prints its pid")
         .to_owned();
+    (child, worker)
+}
+
+/// `trapline watch <nginx worker>` was refused ("not started with
+/// `trapline run --control`"): only the top process served a socket, and
+/// in a master/worker server the master does no work. Now every traced
+/// process of a `--control` run serves its own.
+#[test]
+fn the_worker_a_master_forked_is_watched() {
+    let dir = TestDir::new("forked_worker");
+    let (mut child, worker) = start_forked_worker(&dir, "--control");
     // Until the worker's trace holds the block's stack (its writer sweeps
     // every 200 ms).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -700,4 +706,45 @@ fn the_worker_a_master_forked_is_watched() {
     let finished = finish(child, "trapline run");
     assert_eq!(finished.code(), 0, "{}", finished.describe());
     assert!(!Path::new(&socket).exists(), "{socket} stayed");
+}
+
+/// `trapline run --watch` watches every process of the tree that serves a
+/// socket, not only the top one (in a master/worker service the master
+/// does no work): the worker's looks go to `TRACE.<pid>.watch.jsonl`, and
+/// the summary names them.
+#[test]
+fn run_watch_watches_the_worker_a_master_forked() {
+    let dir = TestDir::new("run_watch_worker");
+    let (mut child, worker) = start_forked_worker(&dir, "--watch=0.1");
+    let looks = dir.path().join(format!("t.trace.{worker}.watch.jsonl"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(&looks).unwrap_or_default();
+        let seen = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|look| {
+                look["pid"].as_u64() == worker.parse().ok()
+                    && entry_at(field(&look, "sites"), "forked_worker.c", "WORKER-BLOCK")
+                        .is_some_and(|s| as_u64(s, "bytes") == 4000)
+            });
+        if seen {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}: {text}",
+            looks.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(child.stdin.take());
+    let finished = finish(child, "trapline run");
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    let said = format!("==trapline== watch (process {worker}): ");
+    assert!(
+        finished.stderr.contains(&said),
+        "{said}\n{}",
+        finished.stderr
+    );
 }
