@@ -691,7 +691,7 @@ pub fn frame_place(f: &FrameReport) -> String {
 /// allocating call's caller and its caller: one function often allocates
 /// for several), joined by `sep`, else its first frame; None when empty.
 pub fn stack_place(stack: &[FrameReport], sep: &str) -> Option<String> {
-    let named: Vec<String> = stack
+    let named: Vec<String> = stack[wrapper_frames(stack)..]
         .iter()
         .filter(|f| f.function.is_some())
         .take(2)
@@ -701,6 +701,84 @@ pub fn stack_place(stack: &[FrameReport], sep: &str) -> Option<String> {
         stack.first().map(frame_place)
     } else {
         Some(named.join(sep))
+    }
+}
+
+/// Functions that only pass an allocation on to the allocator, which name
+/// no site of their own: the common ones of real programs (redis's
+/// `zmalloc` family, nginx's `ngx_alloc` and pools, glib's `g_malloc`,
+/// GNU's `xmalloc`, CPython's `PyMem_` layer, OpenSSL's `CRYPTO_malloc`,
+/// SQLite's `sqlite3Malloc`), with a trailing `*` for a prefix.
+const KNOWN_WRAPPERS: &[&str] = &[
+    "zmalloc*",
+    "ztrymalloc*",
+    "zcalloc*",
+    "ztrycalloc*",
+    "zrealloc*",
+    "ztryrealloc*",
+    "zstrdup",
+    "ngx_alloc",
+    "ngx_calloc",
+    "ngx_memalign",
+    "ngx_palloc*",
+    "ngx_pnalloc",
+    "ngx_pcalloc",
+    "ngx_pmemalign",
+    "g_malloc*",
+    "g_realloc*",
+    "g_try_malloc*",
+    "g_try_realloc*",
+    "g_slice_alloc*",
+    "xmalloc",
+    "xcalloc",
+    "xrealloc",
+    "xzalloc",
+    "xstrdup",
+    "PyMem_*",
+    "_PyMem_*",
+    "PyObject_Malloc",
+    "PyObject_Calloc",
+    "PyObject_Realloc",
+    "CRYPTO_malloc",
+    "CRYPTO_zalloc",
+    "CRYPTO_realloc",
+    "sqlite3Malloc*",
+    "sqlite3MemMalloc",
+    "sqlite3DbMalloc*",
+];
+
+/// Wrappers named on the command line (`--alloc-fn`), beside the known ones.
+static USER_WRAPPERS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Adds the allocation wrappers the user named (`--alloc-fn NAME`, a
+/// trailing `*` for a prefix), for every report of this process.
+pub fn set_allocation_wrappers(names: Vec<String>) {
+    let _ = USER_WRAPPERS.set(names);
+}
+
+/// Whether `function` is an allocation wrapper (known, or named by the user).
+pub fn is_allocation_wrapper(function: &str) -> bool {
+    let matches = |pattern: &str| match pattern.strip_suffix('*') {
+        Some(prefix) => function.starts_with(prefix),
+        None => function == pattern,
+    };
+    KNOWN_WRAPPERS.iter().any(|p| matches(p))
+        || USER_WRAPPERS
+            .get()
+            .is_some_and(|names| names.iter().any(|p| matches(p)))
+}
+
+/// How many innermost frames of `stack` are allocation wrappers, when a
+/// frame outside them follows (a stack of wrappers only names itself).
+pub fn wrapper_frames(stack: &[FrameReport]) -> usize {
+    let n = stack
+        .iter()
+        .take_while(|f| f.function.as_deref().is_some_and(is_allocation_wrapper))
+        .count();
+    if n < stack.len() {
+        n
+    } else {
+        0
     }
 }
 

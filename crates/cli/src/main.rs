@@ -41,6 +41,13 @@ pub const EXIT_USAGE: u8 = 2;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// A function that only passes allocations on to the allocator (as
+    /// memcheck's --alloc-fn): sites are named by their first frame
+    /// outside such wrappers, which stay in the stacks. A trailing `*`
+    /// names a prefix; may be repeated. redis's zmalloc family, nginx's
+    /// ngx_alloc, glib's g_malloc and other common ones are known.
+    #[arg(long = "alloc-fn", value_name = "NAME", global = true)]
+    alloc_fn: Vec<String>,
 }
 
 /// Output format of an analysis.
@@ -92,6 +99,7 @@ fn main() -> ExitCode {
         trapline_tracer::traceme_and_exec(std::path::Path::new(&argv[2]), &argv[4..]);
     }
     let cli = Cli::parse();
+    trapline_analysis::report::set_allocation_wrappers(cli.alloc_fn);
     match cli.command {
         Command::Run(args) => run::main(args),
         Command::Attach(args) => attach::attach(args),

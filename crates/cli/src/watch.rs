@@ -750,9 +750,17 @@ impl Beside {
                 .get("stack")
                 .and_then(Value::as_array)
                 .and_then(|frames| {
+                    let named = |f: &&Value| f.get("function").is_some_and(|v| !v.is_null());
+                    let wrapper = |f: &&Value| {
+                        f.get("function")
+                            .and_then(Value::as_str)
+                            .is_some_and(trapline_analysis::report::is_allocation_wrapper)
+                    };
+                    // Named by the first frame outside allocation wrappers.
                     frames
                         .iter()
-                        .find(|f| f.get("function").is_some_and(|v| !v.is_null()))
+                        .find(|f| named(f) && !wrapper(f))
+                        .or_else(|| frames.iter().find(named))
                 })
                 .map_or_else(
                     || format!("stack {}", s.get("stack_id").unwrap_or(&Value::Null)),
@@ -1261,7 +1269,10 @@ impl Watcher {
             });
             let frames = self.stacks.get(&site.0);
             let place = frames
-                .and_then(|f| f.iter().find(|f| f.function.is_some()))
+                .and_then(|f| {
+                    let outside = trapline_analysis::report::wrapper_frames(f);
+                    f[outside..].iter().find(|f| f.function.is_some())
+                })
                 .map_or_else(|| format!("stack {} ({})", site.0, site.1), frame_text);
             out.push_str(&format!(
                 "{:>14} {:>10} {:>12} {:>9}  {:<24} {place}\n",

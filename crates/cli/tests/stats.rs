@@ -311,3 +311,53 @@ fn site_views_rank_calls_temporaries_peak_and_bytes() {
         pretty(sites)
     );
 }
+
+/// alloc_wrappers.c: sites are named by their first frame outside the
+/// allocation wrappers, a known one (xmalloc) and one named with
+/// `--alloc-fn`; the wrapper stays in the stack. redis's sites all read
+/// `zmalloc_usable <- _sdsnewlen` before.
+#[test]
+fn sites_are_named_past_allocation_wrappers() {
+    let dir = TestDir::new("alloc_wrappers");
+    let prog = compile_c(&dir, "alloc_wrappers.c");
+    let r = run(&dir, &[], &prog, &[]);
+    assert_eq!(r.code(), 0, "{}", r.describe());
+    let src = "alloc_wrappers.c";
+    let line = |marker| marker_line(src, marker);
+    let sites = |extra: &[&str]| -> Vec<String> {
+        let mut cmd = std::process::Command::new(trapline());
+        cmd.arg("stats").arg(dir.trace()).args(extra);
+        let out = output_of(cmd, "trapline stats");
+        assert_eq!(out.code(), 0, "{}", out.describe());
+        let text = out.stdout;
+        let start = text
+            .find("SITES, most allocation calls:")
+            .expect("the sites");
+        text[start..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.contains(" calls "))
+            .map(|l| l.split(" calls  ").nth(1).unwrap_or("").to_owned())
+            .collect()
+    };
+    let first = format!("first_user ({src}:{}) <- main", line("FIRST"));
+    let second = format!("second_user ({src}:{}) <- main", line("SECOND"));
+    let through = format!("my_alloc ({src}:{}) <- second_user", line("MY-ALLOC"));
+    let plain = sites(&[]);
+    assert!(plain.iter().any(|s| s.starts_with(&first)), "{plain:?}");
+    assert!(plain.iter().any(|s| s.starts_with(&through)), "{plain:?}");
+    let named = sites(&["--alloc-fn", "my_*"]);
+    assert!(named.iter().any(|s| s.starts_with(&first)), "{named:?}");
+    assert!(named.iter().any(|s| s.starts_with(&second)), "{named:?}");
+    // The wrapper is still in the site's stack.
+    let report = stats(&dir.trace());
+    let site = as_array(field(&report, "sites"), "most_calls")
+        .iter()
+        .find(|s| {
+            stack_of(s, "stack")
+                .iter()
+                .any(|f| frame_function(f) == "first_user")
+        })
+        .expect("first_user's site");
+    assert_eq!(frame_function(&stack_of(site, "stack")[0]), "xmalloc");
+}
