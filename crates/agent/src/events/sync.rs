@@ -9,7 +9,9 @@
 //! cache, like an allocation). The clock is the shared tick, made strictly
 //! increasing per lock by a table of per-lock last times written while the
 //! lock is held (see `stamp`), so that every lock's history merges across
-//! threads in its true order.
+//! threads in its true order. Requests, failures and misuse are stamped in
+//! the same order (`stamp_side`), so that a lock's init and destroy sort
+//! on the right side of every call the C library saw between them.
 
 use crate::events::record::{self, Entry};
 use crate::events::thread::{Site, ThreadState};
@@ -31,6 +33,10 @@ struct LockSlot {
     /// lock, and its tid (a release by another thread has no mark).
     agent_mark: AtomicU64,
     mark_tid: AtomicU32,
+    /// The latest time stamped beside the holds (`stamp_side`). Only ever
+    /// raised (`fetch_max`): the holders' plain stores to `last_time`
+    /// cannot lower it. Init and destroy stamp after it.
+    side_time: AtomicU64,
 }
 
 /// Open-addressed by lock address; entries are never removed (a destroyed
@@ -42,6 +48,7 @@ static LOCKS: [LockSlot; LOCK_SLOTS] = [const {
         last_time: AtomicU64::new(0),
         agent_mark: AtomicU64::new(0),
         mark_tid: AtomicU32::new(0),
+        side_time: AtomicU64::new(0),
     }
 }; LOCK_SLOTS];
 
@@ -103,6 +110,34 @@ fn stamp(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
     };
     ts.last_time = t;
     t
+}
+
+/// The time of an event beside the holds of the lock in `slot` (a request,
+/// a failed attempt, misuse): after every event stamped on the lock before
+/// (its last init or destroy in particular: the call saw the lock as that
+/// left it), and before its next init or destroy (`stamp_lifetime`), which
+/// the program orders after this call by whatever means it has, atomics
+/// included. It does not write `last_time`: a holder may be stamping it
+/// with a plain store at this moment and would lower it again.
+fn stamp_side(ts: &mut ThreadState, slot: u32) -> u64 {
+    let s = &LOCKS[slot as usize];
+    let t = clock::tick()
+        .max(ts.last_time)
+        .max(s.last_time.load(Ordering::Relaxed) + 1);
+    s.side_time.fetch_max(t, Ordering::Relaxed);
+    ts.last_time = t;
+    t
+}
+
+/// The time of an init or destroy of the lock in `slot`: strictly after
+/// every event on it the program ordered before, holds and side events
+/// alike. Stamped after the real init returned (the lock exists from then
+/// on) and before the real destroy (it ceases to exist then), so that no
+/// call another thread makes on the live lock sorts outside its lifetime.
+fn stamp_lifetime(ts: &mut ThreadState, slot: u32) -> u64 {
+    let side = LOCKS[slot as usize].side_time.load(Ordering::Relaxed);
+    ts.last_time = ts.last_time.max(side + 1);
+    stamp(ts, slot, false)
 }
 
 // ---------------------------------------------------------------------------
@@ -304,11 +339,11 @@ fn end_hold(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
 }
 
 /// Records `make(time, stack)` with the cached stack of `site` and a time
-/// in this thread's order.
+/// in the lock's order (`stamp_side`).
 fn at_site(addr: u64, site: CallSite, make: impl FnOnce(u64, u32) -> LockEvent) {
     recording(|ts| {
-        let (stack, _) = site_stack(ts, addr, site);
-        let time = ts.next_time();
+        let (stack, slot) = site_stack(ts, addr, site);
+        let time = stamp_side(ts, slot);
         emit_event(ts, make(time, stack));
     });
 }
@@ -362,25 +397,26 @@ pub fn failed(addr: u64, kind: LockKind, mode: LockMode, op: LockOp, errno: i32,
     });
 }
 
-/// Misuse seen at the call. A self-deadlock is about to block forever: the
-/// thread's events are handed to the writer first (`captured`), so the trace
-/// holds them even if the program is then killed with SIGKILL.
+/// Misuse seen at the call, stamped in the lock's order. A self-deadlock is
+/// about to block forever: the thread's events are handed to the writer
+/// first (`captured`), so the trace holds them even if the program is then
+/// killed with SIGKILL.
 pub fn misuse(addr: u64, kind: LockKind, misuse: LockMisuse, errno: i32, regs: StartRegs) {
-    captured(regs, ThreadState::next_time, |time, stack| {
-        LockEvent::Misuse {
-            time,
-            addr,
-            kind,
-            misuse,
-            errno,
-            stack,
-        }
+    let in_lock_order = |ts: &mut ThreadState| stamp_side(ts, slot_of(addr));
+    captured(regs, in_lock_order, |time, stack| LockEvent::Misuse {
+        time,
+        addr,
+        kind,
+        misuse,
+        errno,
+        stack,
     });
 }
 
-/// pthread_*_init and pthread_*_destroy, stamped in the lock's order.
+/// pthread_*_init and pthread_*_destroy, stamped in the lock's order
+/// (`stamp_lifetime`).
 pub fn lifetime(addr: u64, kind: LockKind, init: bool, regs: StartRegs) {
-    let in_lock_order = |ts: &mut ThreadState| stamp(ts, slot_of(addr), false);
+    let in_lock_order = |ts: &mut ThreadState| stamp_lifetime(ts, slot_of(addr));
     captured(regs, in_lock_order, |time, stack| {
         if init {
             LockEvent::Init {
