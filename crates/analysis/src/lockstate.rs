@@ -64,7 +64,18 @@ struct ThreadLocks {
     held: Vec<Held>,
     pending: Option<Pending>,
     joining: Option<PendingJoin>,
+    /// Addresses this thread used as a destroyed, freed or unknown lock
+    /// (reported) and has not unlocked since: that unlock is part of the use.
+    invalid_uses: Vec<u64>,
+    /// The address of this thread's last release, and whether a report
+    /// covers it already (unlock_not_held, or the unlock of an invalid use):
+    /// the C library's refusal of that unlock that follows adds nothing.
+    last_release: Option<(u64, bool)>,
 }
+
+/// Linux's EDEADLK and EINVAL, as the C library returns them.
+const EDEADLK: i32 = 35;
+const EINVAL: i32 = 22;
 
 /// What an applied lock event did.
 pub enum Applied {
@@ -370,6 +381,7 @@ impl LockState {
                     .iter()
                     .rposition(|h| h.lock == lock && h.mode == LockMode::Exclusive)
                     .or_else(|| t.held.iter().rposition(|h| h.lock == lock));
+                t.last_release = Some((addr, false));
                 match pos {
                     Some(i) => {
                         let h = &mut t.held[i];
@@ -391,15 +403,22 @@ impl LockState {
                     None if stack == 0 && kind != LockKind::RwLock && kind != LockKind::Spin => {
                         Applied::Released { lock, held: None }
                     }
-                    // The unlock that follows a use of a destroyed, freed or
-                    // unknown lock: that use was the misuse, reported once.
+                    // A destroyed, freed or unknown lock: the unlock that
+                    // follows this thread's use of it is part of that use,
+                    // reported once. Any other is judged by the C library:
+                    // its refusal (EINVAL) comes next (`refused_unlock`).
                     None if kind == LockKind::Unknown
                         || self.destroyed.contains_key(&addr)
                         || self.freed.contains_key(&addr) =>
                     {
+                        if let Some(i) = t.invalid_uses.iter().position(|&a| a == addr) {
+                            t.invalid_uses.swap_remove(i);
+                            t.last_release = Some((addr, true));
+                        }
                         Applied::Released { lock, held: None }
                     }
                     None => {
+                        t.last_release = Some((addr, true));
                         self.note(Misuse {
                             kind: MisuseKind::UnlockNotHeld,
                             tid,
@@ -435,6 +454,17 @@ impl LockState {
                 if t.pending.is_some_and(|p| p.lock == lock) {
                     t.pending = None;
                 }
+                Applied::Other
+            }
+            LockEvent::Misuse {
+                addr,
+                kind,
+                misuse: LockMisuse::Refused,
+                errno,
+                stack,
+                ..
+            } if errno != EDEADLK => {
+                self.refused_unlock(tid, addr, kind, errno, stack);
                 Applied::Other
             }
             LockEvent::Misuse {
@@ -502,6 +532,9 @@ impl LockState {
             LockEvent::Init { addr, .. } => {
                 self.destroyed.remove(&addr);
                 self.freed.remove(&addr);
+                for t in self.threads.values_mut() {
+                    t.invalid_uses.retain(|&a| a != addr);
+                }
                 Applied::Other
             }
             LockEvent::Exit { .. } => Applied::Other,
@@ -519,6 +552,62 @@ impl LockState {
             }
             LockEvent::Join { .. } | LockEvent::Detach { .. } => Applied::Other,
         }
+    }
+
+    /// The C library refused `tid`'s unlock of `addr` with `errno` (the
+    /// agent records the refusal after the unlock's release): EINVAL for a
+    /// mutex it does not recognise (destroyed, or never initialised: glibc
+    /// accepts zeroed memory as a default mutex), EPERM for an
+    /// error-checking or recursive one the thread does not own. Reported as
+    /// what the replay knows of the address, unless a report covers the
+    /// unlock already.
+    fn refused_unlock(&mut self, tid: u32, addr: u64, kind: LockKind, errno: i32, stack: u32) {
+        let t = self.threads.entry(tid).or_default();
+        let covered = t.last_release.take() == Some((addr, true));
+        if covered {
+            return;
+        }
+        let found = if errno == EINVAL {
+            self.invalid(addr, kind, true)
+        } else {
+            Some((MisuseKind::UnlockNotHeld, 0, kind))
+        };
+        if let Some(found) = found {
+            self.note_at(tid, addr, stack, found);
+        }
+    }
+
+    /// What using `addr` as a lock of `kind` misuses, if anything, as
+    /// (misuse, the stack it names, the lock's kind): a destroyed lock, a
+    /// freed one, or memory that is none (`not_a_lock`: its type word says
+    /// so, or the C library refused it).
+    fn invalid(
+        &self,
+        addr: u64,
+        kind: LockKind,
+        not_a_lock: bool,
+    ) -> Option<(MisuseKind, u32, LockKind)> {
+        if let Some(&(at, was)) = self.destroyed.get(&addr) {
+            Some((MisuseKind::UseAfterDestroy, at, was))
+        } else if let Some(&at) = self.freed.get(&addr) {
+            Some((MisuseKind::UseAfterFree, at, kind))
+        } else {
+            not_a_lock.then_some((MisuseKind::UnknownLock, 0, kind))
+        }
+    }
+
+    /// Notes misuse `found` (as `invalid` gives it) by `tid` of `addr` at `stack`.
+    fn note_at(&mut self, tid: u32, addr: u64, stack: u32, found: (MisuseKind, u32, LockKind)) {
+        let (kind, held_stack, lock_kind) = found;
+        let lock = self.lock_id(addr);
+        self.note(Misuse {
+            kind,
+            tid,
+            lock,
+            lock_kind,
+            stack,
+            held_stack,
+        });
     }
 
     fn thread_end(&mut self, tid: u32) {
@@ -583,25 +672,14 @@ impl LockState {
             | LockEvent::Failed { kind, stack, .. } => (kind, stack),
             _ => return,
         };
-        let lock = self.lock_id(addr);
         // glibc's destroy writes an invalid type word: a destroyed mutex
         // is reported as destroyed, not as unknown.
-        let misuse = if let Some(&(at, was)) = self.destroyed.get(&addr) {
-            Some((MisuseKind::UseAfterDestroy, at, was))
-        } else if let Some(&at) = self.freed.get(&addr) {
-            Some((MisuseKind::UseAfterFree, at, kind))
-        } else {
-            (kind == LockKind::Unknown).then_some((MisuseKind::UnknownLock, 0, kind))
-        };
-        if let Some((kind_of, held_stack, lock_kind)) = misuse {
-            self.note(Misuse {
-                kind: kind_of,
-                tid,
-                lock,
-                lock_kind,
-                stack,
-                held_stack,
-            });
+        if let Some(found) = self.invalid(addr, kind, kind == LockKind::Unknown) {
+            let t = self.threads.entry(tid).or_default();
+            if !t.invalid_uses.contains(&addr) {
+                t.invalid_uses.push(addr);
+            }
+            self.note_at(tid, addr, stack, found);
         }
     }
 

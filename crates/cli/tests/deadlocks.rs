@@ -610,6 +610,61 @@ fn locks_used_after_destroy_or_free_or_never_made_are_misuse() {
     assert_eq!(top_line(e, "held_stack"), line("DESTROYING-THREAD-LOCK"));
 }
 
+/// Unlocks the C library refuses: a destroyed mutex and memory that was
+/// never one (Helgrind's tc09_bad_unlock) return EINVAL, and were not
+/// reported at all; an error-checking mutex the thread does not own
+/// returns EPERM. Each is one report, named by what the replay knows of
+/// the address, at the unlock. Zeroed memory is a default mutex to glibc:
+/// its unlock succeeds, an unlock of a lock not held.
+#[test]
+fn unlocks_the_c_library_refuses_are_misuse() {
+    let line = |m| json!(marker_line("lock_misuse.c", m));
+    let (run, report) = misuse_report("invalid_unlock");
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(errors(&report).len(), 4, "{}", pretty(&report));
+
+    let e = error(&report, "use_after_destroy");
+    assert_eq!(top_line(e, "stack"), line("UNLOCK-AFTER-DESTROY"));
+    assert_eq!(top_line(e, "held_stack"), line("DESTROYED-BEFORE-UNLOCK"));
+    assert_eq!(e["context"], json!("destroyed"));
+    assert_eq!(e["lock_kind"], json!("mutex"));
+    assert_eq!(e["count"], json!(1));
+
+    let e = error(&report, "unknown_lock");
+    assert_eq!(top_line(e, "stack"), line("UNLOCK-BOGUS"));
+    assert_eq!(e["lock_kind"], json!("unknown"));
+    assert_eq!(e["count"], json!(1));
+
+    let not_held: Vec<&Value> = errors(&report)
+        .iter()
+        .filter(|e| e["kind"] == json!("unlock_not_held"))
+        .collect();
+    let mut seen: Vec<(Value, Value, Value)> = not_held
+        .iter()
+        .map(|e| {
+            (
+                top_line(e, "stack"),
+                e["lock_kind"].clone(),
+                e["count"].clone(),
+            )
+        })
+        .collect();
+    seen.sort_by_key(|s| s.0.as_u64());
+    assert_eq!(
+        seen,
+        [
+            (
+                line("UNLOCK-NOT-OWNED"),
+                json!("errorcheck_mutex"),
+                json!(1)
+            ),
+            (line("UNLOCK-ZEROED"), json!("mutex"), json!(1)),
+        ],
+        "{}",
+        pretty(&report)
+    );
+}
+
 /// Four unordered threads: A then B in two functions (two threads at one
 /// site, one at another), B then A in one. The report showed one edge per
 /// step ("1 time") and dropped the other threads and the second site: every

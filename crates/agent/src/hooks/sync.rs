@@ -242,13 +242,24 @@ extern "C" fn mutex_trylock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int
 }
 with_return_address!(pthread_mutex_trylock, mutex_trylock, "rsi", "rdx");
 
+/// A mutex unlock: the release is stamped before the real unlock (the lock
+/// orders it), and a refusal of the C library (EINVAL: a destroyed mutex or
+/// one it never made; EPERM: an error-checking or recursive one the caller
+/// does not own) is recorded after it, with the kind read before.
 extern "C" fn mutex_unlock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
-    if crate::config::locks_recorded() {
-        let site = CallSite { ret, sp };
-        sync::releasing(m as u64, mutex_kind(m), true, Some(mutex_owner(m)), site);
+    if !crate::config::locks_recorded() {
+        // SAFETY: the caller's mutex, passed through.
+        return unsafe { real!(pthread_mutex_unlock: MutexFn)(m) };
     }
+    let site = CallSite { ret, sp };
+    let kind = mutex_kind(m);
+    sync::releasing(m as u64, kind, true, Some(mutex_owner(m)), site);
     // SAFETY: the caller's mutex, passed through.
-    unsafe { real!(pthread_mutex_unlock: MutexFn)(m) }
+    let r = unsafe { real!(pthread_mutex_unlock: MutexFn)(m) };
+    if r != 0 {
+        sync::misuse(m as u64, kind, LockMisuse::Refused, r, start_regs());
+    }
+    r
 }
 with_return_address!(pthread_mutex_unlock, mutex_unlock, "rsi", "rdx");
 

@@ -110,8 +110,10 @@ pub enum LockMisuse {
     /// A thread locked a non-recursive mutex it already holds: it blocks
     /// forever (the agent flushed the trace first).
     SelfDeadlock = 1,
-    /// The C library refused a call: relocking a held error-checking mutex
-    /// (EDEADLK) or unlocking one the thread does not own (EPERM).
+    /// The C library refused a call (its errno in the event): relocking a
+    /// held error-checking mutex (EDEADLK), or a mutex unlock: one it does
+    /// not recognise (EINVAL: destroyed or never initialised) or an
+    /// error-checking or recursive one the thread does not own (EPERM).
     Refused = 2,
 }
 
