@@ -18,11 +18,20 @@
 //! per step can be chosen such that all come from different threads, their
 //! guard sets are pairwise disjoint (a common "gate" lock serializes them;
 //! a thread also holds what its creator held from before the create until
-//! it joined the thread, `InheritedGuards`),
+//! it joined the thread, `InheritedGuards`, unless the other edge is that
+//! very hold: the creator's own, or a sibling's under the same hold),
 //! no edge's segment happens before another's, and no step is a read hold
 //! meeting a read request on an rwlock (glibc's rwlocks prefer readers, so
 //! read-read does not block). A cycle whose edges all come from one thread
 //! is a lock-order inversion instead (reported apart, lower severity).
+//!
+//! A thread made by pthread_create is a node of the graph too: it holds
+//! its own run from its start to its end, and a pthread_join waits for it.
+//! Each blocking request of the thread is also an edge from its node, and a
+//! join an edge from every lock the joiner holds (and from the joiner's own
+//! node) into the joined thread's. Holding L while joining a thread that
+//! took L is thus the cycle L -> thread -> L: whichever came first in this
+//! run, the other order hangs.
 //!
 //! At the end of the trace, threads still waiting in a lock request (a
 //! `Request` without its acquisition: the program hung and was stopped) form
@@ -97,7 +106,8 @@ pub struct DeadlocksSummary {
 pub struct CycleReport {
     /// `potential_deadlock` or `lock_order_inversion`.
     pub kind: &'static str,
-    /// The locks, in cycle order (each edge goes from one to the next).
+    /// The locks, in cycle order (each edge goes from one to the next); 0
+    /// for a thread (see the edges).
     #[serde(serialize_with = "hex_list")]
     pub locks: Vec<u64>,
     /// One edge per step.
@@ -123,7 +133,10 @@ pub struct CycleGroup {
     pub threads: Vec<u32>,
 }
 
-/// A thread holding `held` while it requested `requested`.
+/// A thread holding `held` while it requested `requested`. Either may be a
+/// thread (`_kind` `thread`, address 0): the edge's own thread, running
+/// (`held_mode` `running`), or the thread it joins (`requested_mode`
+/// `join`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EdgeReport {
     /// The thread (tid).
@@ -136,9 +149,11 @@ pub struct EdgeReport {
     pub requested: u64,
     pub requested_kind: &'static str,
     pub requested_mode: &'static str,
-    /// Where the held lock was taken.
+    /// The thread joined (tid) when `requested_kind` is `thread`, else 0.
+    pub joined: u32,
+    /// Where the held lock was taken (a thread: where it was created).
     pub held_stack: Vec<FrameReport>,
-    /// Where the next one was requested.
+    /// Where the next one was requested (a thread: where it was joined).
     pub requested_stack: Vec<FrameReport>,
     /// How often this edge was seen.
     pub count: u64,
@@ -199,6 +214,13 @@ struct Segments {
     /// (segment, thread instance): the segment follows that thread's last segment.
     after_end: Vec<(usize, usize)>,
     reach: HashMap<(usize, usize), bool>,
+    /// Each thread instance's tid.
+    tids: Vec<u32>,
+    /// Thread instance -> the create id it started from (pthread_create's
+    /// threads only: the others have no node in the lock graph).
+    create_id: HashMap<usize, u64>,
+    /// Create id -> the stack of its pthread_create.
+    create_stack: HashMap<u64, u32>,
 }
 
 impl Segments {
@@ -218,6 +240,7 @@ impl Segments {
     fn start_instance(&mut self, tid: u32) -> usize {
         let s = self.new_segment();
         self.current.push(s);
+        self.tids.push(tid);
         let i = self.current.len() - 1;
         self.instance_of.insert(tid, i);
         i
@@ -235,13 +258,17 @@ impl Segments {
 
     fn apply(&mut self, tid: u32, ev: &Event) {
         match ev {
-            Event::ThreadCreate { create_id, .. } => {
+            Event::ThreadCreate {
+                create_id, stack, ..
+            } => {
                 let (old, _) = self.split(tid);
                 self.created_from.insert(*create_id, old);
+                self.create_stack.insert(*create_id, *stack);
             }
             Event::ThreadStart { create_id, .. } => {
                 let i = self.start_instance(tid);
                 self.after_create.push((self.current[i], *create_id));
+                self.create_id.insert(i, *create_id);
             }
             Event::Lock(LockEvent::Join { joined, .. }) if *joined != 0 => {
                 let joined_instance = self.instance_of.get(joined).copied();
@@ -267,6 +294,29 @@ impl Segments {
                 self.next[last].push(seg);
             }
         }
+    }
+
+    /// The lock-graph node of `tid`'s current instance: only a thread
+    /// pthread_create made has one (the main thread is not joined, and its
+    /// requests, most of a single-threaded program's, add no edge).
+    fn node(&mut self, tid: u32) -> Option<LockId> {
+        let i = self.instance(tid);
+        self.instance_node(i)
+    }
+
+    fn instance_node(&self, instance: usize) -> Option<LockId> {
+        self.create_id
+            .contains_key(&instance)
+            .then(|| thread_node(instance))
+    }
+
+    /// Where the thread of a node was created (0 if unknown).
+    fn created_at(&self, node: LockId) -> u32 {
+        self.create_id
+            .get(&(node.gen as usize))
+            .and_then(|id| self.create_stack.get(id))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Whether segment `a` happens before segment `b`.
@@ -311,7 +361,18 @@ struct InheritedGuards {
     /// instance -> the joiner's instance and its holds at the join.
     at_join: HashMap<usize, (usize, Vec<Held>)>,
     /// instance -> its inherited guard set (after `resolve`).
-    guard: HashMap<usize, Vec<(LockId, LockMode)>>,
+    guard: HashMap<usize, Vec<InheritedHold>>,
+}
+
+/// A lock a thread holds through the thread that created and joined it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct InheritedHold {
+    lock: LockId,
+    mode: LockMode,
+    /// The instance that holds it (the creator, or its own creator...).
+    holder: usize,
+    /// When that hold began: with `holder`, which hold it is.
+    since: u64,
 }
 
 impl InheritedGuards {
@@ -356,10 +417,15 @@ impl InheritedGuards {
                 continue;
             }
             // The same acquisition at both ends: held throughout.
-            let mut guard: Vec<(LockId, LockMode)> = created
+            let mut guard: Vec<InheritedHold> = created
                 .iter()
                 .filter(|c| joined.iter().any(|j| j.lock == c.lock && j.time == c.time))
-                .map(|c| (c.lock, c.mode))
+                .map(|c| InheritedHold {
+                    lock: c.lock,
+                    mode: c.mode,
+                    holder: *parent,
+                    since: c.time,
+                })
                 .collect();
             if let Some(outer) = self.guard.get(parent) {
                 guard.extend_from_slice(outer);
@@ -372,13 +438,58 @@ impl InheritedGuards {
         }
     }
 
-    fn of(&self, instance: usize) -> &[(LockId, LockMode)] {
+    fn of(&self, instance: usize) -> &[InheritedHold] {
         self.guard.get(&instance).map_or(&[], Vec::as_slice)
     }
 }
 
+/// Whether a lock `instance` holds through its creator serializes it with
+/// an edge of `other` holding `guard`: not when `other` is the holder
+/// itself (its edges inside that hold are the hold, not a gate).
+fn inherited_overlaps(
+    inherited: &[InheritedHold],
+    other: usize,
+    guard: &[(LockId, LockMode)],
+) -> bool {
+    inherited.iter().any(|i| {
+        i.holder != other
+            && guard
+                .iter()
+                .any(|&(l, m)| l == i.lock && excludes(i.mode, m))
+    })
+}
+
+/// Whether two inherited guard sets serialize their threads: a common lock
+/// by two different holds (one hold, held around two siblings, does not
+/// keep them apart).
+fn inherited_both_overlap(a: &[InheritedHold], b: &[InheritedHold]) -> bool {
+    a.iter().any(|i| {
+        b.iter().any(|j| {
+            i.lock == j.lock
+                && (i.holder, i.since) != (j.holder, j.since)
+                && excludes(i.mode, j.mode)
+        })
+    })
+}
+
 // ---------------------------------------------------------------------------
 // The lock graph.
+
+/// The address of a thread's node: no lock lives at the last address.
+const THREAD_NODE: u64 = u64::MAX;
+
+/// The node of thread instance `instance`: it holds the thread's run, and
+/// a pthread_join of the thread requests it.
+fn thread_node(instance: usize) -> LockId {
+    LockId {
+        addr: THREAD_NODE,
+        gen: instance as u32,
+    }
+}
+
+fn is_thread(node: LockId) -> bool {
+    node.addr == THREAD_NODE
+}
 
 /// One labelled edge of the lock graph, with how often it was seen.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -646,6 +757,7 @@ impl Checker<'_> {
     }
 
     fn compatible(&mut self, chosen: &[usize], c: usize, kind: CycleKind) -> bool {
+        let inherited = self.inherited;
         self.tried += 1;
         if self.tried > MAX_CHOICES {
             return false;
@@ -656,14 +768,14 @@ impl Checker<'_> {
                 return false;
             }
         }
-        let e_inherited = self.inherited.of(e.instance);
+        let e_inherited = inherited.of(e.instance);
         for &o in chosen {
             let f = &self.graph.edges[o].0;
-            let f_inherited = self.inherited.of(f.instance);
+            let f_inherited = inherited.of(f.instance);
             if guards_overlap(&e.guard, &f.guard)
-                || guards_overlap(&e.guard, f_inherited)
-                || guards_overlap(e_inherited, &f.guard)
-                || guards_overlap(e_inherited, f_inherited)
+                || inherited_overlaps(f_inherited, e.instance, &e.guard)
+                || inherited_overlaps(e_inherited, f.instance, &f.guard)
+                || inherited_both_overlap(e_inherited, f_inherited)
             {
                 return false;
             }
@@ -690,10 +802,13 @@ impl Checker<'_> {
 /// Whether two guard sets share a lock that serializes them: one held
 /// exclusively by at least one of the two (two read holds exclude nothing).
 fn guards_overlap(a: &[(LockId, LockMode)], b: &[(LockId, LockMode)]) -> bool {
-    a.iter().any(|(l, m)| {
-        b.iter()
-            .any(|(k, n)| l == k && !(*m == LockMode::Shared && *n == LockMode::Shared))
-    })
+    a.iter()
+        .any(|&(l, m)| b.iter().any(|&(k, n)| l == k && excludes(m, n)))
+}
+
+/// Whether two holds of one lock exclude each other (not two read holds).
+fn excludes(a: LockMode, b: LockMode) -> bool {
+    !(a == LockMode::Shared && b == LockMode::Shared)
 }
 
 /// Whether `request`'s wait for its lock can be blocked by `hold` (the next
@@ -718,6 +833,20 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let mut merged = MergedEvents::new(input, &index);
     for m in merged.by_ref() {
         facts.observe(m.time, &m.event);
+        if let Event::Lock(LockEvent::Join { joined, stack, .. }) = &m.event {
+            // The joiner waited in the segment the join ends.
+            let joined = segments.instance_of.get(joined).filter(|_| *joined != 0);
+            if let Some(node) = joined.and_then(|&j| segments.instance_node(j)) {
+                let held = state.held(m.tid).to_vec();
+                let join = Request {
+                    node,
+                    kind: LockKind::Unknown,
+                    mode: LockMode::Exclusive,
+                    stack: *stack,
+                };
+                add_requests(&mut graph, &mut segments, m.tid, &held, join);
+            }
+        }
         segments.apply(m.tid, &m.event);
         inherited.observe(m.tid, &m.event, &mut segments, &state);
         if let Event::Lock(LockEvent::Acquire { op, stack, .. }) = &m.event {
@@ -727,29 +856,14 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
             if let Applied::Acquired { held, nested } = state.apply(m.tid, &m.event) {
                 let waits = matches!(op, LockOp::Blocking | LockOp::CondWait);
                 let reentry = nested || held_before.iter().any(|h| h.lock == held.lock);
-                if waits && !reentry && !held_before.is_empty() {
-                    let mut guard: Vec<(LockId, LockMode)> =
-                        held_before.iter().map(|h| (h.lock, h.mode)).collect();
-                    guard.sort();
-                    guard.dedup();
-                    let instance = segments.instance(m.tid);
-                    let segment = segments.current[instance];
-                    for h in &held_before {
-                        graph.add(Edge {
-                            held: h.lock,
-                            requested: held.lock,
-                            tid: m.tid,
-                            instance,
-                            segment,
-                            guard: guard.clone(),
-                            held_kind: h.kind,
-                            held_mode: h.mode,
-                            requested_kind: held.kind,
-                            requested_mode: held.mode,
-                            held_stack: h.stack,
-                            requested_stack: stack,
-                        });
-                    }
+                if waits && !reentry {
+                    let request = Request {
+                        node: held.lock,
+                        kind: held.kind,
+                        mode: held.mode,
+                        stack,
+                    };
+                    add_requests(&mut graph, &mut segments, m.tid, &held_before, request);
                 }
             }
             continue;
@@ -763,6 +877,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
 
     let mut sym = facts.symbolizer();
     let mut warnings = Vec::new();
+    let nodes = ThreadNodes::of(&segments);
     let (lock_cycles, cut) = graph.cycles();
     if let Some(cut) = cut {
         warnings.push(cut.warning());
@@ -782,7 +897,8 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
             (CycleKind::LockOrderInversion, "lock_order_inversion"),
         ] {
             if let Some(chosen) = checker.find(cycle, kind) {
-                cycles.push(cycle_report(name, cycle, &chosen, &graph, &facts, &mut sym));
+                let report = cycle_report(name, cycle, &chosen, &graph, &nodes, &facts, &mut sym);
+                cycles.push(report);
                 sites.push(cycle_sites(cycle, &graph));
                 break;
             }
@@ -814,7 +930,11 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
             lock_order_inversions: count("lock_order_inversion"),
             actual_deadlocks: actual_deadlocks.len() as u64,
             errors: errors.len() as u64,
-            lock_graph_edges: graph.pairs.len() as u64,
+            lock_graph_edges: graph
+                .pairs
+                .keys()
+                .filter(|(a, b)| !is_thread(*a) && !is_thread(*b))
+                .count() as u64,
             threads: threads.len() as u64,
         },
         cycles,
@@ -827,23 +947,113 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     })
 }
 
+/// What a blocking call waits for: a lock, or (pthread_join) a thread's
+/// node, with the call's stack.
+struct Request {
+    node: LockId,
+    kind: LockKind,
+    mode: LockMode,
+    stack: u32,
+}
+
+/// Adds the edges of `tid` waiting for `r` while it holds `held`: from each
+/// lock held, and from the thread's own node (its run, which a join of it
+/// waits for).
+fn add_requests(
+    graph: &mut LockGraph,
+    segments: &mut Segments,
+    tid: u32,
+    held: &[Held],
+    r: Request,
+) {
+    let mut guard: Vec<(LockId, LockMode)> = held.iter().map(|h| (h.lock, h.mode)).collect();
+    guard.sort();
+    guard.dedup();
+    let instance = segments.instance(tid);
+    let segment = segments.current[instance];
+    let own = segments
+        .node(tid)
+        .map(|node| (node, LockKind::Unknown, LockMode::Exclusive, 0));
+    let holds = held.iter().map(|h| (h.lock, h.kind, h.mode, h.stack));
+    for (from, kind, mode, stack) in own.into_iter().chain(holds) {
+        graph.add(Edge {
+            held: from,
+            requested: r.node,
+            tid,
+            instance,
+            segment,
+            guard: guard.clone(),
+            held_kind: kind,
+            held_mode: mode,
+            requested_kind: r.kind,
+            requested_mode: r.mode,
+            held_stack: stack,
+            requested_stack: r.stack,
+        });
+    }
+}
+
+/// The threads behind the graph's thread nodes: tid and creation stack of
+/// each instance.
+struct ThreadNodes {
+    tid: Vec<u32>,
+    created_at: Vec<u32>,
+}
+
+impl ThreadNodes {
+    fn of(segments: &Segments) -> ThreadNodes {
+        ThreadNodes {
+            tid: segments.tids.clone(),
+            created_at: (0..segments.tids.len())
+                .map(|i| segments.created_at(thread_node(i)))
+                .collect(),
+        }
+    }
+}
+
 fn cycle_report(
     kind: &'static str,
     cycle: &[LockId],
     chosen: &[usize],
     graph: &LockGraph,
+    nodes: &ThreadNodes,
     facts: &Facts,
     sym: &mut StackSymbolizer,
 ) -> CycleReport {
+    let address = |node: LockId| if is_thread(node) { 0 } else { node.addr };
+    let kind_name = |node: LockId, kind: LockKind| {
+        if is_thread(node) {
+            "thread"
+        } else {
+            kind.name()
+        }
+    };
+    // A thread's node is held while it runs and requested by a join.
+    let mode = |node: LockId, kind: LockKind, mode: LockMode, thread: &'static str| {
+        if is_thread(node) {
+            thread
+        } else {
+            mode_name(kind, mode)
+        }
+    };
     let mut edge_report = |e: &Edge, count: u64| EdgeReport {
         thread: e.tid,
-        held: e.held.addr,
-        held_kind: e.held_kind.name(),
-        held_mode: mode_name(e.held_kind, e.held_mode),
-        requested: e.requested.addr,
-        requested_kind: e.requested_kind.name(),
-        requested_mode: mode_name(e.requested_kind, e.requested_mode),
-        held_stack: sym.stack(&facts.stacks, e.held_stack),
+        held: address(e.held),
+        held_kind: kind_name(e.held, e.held_kind),
+        held_mode: mode(e.held, e.held_kind, e.held_mode, "running"),
+        requested: address(e.requested),
+        requested_kind: kind_name(e.requested, e.requested_kind),
+        requested_mode: mode(e.requested, e.requested_kind, e.requested_mode, "join"),
+        joined: if is_thread(e.requested) {
+            nodes.tid[e.requested.gen as usize]
+        } else {
+            0
+        },
+        held_stack: if is_thread(e.held) {
+            sym.stack(&facts.stacks, nodes.created_at[e.held.gen as usize])
+        } else {
+            sym.stack(&facts.stacks, e.held_stack)
+        },
         requested_stack: sym.stack(&facts.stacks, e.requested_stack),
         count,
     };
@@ -884,7 +1094,7 @@ fn cycle_report(
         .collect();
     CycleReport {
         kind,
-        locks: cycle.iter().map(|l| l.addr).collect(),
+        locks: cycle.iter().map(|&l| address(l)).collect(),
         occurrences: edges.iter().map(|e| e.count).min().unwrap_or(0),
         edges,
         other_edges,
@@ -1037,23 +1247,35 @@ const MAX_SIBLINGS_SHOWN: usize = 5;
 
 /// One edge of a cycle, with its stacks, as text.
 fn edge_text(out: &mut String, p: &str, e: &EdgeReport) {
+    let (holds, held_at) = if e.held_kind == "thread" {
+        ("runs until joined".to_owned(), "thread created at:")
+    } else {
+        let held = format!("holds {} {:#x} ({})", e.held_kind, e.held, e.held_mode);
+        (held, "held lock taken at:")
+    };
+    let (requests, requested_at) = if e.requested_kind == "thread" {
+        (
+            format!("joins thread {}", e.joined),
+            "pthread_join called at:",
+        )
+    } else {
+        let requested = format!(
+            "requests {} {:#x} ({})",
+            e.requested_kind, e.requested, e.requested_mode
+        );
+        (requested, "next lock requested at:")
+    };
     writeln!(
         out,
-        "{p}  thread {} holds {} {:#x} ({}) and requests {} {:#x} ({}), {} time{}",
+        "{p}  thread {} {holds} and {requests}, {} time{}",
         e.thread,
-        e.held_kind,
-        e.held,
-        e.held_mode,
-        e.requested_kind,
-        e.requested,
-        e.requested_mode,
         e.count,
         plural(e.count)
     )
     .unwrap();
-    writeln!(out, "{p}    held lock taken at:").unwrap();
+    writeln!(out, "{p}    {held_at}").unwrap();
     stack_text(out, p, "      ", &e.held_stack);
-    writeln!(out, "{p}    next lock requested at:").unwrap();
+    writeln!(out, "{p}    {requested_at}").unwrap();
     stack_text(out, p, "      ", &e.requested_stack);
 }
 
@@ -1138,8 +1360,17 @@ pub fn render_text(r: &DeadlocksReport) -> String {
         } else {
             "LOCK-ORDER INVERSION (one thread; lower severity)"
         };
+        // A thread node is named by the edge out of it, the thread's own.
         let locks = |c: &CycleReport| {
-            let mut v: Vec<String> = c.locks.iter().map(|a| format!("{a:#x}")).collect();
+            let mut v: Vec<String> = c
+                .locks
+                .iter()
+                .zip(&c.edges)
+                .map(|(a, e)| match e.held_kind {
+                    "thread" => format!("thread {}", e.thread),
+                    _ => format!("{a:#x}"),
+                })
+                .collect();
             v.push(v[0].clone());
             v.join(" -> ")
         };

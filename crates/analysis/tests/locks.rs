@@ -537,3 +537,85 @@ fn agent_time_inside_holds_is_left_out() {
         (1_500_500, 1_000_000, 500_166)
     );
 }
+
+/// A child that took A and ended; its parent then takes A and joins it.
+fn join_holding(gate: bool) -> Vec<(u32, Vec<Event>)> {
+    let mut parent = vec![create(100, 1), lock(300, A), join(310, 2), unlock(320, A)];
+    if gate {
+        parent.insert(0, lock(90, G));
+        parent.push(unlock(330, G));
+    }
+    let child = vec![
+        start(110, 1, 1),
+        lock(120, A),
+        unlock(130, A),
+        Event::ThreadEnd { time: 200 },
+    ];
+    vec![(1, parent), (2, child)]
+}
+
+#[test]
+fn holding_a_lock_while_joining_a_thread_that_took_it_is_a_potential_deadlock() {
+    // Also when the parent holds a gate from before the create until the
+    // join: the child is kept apart from other holders of G, not from
+    // its parent's own join.
+    for gate in [false, true] {
+        let r = deadlocks_of(join_holding(gate));
+        assert_eq!(kinds(&r), ["potential_deadlock"], "gate {gate}");
+        let c = &r.cycles[0];
+        assert_eq!(c.locks, [A, 0]);
+        let steps: Vec<_> = c
+            .edges
+            .iter()
+            .map(|e| {
+                (
+                    e.thread,
+                    e.held_kind,
+                    e.requested_kind,
+                    e.requested_mode,
+                    e.joined,
+                )
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                (1, "mutex", "thread", "join", 2),
+                (2, "thread", "mutex", "exclusive", 0),
+            ]
+        );
+        assert_eq!(r.summary.lock_graph_edges, u64::from(gate));
+        let text = deadlocks::render_text(&r);
+        assert!(
+            text.contains("POTENTIAL DEADLOCK #1: 0xa000 -> thread 2 -> 0xa000"),
+            "{text}"
+        );
+    }
+    // Joined before the parent takes A: ordered, nothing.
+    let parent = vec![create(100, 1), join(300, 2), lock(310, A), unlock(320, A)];
+    let child = join_holding(false).remove(1).1;
+    let r = deadlocks_of(vec![(1, parent), (2, child)]);
+    assert_eq!(kinds(&r), Vec::<&str>::new());
+}
+
+#[test]
+fn siblings_created_and_joined_under_one_hold_are_not_kept_apart_by_it() {
+    let parent = vec![
+        lock(90, G),
+        create(100, 1),
+        create(101, 2),
+        join(300, 2),
+        join(301, 3),
+        unlock(310, G),
+    ];
+    let first = [vec![start(110, 1, 1)], nested(120, A, B)].concat();
+    let second = [vec![start(111, 1, 2)], nested(130, B, A)].concat();
+    let end = |t| vec![Event::ThreadEnd { time: t }];
+    let r = deadlocks_of(vec![
+        (1, parent),
+        (2, [first, end(200)].concat()),
+        (3, [second, end(201)].concat()),
+    ]);
+    assert_eq!(kinds(&r), ["potential_deadlock"]);
+    assert_eq!(r.cycles[0].locks, [A, B]);
+}

@@ -20,6 +20,12 @@ fn deadlocks(trace: &std::path::Path) -> Value {
 
 /// Runs lock_orders.c in `mode`; returns the report and the lock addresses.
 fn lock_orders(mode: &str) -> (Value, HashMap<String, String>) {
+    let (report, addr, _) = lock_orders_traced(mode);
+    (report, addr)
+}
+
+/// The same, and the directory of the trace.
+fn lock_orders_traced(mode: &str) -> (Value, HashMap<String, String>, TestDir) {
     let dir = TestDir::new(&format!("deadlocks_{mode}"));
     let prog = compile_c(&dir, "lock_orders.c");
     let run = run(&dir, &[], &prog, &[mode]);
@@ -29,7 +35,8 @@ fn lock_orders(mode: &str) -> (Value, HashMap<String, String>) {
     assert_eq!(report["trace"]["complete"], json!(true));
     assert_eq!(report["errors"], json!([]), "{}", pretty(&report));
     assert_eq!(report["actual_deadlocks"], json!([]), "{}", pretty(&report));
-    (report, printed_addresses(&run.stdout))
+    let addr = printed_addresses(&run.stdout);
+    (report, addr, dir)
 }
 
 fn cycles(report: &Value) -> &Vec<Value> {
@@ -538,6 +545,129 @@ fn a_deadlock_through_join_is_an_actual_deadlock() {
         pretty(l)
     );
     assert!(as_u64(&l["wait_ns"], "total") > 0, "{}", pretty(l));
+}
+
+/// A thread holding A joins a child that took A. The child took and
+/// released A before the parent, which waited for it, took A: nothing hung,
+/// and nothing was reported. Had the parent taken A first, the child would
+/// have waited for A and the parent for the child. The join is a step of
+/// the lock graph: A -> the child's run -> A, a potential deadlock of the
+/// parent's join and the child's request.
+#[test]
+fn holding_a_lock_the_joined_thread_takes_is_a_potential_deadlock() {
+    let (report, addr, dir) = lock_orders_traced("join_holding");
+    let cycles = cycles(&report);
+    assert_eq!(cycles.len(), 1, "{}", pretty(&report));
+    let c = &cycles[0];
+    assert_eq!(c["kind"], json!("potential_deadlock"));
+    assert_eq!(c["locks"], json!([addr["A"], "0x0"]), "{}", pretty(c));
+    assert_eq!(c["other_edges"], json!([]), "{}", pretty(c));
+    let edges = as_array(c, "edges");
+    assert_eq!(edges.len(), 2, "{}", pretty(c));
+    let (join, child) = (&edges[0], &edges[1]);
+    let line = |m| marker_line("lock_orders.c", m);
+    // The parent holds A and joins the child.
+    assert_eq!(
+        (
+            &join["held"],
+            &join["held_kind"],
+            &join["requested"],
+            &join["requested_kind"],
+            &join["requested_mode"],
+            &join["joined"],
+        ),
+        (
+            &json!(addr["A"]),
+            &json!("mutex"),
+            &json!("0x0"),
+            &json!("thread"),
+            &json!("join"),
+            &child["thread"],
+        ),
+        "{}",
+        pretty(c)
+    );
+    assert_stack_top(
+        stack_of(join, "held_stack"),
+        &[("main", "lock_orders.c", line("JOINER_HOLDS_A"))],
+        "A held at the join",
+    );
+    assert_stack_top(
+        stack_of(join, "requested_stack"),
+        &[("main", "lock_orders.c", line("JOIN_HOLDING_A"))],
+        "the join",
+    );
+    // The child, running until the join returns, requests A.
+    assert_ne!(child["thread"], join["thread"]);
+    assert_eq!(
+        (
+            &child["held"],
+            &child["held_kind"],
+            &child["held_mode"],
+            &child["requested"],
+            &child["requested_kind"],
+            &child["joined"],
+        ),
+        (
+            &json!("0x0"),
+            &json!("thread"),
+            &json!("running"),
+            &json!(addr["A"]),
+            &json!("mutex"),
+            &json!(0),
+        ),
+        "{}",
+        pretty(c)
+    );
+    assert_stack_top(
+        stack_of(child, "held_stack"),
+        &[("main", "lock_orders.c", line("CREATE_JOINED"))],
+        "the child's creation",
+    );
+    assert_stack_top(
+        stack_of(child, "requested_stack"),
+        &[(
+            "takes_a_then_gives_turn",
+            "lock_orders.c",
+            line("JOINED_TAKES_A"),
+        )],
+        "the child's request",
+    );
+    assert_eq!(report["summary"]["potential_deadlocks"], json!(1));
+    assert_eq!(report["summary"]["lock_graph_edges"], json!(0));
+
+    let mut cmd = Command::new(trapline());
+    cmd.arg("deadlocks").arg(dir.trace());
+    let text = output_of(cmd, "trapline deadlocks");
+    assert_eq!(text.code(), 0, "{}", text.describe());
+    let child_tid = as_u64(child, "thread");
+    for expected in [
+        format!(
+            "POTENTIAL DEADLOCK #1: {a} -> thread {child_tid} -> {a} (seen 1 time)",
+            a = addr["A"]
+        ),
+        format!(
+            "thread {} holds mutex {} (exclusive) and joins thread {child_tid}, 1 time",
+            join["thread"], addr["A"]
+        ),
+        format!(
+            "thread {child_tid} runs until joined and requests mutex {} (exclusive), 1 time",
+            addr["A"]
+        ),
+    ] {
+        assert!(
+            text.stdout.contains(&expected),
+            "{expected:?} in:\n{}",
+            text.stdout
+        );
+    }
+}
+
+/// A joined thread that never takes the lock held at the join: no cycle.
+#[test]
+fn holding_a_lock_the_joined_thread_never_takes_is_no_cycle() {
+    let (report, _) = lock_orders("join_holding_other");
+    assert_no_cycles(&report);
 }
 
 /// Runs lock_misuse.c in `mode`; returns how the run ended and its report.

@@ -505,23 +505,36 @@ fn cycles(h: &mut String, d: &DeadlocksReport) {
         return;
     }
     h.push_str("<h2>Lock-order cycles</h2>");
+    // A thread (a step through pthread_join) has address 0: it is named by
+    // its tid, above every address.
+    let thread_id = |tid: u32| (1 << 63) | u64::from(tid);
     for c in &d.cycles {
         let nodes: Vec<(u64, String)> = c
-            .locks
+            .edges
             .iter()
-            .map(|&l| (l, format!("{:#x}", l & 0xffff)))
+            .map(|e| match e.held_kind {
+                "thread" => (thread_id(e.thread), format!("T{}", e.thread)),
+                _ => (e.held, format!("{:#x}", e.held & 0xffff)),
+            })
             .collect();
         let edges: Vec<Edge> = c
             .edges
             .iter()
-            .map(|e| Edge {
-                from: e.held,
-                to: e.requested,
-                label: format!("T{}", e.thread),
-                title: format!(
-                    "thread {} holds {:#x}, asks for {:#x}",
-                    e.thread, e.held, e.requested
-                ),
+            .map(|e| {
+                let (from, holds) = match e.held_kind {
+                    "thread" => (thread_id(e.thread), "runs".to_owned()),
+                    _ => (e.held, format!("holds {:#x}", e.held)),
+                };
+                let (to, asks) = match e.requested_kind {
+                    "thread" => (thread_id(e.joined), format!("joins thread {}", e.joined)),
+                    _ => (e.requested, format!("asks for {:#x}", e.requested)),
+                };
+                Edge {
+                    from,
+                    to,
+                    label: format!("T{}", e.thread),
+                    title: format!("thread {} {holds}, {asks}", e.thread),
+                }
             })
             .collect();
         ring(
