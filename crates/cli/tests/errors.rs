@@ -770,3 +770,149 @@ fn failed_allocations_are_recorded_with_their_stacks() {
         under_sh.describe()
     );
 }
+
+/// static_malloc.c (memcheck's): the program's own malloc and free, and
+/// glibc's realloc. The agent's finish must allocate nothing through them:
+/// a failed dlsym there allocated its message with this malloc, and glibc's
+/// realloc then ran on it. Natively it exits 0 with 10 bytes lost; so it
+/// must under the agent.
+///
+/// The realloc comes from dlerror's asprintf of "AGENT: undefined symbol:
+/// _ZN9__gnu_cxx9__freeresEv", AGENT the agent's path as LD_PRELOAD gave
+/// it: glibc 2.36 reallocs a message of about 50-100 or 150-300 bytes and
+/// copies one of 100-150 with malloc (2.37 and later realloc one over 200).
+/// The tests' agent path (`crates/cli/../../target/debug/...`, 60 bytes in
+/// /work/main) made a 106-byte message, and the test passed on the agent
+/// that died of it (SIGSEGV with the 43-byte canonical path). So the agent
+/// is run from a path of 200 bytes (a 246-byte message): on the old agent
+/// glibc aborted ("realloc(): invalid pointer", exit 134).
+#[test]
+fn own_malloc_without_realloc_exits_as_natively() {
+    let dir = TestDir::new("static_malloc");
+    let prog = compile_c(&dir, "static_malloc.c");
+    let agent = agent_at_path_of_length(&dir, 200);
+    let mut cmd = run_command(&dir, &[], &prog, &[]);
+    cmd.env("TRAPLINE_AGENT", &agent);
+    let report = record_whole_of(&dir, cmd, "");
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    assert!(errors(&report).is_empty(), "{}", pretty(&report));
+    let src = "static_malloc.c";
+    let (bytes, blocks) =
+        records_all_from(&report, &[("main", src, marker_line(src, "FIRST-MALLOC"))]);
+    assert_eq!((bytes, blocks), (10, 1));
+    for record in records(&report) {
+        assert_eq!(
+            as_str(record, "kind"),
+            "definitely_lost",
+            "{}",
+            pretty(record)
+        );
+        assert_eq!(
+            as_str(record, "allocated_by"),
+            "malloc",
+            "{}",
+            pretty(record)
+        );
+    }
+}
+
+/// A symlink to the agent, in DIR, whose path is `len` bytes long (the
+/// agent must keep its file name).
+fn agent_at_path_of_length(dir: &TestDir, len: usize) -> std::path::PathBuf {
+    let name = "libtrapline_agent.so";
+    let base = dir.path().as_os_str().len() + 2 + name.len();
+    assert!(
+        base < len,
+        "{} is too long a test directory",
+        dir.path().display()
+    );
+    let at = dir.path().join("a".repeat(len - base));
+    std::fs::create_dir_all(&at).expect("create the agent's directory");
+    let link = at.join(name);
+    std::os::unix::fs::symlink(agent(), &link).expect("link the agent");
+    assert_eq!(link.as_os_str().len(), len);
+    link
+}
+
+/// corrupt_heap_exit.c (after memcheck's fprw): a double free the agent
+/// refuses, then writes to freed blocks that break every tcache bin, so
+/// that glibc's next malloc of any small size aborts. Natively it exits 0;
+/// under the agent it must too, with the trace whole: the finish allocated
+/// from the program's heap (the dlsym of `__gnu_cxx::__freeres`) and
+/// aborted there ("malloc(): unaligned tcache chunk detected"), leaving a
+/// trace of 0 events though the double free had been caught.
+#[test]
+fn corrupt_heap_at_exit_keeps_exit_and_trace() {
+    let dir = TestDir::new("corrupt_heap_exit");
+    let prog = compile_c(&dir, "corrupt_heap_exit.c");
+    let report = record_whole(&dir, &[], &prog, &[], "corrupt\n");
+    assert_eq!(process_exit(&report), &json!({"code": 0}));
+    assert_eq!(kinds(&report), ["double_free"]);
+    assert_each_once(&report, false);
+    let src = "corrupt_heap_exit.c";
+    let m = |marker: &str| marker_line(src, marker);
+    let error = &errors(&report)[0];
+    assert_eq!(as_str(error, "function"), "free", "{}", pretty(error));
+    assert_eq!(
+        error["alloc_function"],
+        json!("malloc"),
+        "{}",
+        pretty(error)
+    );
+    assert_eq!(error["alloc_size"], json!(40), "{}", pretty(error));
+    for (key, marker) in [
+        ("stack", "DOUBLE-FREE"),
+        ("alloc_stack", "DOUBLE-FREE-ALLOC"),
+        ("free_stack", "FIRST-FREE"),
+    ] {
+        assert_stack_top(stack_of(error, key), &[("main", src, m(marker))], key);
+    }
+    // The blocks that took each bin's top: 24 + 40 + ... + 1,000 bytes.
+    assert_eq!(
+        records_all_from(&report, &[("main", src, m("TAKE-TOP"))]),
+        (31_744, 62)
+    );
+}
+
+/// freeres_aborts.c: the program's own `__gnu_cxx::__freeres`, which the
+/// finish calls, aborts. The finish faulting in itself must still write
+/// the trace to its end record (before, the fatal signal found a finish
+/// under way and left the trace with no events at all).
+#[test]
+fn fault_inside_the_finish_still_writes_the_trace() {
+    let dir = TestDir::new("freeres_aborts");
+    let prog = compile_c_with(&dir, "freeres_aborts.c", "freeres_aborts", &["-rdynamic"]);
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 134, "{}", run.describe());
+    assert_eq!(run.stdout, "main done\n", "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    assert_eq!(process_exit(&report), &json!({"signal": 6}));
+    assert!(errors(&report).is_empty(), "{}", pretty(&report));
+    let src = "freeres_aborts.c";
+    // The abort struck in program code with no agent lock held: a crash,
+    // where the program's freeres called abort.
+    let crash = field(field(&report, "process"), "crash");
+    assert_eq!(as_u64(crash, "signal"), 6, "{}", pretty(crash));
+    assert!(
+        stack_of(crash, "stack")
+            .iter()
+            .any(|f| frame_function(f) == "_ZN9__gnu_cxx9__freeresEv"
+                || frame_function(f) == "__gnu_cxx::__freeres()"),
+        "{}",
+        pretty(crash)
+    );
+    let own: Vec<&Value> = records(&report)
+        .iter()
+        .filter(|r| stack_of(r, "stack").first().map(frame_function) == Some("main"))
+        .collect();
+    assert_eq!(own.len(), 1, "{}", pretty(&report));
+    assert_stack_top(
+        stack_of(own[0], "stack"),
+        &[("main", src, marker_line(src, "LEAK-ALLOC"))],
+        "record",
+    );
+    assert_eq!((as_u64(own[0], "bytes"), as_u64(own[0], "blocks")), (24, 1));
+    assert_eq!(as_str(own[0], "allocated_by"), "malloc");
+}

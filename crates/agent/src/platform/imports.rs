@@ -20,11 +20,13 @@ const PT_DYNAMIC: u32 = 2;
 const PT_GNU_RELRO: u32 = 0x6474_e552;
 const DT_NULL: i64 = 0;
 const DT_PLTRELSZ: i64 = 2;
+const DT_HASH: i64 = 4;
 const DT_STRTAB: i64 = 5;
 const DT_SYMTAB: i64 = 6;
 const DT_RELA: i64 = 7;
 const DT_RELASZ: i64 = 8;
 const DT_JMPREL: i64 = 23;
+const DT_GNU_HASH: i64 = 0x6fff_fef5;
 const R_X86_64_64: u32 = 1;
 const R_X86_64_GLOB_DAT: u32 = 6;
 const R_X86_64_JUMP_SLOT: u32 = 7;
@@ -90,6 +92,19 @@ pub fn modules() -> Vec<Module> {
     out
 }
 
+/// What `Module::dynamic` reads of a dynamic section (0: absent).
+#[derive(Default)]
+struct Dynamic {
+    strtab: usize,
+    symtab: usize,
+    rela: usize,
+    relasz: usize,
+    jmprel: usize,
+    pltrelsz: usize,
+    hash: usize,
+    gnu_hash: usize,
+}
+
 impl Module {
     /// The module's path ("" for the executable and the vDSO's own name).
     pub fn path(&self) -> &CStr {
@@ -118,6 +133,48 @@ impl Module {
         (start != 0).then(|| (start, start + tls.p_memsz as usize))
     }
 
+    /// The entries of the module's dynamic section read here, tables as
+    /// addresses in memory; none without a dynamic section, a string table
+    /// or a symbol table.
+    fn dynamic(&self) -> Option<Dynamic> {
+        let section = self.phdrs().iter().find(|p| p.p_type == PT_DYNAMIC)?;
+        let mut dy = Dynamic::default();
+        let mut d = (self.base + section.p_vaddr as usize) as *const Dyn;
+        // SAFETY: the module's dynamic section, ended by DT_NULL.
+        unsafe {
+            while (*d).tag != DT_NULL {
+                let v = (*d).value as usize;
+                match (*d).tag {
+                    DT_STRTAB => dy.strtab = v,
+                    DT_SYMTAB => dy.symtab = v,
+                    DT_RELA => dy.rela = v,
+                    DT_RELASZ => dy.relasz = v,
+                    DT_JMPREL => dy.jmprel = v,
+                    DT_PLTRELSZ => dy.pltrelsz = v,
+                    DT_HASH => dy.hash = v,
+                    DT_GNU_HASH => dy.gnu_hash = v,
+                    _ => {}
+                }
+                d = d.add(1);
+            }
+        }
+        // glibc's loader rewrites these to addresses in memory; the vDSO's
+        // (and another loader's) stay offsets from the base.
+        for v in [
+            &mut dy.strtab,
+            &mut dy.symtab,
+            &mut dy.rela,
+            &mut dy.jmprel,
+            &mut dy.hash,
+            &mut dy.gnu_hash,
+        ] {
+            if *v != 0 && *v < self.base {
+                *v += self.base;
+            }
+        }
+        (dy.strtab != 0 && dy.symtab != 0).then_some(dy)
+    }
+
     fn phdrs(&self) -> &[libc::Elf64_Phdr] {
         if self.phdrs.is_null() {
             return &[];
@@ -128,47 +185,22 @@ impl Module {
 
     /// Calls `f` on every function import slot of the module.
     pub fn for_each_slot(&self, mut f: impl FnMut(Slot)) {
-        let phdrs = self.phdrs();
-        let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+        let Some(dynamic) = self.dynamic() else {
             return;
         };
-        let relro = phdrs.iter().find(|p| p.p_type == PT_GNU_RELRO).map(|p| {
-            let start = self.base + p.p_vaddr as usize;
-            start..start + p.p_memsz as usize
-        });
-        let (mut strtab, mut symtab) = (0usize, 0usize);
-        let (mut rela, mut relasz, mut jmprel, mut pltrelsz) = (0usize, 0usize, 0usize, 0usize);
-        let mut d = (self.base + dynamic.p_vaddr as usize) as *const Dyn;
-        // SAFETY: the module's dynamic section, ended by DT_NULL.
-        unsafe {
-            while (*d).tag != DT_NULL {
-                let v = (*d).value as usize;
-                match (*d).tag {
-                    DT_STRTAB => strtab = v,
-                    DT_SYMTAB => symtab = v,
-                    DT_RELA => rela = v,
-                    DT_RELASZ => relasz = v,
-                    DT_JMPREL => jmprel = v,
-                    DT_PLTRELSZ => pltrelsz = v,
-                    _ => {}
-                }
-                d = d.add(1);
-            }
-        }
-        // glibc's loader rewrites these to addresses in memory; the vDSO's
-        // (and another loader's) stay offsets from the base.
-        let at = |v: usize| {
-            if v != 0 && v < self.base {
-                v + self.base
-            } else {
-                v
-            }
-        };
-        let (strtab, symtab) = (at(strtab), at(symtab));
-        if strtab == 0 || symtab == 0 {
-            return;
-        }
-        for (table, size) in [(at(rela), relasz), (at(jmprel), pltrelsz)] {
+        let relro = self
+            .phdrs()
+            .iter()
+            .find(|p| p.p_type == PT_GNU_RELRO)
+            .map(|p| {
+                let start = self.base + p.p_vaddr as usize;
+                start..start + p.p_memsz as usize
+            });
+        let (strtab, symtab) = (dynamic.strtab, dynamic.symtab);
+        for (table, size) in [
+            (dynamic.rela, dynamic.relasz),
+            (dynamic.jmprel, dynamic.pltrelsz),
+        ] {
             if table == 0 {
                 continue;
             }
@@ -201,6 +233,96 @@ impl Module {
             }
         }
     }
+
+    /// The address of the function or object `name` the module defines (its
+    /// dynamic symbol table, through DT_GNU_HASH or DT_HASH), or 0. Unlike
+    /// dlsym it never allocates: a failed dlsym allocates its message
+    /// through the program's malloc, which at exit may be an allocator of
+    /// the program's own or a heap the program corrupted.
+    pub fn defined(&self, name: &CStr) -> usize {
+        let Some(Dynamic {
+            strtab,
+            symtab,
+            hash,
+            gnu_hash,
+            ..
+        }) = self.dynamic()
+        else {
+            return 0;
+        };
+        let wanted = name.to_bytes();
+        let matches = |index: usize| -> usize {
+            // SAFETY: an index the module's hash table gives into its symbol
+            // table, whose names are in its string table.
+            let sym = unsafe { &*(symtab as *const libc::Elf64_Sym).add(index) };
+            let kind = sym.st_info & 0xf;
+            // Defined (a section index), an object or a function.
+            let defined = sym.st_shndx != 0 && (kind == 1 || kind == 2);
+            // SAFETY: as above.
+            let named = unsafe {
+                CStr::from_ptr((strtab + sym.st_name as usize) as *const c_char).to_bytes()
+            };
+            if defined && named == wanted {
+                self.base + sym.st_value as usize
+            } else {
+                0
+            }
+        };
+        if gnu_hash != 0 {
+            let h = wanted.iter().fold(5381u32, |h, &c| {
+                h.wrapping_mul(33).wrapping_add(u32::from(c))
+            });
+            let table = gnu_hash as *const u32;
+            // SAFETY: the module's GNU hash table: nbuckets, symoffset,
+            // bloom size and shift, the bloom words, the buckets, the chains.
+            unsafe {
+                let (nbuckets, symoffset, bloom_size) = (
+                    *table as usize,
+                    *table.add(1) as usize,
+                    *table.add(2) as usize,
+                );
+                if nbuckets == 0 {
+                    return 0;
+                }
+                let buckets = table.add(4 + bloom_size * 2);
+                let chains = buckets.add(nbuckets);
+                let mut i = *buckets.add(h as usize % nbuckets) as usize;
+                if i < symoffset {
+                    return 0;
+                }
+                loop {
+                    let ch = *chains.add(i - symoffset);
+                    if ch | 1 == h | 1 {
+                        let found = matches(i);
+                        if found != 0 {
+                            return found;
+                        }
+                    }
+                    if ch & 1 != 0 {
+                        return 0;
+                    }
+                    i += 1;
+                }
+            }
+        }
+        if hash != 0 {
+            // SAFETY: the module's SysV hash table: nbucket, nchain, then
+            // the chains cover every symbol.
+            let nchain = unsafe { *(hash as *const u32).add(1) } as usize;
+            return (1..nchain).map(matches).find(|&a| a != 0).unwrap_or(0);
+        }
+        0
+    }
+}
+
+/// The first definition of `name` in the loaded modules, in the loader's
+/// order (as RTLD_DEFAULT finds it), or 0; never allocates from the program.
+pub fn defined_anywhere(name: &CStr) -> usize {
+    modules()
+        .iter()
+        .map(|m| m.defined(name))
+        .find(|&a| a != 0)
+        .unwrap_or(0)
 }
 
 /// The value in a slot.

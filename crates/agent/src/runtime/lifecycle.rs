@@ -12,7 +12,7 @@ use crate::services::writer;
 use crate::{
     capture::modules, capture::stacks, platform::clock, tracking::live, tracking::untracked,
 };
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::ffi::CString;
 use trapline_trace::{EndCounters, Event, ExitKind, ProcessInfo, SnapshotKind};
 
@@ -30,9 +30,6 @@ const OTHER_FINISH_WAIT_NS: u64 = 60_000_000_000;
 /// an exec: raised again should the exec fail.
 static SIGNAL_DURING_EXEC: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(0);
 static START_UNIX_NS: AtomicU64 = AtomicU64::new(0);
-/// libstdc++'s `__gnu_cxx::__freeres`, looked up at start: a failed dlsym at
-/// exit would itself allocate (the dlerror message) and show up in the report.
-static CXX_FREERES: AtomicUsize = AtomicUsize::new(0);
 
 /// The agent library's own path (for re-adding LD_PRELOAD on exec).
 static AGENT_PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -426,21 +423,8 @@ pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CSt
     crate::platform::signals::set_fatal_handler(on_fatal_signal);
     crate::runtime::fatal_signals::install();
     follow_modules_and_threads();
-    // Only where libstdc++ is loaded: a lookup that fails makes dlsym
-    // allocate its message from the program's heap, and the freed chunks
-    // changed where the program's first blocks went.
-    if modules::all()
-        .iter()
-        .any(|m| m.path.contains("/libstdc++.so"))
-    {
-        CXX_FREERES.store(
-            sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv"),
-            Ordering::Relaxed,
-        );
-    }
-    // Lookups that failed (`__gnu_cxx::__freeres` in a C program, functions
-    // an older glibc lacks) must leave no message for the program's first
-    // dlerror().
+    // Lookups that failed (functions an older glibc lacks) must leave no
+    // message for the program's first dlerror().
     // SAFETY: dlerror only reads and frees this thread's error state.
     unsafe { libc::dlerror() };
     if open_trace(top) {
@@ -794,7 +778,14 @@ pub fn finish(exit: ExitKind, ending: Ending) {
         return;
     }
     if !phase::begin_finish(sys::gettid(), exit == ExitKind::Exec) {
-        if !ending.by_signal() {
+        if ending.by_signal() && faulted_in_own_finish() {
+            // The finish itself faulted or aborted before the trace was
+            // written: the C library's freeres on a heap the program
+            // corrupted ("unaligned tcache chunk detected"). Write the trace
+            // as from any fatal signal (no scan: the finish was cut off
+            // anywhere), or it stayed without its events.
+            finish_here(exit, Ending::Signal, thread::current_if_any());
+        } else if !ending.by_signal() {
             wait_for_other_finish();
         }
         return;
@@ -828,29 +819,26 @@ pub fn finish(exit: ExitKind, ending: Ending) {
     }
 }
 
+/// Whether this thread is the one finishing the trace, its records not yet
+/// written, and this is the first fatal signal of its finish (a second one,
+/// in the finish from the first, lets the signal take its course).
+fn faulted_in_own_finish() -> bool {
+    static ONCE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+    phase::finishing_tid() == sys::gettid()
+        && !phase::recording_stopped()
+        && !ONCE.swap(true, Ordering::AcqRel)
+}
+
 /// `__gnu_cxx::__freeres` wherever it is defined at exit: a program that
 /// links libstdc++ statically exports it itself (gcc's cc1 kept libstdc++'s
 /// 72,704-byte emergency pool "still reachable"), and a library loaded
-/// later may define it. Looked up with the guard raised, so that the
-/// message a failed lookup allocates is the agent's, not the program's.
-fn cxx_freeres_defined_now(ts: Option<&mut thread::ThreadState>) -> usize {
-    let Some(ts) = ts else {
-        return 0;
-    };
-    ts.guard += 1;
-    let f = sys::any_symbol(c"_ZN9__gnu_cxx9__freeresEv");
-    // The first call hands the failed lookup's message over, the second
-    // frees it, here, with the guard raised: freed later (freeres frees it)
-    // it was a recorded release whose stack capture built the stack table
-    // that a short-lived C program never needed, 300 page faults (a fork
-    // and exec of /bin/true took about 1 ms longer).
-    // SAFETY: dlerror only reads and frees this thread's error state.
-    unsafe {
-        libc::dlerror();
-        libc::dlerror();
-    }
-    ts.guard -= 1;
-    f
+/// later may define it. Found in the modules' own symbol tables, not with
+/// dlsym: a failed dlsym allocates its message through the program's
+/// malloc, which may be the program's own (memcheck's static_malloc then
+/// crashed in glibc's realloc of it) or run on a heap the program
+/// corrupted (fprw aborted in the finish, its trace left empty).
+fn cxx_freeres_defined_now() -> usize {
+    crate::platform::imports::defined_anywhere(c"_ZN9__gnu_cxx9__freeresEv")
 }
 
 /// `finish` on the side stack; `ts` is the calling thread's state (none in
@@ -882,10 +870,7 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
         && config::flag(&OPTIONS.freeres)
         && crate::services::scan::other_program_threads() == Some(0)
     {
-        let cxx = match CXX_FREERES.load(Ordering::Relaxed) {
-            0 => cxx_freeres_defined_now(ts.as_deref_mut()),
-            f => f,
-        };
+        let cxx = cxx_freeres_defined_now();
         if cxx != 0 {
             // SAFETY: __gnu_cxx::__freeres() takes no arguments.
             let f: extern "C" fn() = unsafe { core::mem::transmute(cxx) };

@@ -490,7 +490,13 @@ pub fn printed_addresses(stdout: &str) -> std::collections::HashMap<String, Stri
 
 /// Records PROGRAM ARGS into DIR/t.trace and returns how `trapline run` ended.
 pub fn run(dir: &TestDir, flags: &[&str], program: &Path, args: &[&str]) -> Finished {
-    let finished = output_of(run_command(dir, flags, program, args), "trapline run");
+    run_of(run_command(dir, flags, program, args))
+}
+
+/// Runs a `run_command` the caller changed (its environment, say) to its
+/// end: `run` of that command.
+pub fn run_of(cmd: Command) -> Finished {
+    let finished = output_of(cmd, "trapline run");
     assert!(
         !finished.stderr.contains("panicked"),
         "trapline run panicked\n{}",
@@ -508,7 +514,12 @@ pub fn record_whole(
     args: &[&str],
     stdout: &str,
 ) -> Value {
-    let run = run(dir, flags, program, args);
+    record_whole_of(dir, run_command(dir, flags, program, args), stdout)
+}
+
+/// `record_whole` of a `run_command` the caller changed.
+pub fn record_whole_of(dir: &TestDir, cmd: Command, stdout: &str) -> Value {
+    let run = run_of(cmd);
     assert_eq!(run.code(), 0, "{}", run.describe());
     assert_eq!(run.stdout, stdout, "{}", run.describe());
     assert_no_events_lost_in_summary(&run);
