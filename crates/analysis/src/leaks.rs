@@ -335,6 +335,10 @@ pub struct ErrorRecord {
     /// it gave none (the block came from an aligned `new`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub given_alignment: Option<u64>,
+    /// For `mismatched_alignment`: the alignment the block was allocated
+    /// with, 0 when none (absent when the trace does not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alloc_alignment: Option<u64>,
     /// Stack id of the faulty call.
     pub stack_id: u32,
     /// Stack of the faulty call.
@@ -363,6 +367,8 @@ struct PendingError {
     event: Event,
     tid: u32,
     count: u64,
+    /// For a mismatched alignment: the block's, from its `Alloc`.
+    alloc_align: Option<u64>,
 }
 
 /// Groups of live blocks: (stack, function) → bytes and blocks.
@@ -393,6 +399,12 @@ struct LeaksPass {
     release_fn: StackMap<AllocFn>,
     /// Each site's latest stale verdict from a watcher (`SiteVerdict`).
     stale: HashMap<(u32, AllocFn), Staleness>,
+    /// The alignment of each live block from an aligned `operator new`
+    /// (few programs have many), by address.
+    cxx_aligned: HashMap<u64, u64>,
+    /// Per thread, the last such block released (address, alignment): its
+    /// `Error` follows the release's `Free` on the same thread.
+    cxx_aligned_released: HashMap<u32, (u64, u64)>,
 }
 
 /// A map keyed by stack id, hashed with one multiplication: it is updated
@@ -441,7 +453,11 @@ impl LeaksPass {
         self.scans.observe(&m.event);
         match &m.event {
             Event::Error {
-                kind, func, stack, ..
+                kind,
+                func,
+                stack,
+                addr,
+                ..
             } => {
                 if *stack != 0 {
                     let key = (*kind, *func, *stack);
@@ -451,14 +467,35 @@ impl LeaksPass {
                     }
                     self.error_index.insert(key, self.errors.len());
                 }
+                let alloc_align = self
+                    .cxx_aligned_released
+                    .get(&m.tid)
+                    .filter(|&&(a, _)| *kind == ErrorKind::MismatchedAlignment && a == *addr)
+                    .map(|&(_, align)| align);
                 self.errors.push(PendingError {
                     event: m.event.clone(),
                     tid: m.tid,
                     count: 1,
+                    alloc_align,
                 });
             }
-            Event::Free { func, stack, .. } if *stack != 0 => {
-                self.release_fn.entry(*stack).or_insert(*func);
+            Event::Alloc {
+                addr, align, func, ..
+            } if func.cxx_aligned() => {
+                self.cxx_aligned.insert(*addr, *align);
+            }
+            Event::Free {
+                addr, func, stack, ..
+            } => {
+                if *stack != 0 {
+                    self.release_fn.entry(*stack).or_insert(*func);
+                }
+                if let Some(align) = self.cxx_aligned.remove(addr) {
+                    self.cxx_aligned_released.insert(m.tid, (*addr, align));
+                }
+            }
+            Event::Realloc { old_addr, .. } => {
+                self.cxx_aligned.remove(old_addr);
             }
             Event::SiteVerdict {
                 stack,
@@ -896,6 +933,12 @@ fn error_record(
         passed_on: (!kind.performed()).then_some(passed_on),
         given_size: (kind == ErrorKind::MismatchedSize).then_some(given),
         given_alignment: (kind == ErrorKind::MismatchedAlignment).then_some(given),
+        alloc_alignment: e.alloc_align.or_else(|| {
+            // A block from an unaligned `new` had none.
+            (kind == ErrorKind::MismatchedAlignment
+                && !alloc_func.is_some_and(AllocFn::cxx_aligned))
+            .then_some(0)
+        }),
         stack_id: stack,
         stack: frames(stack),
         alloc_function: alloc_func.map(AllocFn::name),
@@ -1464,11 +1507,12 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord, release_stacks: bool) 
             alloc_at(out);
         }
         ("mismatched_alignment", Some(size)) => {
-            // The two sides differ: one of them had an alignment.
-            let (allocated, released) = match e.given_alignment {
-                Some(a) if a != 0 => ("without alignment", format!("with alignment {a}")),
-                _ => ("with alignment", "without alignment".to_owned()),
+            let side = |a: Option<u64>| match a {
+                Some(0) => "without alignment".to_owned(),
+                Some(a) => format!("with alignment {}", thousands(a)),
+                None => "with alignment".to_owned(),
             };
+            let (allocated, released) = (side(e.alloc_alignment), side(e.given_alignment));
             writeln!(
                 out,
                 "{p} Address {addr} is a block of size {} allocated {allocated}, released {released}",

@@ -916,3 +916,76 @@ fn fault_inside_the_finish_still_writes_the_trace() {
     assert_eq!((as_u64(own[0], "bytes"), as_u64(own[0], "blocks")), (24, 1));
     assert_eq!(as_str(own[0], "allocated_by"), "malloc");
 }
+
+/// realloc_new.cpp (after memcheck's realloc_new): realloc of a block from
+/// new or new[] (realloc(p, 0) too) is a mismatched free at the realloc,
+/// and an aligned delete[] giving 64 for a new[] of alignment 128 is a
+/// mismatched alignment. Each is reported once; every block is released.
+#[test]
+fn errors_cpp_realloc_of_new_and_aligned_array_mismatch() {
+    let dir = TestDir::new("realloc_new");
+    let prog = compile_cpp(&dir, "realloc_new.cpp");
+    let report = record_whole(&dir, &[], &prog, &[], "survived\n");
+    assert_eq!(
+        kinds(&report),
+        [
+            "mismatched_alignment",
+            "mismatched_free",
+            "mismatched_free",
+            "mismatched_free"
+        ]
+    );
+    assert_each_once(&report, false);
+    assert_eq!(unfreed_summary(&report), (0, 0));
+    let src = "realloc_new.cpp";
+    for (caller, kind, release, alloc_fn, size, bad_line) in [
+        (
+            "realloc_new()",
+            "mismatched_free",
+            "realloc",
+            "operator new(unsigned long)",
+            4,
+            "REALLOC-NEW",
+        ),
+        (
+            "realloc_array()",
+            "mismatched_free",
+            "realloc",
+            "operator new[](unsigned long)",
+            12,
+            "REALLOC-ARRAY",
+        ),
+        (
+            "realloc_zero()",
+            "mismatched_free",
+            "realloc",
+            "operator new(unsigned long)",
+            8,
+            "REALLOC-ZERO",
+        ),
+        (
+            "aligned_array()",
+            "mismatched_alignment",
+            "operator delete[](void*, std::align_val_t)",
+            "operator new[](unsigned long, std::align_val_t)",
+            256,
+            "ALIGNED-ARRAY",
+        ),
+    ] {
+        let error = error_at(&report, kind, caller);
+        assert_eq!(as_str(error, "function"), release, "{}", pretty(error));
+        assert_eq!(
+            error["alloc_function"],
+            json!(alloc_fn),
+            "{}",
+            pretty(error)
+        );
+        assert_eq!(error["alloc_size"], json!(size), "{}", pretty(error));
+        if kind == "mismatched_alignment" {
+            assert_eq!(error["given_alignment"], json!(64), "{}", pretty(error));
+            assert_eq!(error["alloc_alignment"], json!(128), "{}", pretty(error));
+        }
+        let alloc_line = format!("{bad_line}-ALLOC");
+        assert_bad_call_and_alloc(error, src, caller, bad_line, &alloc_line);
+    }
+}

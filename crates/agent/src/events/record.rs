@@ -339,6 +339,8 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                         size: size as u64,
                         func,
                         stack,
+                        // Only C++'s aligned forms are held to their alignment.
+                        align: if func.cxx_aligned() { align as u64 } else { 0 },
                     },
                 );
                 drop(shard);
@@ -386,8 +388,13 @@ fn mismatch(func: AllocFn, block: live::Block, stated: Stated) -> Option<(ErrorK
         _ => {}
     }
     let cxx = func.family() != trapline_trace::event::Family::Malloc;
-    (cxx && func.cxx_aligned() != block.func.cxx_aligned())
-        .then_some((ErrorKind::MismatchedAlignment, stated.align))
+    let aligned = func.cxx_aligned();
+    // Both aligned: the alignments must agree (memcheck's "Mismatched
+    // new/delete alignment"; a block of `new[](n, 128)` given back with 64
+    // is released by the wrong rules by an allocator that over-aligns).
+    let differs = aligned != block.func.cxx_aligned()
+        || (aligned && block.align != 0 && stated.align != block.align);
+    (cxx && differs).then_some((ErrorKind::MismatchedAlignment, stated.align))
 }
 
 /// The block was allocated by an `operator new`, or is released by an
@@ -759,6 +766,7 @@ pub fn realloc(
                 size: size as u64,
                 func,
                 stack,
+                align: 0,
             },
         );
         drop(shard);
@@ -785,6 +793,28 @@ pub fn realloc(
             },
         )
     });
+    // realloc releases its old block as free does: one from new or new[]
+    // is a mismatch (memcheck's realloc_new), performed all the same.
+    let unmatched = old_block
+        .filter(|&b| b.func.family() != func.family() && !through_private_operators(b.stack, regs));
+    if let Some(b) = unmatched {
+        report(
+            ts,
+            Event::Error {
+                time: t,
+                kind: ErrorKind::MismatchedFree,
+                func,
+                addr: old_addr,
+                stack,
+                alloc_func: Some(b.func),
+                alloc_size: b.size,
+                alloc_stack: b.stack,
+                free_stack: 0,
+                passed_on: true,
+                given: 0,
+            },
+        );
+    }
     leave(ts);
     p
 }
@@ -845,6 +875,7 @@ pub fn resize_in_place(
         size: got as u64,
         func,
         stack,
+        align: 0,
     };
     let t = shard.stamp(clock::tick(), ts.last_time);
     shard.insert(addr, block);

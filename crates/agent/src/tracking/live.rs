@@ -45,6 +45,10 @@ pub struct Block {
     pub size: u64,
     pub func: AllocFn,
     pub stack: u32,
+    /// The alignment a C++ aligned `new` asked for, which its aligned
+    /// `delete` must give again (0: none; a power of two). Not in the
+    /// scan's copies of the table (`Packed`).
+    pub align: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -54,6 +58,8 @@ struct Entry {
     /// When the block was recorded, in units of `BORN_SHIFT` (the age a
     /// watcher asks for; it wraps after 52 days).
     born: u32,
+    /// log2 of `Block::align`, plus one (0: none): in the entry's padding.
+    align_log: u8,
 }
 
 /// Birth times are kept in units of 2^20 ns (1.05 ms).
@@ -68,15 +74,28 @@ fn pack(addr: u64, b: Block) -> Entry {
         key: key_of(addr) | (stack_hi << ADDR_BITS),
         meta: size | (u64::from(b.func as u8) << SIZE_BITS) | (stack_lo << (SIZE_BITS + FUNC_BITS)),
         born: 0,
+        align_log: if b.align.is_power_of_two() {
+            b.align.trailing_zeros() as u8 + 1
+        } else {
+            0
+        },
     }
 }
 
 fn unpack(e: Entry) -> (u64, Block) {
-    unpack_parts(e.key, e.meta)
+    let (addr, mut block) = unpack_parts(e.key, e.meta);
+    if e.align_log != 0 {
+        block.align = 1 << (e.align_log - 1);
+    }
+    (addr, block)
 }
 
 fn unpack_parts(key: u64, meta: u64) -> (u64, Block) {
-    let e = Entry { key, meta, born: 0 };
+    let e = Entry {
+        key,
+        meta,
+        ..Entry::default()
+    };
     let addr = addr_of(e);
     let stack_hi = e.key >> ADDR_BITS;
     let size = e.meta & ((1 << SIZE_BITS) - 1);
@@ -89,6 +108,7 @@ fn unpack_parts(key: u64, meta: u64) -> (u64, Block) {
             size,
             func,
             stack: ((stack_hi << STACK_LO_BITS) | stack_lo) as u32,
+            align: 0,
         },
     )
 }
@@ -573,6 +593,7 @@ mod tests {
             size,
             func: AllocFn::Malloc,
             stack: size as u32,
+            align: 0,
         }
     }
 
