@@ -1033,6 +1033,10 @@ pub fn render_text(r: &LeaksReport) -> String {
         )
         .unwrap();
         stack_text(&mut out, &p, None, &c.stack, 0);
+        for t in &c.other_threads {
+            writeln!(out, "{p}  thread {} was stopped at", t.tid).unwrap();
+            stack_text(&mut out, &p, None, &t.stack, 0);
+        }
     }
     if !exit_snapshot {
         writeln!(

@@ -325,6 +325,7 @@ pub fn analyze<R: Read + Seek>(
                     line: None,
                     inlined: false,
                     module: None,
+                    allocation_wrapper: false,
                 },
             );
         }

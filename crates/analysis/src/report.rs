@@ -58,6 +58,19 @@ pub struct CrashReport {
     /// Where the signal struck, innermost first (the first frame is the
     /// faulting instruction itself).
     pub stack: Vec<FrameReport>,
+    /// The process's other threads, where the crash's exit scan stopped
+    /// them, by thread id (threads stopped inside trapline's agent, and
+    /// its own, are not listed).
+    pub other_threads: Vec<StoppedThreadReport>,
+}
+
+/// A thread stopped when another crashed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StoppedThreadReport {
+    pub tid: u32,
+    /// Where it was stopped, innermost first (the first frame is the
+    /// instruction it was about to run).
+    pub stack: Vec<FrameReport>,
 }
 
 /// The name of signal `n` (`SIGSEGV`), or `signal N`.
@@ -262,6 +275,10 @@ pub struct FrameReport {
     pub inlined: bool,
     /// Path of the module holding the address, null if none.
     pub module: Option<String>,
+    /// True when the frame is in a function whose code only passes an
+    /// allocation on to the allocator: a recognised allocation wrapper,
+    /// which names no site of its own.
+    pub allocation_wrapper: bool,
 }
 
 impl From<Frame> for FrameReport {
@@ -273,6 +290,7 @@ impl From<Frame> for FrameReport {
             line: f.line,
             inlined: f.inlined,
             module: f.module,
+            allocation_wrapper: f.allocation_wrapper,
         }
     }
 }
@@ -327,6 +345,8 @@ pub(crate) struct Facts {
     pub attached: Option<AttachedReport>,
     /// The `Crash` record and its thread.
     crash: Option<(u32, Event)>,
+    /// The stack of each thread stopped at the crash (`StoppedAtCrash`).
+    stopped_at_crash: std::collections::BTreeMap<u32, u32>,
 }
 
 impl Facts {
@@ -334,6 +354,9 @@ impl Facts {
     pub fn observe_merged(&mut self, m: &crate::index::MergedEvent) {
         if matches!(m.event, Event::Crash { .. }) && self.crash.is_none() {
             self.crash = Some((m.tid, m.event.clone()));
+        }
+        if let Event::StoppedAtCrash { stack, .. } = m.event {
+            self.stopped_at_crash.insert(m.tid, stack);
         }
         self.observe(m.time, &m.event);
     }
@@ -361,6 +384,15 @@ impl Facts {
                 cause: fault_cause(*signal, *code).map(str::to_owned),
                 address: faults.then(|| format!("{addr:#x}")),
                 stack: sym.sample_stack(&self.stacks, *stack),
+                other_threads: self
+                    .stopped_at_crash
+                    .iter()
+                    .filter(|&(&t, _)| t != *tid)
+                    .map(|(&tid, &stack)| StoppedThreadReport {
+                        tid,
+                        stack: sym.sample_stack(&self.stacks, stack),
+                    })
+                    .collect(),
             });
         }
         r
@@ -547,6 +579,7 @@ impl Facts {
     /// in the symbolizer.
     pub fn symbolizer(&self) -> StackSymbolizer {
         let mut symbolizer = Symbolizer::new();
+        symbolizer.set_known_wrappers(is_allocation_wrapper);
         let mut modules: Vec<&ModuleInfo> = self.modules.iter().collect();
         modules.sort_by_key(|m| m.id);
         for m in modules {
@@ -773,7 +806,9 @@ pub fn is_allocation_wrapper(function: &str) -> bool {
 pub fn wrapper_frames(stack: &[FrameReport]) -> usize {
     let n = stack
         .iter()
-        .take_while(|f| f.function.as_deref().is_some_and(is_allocation_wrapper))
+        .take_while(|f| {
+            f.allocation_wrapper || f.function.as_deref().is_some_and(is_allocation_wrapper)
+        })
         .count();
     if n < stack.len() {
         n

@@ -325,6 +325,7 @@ mod tests {
             line: Some(12),
             inlined: false,
             module: Some(module.to_string()),
+            allocation_wrapper: false,
         }
     }
 

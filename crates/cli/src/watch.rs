@@ -752,9 +752,10 @@ impl Beside {
                 .and_then(|frames| {
                     let named = |f: &&Value| f.get("function").is_some_and(|v| !v.is_null());
                     let wrapper = |f: &&Value| {
-                        f.get("function")
-                            .and_then(Value::as_str)
-                            .is_some_and(trapline_analysis::report::is_allocation_wrapper)
+                        f.get("allocation_wrapper").and_then(Value::as_bool) == Some(true)
+                            || f.get("function")
+                                .and_then(Value::as_str)
+                                .is_some_and(trapline_analysis::report::is_allocation_wrapper)
                     };
                     // Named by the first frame outside allocation wrappers.
                     frames

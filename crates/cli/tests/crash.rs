@@ -1,7 +1,7 @@
 //! A program that crashes under `trapline run`: the trace says which
 //! signal, at which address and where it struck, and the exit scan judges
 //! the heap as the crash left it (memcheck prints the faulting stack and
-//! still runs its leak check).
+//! still runs its leak check), with every other thread's stack.
 
 mod common;
 
@@ -37,6 +37,33 @@ fn crash_report(how: &str, signal: i32) -> (Value, String, Finished) {
         ],
         "{}",
         pretty(&report)
+    );
+    // Every other thread, where the crash's scan stopped it: the worker
+    // in read, called from idle.
+    let crash = field(field(&report, "process"), "crash");
+    let others = crash["other_threads"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no other_threads: {}", pretty(crash)));
+    assert_eq!(others.len(), 1, "{}", pretty(crash));
+    let worker = as_u64(&others[0], "tid");
+    assert_ne!(worker, as_u64(crash, "tid"));
+    let stack = stack_of(&others[0], "stack");
+    assert!(
+        frame_function(&stack[0]).contains("read"),
+        "the worker stopped in read: {}",
+        pretty(&others[0])
+    );
+    assert!(
+        stack
+            .iter()
+            .any(|f| frame_function(f) == "idle"
+                && f["line"].as_u64() == Some(marker_line(src, "IDLE"))),
+        "the worker's stack runs through idle's read: {}",
+        pretty(&others[0])
+    );
+    assert!(
+        text.contains(&format!("thread {worker} was stopped at")),
+        "{text}"
     );
     (report, text, run)
 }

@@ -360,4 +360,29 @@ fn sites_are_named_past_allocation_wrappers() {
         })
         .expect("first_user's site");
     assert_eq!(frame_function(&stack_of(site, "stack")[0]), "xmalloc");
+    // pool_get is recognised from its code: its sites are named by its
+    // callers, and its frame says it is a wrapper; my_alloc, called from
+    // one function only, is not.
+    let third = format!("third_user ({src}:{}) <- main", line("THIRD"));
+    let fourth = format!("fourth_user ({src}:{}) <- main", line("FOURTH"));
+    assert!(plain.iter().any(|s| s.starts_with(&third)), "{plain:?}");
+    assert!(plain.iter().any(|s| s.starts_with(&fourth)), "{plain:?}");
+    let innermost = |caller: &str| -> Value {
+        let site = as_array(field(&report, "sites"), "most_calls")
+            .iter()
+            .find(|s| {
+                stack_of(s, "stack")
+                    .iter()
+                    .any(|f| frame_function(f) == caller)
+            })
+            .unwrap_or_else(|| panic!("{caller}'s site: {}", pretty(&report)));
+        stack_of(site, "stack")[0].clone()
+    };
+    let pool = innermost("third_user");
+    assert_eq!(frame_function(&pool), "pool_get");
+    assert_eq!(pool["line"].as_u64(), Some(line("POOL")));
+    assert_eq!(pool["allocation_wrapper"], Value::Bool(true), "{pool}");
+    let mine = innermost("second_user");
+    assert_eq!(frame_function(&mine), "my_alloc");
+    assert_eq!(mine["allocation_wrapper"], Value::Bool(false), "{mine}");
 }

@@ -16,6 +16,7 @@ mod block_file;
 mod debugfile;
 mod module;
 mod symtab;
+mod wrapper;
 
 pub use allocator::{private_allocator, private_allocator_of, PrivateAllocator};
 pub use block_file::BlockFile;
@@ -44,6 +45,9 @@ pub struct Frame {
     pub inlined: bool,
     /// Path of the module containing the address, if any.
     pub module: Option<String>,
+    /// The address is in a function whose code only passes allocations on
+    /// to the allocator (wrapper.rs): it names no allocation site.
+    pub allocation_wrapper: bool,
 }
 
 /// Counters of the symbolizer's work, for diagnostics and tests.
@@ -81,7 +85,7 @@ struct Module {
 enum FileSlot {
     /// Not read yet.
     Pending,
-    Ready(ModuleDebug),
+    Ready(Box<ModuleDebug>),
     /// Missing, unreadable or of another build: its addresses stay unknown.
     Unusable,
 }
@@ -99,6 +103,8 @@ pub struct Symbolizer {
     overlaps_warned: HashSet<[(usize, u64); 2]>,
     debug_dirs: Vec<PathBuf>,
     stats: CacheStats,
+    /// Allocation wrappers known by name, which a recognised wrapper may call.
+    known_wrappers: fn(&str) -> bool,
 }
 
 impl Default for Symbolizer {
@@ -112,6 +118,7 @@ impl Default for Symbolizer {
             overlaps_warned: HashSet::new(),
             debug_dirs: vec![PathBuf::from(DEFAULT_DEBUG_DIR)],
             stats: CacheStats::default(),
+            known_wrappers: |_| false,
         }
     }
 }
@@ -128,6 +135,12 @@ impl Symbolizer {
     /// Applies to modules whose files are read afterwards.
     pub fn set_debug_dirs(&mut self, dirs: Vec<PathBuf>) {
         self.debug_dirs = dirs;
+    }
+
+    /// Names allocation wrappers known by name (`zmalloc`, ...): a function
+    /// whose code calls them as it would the allocator is a wrapper too.
+    pub fn set_known_wrappers(&mut self, known: fn(&str) -> bool) {
+        self.known_wrappers = known;
     }
 
     /// Registers a module from a `ModuleLoad` event. Its file is not read
@@ -243,6 +256,7 @@ impl Symbolizer {
                 line: None,
                 inlined: false,
                 module,
+                allocation_wrapper: false,
             }]
         };
         // Return address 0 cannot follow a call.
@@ -263,7 +277,7 @@ impl Symbolizer {
             let build_id = module.info.build_id.clone();
             self.files[slot] = self.load(&path, &build_id);
         }
-        let FileSlot::Ready(debug) = &self.files[slot] else {
+        let FileSlot::Ready(debug) = &mut self.files[slot] else {
             return unknown(Some(path));
         };
         let mut raw = debug.resolve(file_address);
@@ -277,6 +291,7 @@ impl Symbolizer {
                 raw = at;
             }
         }
+        let allocation_wrapper = debug.is_allocation_wrapper(file_address, &self.known_wrappers);
         let last = raw.len() - 1;
         raw.into_iter()
             .enumerate()
@@ -287,6 +302,7 @@ impl Symbolizer {
                 line: f.line,
                 inlined: i < last,
                 module: Some(path.clone()),
+                allocation_wrapper,
             })
             .collect()
     }
@@ -330,7 +346,7 @@ impl Symbolizer {
             Ok(loaded) => {
                 self.warnings.extend(loaded.warnings);
                 if loaded.debug.has_anything() {
-                    FileSlot::Ready(loaded.debug)
+                    FileSlot::Ready(Box::new(loaded.debug))
                 } else {
                     FileSlot::Unusable
                 }

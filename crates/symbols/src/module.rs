@@ -12,6 +12,7 @@ use object::{CompressionFormat, Object, ObjectSection};
 
 use crate::debugfile::{self, LoadedFile};
 use crate::symtab::SymbolTable;
+use crate::wrapper::Code;
 
 /// Owned DWARF data: the context can live without borrowing a file buffer.
 type Reader = gimli::EndianArcSlice<gimli::RunTimeEndian>;
@@ -33,6 +34,8 @@ pub(crate) struct ModuleDebug {
     symbols: SymbolTable,
     /// A kernel symbol map: frames are named `function+offset`.
     kernel_map: bool,
+    /// The module's machine code, for recognising allocation wrappers.
+    code: Option<Code>,
 }
 
 /// The file name ending of a kernel symbol map that a trace names as a
@@ -72,6 +75,7 @@ impl ModuleDebug {
                     dwarf: None,
                     symbols,
                     kernel_map: true,
+                    code: None,
                 },
                 warnings: Vec::new(),
             });
@@ -145,6 +149,9 @@ impl ModuleDebug {
                 dwarf,
                 symbols,
                 kernel_map: false,
+                code: std::fs::File::open(path)
+                    .ok()
+                    .and_then(|code_file| Code::new(code_file, &object)),
             },
             warnings,
         })
@@ -153,6 +160,20 @@ impl ModuleDebug {
     /// Whether anything at all can be said about this module's addresses.
     pub(crate) fn has_anything(&self) -> bool {
         self.dwarf.is_some() || !self.symbols.is_empty()
+    }
+
+    /// Whether the function containing file virtual address `probe` is an
+    /// allocation wrapper by its code (wrapper.rs); `known` tells wrappers
+    /// by name.
+    pub(crate) fn is_allocation_wrapper(
+        &mut self,
+        probe: u64,
+        known: &dyn Fn(&str) -> bool,
+    ) -> bool {
+        match &mut self.code {
+            Some(code) => code.is_wrapper_at(probe, &self.symbols, known),
+            None => false,
+        }
     }
 
     /// The frames at file virtual address `probe`, innermost inlined first;

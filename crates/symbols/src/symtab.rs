@@ -138,6 +138,11 @@ impl SymbolTable {
 
     /// The raw (mangled) name of the function containing `address`.
     pub(crate) fn lookup(&self, address: u64) -> Option<&str> {
+        self.range_at(address).map(|(_, _, name)| name)
+    }
+
+    /// The function containing `address`: its start, end and raw name.
+    pub(crate) fn range_at(&self, address: u64) -> Option<(u64, u64, &str)> {
         let after = self.symbols.partition_point(|s| s.start <= address);
         let first = after.saturating_sub(MAX_WALK_BACK);
         let candidates = self.symbols.get(first..after)?;
@@ -147,6 +152,6 @@ impl SymbolTable {
             .iter()
             .rev()
             .find(|s| address < s.end)
-            .map(|s| &*s.name)
+            .map(|s| (s.start, s.end, &*s.name))
     }
 }

@@ -796,6 +796,13 @@ pub enum Event {
         addr: u64,
         stack: u32,
     },
+    /// Another thread crashed (`Crash`) and the chunk's thread was stopped
+    /// for the exit's scan at `time`, where `stack` shows: its innermost
+    /// frame the interrupted instruction (format version 16).
+    StoppedAtCrash {
+        time: u64,
+        stack: u32,
+    },
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
 }
@@ -839,6 +846,7 @@ impl Event {
             | Event::SiteVerdict { time, .. }
             | Event::Attach { time }
             | Event::Crash { time, .. }
+            | Event::StoppedAtCrash { time, .. }
             | Event::ProfileStop { time, .. } => Some(*time),
             Event::Lock(l) => Some(l.time()),
             _ => None,
@@ -889,6 +897,8 @@ pub(crate) mod tag {
     pub const ATTACH_TOTALS: u8 = 55;
     /// Format version 15.
     pub const CRASH: u8 = 56;
+    /// Format version 16.
+    pub const STOPPED_AT_CRASH: u8 = 57;
     // 64..=95: locks and thread synchronisation.
     pub const LOCK_INIT: u8 = 64;
     pub const LOCK_DESTROY: u8 = 65;

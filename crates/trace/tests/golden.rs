@@ -830,6 +830,13 @@ fn golden() -> Vec<(Event, &'static str)> {
             "38 00 0b 01 10 07",
         ),
         (
+            Event::StoppedAtCrash {
+                time: T0 + 5_100_001,
+                stack: 9,
+            },
+            "39 00 09",
+        ),
+        (
             Event::End {
                 time: T0 + 5_100_002,
                 exit: ExitKind::Detach,
@@ -1062,5 +1069,5 @@ fn damaged_events_decode_as_before() {
         decode(&[tag, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     }
     // To find what changed: print `results` before and after, and diff.
-    assert_eq!((cases, crc.finalize()), (9146, 0xc1f9_4c72));
+    assert_eq!((cases, crc.finalize()), (9176, 0x7d93_e5dc));
 }

@@ -236,6 +236,7 @@ impl Program {
             line: Some(line_of(self.text, marker)),
             inlined,
             module: self.module(),
+            allocation_wrapper: false,
         }
     }
 
@@ -265,6 +266,7 @@ pub fn outside(address: u64) -> Frame {
         line: None,
         inlined: false,
         module: None,
+        allocation_wrapper: false,
     }
 }
 

@@ -879,4 +879,5 @@ event_codec! {
     ATTACH => Attach { time: Time },
     ATTACH_TOTALS => AttachTotals { earlier_releases: U64 },
     CRASH => Crash { time: Time, signal: U32("signal"), code: Errno, addr: U64, stack: Stack },
+    STOPPED_AT_CRASH => StoppedAtCrash { time: Time, stack: Stack },
 }

@@ -77,6 +77,7 @@ pub fn reset_in_child() {
     crate::platform::agent_threads::forget_all();
     EXIT_TID.store(0, Ordering::Relaxed);
     EXIT_GREGS.store(0, Ordering::Relaxed);
+    world::record_where_parked(false);
 }
 
 /// Notes the live frames and registers of a thread calling `exit`.
@@ -101,6 +102,7 @@ pub fn note_crash(sp: u64, registers: u64) {
     EXIT_GREGS.store(registers, Ordering::Relaxed);
     EXIT_SP.store(sp, Ordering::Relaxed);
     EXIT_TID.store(sys::gettid(), Ordering::Release);
+    world::record_where_parked(true);
 }
 
 /// Notes the calling hook's frame as where the exiting thread's live frames

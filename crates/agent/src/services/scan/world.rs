@@ -65,6 +65,14 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// parked where it holds nothing of the agent's, so that the world can
 /// stay stopped through the finish (`hold`).
 static INSIST_OUTSIDE: AtomicBool = AtomicBool::new(false);
+/// Set once a thread crashed: each thread that parks outside the agent
+/// records where it was stopped (`StoppedAtCrash`), for the crash report.
+static RECORD_WHERE_PARKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the threads parked from now on record their stacks.
+pub fn record_where_parked(on: bool) {
+    RECORD_WHERE_PARKED.store(on, Ordering::Release);
+}
 
 /// The signal that parks threads: one of the real-time signals, chosen near
 /// the top where programs rarely look.
@@ -194,6 +202,10 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
                     unsafe { *libc::__errno_location() = saved_errno };
                     return;
                 }
+                if !inside && registers != 0 && RECORD_WHERE_PARKED.load(Ordering::Acquire) {
+                    // SAFETY: the kernel's context for this signal.
+                    unsafe { record_stopped_at_crash(ctx) };
+                }
                 slot.inside.store(u32::from(inside), Ordering::Relaxed);
                 slot.sp.store(sp, Ordering::Relaxed);
                 let left =
@@ -212,6 +224,30 @@ extern "C" fn on_park(_sig: c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = saved_errno };
+}
+
+/// Records the stack this thread was stopped in (its innermost frame the
+/// interrupted instruction) in its own buffer. Only outside the agent:
+/// the thread then holds neither its buffer nor the agent's locks, as a
+/// sampling signal finds it.
+///
+/// # Safety
+/// `ctx` must be the context pointer the kernel passed to this handler.
+unsafe fn record_stopped_at_crash(ctx: *mut libc::c_void) {
+    let Some(ts) = crate::events::thread::current_if_any() else {
+        return;
+    };
+    if ts.agent_thread || ts.guard > 0 {
+        return;
+    }
+    ts.guard += 1;
+    // SAFETY: the caller passes the kernel's context.
+    let regs = unsafe { crate::platform::arch::interrupted_regs(ctx) };
+    let stack = crate::events::record::capture_stack(ts, regs, crate::events::thread::Site::Free);
+    let time = ts.next_time();
+    let stopped = trapline_trace::Event::StoppedAtCrash { time, stack };
+    ts.emit(Some(time), |e, c| e.event(c, &stopped));
+    ts.guard -= 1;
 }
 
 /// Whether the interrupted code of this thread is inside a recorded call
