@@ -145,7 +145,7 @@ impl TraceIndex {
                         d.reason = format!(
                             "{}; skipped {} bytes to the next good chunk",
                             d.reason,
-                            crate::report::thousands(next - offset)
+                            crate::numbers::thousands(next - offset)
                         );
                         damaged.push(d);
                         offset = next;

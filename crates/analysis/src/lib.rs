@@ -18,6 +18,7 @@ pub mod index;
 pub mod leaks;
 pub mod locks;
 pub mod lockstate;
+pub mod numbers;
 pub mod profile;
 pub mod progress;
 mod replay;

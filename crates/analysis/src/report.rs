@@ -667,19 +667,7 @@ impl StackSymbolizer {
     }
 }
 
-/// Formats a number with thousands separators, like memcheck: `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        let left = digits.len() - i;
-        if i > 0 && left / 3 * 3 == left {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub use crate::numbers::thousands;
 
 /// Renders one frame the way memcheck does: `0x4005F4: main (prog.c:12)`.
 pub fn frame_text(f: &FrameReport) -> String {

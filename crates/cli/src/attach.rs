@@ -9,8 +9,6 @@
 //! agent, through its control socket, to put every slot back and end the
 //! trace; the library stays loaded and idle.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,6 +16,7 @@ use std::time::Duration;
 use object::{Object, ObjectSegment, ObjectSymbol};
 use trapline_contract::{control, env};
 
+use crate::control_client::{ask, fail, run_for};
 use crate::inject;
 
 #[derive(clap::Args, Debug)]
@@ -48,11 +47,6 @@ pub struct AttachArgs {
 pub struct DetachArgs {
     /// The process `trapline attach` attached to.
     pub pid: u32,
-}
-
-pub(crate) fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("trapline {command}: {msg}");
-    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
 }
 
 pub fn attach(args: AttachArgs) -> ExitCode {
@@ -174,30 +168,6 @@ pub fn detach(args: DetachArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(why) => fail("detach", format!("process {}: {why}", args.pid)),
-    }
-}
-
-/// Waits `secs` seconds (an attach's `--duration`) while process `pid`
-/// runs; false when it ended first.
-pub fn run_for(pid: u32, secs: f64) -> bool {
-    let until = std::time::Instant::now() + Duration::from_secs_f64(secs);
-    while std::time::Instant::now() < until {
-        if ended(pid) {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100).min(until - std::time::Instant::now()));
-    }
-    true
-}
-
-/// Whether process `pid` has ended (gone, or a zombie not yet reaped).
-fn ended(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
-        Err(_) => true,
     }
 }
 
@@ -439,32 +409,4 @@ fn ask_detach(pid: u32, socket: &str) -> Result<u64, String> {
     answer["slots"]
         .as_u64()
         .ok_or_else(|| format!("unexpected answer {answer}"))
-}
-
-/// Sends `request` to the control socket of process `pid`; its answer
-/// (an error answer is an `Err`).
-pub fn ask(pid: u32, socket: &str, request: &str) -> Result<serde_json::Value, String> {
-    let stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => format!(
-            "not attached to (no control socket at {socket}; `trapline attach {pid}` attaches)"
-        ),
-        std::io::ErrorKind::ConnectionRefused => {
-            format!("{socket} is left from a process that has ended")
-        }
-        _ => format!("{socket}: {e}"),
-    })?;
-    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
-    writer
-        .write_all(format!("{request}\n").as_bytes())
-        .map_err(|e| format!("cannot ask: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(stream)
-        .read_line(&mut line)
-        .map_err(|e| format!("no answer: {e}"))?;
-    let answer: serde_json::Value =
-        serde_json::from_str(&line).map_err(|_| format!("unexpected answer {line:?}"))?;
-    if let Some(e) = answer["error"].as_str() {
-        return Err(e.to_string());
-    }
-    Ok(answer)
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use trapline_contract::{control, env};
 use trapline_trace::ChunkWriter;
 
-use crate::attach::{ask, fail, run_for};
+use crate::control_client::{ask, fail, run_for};
 
 /// Writer sweeps to wait for past the window's end: one may have begun
 /// before it (its events made after its steal wait for the next).

@@ -4,6 +4,7 @@
 
 mod attach;
 mod attach_window;
+mod control_client;
 mod deadlocks;
 mod diff;
 mod embedded_agent;
