@@ -16,7 +16,8 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::run::AGENT_FILE;
+/// File name of the agent library.
+pub const AGENT_FILE: &str = "libtrapline_agent.so";
 
 #[cfg(feature = "embed-agent")]
 static AGENT: Option<&[u8]> = Some(include_bytes!(env!("TRAPLINE_EMBEDDED_AGENT")));

@@ -17,7 +17,10 @@ mod profile;
 mod progress;
 mod report;
 mod run;
+mod run_args;
+mod run_signals;
 mod run_static;
+mod run_summary;
 mod stats;
 mod trace_names;
 mod trace_output;
@@ -63,7 +66,7 @@ pub enum Format {
 #[derive(Subcommand)]
 enum Command {
     /// Run a command with the agent preloaded and record a trace.
-    Run(run::RunArgs),
+    Run(run_args::RunArgs),
     /// Record a process that is already running, from now on.
     Attach(attach::AttachArgs),
     /// End the recording `attach` started; the process goes on as before.

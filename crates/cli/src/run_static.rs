@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use nix::unistd::Pid;
 use trapline_tracer::{Ended, Request};
 
-use crate::run::{fail, RunArgs, EXIT_CANNOT_RUN};
+use crate::run_args::{fail, RunArgs, EXIT_CANNOT_RUN};
 
 /// What the outside recorder does not do (yet), by option.
 fn unsupported(args: &RunArgs) -> Option<&'static str> {
@@ -58,7 +58,7 @@ pub fn main(args: &RunArgs, program: &Path, output: &Path) -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(EXIT_CANNOT_RUN, format!("cannot find trapline itself: {e}")),
     };
-    let forwarding = match crate::run::signal_forwarding() {
+    let forwarding = match crate::run_signals::signal_forwarding() {
         Ok(f) => f,
         Err(code) => return code,
     };
@@ -72,7 +72,7 @@ pub fn main(args: &RunArgs, program: &Path, output: &Path) -> ExitCode {
         scan: !args.no_scan,
     };
     let recorded = trapline_tracer::record(request, |pid| {
-        forwarder = Some(crate::run::forward_signals(
+        forwarder = Some(crate::run_signals::forward_signals(
             forwarding,
             Pid::from_raw(pid as i32),
         ));
@@ -96,7 +96,7 @@ pub fn main(args: &RunArgs, program: &Path, output: &Path) -> ExitCode {
         for (name, why) in &outcome.refused {
             eprintln!("==trapline== {name} was not trapped: {why}");
         }
-        crate::run::summarize(output, program, outcome.pid, signal);
+        crate::run_summary::summarize(output, program, outcome.pid, signal);
     }
     ExitCode::from(code)
 }

@@ -46,7 +46,7 @@ struct RecordArgs {
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     memory: u32,
     /// Stop the guest (and fail, exit 124) after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = crate::run::parse_seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = crate::run_args::parse_seconds)]
     timeout: Option<f64>,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
@@ -72,7 +72,7 @@ struct ReplayArgs {
     force: bool,
     /// Stop the replay (and fail, exit 124) after this many seconds
     /// (default: 30 times the recording's time, plus 2 minutes).
-    #[arg(long, value_name = "SECONDS", value_parser = crate::run::parse_seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = crate::run_args::parse_seconds)]
     timeout: Option<f64>,
 }
 

@@ -71,7 +71,7 @@ pub struct WatchArgs {
     /// is deleted) and FILE starts again: the last half of the limit, at
     /// least, is always kept.
     #[arg(long, value_name = "SIZE", default_value = "64M", requires = "output",
-          value_parser = crate::run::parse_bytes)]
+          value_parser = crate::run_args::parse_bytes)]
     pub log_limit: u64,
 }
 
