@@ -112,7 +112,7 @@ pub fn attach(args: AttachArgs) -> ExitCode {
             eprintln!(
                 "trapline attach: --record {bad}: attach records mem and locks (no CPU samples)"
             );
-            return ExitCode::from(crate::EXIT_USAGE);
+            return ExitCode::from(crate::args::EXIT_USAGE);
         }
         options.push(format!("{}={}", env::RECORD, list.join(",")));
     }

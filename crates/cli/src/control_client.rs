@@ -10,7 +10,7 @@ use std::time::Duration;
 /// A command's failure: its message on stderr, and the analysis-error code.
 pub fn fail(command: &str, msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("trapline {command}: {msg}");
-    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
+    ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR)
 }
 
 /// Waits `secs` seconds (an attach's `--duration`) while process `pid`

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug)]
 pub struct DeadlocksArgs {
     #[command(flatten)]
-    pub trace: crate::TraceArg,
+    pub trace: crate::args::TraceArg,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = crate::Format::Text)]
-    pub format: crate::Format,
+    #[arg(long, value_enum, default_value_t = crate::args::Format::Text)]
+    pub format: crate::args::Format,
     /// Exit with this status when the report finds something (see `found`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
     pub error_exitcode: Option<u8>,

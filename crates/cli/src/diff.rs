@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use trapline_analysis::diff;
 
-use crate::{output, Format};
+use crate::args::Format;
+use crate::output;
 
 #[derive(clap::Args, Debug)]
 pub struct DiffArgs {

@@ -36,7 +36,7 @@ pub enum Profiled {
 #[derive(clap::Args, Debug)]
 pub struct ExportArgs {
     #[command(flatten)]
-    pub trace: crate::TraceArg,
+    pub trace: crate::args::TraceArg,
     /// The format to write.
     #[arg(long, value_enum)]
     pub format: ExportFormat,
@@ -61,7 +61,7 @@ pub fn main(args: ExportArgs) -> ExitCode {
     let path = &args.trace.trace;
     if args.at.is_some() && (args.format != ExportFormat::Pprof || args.profile != Profiled::Heap) {
         eprintln!("trapline export: --at applies only to the pprof heap profile");
-        return ExitCode::from(crate::EXIT_USAGE);
+        return ExitCode::from(crate::args::EXIT_USAGE);
     }
     if args.format == ExportFormat::Parquet {
         return parquet(path, &args.output, args.force);
@@ -168,7 +168,7 @@ fn perfetto(trace: &Path, file: &Path, force: bool) -> ExitCode {
         return output::fail("export", file, e);
     }
     let Some(found) = found else {
-        return ExitCode::from(crate::EXIT_ANALYSIS_ERROR);
+        return ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR);
     };
     for w in found
         .warnings

@@ -10,10 +10,10 @@ use trapline_analysis::suppressions;
 #[derive(clap::Args, Debug)]
 pub struct LeaksArgs {
     #[command(flatten)]
-    pub trace: crate::TraceArg,
+    pub trace: crate::args::TraceArg,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = crate::Format::Text)]
-    pub format: crate::Format,
+    #[arg(long, value_enum, default_value_t = crate::args::Format::Text)]
+    pub format: crate::args::Format,
     /// Show reachability scan N (1 = the first; default: the last).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub snapshot: Option<u32>,
@@ -66,14 +66,14 @@ pub fn main(args: LeaksArgs) -> ExitCode {
                     "trapline leaks: {}: cannot read suppressions: {e}",
                     path.display()
                 );
-                return ExitCode::from(crate::EXIT_USAGE);
+                return ExitCode::from(crate::args::EXIT_USAGE);
             }
         };
         match suppressions::parse(&text, &path.display().to_string()) {
             Ok(s) => options.suppressions.extend(s),
             Err(e) => {
                 eprintln!("trapline leaks: {e}");
-                return ExitCode::from(crate::EXIT_USAGE);
+                return ExitCode::from(crate::args::EXIT_USAGE);
             }
         }
     }

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod attach;
 mod attach_window;
 mod control_client;
@@ -27,14 +28,8 @@ mod trace_output;
 mod vm;
 mod watch;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use std::path::PathBuf;
+use clap::{Parser, Subcommand};
 use std::process::ExitCode;
-
-/// Exit status of analysis commands on an analysis error (bad trace, unreadable file).
-pub const EXIT_ANALYSIS_ERROR: u8 = 1;
-/// Exit status on bad usage (clap uses it too).
-pub const EXIT_USAGE: u8 = 2;
 
 #[derive(Parser)]
 #[command(
@@ -52,15 +47,6 @@ struct Cli {
     /// ngx_alloc, glib's g_malloc and other common ones are known.
     #[arg(long = "alloc-fn", value_name = "NAME", global = true)]
     alloc_fn: Vec<String>,
-}
-
-/// Output format of an analysis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    /// For people.
-    Text,
-    /// A stable schema, documented in the README.
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -119,11 +105,4 @@ fn main() -> ExitCode {
         Command::Report(args) => report::main(args),
         Command::Vm(args) => vm::main(args),
     }
-}
-
-/// A trace path argument shared by analyses.
-#[derive(clap::Args, Debug)]
-pub struct TraceArg {
-    /// The trace file written by `trapline run`.
-    pub trace: PathBuf,
 }

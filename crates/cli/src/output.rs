@@ -19,7 +19,7 @@ use serde::Serialize;
 use trapline_analysis::report::{ProcessReport, TraceStatus};
 use trapline_trace::TraceError;
 
-use crate::Format;
+use crate::args::Format;
 
 /// A report an analysis command can print.
 pub trait Report: Serialize {
@@ -149,7 +149,7 @@ fn next_image_hint(path: &Path, process: &ProcessReport) {
 /// Prints an analysis error about the trace at `path`; returns the exit status for it.
 pub fn fail(command: &str, path: &Path, msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("trapline {command}: {}: {msg}", path.display());
-    ExitCode::from(crate::EXIT_ANALYSIS_ERROR)
+    ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR)
 }
 
 /// Opens the trace at `path` for `command`'s reading; a failure is

@@ -24,7 +24,7 @@ pub enum ProfileFormat {
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
     #[command(flatten)]
-    pub trace: crate::TraceArg,
+    pub trace: crate::args::TraceArg,
     /// Output format.
     #[arg(long, value_enum, default_value_t = ProfileFormat::Text)]
     pub format: ProfileFormat,

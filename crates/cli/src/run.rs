@@ -314,7 +314,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         Some(Ok(d)) if !d.is_zero() => Some(d),
         Some(_) => {
             return fail(
-                crate::EXIT_USAGE,
+                crate::args::EXIT_USAGE,
                 "--timeout needs a positive number of seconds",
             )
         }

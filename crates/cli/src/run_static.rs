@@ -34,7 +34,7 @@ pub fn main(args: &RunArgs, program: &Path, output: &Path) -> ExitCode {
     if let Some(option) = unsupported(args) {
         let _ = std::fs::remove_file(output);
         return fail(
-            crate::EXIT_USAGE,
+            crate::args::EXIT_USAGE,
             format!(
                 "{} is statically linked and recorded from outside, which does not support {option} yet",
                 program.display()

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 #[derive(clap::Args, Debug)]
 pub struct StatsArgs {
     #[command(flatten)]
-    pub trace: crate::TraceArg,
+    pub trace: crate::args::TraceArg,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = crate::Format::Text)]
-    pub format: crate::Format,
+    #[arg(long, value_enum, default_value_t = crate::args::Format::Text)]
+    pub format: crate::args::Format,
 }
 
 /// Runs the command; see [`crate::output`] for the exit statuses.

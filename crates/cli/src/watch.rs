@@ -478,7 +478,7 @@ pub fn main(args: WatchArgs) -> ExitCode {
         Ok(sink) => sink,
         Err(e) => {
             eprintln!("trapline watch: {e}");
-            return ExitCode::from(crate::EXIT_ANALYSIS_ERROR);
+            return ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR);
         }
     };
     let (_, path) = socket_of(args.pid);
@@ -502,7 +502,7 @@ pub fn main(args: WatchArgs) -> ExitCode {
                 _ => format!("{path}: {e}"),
             };
             eprintln!("trapline watch: {why}");
-            return ExitCode::from(crate::EXIT_ANALYSIS_ERROR);
+            return ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR);
         }
     };
     let mut w = Watcher::new(args.pid);
@@ -526,7 +526,7 @@ pub fn main(args: WatchArgs) -> ExitCode {
         Ok(r) => BufReader::new(r),
         Err(e) => {
             eprintln!("trapline watch: {path}: {e}");
-            return ExitCode::from(crate::EXIT_ANALYSIS_ERROR);
+            return ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR);
         }
     };
     let mut writer = stream;
@@ -543,7 +543,7 @@ pub fn main(args: WatchArgs) -> ExitCode {
         };
         if let Some(err) = answer.get("error").and_then(Value::as_str) {
             eprintln!("trapline watch: the agent answered: {err}");
-            return ExitCode::from(crate::EXIT_ANALYSIS_ERROR);
+            return ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR);
         }
         let now = start.elapsed().as_secs_f64();
         w.observe(now, &answer);
