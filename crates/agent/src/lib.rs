@@ -4,7 +4,7 @@
 //! functions that end or replace a trace), keeps a table of live blocks,
 //! detects misuse as it happens, captures call stacks, and appends events to
 //! per-thread buffers that a writer thread compresses into the trace file.
-//! See docs/design.md for the mechanisms. All of trapline's `unsafe` is here.
+//! See docs/agent.md and docs/recording.md for the mechanisms. All of trapline's `unsafe` is here.
 
 mod capture;
 mod config;

@@ -9,7 +9,7 @@
 //! ownership with [`crate::lockstate`]. Hold times come from event times,
 //! which are the agent's millisecond tick made strictly increasing per lock:
 //! totals over many holds are unbiased, a single short hold reads as
-//! nanoseconds or as a tick (docs/design.md, "Lock recording").
+//! nanoseconds or as a tick (docs/recording.md, "Lock recording").
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

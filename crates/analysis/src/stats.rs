@@ -94,7 +94,7 @@ pub struct StatsReport {
     /// Whether the totals the agent kept itself for `trapline run`'s summary
     /// (allocation and release calls, errors, peak heap) equal this replay's:
     /// null when the trace has none (the agent writes them only when a single
-    /// thread allocated; see docs/design.md). False would be a bug to report.
+    /// thread allocated; see docs/recording.md, "The agent's totals"). False would be a bug to report.
     pub agent_totals_match: Option<bool>,
     /// Allocation sites ranked four ways (most calls, most temporary
     /// allocations, most live bytes at the peak, most bytes allocated).

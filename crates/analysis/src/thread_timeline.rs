@@ -9,7 +9,7 @@
 //! thread ever waited for are left out: they cannot explain a wait, and a
 //! hot uncontended lock would bury the rest under millions of spans. Times
 //! are the trace's, so a single span is as precise as the agent's
-//! millisecond tick (docs/design.md, "Lock recording").
+//! millisecond tick (docs/recording.md, "Lock recording").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek};

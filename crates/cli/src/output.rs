@@ -129,7 +129,7 @@ pub fn run<T: Report>(
 
 /// For a trace whose image replaced itself with exec: where the next
 /// image's trace is, when it is there (`TRACE.<pid>`, then
-/// `TRACE.<pid>.1`, ...: design.md, "Trace file names"), on stderr.
+/// `TRACE.<pid>.1`, ...: agent.md, "Trace file names"), on stderr.
 fn next_image_hint(path: &Path, process: &ProcessReport) {
     let (Some(pid), Some(exit)) = (process.pid, process.exit) else {
         return;

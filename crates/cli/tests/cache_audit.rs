@@ -1,4 +1,4 @@
-//! The validated unwind cache (design.md, "The validated unwind cache") against full unwinds: an agent
+//! The validated unwind cache (recording.md, "The validated unwind cache") against full unwinds: an agent
 //! built with the `cache-audit` feature repeats every capture with nothing
 //! remembered and counts the captures whose stacks differ. Over programs
 //! whose stacks change in every way the cache must notice (random walks of

@@ -641,7 +641,7 @@ fn no_release_stacks_keeps_error_stacks_and_says_what_is_missing() {
 
 /// double_free_far.c: the second free comes 20,000 releases after the
 /// first, all in the few shards the program's small heap uses. It is still
-/// a double free with the first free's stack (design.md, "The ring of
+/// a double free with the first free's stack (recording.md, "The ring of
 /// recently freed blocks").
 #[test]
 fn a_double_free_far_apart_in_a_small_heap_is_still_one() {

@@ -161,7 +161,7 @@ fn clean_c_reports_nothing() {
     assert_eq!(records(&report).len(), 0, "{}", pretty(&report));
     assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
     // An empty heap at exit: the scan judged nothing and read no roots
-    // (design.md, "Scan order", step 0; it read about 100 KB before).
+    // (analyses.md, "Scan order", step 0; it read about 100 KB before).
     let scan = &report["scan"];
     assert_eq!(scan["trigger"], json!("exit"), "{}", pretty(&report));
     assert_eq!(as_u64(scan, "blocks"), 0);
@@ -528,7 +528,7 @@ fn the_frame_a_signal_interrupted_is_named_at_its_own_instruction() {
 /// capture started on.)
 /// Built with -DNO_ALTSTACK, the program sets no alternate stack but its
 /// handler asks for SA_ONSTACK: it runs on the side stack the agent gives
-/// such threads (design.md, "Stack use and the side stack"), and the stack is the same.
+/// such threads (agent.md, "Stack use and the side stack"), and the stack is the same.
 #[test]
 fn a_handler_on_an_alternate_signal_stack_is_unwound_into_the_interrupted_code() {
     for (name, flags) in [
@@ -988,7 +988,7 @@ fn allocator_mappings_read_as_roots_are_counted() {
 /// live 8-byte blocks, half of them only 8-aligned, are all accounted for
 /// (the agent used to keep 16-aligned blocks only: the others overflowed its
 /// untracked set, were lost, and their frees were taken for invalid ones).
-/// Every report names the library (design.md, "Trapping limits").
+/// Every report names the library (agent.md, "Trapping limits").
 #[test]
 fn calls_reach_the_programs_own_allocator_library_linked_or_preloaded() {
     let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";

@@ -1,6 +1,6 @@
 //! End-to-end: memory limits. A reachability scan whose memory would pass a
 //! limit that ends or fails the program is skipped, said so in every
-//! report, and the program ends as it does natively (docs/design.md, "Room for the scan",
+//! report, and the program ends as it does natively (docs/analyses.md, "Room for the scan",
 //! "Room for the scan"); a program the OOM killer ends is named as such.
 
 mod common;

@@ -1,7 +1,7 @@
 //! trapline's trace format.
 //!
 //! A trace is written by the agent inside the traced process and read by every
-//! analysis. See `docs/design.md` for the layout; [`format`] holds the file and
+//! analysis. See `docs/trace-format.md` for the layout; [`format`] holds the file and
 //! chunk framing, [`event`] the event model and its encoding.
 
 #![forbid(unsafe_code)]

@@ -827,7 +827,7 @@ pub mod timing {
 
 /// The `cache-audit` feature: each capture is compared with a full unwind of
 /// the same stack that starts with nothing remembered. Any difference means
-/// the validated cache (design.md, "The validated unwind cache") returned a stack that was not the
+/// the validated cache (recording.md, "The validated unwind cache") returned a stack that was not the
 /// program's; the first few are printed as they happen, the counts at exit.
 #[cfg(feature = "cache-audit")]
 pub mod audit {

@@ -475,7 +475,7 @@ fn finish_set_up(ts: &mut ThreadState) {
     ts.stack = stack_bounds(ts.tid);
     // A stack overflow then still ends the trace properly (side_stack.rs).
     // Handlers of the program's with SA_ONSTACK run there too, and their
-    // captures continue past the signal frame onto this stack (design.md, "Stack reads stay inside the stack").
+    // captures continue past the signal frame onto this stack (recording.md, "Stack reads stay inside the stack").
     if ts.altstack.hi == 0 && ts.rules.side().install_as_altstack() {
         ts.agent_altstack = true;
         let (lo, hi) = ts.rules.side().altstack_range();

@@ -5,7 +5,7 @@
 //! entry point is a naked trampoline in arch (`exit`).
 //!
 //! `__libc_start_main`: runs the program's `main` from `main_returning`, the
-//! one place where a return from `main` passes through the agent (design.md,
+//! one place where a return from `main` passes through the agent (agent.md,
 //! "vfork, posix_spawn and system": after a vfork child used up the exit
 //! handlers, nothing else does).
 

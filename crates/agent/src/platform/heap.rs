@@ -84,7 +84,7 @@ fn class(layout: Layout) -> Option<usize> {
 /// A thread holds about 2.7 mappings of the agent's (neighbouring mappings
 /// merge in the kernel, not here: five registry entries), so this covers
 /// about 13,000 threads; the kernel's default limit of 65,530 mappings per
-/// process stops a program near 14,600 threads under the agent (design.md,
+/// process stops a program near 14,600 threads under the agent (agent.md,
 /// "Threads and memory mappings"). 1 MiB of `.bss`, resident only where used.
 const MAX_MAPPINGS: usize = 65536;
 

@@ -72,7 +72,7 @@ fn install_ours(sig: c_int) {
 
 /// Installs the agent's handler for every terminating signal left at SIG_DFL.
 /// Sets `sig` to SIG_IGN, as the program would have inherited it natively
-/// (the constructor, before `install`; design.md, "trapline run").
+/// (the constructor, before `install`; agent.md, "trapline run").
 pub fn ignore_inherited(sig: c_int) {
     // SAFETY: a zeroed sigaction with SIG_IGN and an empty mask is valid.
     unsafe {

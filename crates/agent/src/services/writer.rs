@@ -258,7 +258,7 @@ pub fn open(path: &std::ffi::CStr, exclusive: bool) -> Result<(), i32> {
 
 /// The writer's tick while events are recorded (clock.rs).
 const TICK_EVERY_NS: u64 = 1_000_000;
-/// The periodic sweep: partly filled buffers, the process-end check (design.md, "The periodic sweep").
+/// The periodic sweep: partly filled buffers, the process-end check (recording.md, "The periodic sweep").
 const SWEEP_EVERY_NS: u64 = 200_000_000;
 
 /// The writer thread is created but has not yet noted itself as the

@@ -2,7 +2,7 @@
 //! the live blocks they reach, and judge every block as memcheck does
 //! (definitely, indirectly or possibly lost, or still reachable).
 //!
-//! Order of a scan (docs/design.md, section "Reachability scan"):
+//! Order of a scan (docs/analyses.md, section "Reachability scan"):
 //! 1. read /proc/self/maps and the module list (may allocate), and check
 //!    that the scan's memory fits under the limits that would end or fail
 //!    the program (headroom.rs; if not, the scan is `Skipped`);
