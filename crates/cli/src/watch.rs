@@ -1,27 +1,20 @@
-//! `trapline watch PID`: the policy half of watching a running program.
-//!
-//! The agent of a process started with `trapline run --control` answers on
-//! its control socket (the mechanism: crates/agent services/control.rs).
-//! This process asks it, every interval, for the live bytes of each
-//! allocation site, keeps each site's series, and judges which sites keep
-//! growing with the estimator `trapline leaks` uses (trapline-analysis's
-//! `growth`). It names the sites from the trace the agent is writing. A
-//! watcher that stops, or is killed, leaves the program as it was: it can
-//! be started again at any time.
+//! `trapline watch PID` and `run --watch`'s watchers: the shell around the
+//! policy (crates/policy) that talks to a process's control socket (the
+//! mechanism: crates/agent services/control.rs), asks every interval, and
+//! renders each look as a table or a JSON line. A watcher that stops, or
+//! is killed, leaves the program as it was: it can be started again at
+//! any time.
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use serde_json::Value;
-use trapline_analysis::growth::{judge, Growth};
-use trapline_analysis::report::{frame_text, thousands, FrameReport};
-use trapline_analysis::staleness::Staleness;
+use trapline_analysis::report::{frame_text, thousands};
 use trapline_contract::control;
+use trapline_policy::{Look, StalenessOptions, Watcher};
 
 #[derive(clap::Args, Debug)]
 pub struct WatchArgs {
@@ -182,229 +175,6 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
-/// One look's line of `--format jsonl`.
-#[derive(Serialize)]
-struct Look<'a> {
-    pid: u32,
-    /// Seconds since the first look.
-    time_seconds: f64,
-    /// Looks so far.
-    looks: usize,
-    live_bytes: u64,
-    live_blocks: u64,
-    monitor: Option<Monitor>,
-    sites: Vec<SiteLook<'a>>,
-}
-
-#[derive(Serialize)]
-struct SiteLook<'a> {
-    stack_id: u32,
-    allocated_by: &'a str,
-    bytes: u64,
-    blocks: u64,
-    /// Sampled recording, a full stack: the bytes of all its blocks,
-    /// estimated from the sampled ones `bytes` counts (absent otherwise).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    estimated_bytes: Option<u64>,
-    /// Sampled recording: the stack is the caller of blocks that took no
-    /// full stack (absent when false).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    caller_only: bool,
-    /// What is wrong with the site, strongest first: `unreachable`,
-    /// `growing`, `stale`.
-    verdicts: Vec<&'static str>,
-    /// Why the site is judged growing, or null.
-    growth: Option<Growth>,
-    /// What watching its blocks for accesses found, or null (not watched).
-    staleness: Option<Staleness>,
-    /// Unreachable bytes and blocks at the last scan, or null (none).
-    unreachable: Option<[u64; 2]>,
-    /// Blocks by age (`control::AGE_BUCKETS_S`).
-    ages: Vec<u64>,
-    /// Blocks born and released since the previous look.
-    new_blocks: u64,
-    gone_blocks: u64,
-    /// The allocation stack (empty until the agent has written it).
-    stack: &'a [FrameReport],
-}
-
-/// The access monitor's state and cost, in each look.
-#[derive(Serialize, Clone, Default)]
-struct Monitor {
-    /// `userfaultfd`, `off`, or why none can be used.
-    mechanism: String,
-    faults: u64,
-    /// Time the faults and the arming cost, the agent's handling plus
-    /// `TRAP_NS` per fault for the kernel's part.
-    fault_seconds: f64,
-    /// That time's share of the last interval.
-    fault_fraction: f64,
-    armed_pages: u64,
-    /// Blocks watched per suspect site at once (adapts to the budget).
-    blocks_per_site: usize,
-}
-
-type Site = (u32, String);
-
-/// What a site's live blocks were at the last look.
-#[derive(Clone, Default)]
-struct SiteNow {
-    bytes: u64,
-    blocks: u64,
-    estimated_bytes: Option<u64>,
-    caller_only: bool,
-    ages: Vec<u64>,
-    new_blocks: u64,
-    gone_blocks: u64,
-}
-
-/// A block whose pages the agent watches.
-struct BlockWatch {
-    site: Site,
-    pages: Vec<u64>,
-    /// Seconds since the first look, when armed.
-    armed_at: f64,
-}
-
-/// What watching a site's blocks has found so far.
-#[derive(Default)]
-struct SiteAccess {
-    touched: u64,
-    last_access: Option<f64>,
-}
-
-/// The staleness policy's state.
-struct Access {
-    stale_after: f64,
-    budget: f64,
-    blocks_per_site: usize,
-    watched: HashMap<u64, BlockWatch>,
-    /// The watched blocks on each watched page.
-    on_page: HashMap<u64, Vec<u64>>,
-    /// Blocks seen accessed: not watched again.
-    done: std::collections::HashSet<u64>,
-    sites: HashMap<Site, SiteAccess>,
-    monitor: Monitor,
-    /// The cost counters at the previous look, and when.
-    previous: Option<(f64, f64)>,
-}
-
-struct Watcher {
-    pid: u32,
-    trace: Option<PathBuf>,
-    times: Vec<f64>,
-    series: HashMap<Site, Vec<u64>>,
-    /// Each site's live blocks at the last look.
-    current: HashMap<Site, SiteNow>,
-    stacks: HashMap<u32, Vec<FrameReport>>,
-    access: Option<Access>,
-    /// Unreachable bytes and blocks per site at the last scan.
-    lost: HashMap<Site, (u64, u64)>,
-    /// The verdicts last written into the trace per site.
-    written: HashMap<Site, u64>,
-}
-
-impl Access {
-    /// Takes an answer to `watches` in: a watched page touched means every
-    /// watched block on it was accessed; one given back unaccessed ends
-    /// its blocks' watches with nothing learned (their other pages are
-    /// given back too).
-    fn learn(&mut self, now: f64, answer: &Value, agent: &mut impl FnMut(&str) -> Option<Value>) {
-        let mut ended: Vec<u64> = Vec::new();
-        let watches = answer.get("watches").and_then(Value::as_array);
-        for v in watches.into_iter().flatten().filter_map(Value::as_array) {
-            let (Some(page), Some(outcome)) = (
-                v.first().and_then(Value::as_u64),
-                v.get(1).and_then(Value::as_str),
-            ) else {
-                continue;
-            };
-            if outcome == "armed" {
-                continue;
-            }
-            for addr in self.on_page.remove(&page).unwrap_or_default() {
-                let Some(b) = self.watched.remove(&addr) else {
-                    continue;
-                };
-                if outcome == "touched" {
-                    let seen = self.sites.entry(b.site.clone()).or_default();
-                    seen.touched += 1;
-                    seen.last_access = Some(now);
-                    self.done.insert(addr);
-                }
-                for p in &b.pages {
-                    if let Some(blocks) = self.on_page.get_mut(p) {
-                        blocks.retain(|&x| x != addr);
-                        if blocks.is_empty() {
-                            self.on_page.remove(p);
-                        }
-                    }
-                }
-                ended.push(addr);
-            }
-        }
-        // Their pages that no other watched block shares: given back.
-        if !ended.is_empty() {
-            let mut request = control::DISARM.to_owned();
-            for addr in &ended {
-                request.push_str(&format!(" {addr}"));
-            }
-            agent(&request);
-        }
-    }
-
-    /// Reads the agent's counters and keeps the time in faults within the
-    /// budget: fewer blocks per site when over it (and none at all when
-    /// far over), more when well under.
-    fn budget_round(
-        &mut self,
-        now: f64,
-        counters: &Value,
-        agent: &mut impl FnMut(&str) -> Option<Value>,
-    ) {
-        let n = |k: &str| counters.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let faults = n("faults");
-        let cost = (n("fault_ns") + n("arm_ns")) as f64 + faults as f64 * TRAP_NS;
-        self.monitor.mechanism = counters
-            .get("access_monitor")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        self.monitor.faults = faults;
-        self.monitor.fault_seconds = cost / 1e9;
-        self.monitor.armed_pages = n("armed_pages");
-        if let Some((then, cost_then)) = self.previous {
-            let span = (now - then) * 1e9;
-            if span > 0.0 {
-                let share = (cost - cost_then).max(0.0) / span;
-                self.monitor.fault_fraction = share;
-                if share > 2.0 * self.budget {
-                    agent(&format!("{} all", control::DISARM));
-                    self.watched.clear();
-                    self.on_page.clear();
-                }
-                if share > self.budget {
-                    self.blocks_per_site = (self.blocks_per_site / 2).max(MIN_BLOCKS_PER_SITE);
-                } else if share < self.budget / 4.0 {
-                    self.blocks_per_site = (self.blocks_per_site * 2).min(MAX_BLOCKS_PER_SITE);
-                }
-            }
-        }
-        self.previous = Some((now, cost));
-        self.monitor.blocks_per_site = self.blocks_per_site;
-    }
-}
-
-/// The kernel's part of a fault's cost, which the agent cannot time:
-/// 4.5 to 5.2 us measured per userfaultfd fault on these machines.
-const TRAP_NS: f64 = 5_000.0;
-/// Blocks per suspect site watched at once: the first, least and most.
-const BLOCKS_PER_SITE: usize = 32;
-const MIN_BLOCKS_PER_SITE: usize = 2;
-const MAX_BLOCKS_PER_SITE: usize = 512;
-/// Blocks remembered as accessed or refused, at most.
-const MAX_REMEMBERED: usize = 100_000;
-
 /// The control socket's directory and the socket of `pid` in it, where
 /// this user's CLI looks (`trapline attach` tells the agent the directory).
 pub fn socket_of(pid: u32) -> (String, String) {
@@ -505,20 +275,11 @@ pub fn main(args: WatchArgs) -> ExitCode {
             return ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR);
         }
     };
-    let mut w = Watcher::new(args.pid);
-    if !args.no_stale {
-        w.access = Some(Access {
-            stale_after: args.stale_after,
-            budget: args.fault_budget / 100.0,
-            blocks_per_site: BLOCKS_PER_SITE,
-            watched: HashMap::new(),
-            on_page: HashMap::new(),
-            done: Default::default(),
-            sites: HashMap::new(),
-            monitor: Monitor::default(),
-            previous: None,
-        });
-    }
+    let staleness = (!args.no_stale).then_some(StalenessOptions {
+        stale_after: args.stale_after,
+        fault_budget: args.fault_budget / 100.0,
+    });
+    let mut w = Watcher::new(args.pid, staleness);
     let refresh = args.format == WatchFormat::Text
         && args.output.is_none()
         && std::io::stdout().is_terminal();
@@ -556,9 +317,14 @@ pub fn main(args: WatchArgs) -> ExitCode {
         w.watch_for_access(now, &growing, &mut agent);
         w.write_verdicts(now, &growing, &mut agent);
         w.name_stacks(growing.keys().map(|s| s.0).chain(w.largest(args.top)));
+        let look = w.look(now, &growing, args.top);
         let out = match args.format {
-            WatchFormat::Jsonl => w.jsonl(now, &growing, args.top),
-            WatchFormat::Text => w.text(now, &growing, args.top, refresh),
+            WatchFormat::Jsonl => {
+                let mut line = serde_json::to_string(&look).unwrap_or_default();
+                line.push('\n');
+                line
+            }
+            WatchFormat::Text => text(&look, w.site_count(), refresh),
         };
         if !sink.write(&out) {
             return ExitCode::SUCCESS;
@@ -824,517 +590,67 @@ fn ask(
     }
 }
 
-impl Watcher {
-    fn new(pid: u32) -> Watcher {
-        Watcher {
-            pid,
-            trace: None,
-            times: Vec::new(),
-            series: HashMap::new(),
-            current: HashMap::new(),
-            stacks: HashMap::new(),
-            access: None,
-            lost: HashMap::new(),
-            written: HashMap::new(),
-        }
+/// A look as a table for people; `sites`: how many sites have live
+/// blocks; `refresh`: redrawn in place on a terminal.
+fn text(look: &Look, sites: usize, refresh: bool) -> String {
+    let mut out = String::new();
+    if refresh {
+        // Home and clear: the table is redrawn in place.
+        out.push_str("\x1b[H\x1b[2J");
     }
-
-    /// Takes an answer to `scan` in: the unreachable blocks per site.
-    fn observe_scan(&mut self, answer: &Value) {
-        let Some(lost) = answer.get("lost").and_then(Value::as_array) else {
-            return;
-        };
-        self.lost.clear();
-        for v in lost.iter().filter_map(Value::as_array) {
-            if let (Some(stack), Some(func), Some(bytes), Some(blocks)) = (
-                v.first().and_then(Value::as_u64),
-                v.get(1).and_then(Value::as_str),
-                v.get(2).and_then(Value::as_u64),
-                v.get(3).and_then(Value::as_u64),
-            ) {
-                self.lost
-                    .insert((stack as u32, func.to_owned()), (bytes, blocks));
-            }
+    out.push_str(&format!(
+        "trapline watch {}: {} bytes live in {} sites, look {} at {:.1} s{}\n",
+        look.pid,
+        thousands(look.live_bytes),
+        thousands(sites as u64),
+        look.looks,
+        look.time_seconds,
+        if look.looks < 8 {
+            " (growth is judged from the 8th look)"
+        } else {
+            ""
         }
+    ));
+    if let Some(m) = &look.monitor {
+        out.push_str(&format!(
+            "access monitor: {}, {} pages watched, {} faults, {:.3} s in faults ({:.2}% of the last interval)\n",
+            if m.mechanism.is_empty() { "off" } else { &m.mechanism },
+            m.armed_pages,
+            thousands(m.faults),
+            m.fault_seconds,
+            m.fault_fraction * 100.0
+        ));
     }
-
-    /// Sites suspected of leaking: growing, or with unreachable blocks.
-    fn suspects(&self, growing: &HashMap<Site, Growth>) -> Vec<Site> {
-        let mut out: Vec<Site> = growing.keys().cloned().collect();
-        for site in self.lost.keys() {
-            if !out.contains(site) {
-                out.push(site.clone());
-            }
-        }
-        out.sort();
-        out
-    }
-
-    /// One round of the staleness policy: learns what became of the
-    /// watched pages, keeps the fault cost within the budget, and has the
-    /// agent watch old blocks of the suspect sites.
-    fn watch_for_access(
-        &mut self,
-        now: f64,
-        growing: &HashMap<Site, Growth>,
-        agent: &mut impl FnMut(&str) -> Option<Value>,
-    ) {
-        let suspects = self.suspects(growing);
-        let Some(a) = self.access.as_mut() else {
-            return;
-        };
-        if let Some(answer) = agent(control::WATCHES) {
-            a.learn(now, &answer, agent);
-        }
-        if let Some(c) = agent(control::COUNTERS) {
-            a.budget_round(now, &c, agent);
-        }
-        if a.monitor.mechanism.starts_with("unavailable") {
-            return;
-        }
-        // Old enough: a block younger than this is still in use, and a
-        // page holding one is hot.
-        let min_age_ms = (a.stale_after * 250.0).clamp(1_000.0, 60_000.0) as u64;
-        let mut wanted: HashMap<u64, Site> = HashMap::new();
-        for site in &suspects {
-            let have = a.watched.values().filter(|b| &b.site == site).count();
-            if have >= a.blocks_per_site {
-                continue;
-            }
-            let ask_for = (a.blocks_per_site - have) * 2 + 8;
-            let request = format!(
-                "{} {} {} {ask_for} {min_age_ms}",
-                control::BLOCKS,
-                site.0,
-                site.1
-            );
-            let Some(answer) = agent(&request) else {
-                return;
-            };
-            let blocks = answer.get("blocks").and_then(Value::as_array);
-            let fresh = blocks
-                .into_iter()
-                .flatten()
-                .filter_map(|b| b.get(0).and_then(Value::as_u64))
-                .filter(|addr| !a.watched.contains_key(addr) && !a.done.contains(addr))
-                .take(a.blocks_per_site - have);
-            wanted.extend(fresh.map(|addr| (addr, site.clone())));
-        }
-        if wanted.is_empty() {
-            return;
-        }
-        let mut request = format!("{} {min_age_ms}", control::ARM);
-        for addr in wanted.keys() {
-            request.push_str(&format!(" {addr}"));
-        }
-        let Some(answer) = agent(&request) else {
-            return;
-        };
-        if let Some(err) = answer.get("error").and_then(Value::as_str) {
-            a.monitor.mechanism = err.to_owned();
-            return;
-        }
-        // Addresses come back as new blocks: a long run forgets them now
-        // and then rather than skip new blocks for ever.
-        if a.done.len() > MAX_REMEMBERED {
-            a.done.clear();
-        }
-        // A block refused is not asked for again (its pages are shared).
-        let refused = answer.get("refused").and_then(Value::as_array);
-        for v in refused.into_iter().flatten().filter_map(Value::as_array) {
-            if let Some(addr) = v.first().and_then(Value::as_u64) {
-                a.done.insert(addr);
-            }
-        }
-        let armed = answer.get("armed").and_then(Value::as_array);
-        for v in armed.into_iter().flatten().filter_map(Value::as_array) {
-            let (Some(addr), Some(pages)) = (
-                v.first().and_then(Value::as_u64),
-                v.get(1).and_then(Value::as_array),
-            ) else {
-                continue;
-            };
-            let pages: Vec<u64> = pages.iter().filter_map(Value::as_u64).collect();
-            let Some(site) = wanted.get(&addr).cloned() else {
-                continue;
-            };
-            for p in &pages {
-                a.on_page.entry(*p).or_default().push(addr);
-            }
-            a.watched.insert(
-                addr,
-                BlockWatch {
-                    site,
-                    pages,
-                    armed_at: now,
-                },
-            );
-        }
-    }
-
-    /// The verdicts of every site now, strongest first.
-    fn verdicts(
-        &self,
-        now: f64,
-        site: &Site,
-        growing: &HashMap<Site, Growth>,
-    ) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        if self.lost.contains_key(site) {
-            v.push("unreachable");
-        }
-        if growing.contains_key(site) {
-            v.push("growing");
-        }
-        // Data that is rarely read but still reachable and not growing is
-        // no leak suspect (an idle keyspace): stale counts only beside
-        // another verdict, although the site's blocks stay watched.
-        if !v.is_empty() && self.staleness(now, site).is_some_and(|s| s.is_stale()) {
-            v.push("stale");
-        }
-        v
-    }
-
-    /// What watching `site`'s blocks found (None: none watched).
-    fn staleness(&self, now: f64, site: &Site) -> Option<Staleness> {
-        let a = self.access.as_ref()?;
-        let seen = a.sites.get(site);
-        let mut watched = 0u64;
-        let mut untouched = 0u64;
-        let mut shortest: Option<f64> = None;
-        for b in a.watched.values().filter(|b| &b.site == site) {
-            watched += 1;
-            let quiet = now - b.armed_at;
-            if quiet >= a.stale_after {
-                untouched += 1;
-                shortest = Some(shortest.map_or(quiet, |s: f64| s.min(quiet)));
-            }
-        }
-        let touched = seen.map_or(0, |s| s.touched);
-        if watched + touched == 0 {
-            return None;
-        }
-        Some(Staleness {
-            watched_blocks: watched + touched,
-            untouched_blocks: untouched,
-            touched_blocks: touched,
-            untouched_seconds: shortest.unwrap_or(0.0),
-            last_access_seconds_ago: seen.and_then(|s| s.last_access).map(|t| now - t),
-        })
-    }
-
-    /// Writes into the trace, through the agent, the verdict of each site
-    /// whose verdicts changed since the last look.
-    fn write_verdicts(
-        &mut self,
-        now: f64,
-        growing: &HashMap<Site, Growth>,
-        agent: &mut impl FnMut(&str) -> Option<Value>,
-    ) {
-        let mut sites: Vec<Site> = self.suspects(growing);
-        sites.extend(self.written.keys().cloned());
-        sites.sort();
-        sites.dedup();
-        for site in sites {
-            let verdicts = self.verdicts(now, &site, growing);
-            let mut kinds = 0u64;
-            if verdicts.contains(&"growing") {
-                kinds |= trapline_trace::event::site_verdict::GROWING;
-            }
-            if verdicts.contains(&"stale") {
-                kinds |= trapline_trace::event::site_verdict::STALE;
-            }
-            if self.written.get(&site).copied().unwrap_or(0) == kinds {
-                continue;
-            }
-            let rate = growing
-                .get(&site)
-                .map_or(0, |g| g.bytes_per_second.max(0.0) as u64);
-            let s = self.staleness(now, &site);
-            let (watched, untouched, quiet_ms) = s.as_ref().map_or((0, 0, 0), |s| {
-                (
-                    s.watched_blocks,
-                    s.untouched_blocks,
-                    (s.untouched_seconds * 1000.0) as u64,
-                )
-            });
-            let request = format!(
-                "{} {} {} {kinds} {rate} {watched} {untouched} {quiet_ms} 0",
-                control::VERDICT,
-                site.0,
-                site.1
-            );
-            if agent(&request).is_some_and(|a| a.get("written").is_some()) {
-                self.written.insert(site, kinds);
-            }
-        }
-    }
-
-    /// Takes one answer to `sites` in, at `time` seconds.
-    fn observe(&mut self, time: f64, answer: &Value) {
-        if self.trace.is_none() {
-            self.trace = answer
-                .get("trace")
-                .and_then(Value::as_str)
-                .filter(|t| !t.is_empty())
-                .map(PathBuf::from);
-        }
-        let n = self.times.len();
-        self.times.push(time);
-        self.current.clear();
-        let sites = answer.get("sites").and_then(Value::as_array);
-        for v in sites.into_iter().flatten() {
-            let (Some(stack), Some(func), Some(bytes), Some(blocks)) = (
-                v.get("stack").and_then(Value::as_u64),
-                v.get("fn").and_then(Value::as_str),
-                v.get("bytes").and_then(Value::as_u64),
-                v.get("blocks").and_then(Value::as_u64),
-            ) else {
-                continue;
-            };
-            let count = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-            let site = (stack as u32, func.to_owned());
-            let series = self.series.entry(site.clone()).or_default();
-            series.resize(n, 0);
-            // Under sampled recording, a full stack's sampled blocks stand
-            // for all of its blocks: its growth is judged on the estimate.
-            let estimated_bytes = v.get("estimated_bytes").and_then(Value::as_u64);
-            series.push(estimated_bytes.unwrap_or(bytes));
-            let ages = v.get("ages").and_then(Value::as_array);
-            self.current.insert(
-                site,
-                SiteNow {
-                    bytes,
-                    blocks,
-                    estimated_bytes,
-                    caller_only: v.get("caller_only") == Some(&Value::Bool(true)),
-                    ages: ages
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_u64)
-                        .collect(),
-                    new_blocks: count("new_blocks"),
-                    gone_blocks: count("gone_blocks"),
-                },
-            );
-        }
-        for series in self.series.values_mut() {
-            series.resize(n + 1, 0);
-        }
-    }
-
-    /// The sites judged growing over the looks so far.
-    fn growing(&self) -> HashMap<Site, Growth> {
-        self.series
-            .iter()
-            .filter_map(|(site, ys)| judge(&self.times, ys).map(|g| (site.clone(), g)))
-            .collect()
-    }
-
-    /// The stack ids of the `n` largest sites now.
-    fn largest(&self, n: usize) -> Vec<u32> {
-        self.ranked(0.0, &HashMap::new(), n)
-            .iter()
-            .map(|s| s.0)
-            .collect()
-    }
-
-    /// The sites to list: those with verdicts first (more verdicts first,
-    /// then faster growth, then more bytes), then the largest.
-    fn ranked(&self, now: f64, growing: &HashMap<Site, Growth>, n: usize) -> Vec<Site> {
-        let mut judged: Vec<(Site, usize)> = self
-            .suspects(growing)
-            .into_iter()
-            .map(|s| {
-                let k = self.verdicts(now, &s, growing).len();
-                (s, k)
-            })
-            .filter(|(_, k)| *k > 0)
-            .collect();
-        let rate = |s: &Site| growing.get(s).map_or(0.0, |g| g.bytes_per_second);
-        let bytes = |s: &Site| self.current.get(s).map_or(0, |c| c.bytes);
-        judged.sort_by(|a, b| {
-            b.1.cmp(&a.1)
-                .then(rate(&b.0).total_cmp(&rate(&a.0)))
-                .then(bytes(&b.0).cmp(&bytes(&a.0)))
-                .then(a.0.cmp(&b.0))
+    out.push_str(&format!(
+        "{:>14} {:>10} {:>12} {:>9}  {:<24} {}\n",
+        "bytes", "blocks", "growth/s", "untouched", "verdicts", "site"
+    ));
+    for site in &look.sites {
+        let rate = site.growth.as_ref().map_or_else(String::new, |g| {
+            format!("+{}", thousands(g.bytes_per_second as u64))
         });
-        let mut big: Vec<(&Site, &SiteNow)> = self.current.iter().collect();
-        big.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
-        let mut out: Vec<Site> = judged.into_iter().map(|(s, _)| s).collect();
-        for (site, _) in big.into_iter().take(n) {
-            if !out.contains(site) {
-                out.push(site.clone());
-            }
-        }
-        out
-    }
-
-    /// Names the stacks not named yet from the trace as written so far (a
-    /// stack the writer has not flushed yet is tried again at the next look).
-    fn name_stacks(&mut self, ids: impl Iterator<Item = u32>) {
-        let missing: Vec<u32> = ids.filter(|id| !self.stacks.contains_key(id)).collect();
-        let Some(trace) = self.trace.as_deref().filter(|_| !missing.is_empty()) else {
-            return;
-        };
-        let Ok(mut file) = std::fs::File::open(trace) else {
-            return;
-        };
-        let Ok(named) = trapline_analysis::report::symbolized_stacks(&mut file, &missing) else {
-            return;
-        };
-        self.stacks
-            .extend(named.into_iter().filter(|(_, frames)| !frames.is_empty()));
-    }
-
-    fn jsonl(&self, now: f64, growing: &HashMap<Site, Growth>, n: usize) -> String {
-        let none = SiteNow::default();
-        let sites = self.ranked(now, growing, n);
-        let look = Look {
-            pid: self.pid,
-            time_seconds: *self.times.last().unwrap_or(&0.0),
-            looks: self.times.len(),
-            live_bytes: self.current.values().map(|v| v.bytes).sum(),
-            live_blocks: self.current.values().map(|v| v.blocks).sum(),
-            monitor: self.access.as_ref().map(|a| a.monitor.clone()),
-            sites: sites
-                .iter()
-                .map(|site| {
-                    let c = self.current.get(site).unwrap_or(&none);
-                    SiteLook {
-                        stack_id: site.0,
-                        allocated_by: &site.1,
-                        bytes: c.bytes,
-                        blocks: c.blocks,
-                        estimated_bytes: c.estimated_bytes,
-                        caller_only: c.caller_only,
-                        verdicts: self.verdicts(now, site, growing),
-                        growth: growing.get(site).cloned(),
-                        staleness: self.staleness(now, site),
-                        unreachable: self.lost.get(site).map(|&(b, n)| [b, n]),
-                        ages: c.ages.clone(),
-                        new_blocks: c.new_blocks,
-                        gone_blocks: c.gone_blocks,
-                        stack: self.stacks.get(&site.0).map_or(&[], Vec::as_slice),
-                    }
-                })
-                .collect(),
-        };
-        let mut line = serde_json::to_string(&look).unwrap_or_default();
-        line.push('\n');
-        line
-    }
-
-    fn text(&self, now: f64, growing: &HashMap<Site, Growth>, n: usize, refresh: bool) -> String {
-        let mut out = String::new();
-        if refresh {
-            // Home and clear: the table is redrawn in place.
-            out.push_str("\x1b[H\x1b[2J");
-        }
-        let live: u64 = self.current.values().map(|v| v.bytes).sum();
-        out.push_str(&format!(
-            "trapline watch {}: {} bytes live in {} sites, look {} at {:.1} s{}\n",
-            self.pid,
-            thousands(live),
-            thousands(self.current.len() as u64),
-            self.times.len(),
-            self.times.last().unwrap_or(&0.0),
-            if self.times.len() < 8 {
-                " (growth is judged from the 8th look)"
-            } else {
-                ""
-            }
-        ));
-        if let Some(m) = self.access.as_ref().map(|a| &a.monitor) {
-            out.push_str(&format!(
-                "access monitor: {}, {} pages watched, {} faults, {:.3} s in faults ({:.2}% of the last interval)\n",
-                if m.mechanism.is_empty() { "off" } else { &m.mechanism },
-                m.armed_pages,
-                thousands(m.faults),
-                m.fault_seconds,
-                m.fault_fraction * 100.0
-            ));
-        }
-        out.push_str(&format!(
-            "{:>14} {:>10} {:>12} {:>9}  {:<24} {}\n",
-            "bytes", "blocks", "growth/s", "untouched", "verdicts", "site"
-        ));
-        let none = SiteNow::default();
-        for site in self.ranked(now, growing, n) {
-            let c = self.current.get(&site).unwrap_or(&none);
-            let rate = growing.get(&site).map_or_else(String::new, |g| {
-                format!("+{}", thousands(g.bytes_per_second as u64))
-            });
-            let untouched = self.staleness(now, &site).map_or_else(String::new, |s| {
-                format!("{}/{}", s.untouched_blocks, s.watched_blocks)
-            });
-            let frames = self.stacks.get(&site.0);
-            let place = frames
-                .and_then(|f| {
-                    let outside = trapline_analysis::report::wrapper_frames(f);
-                    f[outside..].iter().find(|f| f.function.is_some())
-                })
-                .map_or_else(|| format!("stack {} ({})", site.0, site.1), frame_text);
-            out.push_str(&format!(
-                "{:>14} {:>10} {:>12} {:>9}  {:<24} {place}\n",
-                thousands(c.bytes),
-                thousands(c.blocks),
-                rate,
-                untouched,
-                self.verdicts(now, &site, growing).join(",")
-            ));
-        }
-        if !refresh {
-            out.push('\n');
-        }
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn answer(sites: &[(u32, u64)]) -> Value {
-        let sites: Vec<Value> = sites
+        let untouched = site.staleness.as_ref().map_or_else(String::new, |s| {
+            format!("{}/{}", s.untouched_blocks, s.watched_blocks)
+        });
+        let outside = trapline_analysis::report::wrapper_frames(site.stack);
+        let place = site.stack[outside..]
             .iter()
-            .map(|&(stack, bytes)| {
-                serde_json::json!({"stack": stack, "fn": "malloc", "bytes": bytes, "blocks": bytes / 100})
-            })
-            .collect();
-        serde_json::json!({"pid": 7, "time_ns": 0, "trace": "", "sites": sites})
-    }
-
-    /// A site that climbs at every look is judged growing once there are
-    /// enough looks; one that holds is not; a site missing from a look
-    /// counts as 0 there.
-    #[test]
-    fn looks_build_each_sites_series() {
-        let mut w = Watcher::new(7);
-        for i in 0..12u64 {
-            let mut sites = vec![(1, 100_000 * (i + 1)), (2, 500_000)];
-            if i != 5 {
-                sites.push((3, 1_000));
-            }
-            w.observe(i as f64, &answer(&sites));
-            let growing = w.growing();
-            assert_eq!(
-                growing.contains_key(&(1, "malloc".into())),
-                i >= 7,
-                "look {i}"
+            .find(|f| f.function.is_some())
+            .map_or_else(
+                || format!("stack {} ({})", site.stack_id, site.allocated_by),
+                frame_text,
             );
-            assert!(!growing.contains_key(&(2, "malloc".into())));
-        }
-        assert_eq!(w.series[&(3, "malloc".to_string())][5], 0);
-        let line = w.jsonl(12.0, &w.growing(), 1);
-        let v: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["looks"], 12);
-        assert_eq!(v["sites"][0]["stack_id"], 1);
-        assert!(
-            v["sites"][0]["growth"]["bytes_per_second"]
-                .as_f64()
-                .unwrap()
-                > 90_000.0
-        );
+        out.push_str(&format!(
+            "{:>14} {:>10} {:>12} {:>9}  {:<24} {place}\n",
+            thousands(site.bytes),
+            thousands(site.blocks),
+            rate,
+            untouched,
+            site.verdicts.join(",")
+        ));
     }
+    if !refresh {
+        out.push('\n');
+    }
+    out
 }
