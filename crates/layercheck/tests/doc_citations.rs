@@ -204,4 +204,9 @@ fn documents_stay_short() {
         n <= 200,
         "README.md has {n} lines, over 200: move details to docs/"
     );
+    let n = lines(&repo().join("bench/README.md"));
+    assert!(
+        n <= 300,
+        "bench/README.md has {n} lines, over 300: a paragraph a benchmark"
+    );
 }
