@@ -332,15 +332,93 @@ pub fn main(args: RunArgs) -> ExitCode {
     }
     let is_static = program_start(&program) == ProgramStart::Static;
     // The trace path must be writable before anything runs.
-    let output = if args.output.is_absolute() {
+    let output = output_path(&args);
+    if let Err(code) = prepare_output(&args, &output) {
+        return code;
+    }
+
+    if is_static {
+        return crate::run_static::main(&args, &program, &output);
+    }
+    let cmd = agent_command(&args, &agent, &output);
+    let signals = match signal_forwarding() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // What the kernel's OOM killer had done before the command ran: a
+    // SIGKILL it sends while the command runs is then named as its.
+    let _ = OOM_KILLS_AT_START.set(OomKills::now());
+    let child = match spawn(cmd, &program, &output) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let child_pid = Pid::from_raw(child.id() as i32);
+    let watcher = args.watch.map(|secs| {
+        crate::watch::TreeWatch::start(child_pid.as_raw() as u32, secs, args.stale_after, &output)
+    });
+    let (handle, forwarder) = forward_signals(signals, child_pid);
+    let (status, timed_out) = match wait_with_timeout(child, child_pid, timeout) {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                EXIT_CANNOT_RUN,
+                format!("waiting for {} failed: {e}", program.display()),
+            )
+        }
+    };
+    handle.close();
+    let _ = forwarder.join();
+    let watched = watcher.map(crate::watch::TreeWatch::finish);
+    if args.control || args.watch.is_some() {
+        // Workers that changed their user could not remove their sockets
+        // from the directory they made them in as root.
+        crate::watch::remove_stale_sockets();
+    }
+
+    let code: u8 = match (status.code(), status.signal()) {
+        _ if timed_out => EXIT_TIMED_OUT,
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => 128u8.wrapping_add(s as u8),
+        _ => 1,
+    };
+    if !args.quiet {
+        let last_image = summarize(
+            &output,
+            &program,
+            child_pid.as_raw() as u32,
+            status.signal(),
+        );
+        if timed_out {
+            eprintln!(
+                "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
+                last_image.display()
+            );
+        }
+        if let Some(w) = watched {
+            for line in w {
+                eprintln!("==trapline== {line}");
+            }
+        }
+    }
+    ExitCode::from(code)
+}
+
+/// The trace path, absolute (the command may change directory).
+fn output_path(args: &RunArgs) -> PathBuf {
+    if args.output.is_absolute() {
         args.output.clone()
     } else {
         std::env::current_dir()
             .map(|d| d.join(&args.output))
             .unwrap_or_else(|_| args.output.clone())
-    };
-    match crate::trace_output::prepare(&output, &args.command, args.force) {
-        Err(e) => return fail(EXIT_CANNOT_RUN, e),
+    }
+}
+
+/// Checks that the trace path can be written, and moves the previous
+/// run's traces aside (saying so unless `--quiet`).
+fn prepare_output(args: &RunArgs, output: &Path) -> Result<(), ExitCode> {
+    match crate::trace_output::prepare(output, &args.command, args.force) {
+        Err(e) => return Err(fail(EXIT_CANNOT_RUN, e)),
         Ok(p) if !p.moved_aside.is_empty() && !args.quiet => {
             let names: Vec<String> = p
                 .moved_aside
@@ -360,14 +438,16 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
         Ok(_) => {}
     }
+    Ok(())
+}
 
-    if is_static {
-        return crate::run_static::main(&args, &program, &output);
-    }
+/// The command with the agent preloaded and the options in its
+/// environment.
+fn agent_command(args: &RunArgs, agent: &Path, output: &Path) -> Command {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
-        .env("LD_PRELOAD", preload_value(&agent))
-        .env(env::OUTPUT, &output)
+        .env("LD_PRELOAD", preload_value(agent))
+        .env(env::OUTPUT, output)
         .env(env::ROLE, env::ROLE_TOP);
     // Options at the agent's default are left out of the command's
     // environment (and an inherited value removed): the program then sees
@@ -441,16 +521,13 @@ pub fn main(args: RunArgs) -> ExitCode {
     } else {
         cmd.env_remove(env::IGNORE_SIGPIPE);
     }
+    cmd
+}
 
-    let signals = match signal_forwarding() {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    // What the kernel's OOM killer had done before the command ran: a
-    // SIGKILL it sends while the command runs is then named as its.
-    let _ = OOM_KILLS_AT_START.set(OomKills::now());
-    let child = match cmd.spawn() {
-        Ok(c) => c,
+/// Starts the command; a failure is said, with the exit status it means.
+fn spawn(mut cmd: Command, program: &Path, output: &Path) -> Result<std::process::Child, ExitCode> {
+    match cmd.spawn() {
+        Ok(c) => Ok(c),
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::PermissionDenied {
                 EXIT_NOT_EXECUTABLE
@@ -467,59 +544,13 @@ pub fn main(args: RunArgs) -> ExitCode {
                 String::new()
             };
             // Nothing ran: the empty trace made to check the path goes too.
-            let _ = std::fs::remove_file(&output);
-            return fail(code, format!("cannot run {}: {e}{hint}", program.display()));
-        }
-    };
-    let child_pid = Pid::from_raw(child.id() as i32);
-    let watcher = args.watch.map(|secs| {
-        crate::watch::TreeWatch::start(child_pid.as_raw() as u32, secs, args.stale_after, &output)
-    });
-    let (handle, forwarder) = forward_signals(signals, child_pid);
-    let (status, timed_out) = match wait_with_timeout(child, child_pid, timeout) {
-        Ok(s) => s,
-        Err(e) => {
-            return fail(
-                EXIT_CANNOT_RUN,
-                format!("waiting for {} failed: {e}", program.display()),
-            )
-        }
-    };
-    handle.close();
-    let _ = forwarder.join();
-    let watched = watcher.map(crate::watch::TreeWatch::finish);
-    if args.control || args.watch.is_some() {
-        // Workers that changed their user could not remove their sockets
-        // from the directory they made them in as root.
-        crate::watch::remove_stale_sockets();
-    }
-
-    let code: u8 = match (status.code(), status.signal()) {
-        _ if timed_out => EXIT_TIMED_OUT,
-        (Some(c), _) => c as u8,
-        (None, Some(s)) => 128u8.wrapping_add(s as u8),
-        _ => 1,
-    };
-    if !args.quiet {
-        let last_image = summarize(
-            &output,
-            &program,
-            child_pid.as_raw() as u32,
-            status.signal(),
-        );
-        if timed_out {
-            eprintln!(
-                "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
-                last_image.display()
-            );
-        }
-        if let Some(w) = watched {
-            for line in w {
-                eprintln!("==trapline== {line}");
-            }
+            let _ = std::fs::remove_file(output);
+            Err(fail(
+                code,
+                format!("cannot run {}: {e}{hint}", program.display()),
+            ))
         }
     }
-    ExitCode::from(code)
 }
 
 /// Waits for the command; with a timeout, sends SIGTERM when it expires (and

@@ -52,8 +52,55 @@ pub(crate) fn summarize(
             }
         })
         .collect();
+    list_traces(output, &files, &summaries, empty);
+    if empty {
+        warn_no_trace(program, killed_by);
+        return output.to_path_buf();
+    }
+    let images = top_images(output, top_pid, &files, &summaries);
+    let last = *images.last().unwrap_or(&0);
+    let last_trace = &files[last];
+    if images.len() > 1 {
+        eprintln!(
+            "==trapline== the command replaced itself with exec {}: {}; below, its last image ({})",
+            if images.len() == 2 {
+                "once".to_string()
+            } else {
+                format!("{} times", images.len() - 1)
+            },
+            image_names(&images, &summaries),
+            last_trace.display()
+        );
+    }
+    let mut summaries = summaries;
+    let last_calls = print_last_image(summaries[last].take(), killed_by, last_trace);
+    let (others, others_summaries): (Vec<PathBuf>, Vec<Option<ReadSummary>>) = files
+        .iter()
+        .zip(summaries)
+        .enumerate()
+        .filter(|(i, _)| *i != last)
+        .map(|(_, (f, s))| (f.clone(), s))
+        .unzip();
+    let others_are = if images.len() > 1 {
+        "other processes and earlier images"
+    } else {
+        "other processes"
+    };
+    let busiest = summarize_others(output, others_are, &others, others_summaries.into_iter());
+    point_at_the_work(
+        &busiest,
+        &files,
+        &images,
+        last_calls.unwrap_or(0),
+        last_trace,
+    );
+    last_trace.clone()
+}
+
+/// Lists the traces written, the first `TRACES_LISTED` and those that warn.
+fn list_traces(output: &Path, files: &[PathBuf], summaries: &[Option<ReadSummary>], empty: bool) {
     let mut unlisted = 0usize;
-    for (i, (f, summary)) in files.iter().zip(&summaries).enumerate() {
+    for (i, (f, summary)) in files.iter().zip(summaries).enumerate() {
         if f == output && empty {
             continue;
         }
@@ -86,41 +133,35 @@ pub(crate) fn summarize(
             output.display()
         );
     }
-    if empty {
-        let not_loaded = "the agent was not loaded into it (a static, setuid, 32-bit or musl program started by a script? a program that clears LD_PRELOAD?)";
-        match killed_by {
-            // SIGKILL, or a crash the agent's handler could not run for
-            // (a stack overflow without an alternate stack), before the
-            // first chunk was written.
-            Some(signal) => eprintln!(
-                "==trapline== warning: {} wrote no trace: it was killed by signal {signal} before the agent wrote anything, or {not_loaded}",
-                program.display()
-            ),
-            None => eprintln!(
-                "==trapline== warning: {} wrote no trace: {not_loaded}",
-                program.display()
-            ),
-        }
-        return output.to_path_buf();
+}
+
+/// The top process wrote nothing: why that may be.
+fn warn_no_trace(program: &Path, killed_by: Option<i32>) {
+    let not_loaded = "the agent was not loaded into it (a static, setuid, 32-bit or musl program started by a script? a program that clears LD_PRELOAD?)";
+    match killed_by {
+        // SIGKILL, or a crash the agent's handler could not run for
+        // (a stack overflow without an alternate stack), before the
+        // first chunk was written.
+        Some(signal) => eprintln!(
+            "==trapline== warning: {} wrote no trace: it was killed by signal {signal} before the agent wrote anything, or {not_loaded}",
+            program.display()
+        ),
+        None => eprintln!(
+            "==trapline== warning: {} wrote no trace: {not_loaded}",
+            program.display()
+        ),
     }
-    let images = top_images(output, top_pid, &files, &summaries);
-    let last = *images.last().unwrap_or(&0);
-    let last_trace = &files[last];
-    if images.len() > 1 {
-        eprintln!(
-            "==trapline== the command replaced itself with exec {}: {}; below, its last image ({})",
-            if images.len() == 2 {
-                "once".to_string()
-            } else {
-                format!("{} times", images.len() - 1)
-            },
-            image_names(&images, &summaries),
-            last_trace.display()
-        );
-    }
-    let mut summaries = summaries;
+}
+
+/// The summary of the command's last image, and what its end says (a
+/// crash, an exit past the agent); its allocation calls.
+fn print_last_image(
+    summary: Option<ReadSummary>,
+    killed_by: Option<i32>,
+    last_trace: &Path,
+) -> Option<u64> {
     let mut last_calls = None;
-    match summaries[last].take() {
+    match summary {
         Some(Ok(s)) => {
             last_calls = Some(s.allocation_calls);
             print_summary(&s);
@@ -144,24 +185,22 @@ pub(crate) fn summarize(
         Some(Err(e)) => eprintln!("==trapline== cannot read {}: {e}", last_trace.display()),
         None => {}
     }
-    let (others, others_summaries): (Vec<PathBuf>, Vec<Option<ReadSummary>>) = files
-        .iter()
-        .zip(summaries)
-        .enumerate()
-        .filter(|(i, _)| *i != last)
-        .map(|(_, (f, s))| (f.clone(), s))
-        .unzip();
-    let others_are = if images.len() > 1 {
-        "other processes and earlier images"
-    } else {
-        "other processes"
-    };
-    let busiest = summarize_others(output, others_are, &others, others_summaries.into_iter());
+    last_calls
+}
+
+/// Points at the trace to read: the command's own, or the other processes
+/// that carry the work.
+fn point_at_the_work(
+    busiest: &[Busy],
+    files: &[PathBuf],
+    images: &[usize],
+    mine: u64,
+    last_trace: &Path,
+) {
     // A driver (g++, make, a shell) makes few allocation calls; the other
     // processes that carry the work (ten times the command's own calls, and
     // a thousand at least) are named first. The command's earlier images
     // are the command.
-    let mine = last_calls.unwrap_or(0);
     let working: Vec<&Busy> = busiest
         .iter()
         .filter(|b| b.calls >= WORK_CALLS_AT_LEAST.max(mine.saturating_mul(10)))
@@ -195,7 +234,6 @@ pub(crate) fn summarize(
             th(mine)
         );
     }
-    last_trace.clone()
 }
 
 /// A trace of another process with many allocation calls.
