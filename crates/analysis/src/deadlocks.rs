@@ -1298,7 +1298,11 @@ pub fn render_text(r: &DeadlocksReport) -> String {
     )
     .unwrap();
     writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
-    if let Some(why) = crate::report::no_lock_events(r.locks_recorded, r.has_lock_events) {
+    if let Some(why) = crate::report::no_lock_events(
+        r.locks_recorded,
+        r.has_lock_events,
+        r.trace.attached.is_some(),
+    ) {
         writeln!(out, "{p}{why}").unwrap();
         footer_text(&mut out, &p, r.events_lost, &r.trace);
         return out;

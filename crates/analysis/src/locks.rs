@@ -403,7 +403,11 @@ pub fn render_text(r: &LocksReport) -> String {
     let mut out = String::new();
     writeln!(out, "{p}trapline locks: lock contention").unwrap();
     writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
-    if let Some(why) = crate::report::no_lock_events(r.locks_recorded, r.has_lock_events) {
+    if let Some(why) = crate::report::no_lock_events(
+        r.locks_recorded,
+        r.has_lock_events,
+        r.trace.attached.is_some(),
+    ) {
         writeln!(out, "{p}{why}").unwrap();
         footer_text(&mut out, &p, r.events_lost, &r.trace);
         return out;

@@ -560,7 +560,7 @@ impl Facts {
     /// symbolizer met (only known once it symbolized the report's stacks).
     pub fn memory_warnings(&self, symbolizer: &StackSymbolizer) -> Vec<String> {
         self.memory_off
-            .then(|| MEMORY_NOT_RECORDED.to_owned())
+            .then(|| memory_not_recorded(self.attached.is_some()))
             .into_iter()
             .chain(symbolizer.warnings())
             .collect()
@@ -863,17 +863,38 @@ pub fn warnings_text(out: &mut String, p: &str, warnings: &[String]) {
     }
 }
 
+/// The command whose `--record` chose the recorders of a trace: `attach`
+/// for an attached one.
+pub fn recording_command(attached: bool) -> &'static str {
+    if attached {
+        "trapline attach --record"
+    } else {
+        "trapline run --record"
+    }
+}
+
 /// The warning of a trace recorded without the allocation recorder.
-pub const MEMORY_NOT_RECORDED: &str =
-    "allocations were not recorded (trapline run --record without mem): nothing here is about the heap";
+pub fn memory_not_recorded(attached: bool) -> String {
+    format!(
+        "allocations were not recorded ({} without mem): nothing here is about the heap",
+        recording_command(attached)
+    )
+}
 
 /// Why a lock report has nothing to show, if it has not: the run did not
 /// record locks, or the program took none.
-pub fn no_lock_events(locks_recorded: bool, has_lock_events: bool) -> Option<&'static str> {
+pub fn no_lock_events(
+    locks_recorded: bool,
+    has_lock_events: bool,
+    attached: bool,
+) -> Option<String> {
     if !locks_recorded {
-        Some("Locks were not recorded (trapline run --record without locks).")
+        Some(format!(
+            "Locks were not recorded ({} without locks).",
+            recording_command(attached)
+        ))
     } else if !has_lock_events {
-        Some("The trace holds no lock events: the program took no pthread mutex, rwlock or spinlock while recorded.")
+        Some("The trace holds no lock events: the program took no pthread mutex, rwlock or spinlock while recorded.".to_owned())
     } else {
         None
     }

@@ -530,7 +530,8 @@ pub fn render_text(r: &StatsReport) -> String {
         .collect();
         writeln!(
             out,
-            "{p}Not recorded (trapline run --record): {}",
+            "{p}Not recorded ({}): {}",
+            crate::report::recording_command(r.trace.attached.is_some()),
             off.join(", ")
         )
         .unwrap();

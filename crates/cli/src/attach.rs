@@ -274,6 +274,11 @@ fn check_target(pid: u32) -> Result<(), String> {
     if pid == std::process::id() {
         return Err("that is trapline itself".into());
     }
+    if is_kernel_thread(pid) {
+        return Err(format!(
+            "process {pid} is a kernel thread: it runs no program to attach to"
+        ));
+    }
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
@@ -320,6 +325,19 @@ fn check_target(pid: u32) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of
+/// `/proc/PID/stat`, the 9th field).
+fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.split_whitespace().nth(6)?.parse::<u64>().ok()
+        })
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
 /// The C library's file and the address it is mapped at (its mapping of

@@ -262,6 +262,11 @@ pub fn main(args: WatchArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             let why = match e.kind() {
+                std::io::ErrorKind::NotFound
+                    if !Path::new(&format!("/proc/{}", args.pid)).exists() =>
+                {
+                    format!("no process {} (it has ended, or never ran)", args.pid)
+                }
                 std::io::ErrorKind::NotFound => format!(
                     "no control socket at {path}: process {} was not started with `trapline run --control`, or has ended",
                     args.pid

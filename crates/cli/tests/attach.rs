@@ -384,6 +384,33 @@ fn attach_and_detach_refuse_what_they_cannot_do() {
     assert_eq!(a.code(), 1, "{}", a.describe());
     assert!(a.stderr.contains("has no C library loaded"), "{}", a.stderr);
     assert!(svc.quit().success());
+
+    // A kernel thread runs no program (was: "a static program"). One is
+    // visible unless the test runs in a PID namespace of its own.
+    let kthread = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(6)?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .is_some_and(|flags| flags & 0x0020_0000 != 0)
+        });
+    if let Some(k) = kthread {
+        let a = trapline_cmd(&["attach", &k.to_string()]);
+        assert_eq!(a.code(), 1, "{}", a.describe());
+        assert_eq!(
+            a.stderr,
+            format!("trapline attach: process {k} is a kernel thread: it runs no program to attach to\n")
+        );
+    }
 }
 
 /// The process ends while attached: the trace ends with its exit. Built
@@ -444,6 +471,30 @@ fn attach_for_a_duration() {
             .contains(&format!("detached from process {pid} after 0.5 s")),
         "{}",
         a.stderr
+    );
+    assert!(svc.quit().success());
+    // Without the lock recorder, `locks` names the command that chose (a
+    // process is attached to once: another one).
+    let svc = Service::start(&prog);
+    let memory_only = dir.path().join("memory_only.trace");
+    let a = trapline_cmd(&[
+        "attach",
+        &svc.pid().to_string(),
+        "--duration",
+        "0.2",
+        "--record",
+        "mem",
+        "-o",
+        memory_only.to_str().unwrap(),
+    ]);
+    assert_eq!(a.code(), 0, "{}", a.describe());
+    let locks = trapline_cmd(&["locks", memory_only.to_str().unwrap()]);
+    assert!(
+        locks
+            .stdout
+            .contains("Locks were not recorded (trapline attach --record without locks)."),
+        "{}",
+        locks.describe()
     );
     assert!(svc.quit().success());
     let leaks = analysis_json("leaks", &short);

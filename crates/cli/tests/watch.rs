@@ -161,9 +161,13 @@ fn a_watcher_finds_the_sites_that_keep_growing_while_the_program_runs() {
     drop(child.stdin.take());
     let status = child.wait().expect("trapline run ends");
     assert_eq!(status.code(), Some(0));
+    // The process is gone: said so, not "no control socket".
     let (code, _, err) = watch(&pid, &["--count", "1"]);
     assert_eq!(code, 1);
-    assert!(err.contains("no control socket"), "{err}");
+    assert_eq!(
+        err,
+        format!("trapline watch: no process {pid} (it has ended, or never ran)\n")
+    );
 }
 
 /// `watch -o FILE` keeps at most `--log-limit` on disk: FILE becomes
