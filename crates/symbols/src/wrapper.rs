@@ -81,6 +81,10 @@ enum Callee {
     Allocating,
     Neutral,
     Other,
+    /// Not judged: its callees lie deeper than `MAX_DEPTH`. Read as
+    /// `Other`, and never remembered, so that a verdict does not depend
+    /// on the depth a function was first met at.
+    TooDeep,
 }
 
 /// One module's code, read lazily from its file, and the verdicts so far.
@@ -223,7 +227,11 @@ impl Code {
         let verdict = code.map_or(Callee::Other, |bytes| {
             self.judge_code(&bytes, start, symbols, known, depth)
         });
-        self.verdicts.insert(start, verdict);
+        if verdict == Callee::TooDeep {
+            self.verdicts.remove(&start);
+        } else {
+            self.verdicts.insert(start, verdict);
+        }
         verdict
     }
 
@@ -252,7 +260,7 @@ impl Code {
             match callee {
                 Callee::Allocating => allocates = true,
                 Callee::Neutral => {}
-                Callee::Other => return Callee::Other,
+                Callee::Other | Callee::TooDeep => return callee,
             }
         }
         if allocates {
@@ -289,7 +297,7 @@ impl Code {
             return callee;
         }
         if depth >= MAX_DEPTH {
-            return Callee::Other;
+            return Callee::TooDeep;
         }
         self.judge(start, end, symbols, known, depth + 1)
     }
@@ -309,9 +317,9 @@ impl Code {
     }
 }
 
-/// A known callee by its (symbol) name.
+/// A known callee by its (symbol) name (without a version: the symbol
+/// table strips it, and dynamic symbols' names carry none).
 fn by_name(name: &str, known: &dyn Fn(&str) -> bool) -> Option<Callee> {
-    let name = name.split('@').next().unwrap_or(name);
     if ALLOCATING.contains(&name) {
         Some(Callee::Allocating)
     } else if NEUTRAL.contains(&name) {
