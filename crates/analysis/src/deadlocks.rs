@@ -45,10 +45,11 @@ use std::io::{Read, Seek};
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
 
-use crate::index::{MergedEvents, TraceIndex};
+use crate::index::{MergedEvent, ReadStatus, TraceIndex};
 use crate::lockstate::{
     errors_text, mode_name, stack_text, Applied, Held, LockError, LockId, LockState,
 };
+use crate::pass::Pass;
 use crate::report::{
     command_text, footer_text, prefix, serialize_hex, warnings_text, Facts, FrameReport,
     ProcessReport, StackSymbolizer, TraceStatus,
@@ -822,38 +823,62 @@ fn blocks(request: &Edge, hold: &Edge) -> bool {
 
 /// Analyses a trace. Fails only when the input is not a readable trace at all.
 pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceError> {
-    let index = TraceIndex::build(input)?;
-    let mut facts = Facts::default();
-    let mut state = LockState::default();
-    let mut segments = Segments::default();
-    let mut graph = LockGraph::default();
-    let mut inherited = InheritedGuards::default();
-    let mut threads: HashSet<u32> = HashSet::new();
+    crate::pass::run(input, |_| DeadlocksAnalysis::default())
+}
 
-    let mut merged = MergedEvents::new(input, &index);
-    for m in merged.by_ref() {
-        facts.observe(m.time, &m.event);
+/// The deadlocks analysis as a [`Pass`], to share a read of the trace.
+#[derive(Default)]
+pub struct DeadlocksAnalysis {
+    /// Frames as addresses only, no module read (see [`Self::counting`]).
+    addresses_only: bool,
+    facts: Facts,
+    state: LockState,
+    segments: Segments,
+    graph: LockGraph,
+    inherited: InheritedGuards,
+    threads: HashSet<u32>,
+}
+
+impl DeadlocksAnalysis {
+    /// The pass for a report that is only counted: stacks are not symbolized.
+    pub fn counting() -> Self {
+        DeadlocksAnalysis {
+            addresses_only: true,
+            ..DeadlocksAnalysis::default()
+        }
+    }
+}
+
+impl Pass for DeadlocksAnalysis {
+    type Report = DeadlocksReport;
+    fn observe(&mut self, m: &MergedEvent) {
+        self.facts.observe(m.time, &m.event);
         if let Event::Lock(LockEvent::Join { joined, stack, .. }) = &m.event {
             // The joiner waited in the segment the join ends.
-            let joined = segments.instance_of.get(joined).filter(|_| *joined != 0);
-            if let Some(node) = joined.and_then(|&j| segments.instance_node(j)) {
-                let held = state.held(m.tid).to_vec();
+            let joined = self
+                .segments
+                .instance_of
+                .get(joined)
+                .filter(|_| *joined != 0);
+            if let Some(node) = joined.and_then(|&j| self.segments.instance_node(j)) {
+                let held = self.state.held(m.tid).to_vec();
                 let join = Request {
                     node,
                     kind: LockKind::Unknown,
                     mode: LockMode::Exclusive,
                     stack: *stack,
                 };
-                add_requests(&mut graph, &mut segments, m.tid, &held, join);
+                add_requests(&mut self.graph, &mut self.segments, m.tid, &held, join);
             }
         }
-        segments.apply(m.tid, &m.event);
-        inherited.observe(m.tid, &m.event, &mut segments, &state);
+        self.segments.apply(m.tid, &m.event);
+        self.inherited
+            .observe(m.tid, &m.event, &mut self.segments, &self.state);
         if let Event::Lock(LockEvent::Acquire { op, stack, .. }) = &m.event {
-            threads.insert(m.tid);
+            self.threads.insert(m.tid);
             let (op, stack) = (*op, *stack);
-            let held_before: Vec<_> = state.held(m.tid).to_vec();
-            if let Applied::Acquired { held, nested } = state.apply(m.tid, &m.event) {
+            let held_before: Vec<_> = self.state.held(m.tid).to_vec();
+            if let Applied::Acquired { held, nested } = self.state.apply(m.tid, &m.event) {
                 let waits = matches!(op, LockOp::Blocking | LockOp::CondWait);
                 let reentry = nested || held_before.iter().any(|h| h.lock == held.lock);
                 if waits && !reentry {
@@ -863,19 +888,50 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
                         mode: held.mode,
                         stack,
                     };
-                    add_requests(&mut graph, &mut segments, m.tid, &held_before, request);
+                    add_requests(
+                        &mut self.graph,
+                        &mut self.segments,
+                        m.tid,
+                        &held_before,
+                        request,
+                    );
                 }
             }
-            continue;
+            return;
         }
-        state.apply(m.tid, &m.event);
+        self.state.apply(m.tid, &m.event);
     }
-    let stopped = merged.read_status();
-    drop(merged);
+    fn finish(
+        self,
+        index: &TraceIndex,
+        stopped: ReadStatus,
+    ) -> Result<DeadlocksReport, TraceError> {
+        Ok(deadlocks_report(self, index, stopped))
+    }
+}
+
+/// The report, from the pass's state once the trace is read.
+fn deadlocks_report(
+    pass: DeadlocksAnalysis,
+    index: &TraceIndex,
+    stopped: ReadStatus,
+) -> DeadlocksReport {
+    let DeadlocksAnalysis {
+        addresses_only,
+        facts,
+        state,
+        mut segments,
+        graph,
+        mut inherited,
+        threads,
+    } = pass;
     segments.resolve();
     inherited.resolve(segments.current.len());
 
-    let mut sym = facts.symbolizer();
+    let mut sym = match addresses_only {
+        true => StackSymbolizer::addresses_only(),
+        false => facts.symbolizer(),
+    };
     let mut warnings = Vec::new();
     let nodes = ThreadNodes::of(&segments);
     let (lock_cycles, cut) = graph.cycles();
@@ -921,7 +977,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
     let errors = state.errors(&facts.stacks, &mut sym);
     warnings.extend(sym.warnings());
     let count = |k: &str| cycles.iter().filter(|c| c.kind == k).count() as u64;
-    Ok(DeadlocksReport {
+    DeadlocksReport {
         process: facts.process_report(),
         has_lock_events: state.saw_lock_events,
         locks_recorded: !facts.locks_off,
@@ -942,9 +998,9 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceEr
         actual_deadlocks,
         errors,
         events_lost: facts.events_lost(),
-        trace: facts.trace_status(&index, stopped),
+        trace: facts.trace_status(index, stopped),
         warnings,
-    })
+    }
 }
 
 /// What a blocking call waits for: a lock, or (pthread_join) a thread's

@@ -17,7 +17,8 @@ use serde::Serialize;
 use trapline_trace::{AllocFn, ErrorKind, Event, TraceError, Verdict};
 
 use crate::growth::{Growth, GrowthTracker};
-use crate::index::{MergedEvent, MergedEvents, TraceIndex};
+use crate::index::{MergedEvent, ReadStatus, TraceIndex};
+use crate::pass::Pass;
 use crate::replay::{Block, HeapReplay};
 use crate::report::{
     command_text, footer_text, frame_text, prefix, seconds, serialize_hex, thousands,
@@ -269,6 +270,9 @@ pub struct LeaksOptions {
     pub suppressions: Vec<Suppression>,
     /// Give each listed record a ready suppression (`--gen-suppressions`).
     pub gen_suppressions: bool,
+    /// Read the modules' symbols for the stacks; false leaves frames as
+    /// addresses, for a report only counted (`findings`).
+    pub symbolize: bool,
 }
 
 impl Default for LeaksOptions {
@@ -280,6 +284,7 @@ impl Default for LeaksOptions {
             kinds: vec![Verdict::DefinitelyLost, Verdict::PossiblyLost],
             suppressions: Vec::new(),
             gen_suppressions: false,
+            symbolize: true,
         }
     }
 }
@@ -582,20 +587,45 @@ pub fn analyze_with<R: Read + Seek>(
     input: &mut R,
     options: &LeaksOptions,
 ) -> Result<LeaksReport, TraceError> {
-    let index = TraceIndex::build(input)?;
-    let (start, end) = index.time_span();
-    let mut pass = LeaksPass {
-        scans: ScanCollector::new(options.history),
-        growth: Some(GrowthTracker::new(start, end)),
-        ..LeaksPass::default()
-    };
-    let mut merged = MergedEvents::new(input, &index);
-    for m in merged.by_ref() {
-        pass.observe(&m);
-    }
-    let stopped = merged.read_status();
-    drop(merged);
+    crate::pass::run(input, |index| LeaksAnalysis::new(index, options.clone()))
+}
 
+/// The leaks analysis as a [`Pass`], to share a read of the trace with others.
+pub struct LeaksAnalysis {
+    pass: LeaksPass,
+    options: LeaksOptions,
+}
+
+impl LeaksAnalysis {
+    /// The pass over the trace `index` indexes, with `options`.
+    pub fn new(index: &TraceIndex, options: LeaksOptions) -> Self {
+        let (start, end) = index.time_span();
+        let pass = LeaksPass {
+            scans: ScanCollector::new(options.history),
+            growth: Some(GrowthTracker::new(start, end)),
+            ..LeaksPass::default()
+        };
+        LeaksAnalysis { pass, options }
+    }
+}
+
+impl Pass for LeaksAnalysis {
+    type Report = LeaksReport;
+    fn observe(&mut self, m: &MergedEvent) {
+        self.pass.observe(m);
+    }
+    fn finish(self, index: &TraceIndex, read: ReadStatus) -> Result<LeaksReport, TraceError> {
+        Ok(leaks_report(self.pass, &self.options, index, read))
+    }
+}
+
+/// The report, from the pass's state once the trace is read.
+fn leaks_report(
+    mut pass: LeaksPass,
+    options: &LeaksOptions,
+    index: &TraceIndex,
+    stopped: ReadStatus,
+) -> LeaksReport {
     let mut growing = pass
         .growth
         .take()
@@ -645,7 +675,10 @@ pub fn analyze_with<R: Read + Seek>(
     };
 
     let facts = &pass.facts;
-    let mut symbolizer = facts.symbolizer();
+    let mut symbolizer = match options.symbolize {
+        true => facts.symbolizer(),
+        false => StackSymbolizer::addresses_only(),
+    };
     let mut records: Vec<LossRecord> = match &scan {
         Some(_) => scan_groups
             .into_iter()
@@ -842,9 +875,9 @@ pub fn analyze_with<R: Read + Seek>(
         f.stack = symbolizer.stack(&facts.stacks, f.stack_id);
     }
 
-    let trace = facts.trace_status(&index, stopped);
+    let trace = facts.trace_status(index, stopped);
     let with_scan = |k: Verdict| scan.as_ref().map(|_| kinds_total[k as usize - 1]);
-    Ok(LeaksReport {
+    LeaksReport {
         process: facts.process_report_with_crash(&mut symbolizer),
         summary: LeaksSummary {
             unfreed_at_exit: unfreed,
@@ -880,7 +913,7 @@ pub fn analyze_with<R: Read + Seek>(
         trace,
         warnings: facts.memory_warnings(&symbolizer),
         problem,
-    })
+    }
 }
 
 /// A loss record's verdicts, strongest first.

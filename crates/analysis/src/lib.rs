@@ -12,6 +12,7 @@
 
 pub mod deadlocks;
 pub mod diff;
+pub mod findings;
 pub mod growth;
 pub mod heap_profile;
 pub mod index;
@@ -19,6 +20,7 @@ pub mod leaks;
 pub mod locks;
 pub mod lockstate;
 pub mod numbers;
+pub mod pass;
 pub mod profile;
 pub mod progress;
 mod replay;

@@ -588,6 +588,7 @@ impl Facts {
         StackSymbolizer {
             symbolizer,
             cache: HashMap::new(),
+            lookups: true,
         }
     }
 }
@@ -602,9 +603,21 @@ pub fn events_lost(counters: &EndCounters, read: u64) -> u64 {
 pub(crate) struct StackSymbolizer {
     symbolizer: Symbolizer,
     cache: HashMap<u64, Vec<FrameReport>>,
+    /// False: no module is read, frames are addresses.
+    lookups: bool,
 }
 
 impl StackSymbolizer {
+    /// A symbolizer that reads no module: frames carry their addresses
+    /// only, for passes that count and print nothing (`findings`).
+    pub fn addresses_only() -> StackSymbolizer {
+        StackSymbolizer {
+            symbolizer: Symbolizer::new(),
+            cache: HashMap::new(),
+            lookups: false,
+        }
+    }
+
     /// The symbolizer's warnings (module files missing, unreadable or of
     /// another build, ...). Files are read lazily: ask after symbolizing.
     pub fn warnings(&self) -> Vec<String> {
@@ -631,10 +644,13 @@ impl StackSymbolizer {
     /// `interrupted` (the frame outside a signal frame).
     fn frames_of(&mut self, a: u64, interrupted: bool) -> &[FrameReport] {
         let symbolizer = &mut self.symbolizer;
+        let lookups = self.lookups;
         // Addresses are below 2^63: the top bit keeps the two lookups apart.
         let key = if interrupted { a | 1 << 63 } else { a };
         self.cache.entry(key).or_insert_with(|| {
-            let frames = if interrupted {
+            let frames = if !lookups {
+                vec![Frame::unknown(a)]
+            } else if interrupted {
                 symbolizer.symbolize_pc(a)
             } else {
                 symbolizer.symbolize(a)

@@ -27,8 +27,7 @@ impl crate::output::Report for trapline_analysis::DeadlocksReport {
     /// Potential and actual deadlocks and lock misuse (not lock-order
     /// inversions of one thread, a lower severity).
     fn found(&self) -> bool {
-        let s = &self.summary;
-        s.potential_deadlocks + s.actual_deadlocks + s.errors > 0
+        trapline_analysis::findings::LockFindings::of(self).is_some_and(|l| l.fail())
     }
 }
 

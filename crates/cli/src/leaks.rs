@@ -57,6 +57,7 @@ pub fn main(args: LeaksArgs) -> ExitCode {
         kinds: args.kinds.0,
         suppressions: Vec::new(),
         gen_suppressions: args.gen_suppressions,
+        ..LeaksOptions::default()
     };
     for path in &args.suppressions {
         let text = match std::fs::read_to_string(path) {

@@ -55,9 +55,27 @@ impl Report for trapline_analysis::LeaksReport {
     /// memcheck's rule: errors, and leaks of the kinds that count as errors
     /// (definite and possible), suppressed ones excepted.
     fn found(&self) -> bool {
-        let s = &self.summary;
-        let blocks = |b: Option<trapline_analysis::leaks::BytesBlocks>| b.map_or(0, |b| b.blocks);
-        s.errors > 0 || blocks(s.definitely_lost) > 0 || blocks(s.possibly_lost) > 0
+        trapline_analysis::findings::Findings::of(self, None).leaks_fail()
+    }
+}
+
+/// Two reports of one read of the trace (see `trapline_analysis::pass`):
+/// the first says how reading went.
+impl<A: Report, B: Report> Report for (A, B) {
+    fn process(&self) -> &ProcessReport {
+        self.0.process()
+    }
+    fn text(&self) -> String {
+        self.0.text() + &self.1.text()
+    }
+    fn status(&self) -> &TraceStatus {
+        self.0.status()
+    }
+    fn problem(&self) -> Option<&str> {
+        self.0.problem().or(self.1.problem())
+    }
+    fn found(&self) -> bool {
+        self.0.found() || self.1.found()
     }
 }
 

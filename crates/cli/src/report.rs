@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use trapline_analysis::profile::{self, ProfileError};
-use trapline_analysis::{deadlocks, leaks, locks, stats, timeline};
+use trapline_analysis::{locks, stats, timeline};
 use trapline_export::html::{self, ProcessPage};
 
 use crate::output;
@@ -52,10 +52,11 @@ pub fn main(args: ReportArgs) -> ExitCode {
     }
 }
 
-/// Every analysis of one trace, each its own pass.
+/// Every analysis of one trace.
 fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
     let stats = output::load("report", path, stats::analyze)?;
-    let leaks = output::load("report", path, leaks::analyze)?;
+    // Leaks and deadlocks share a read of the trace.
+    let (leaks, deadlocks) = output::load("report", path, trapline_analysis::findings::analyze)?;
     let heap = output::heap_profile_at("report", path, at)?;
     let plotted: Vec<_> = stats
         .sites
@@ -76,8 +77,6 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
     };
     rewind(&mut input, path)?;
     let locks = locks::analyze(&mut input).map_err(|e| output::fail("report", path, e))?;
-    rewind(&mut input, path)?;
-    let deadlocks = deadlocks::analyze(&mut input).map_err(|e| output::fail("report", path, e))?;
     let has_locks = locks.has_lock_events;
     Ok(ProcessPage {
         leaks,

@@ -381,13 +381,18 @@ pub fn main(args: RunArgs) -> ExitCode {
         (None, Some(s)) => 128u8.wrapping_add(s as u8),
         _ => 1,
     };
+    let mut findings = args
+        .error_exitcode
+        .filter(|_| args.quiet)
+        .map(|_| crate::run_summary::run_findings(&output));
     if !args.quiet {
-        let last_image = summarize(
+        let (last_image, found) = summarize(
             &output,
             &program,
             child_pid.as_raw() as u32,
             status.signal(),
         );
+        findings = Some(found);
         if timed_out {
             eprintln!(
                 "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
@@ -400,7 +405,7 @@ pub fn main(args: RunArgs) -> ExitCode {
             }
         }
     }
-    ExitCode::from(code)
+    crate::run_summary::exit_status(code, args.error_exitcode, findings)
 }
 
 /// The trace path, absolute (the command may change directory).

@@ -150,6 +150,12 @@ pub struct RunArgs {
     /// Print no summary when the command ends.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Exit with status N when the run leaked (a definitely or possibly lost
+    /// block, not suppressed), had an allocation error, lock misuse or a
+    /// deadlock (actual or potential), in any of its processes; otherwise
+    /// with the command's status, as memcheck's --error-exitcode.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    pub error_exitcode: Option<u8>,
     /// Write the trace even where the output path is a file that is not a
     /// trapline trace, or a symbolic link (the link is replaced, not followed).
     #[arg(long)]

@@ -92,11 +92,14 @@ pub fn main(args: &RunArgs, program: &Path, output: &Path) -> ExitCode {
         Ended::Code(c) => (c as u8, None),
         Ended::Signal(s) => (128u8.wrapping_add(s as u8), Some(s)),
     };
-    if !args.quiet {
+    let findings = if args.quiet {
+        args.error_exitcode
+            .map(|_| crate::run_summary::run_findings(output))
+    } else {
         for (name, why) in &outcome.refused {
             eprintln!("==trapline== {name} was not trapped: {why}");
         }
-        crate::run_summary::summarize(output, program, outcome.pid, signal);
-    }
-    ExitCode::from(code)
+        Some(crate::run_summary::summarize(output, program, outcome.pid, signal).1)
+    };
+    crate::run_summary::exit_status(code, args.error_exitcode, findings)
 }

@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::Signal;
+use rayon::prelude::*;
+
+use trapline_analysis::findings::Findings;
 
 use crate::trace_names;
 
@@ -25,13 +28,13 @@ const CRASH_SIGNALS: [i32; 5] = [
 /// process as it ended (its last image, when it replaced itself with exec),
 /// then the other processes added up. `top_pid`: the command's process;
 /// `killed_by`: the signal that ended it, if one did. Returns the trace of
-/// that last image.
+/// that last image, and what the analyses found in all of the run's traces.
 pub(crate) fn summarize(
     output: &Path,
     program: &Path,
     top_pid: u32,
     killed_by: Option<i32>,
-) -> PathBuf {
+) -> (PathBuf, Findings) {
     let mut files = vec![output.to_path_buf()];
     files.extend(trace_names::family_files(output));
     let empty = std::fs::metadata(output)
@@ -55,7 +58,21 @@ pub(crate) fn summarize(
     list_traces(output, &files, &summaries, empty);
     if empty {
         warn_no_trace(program, killed_by);
-        return output.to_path_buf();
+        return (output.to_path_buf(), Findings::default());
+    }
+    // One read per trace, on every core: a build's tree has hundreds.
+    let findings: Vec<Option<Findings>> = files
+        .par_iter()
+        .zip(&summaries)
+        .map(|(f, s)| {
+            s.as_ref()
+                .and_then(|s| s.as_ref().ok())
+                .and(read_findings(f))
+        })
+        .collect();
+    let mut total = Findings::default();
+    for f in findings.iter().flatten() {
+        total.add(f);
     }
     let images = top_images(output, top_pid, &files, &summaries);
     let last = *images.last().unwrap_or(&0);
@@ -73,10 +90,15 @@ pub(crate) fn summarize(
         );
     }
     let mut summaries = summaries;
-    let last_calls = print_last_image(summaries[last].take(), killed_by, last_trace);
-    let (others, others_summaries): (Vec<PathBuf>, Vec<Option<ReadSummary>>) = files
+    let last_calls = print_last_image(
+        summaries[last].take(),
+        findings[last].as_ref(),
+        killed_by,
+        last_trace,
+    );
+    let (others, others_summaries): (Vec<PathBuf>, Vec<_>) = files
         .iter()
-        .zip(summaries)
+        .zip(summaries.into_iter().zip(findings))
         .enumerate()
         .filter(|(i, _)| *i != last)
         .map(|(_, (f, s))| (f.clone(), s))
@@ -94,7 +116,41 @@ pub(crate) fn summarize(
         last_calls.unwrap_or(0),
         last_trace,
     );
-    last_trace.clone()
+    (last_trace.clone(), total)
+}
+
+/// The status `trapline run` exits with: `error_exitcode` when asked for
+/// and the analyses found something it stands for, else the command's.
+pub(crate) fn exit_status(
+    command: u8,
+    error_exitcode: Option<u8>,
+    findings: Option<Findings>,
+) -> std::process::ExitCode {
+    match (error_exitcode, findings) {
+        (Some(n), Some(f)) if f.fail() => std::process::ExitCode::from(n),
+        _ => std::process::ExitCode::from(command),
+    }
+}
+
+/// What the analyses find in all the traces of the run at `output`, for
+/// `--error-exitcode` when no summary is printed.
+pub(crate) fn run_findings(output: &Path) -> Findings {
+    let mut total = Findings::default();
+    let mut files = vec![output.to_path_buf()];
+    files.extend(trace_names::family_files(output));
+    let found: Vec<Option<Findings>> = files.par_iter().map(|f| read_findings(f)).collect();
+    for f in found.iter().flatten() {
+        total.add(f);
+    }
+    total
+}
+
+/// A trace's findings (one read for the leaks and deadlocks analyses);
+/// None when it cannot be read.
+fn read_findings(path: &Path) -> Option<Findings> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut input = std::io::BufReader::new(file);
+    trapline_analysis::findings::of_trace(&mut input).ok()
 }
 
 /// Lists the traces written, the first `TRACES_LISTED` and those that warn.
@@ -157,6 +213,7 @@ fn warn_no_trace(program: &Path, killed_by: Option<i32>) {
 /// crash, an exit past the agent); its allocation calls.
 fn print_last_image(
     summary: Option<ReadSummary>,
+    findings: Option<&Findings>,
     killed_by: Option<i32>,
     last_trace: &Path,
 ) -> Option<u64> {
@@ -164,7 +221,7 @@ fn print_last_image(
     match summary {
         Some(Ok(s)) => {
             last_calls = Some(s.allocation_calls);
-            print_summary(&s);
+            print_summary(&s, findings);
             let exec_untraced = s.process.exit.is_some_and(|e| e.exec);
             if exec_untraced {
                 eprintln!("==trapline== {EXEC_UNTRACED}");
@@ -348,7 +405,7 @@ fn summarize_others(
     output: &Path,
     others_are: &str,
     others: &[PathBuf],
-    summaries: impl Iterator<Item = Option<ReadSummary>>,
+    summaries: impl Iterator<Item = (Option<ReadSummary>, Option<Findings>)>,
 ) -> Vec<Busy> {
     let mut busiest: Vec<Busy> = Vec::new();
     if others.is_empty() {
@@ -358,7 +415,7 @@ fn summarize_others(
     let mut running = 0usize;
     let mut failed = 0u64;
     let mut notable = Vec::new();
-    for (path, summary) in others.iter().zip(summaries) {
+    for (path, (summary, findings)) in others.iter().zip(summaries) {
         let s = match summary {
             Some(Ok(s)) => s,
             // A process that has just started may not have written its
@@ -387,7 +444,8 @@ fn summarize_others(
         });
         busiest.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.path.cmp(&b.path)));
         busiest.truncate(BUSIEST_NAMED);
-        errors += s.errors;
+        let found = findings.map_or(s.errors, |f| f.errors());
+        errors += found;
         failed += s.failed_allocations;
         // A process that outlived the command (a daemon, Python's
         // resource tracker) is still writing its trace.
@@ -404,8 +462,10 @@ fn summarize_others(
             None => unfinished += 1,
         }
         let mut what = Vec::new();
-        if s.errors > 0 {
-            what.push(counted(s.errors, "error"));
+        match findings {
+            Some(f) => what.extend(f.error_kinds_text()),
+            None if found > 0 => what.push(counted(found, "error")),
+            _ => {}
         }
         if s.failed_allocations > 0 {
             what.push(counted(s.failed_allocations, "failed allocation call"));
@@ -567,7 +627,7 @@ fn counted(n: u64, noun: &str) -> String {
 }
 
 /// The summary lines after the trace names.
-fn print_summary(s: &trapline_analysis::stats::RunSummary) {
+fn print_summary(s: &trapline_analysis::stats::RunSummary, findings: Option<&Findings>) {
     eprintln!(
         "==trapline== allocation calls: {} ({} releases)",
         th(s.allocation_calls),
@@ -581,13 +641,21 @@ fn print_summary(s: &trapline_analysis::stats::RunSummary) {
     // The exit snapshot is the agent's own table at exit; a replay of the
     // events misses what the process did not allocate itself (a fork child's
     // inherited blocks) and what ran after the last chunk.
-    let (bytes, blocks) = (th(s.unfreed.bytes), th(s.unfreed.blocks));
+    let (bytes, blocks) = (th(s.unfreed.bytes), counted(s.unfreed.blocks, "block"));
     if s.unfreed_replayed {
-        eprintln!("==trapline== unfreed at end of trace: {bytes} bytes in {blocks} blocks (replayed: the process did not finish)");
+        eprintln!("==trapline== unfreed at end of trace: {bytes} bytes in {blocks} (replayed: the process did not finish)");
     } else {
-        eprintln!("==trapline== unfreed at exit: {bytes} bytes in {blocks} blocks");
+        eprintln!("==trapline== unfreed at exit: {bytes} bytes in {blocks}");
     }
-    eprintln!("==trapline== errors found: {}", th(s.errors));
+    match findings {
+        Some(f) => {
+            if let Some(leaks) = f.leaks_text() {
+                eprintln!("==trapline== {leaks}");
+            }
+            eprintln!("==trapline== {}", f.errors_text());
+        }
+        None => eprintln!("==trapline== errors found: {}", th(s.errors)),
+    }
     if s.failed_allocations > 0 {
         eprintln!(
             "==trapline== failed allocation calls: {} (out of memory? `trapline leaks` lists where)",

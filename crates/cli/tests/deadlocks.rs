@@ -356,6 +356,13 @@ fn self_deadlock_is_recorded_before_the_thread_blocks_and_sigterm_completes_the_
     kill(Pid::from_raw(pid), Signal::SIGTERM).expect("signal the traced program");
     let run = finish(child, "trapline run");
     assert_eq!(run.code(), 143, "{}", run.describe());
+    // The summary counts what `deadlocks` reports: it said "errors found: 0".
+    assert!(
+        run.stderr
+            .contains("==trapline== errors found: 2 (1 lock misuse, 1 actual deadlock)\n"),
+        "{}",
+        run.describe()
+    );
     let report = deadlocks(&dir.trace());
     assert_eq!(report["trace"]["complete"], json!(true));
     assert_eq!(process_exit(&report), &json!({"signal": 15}));

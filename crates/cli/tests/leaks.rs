@@ -24,6 +24,15 @@ fn leaks_c_reports_each_leak_with_its_stack() {
         "{}",
         run.describe()
     );
+    // The summary counts the kinds as `trapline leaks` does.
+    assert!(
+        run.stderr.contains(
+            "==trapline== definitely lost: 1,032 bytes in 9 blocks, indirectly lost: 0 bytes \
+             in 0 blocks, possibly lost: 0 bytes in 0 blocks\n==trapline== errors found: 0\n"
+        ),
+        "{}",
+        run.describe()
+    );
 
     let report = leaks(&dir.trace());
     assert_complete(&report);
@@ -1289,4 +1298,23 @@ fn jemalloc_api_without_jemalloc_is_served_by_the_c_library() {
         ("dallocx", 1),
     ];
     assert_calls(&stats(&dir.trace()), |f| f.ends_with("allocx"), &want);
+}
+
+/// `trapline run --error-exitcode N`, as memcheck's: N for a run that
+/// leaked, the command's own status for one that did not, with or without
+/// the summary.
+#[test]
+fn run_error_exitcode_fails_a_leaking_run_only() {
+    let dir = TestDir::new("run_error_exitcode");
+    let leaky = compile_c(&dir, "leaks.c");
+    let clean = compile_c(&dir, "clean.c");
+    for flags in [
+        &["--error-exitcode", "9"][..],
+        &["--error-exitcode", "9", "-q"],
+    ] {
+        let r = run(&dir, flags, &leaky, &[]);
+        assert_eq!(r.code(), 9, "{}", r.describe());
+        let r = run(&dir, flags, &clean, &[]);
+        assert_eq!(r.code(), 0, "{}", r.describe());
+    }
 }

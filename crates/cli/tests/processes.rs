@@ -752,7 +752,10 @@ fn the_run_summary_counts_the_errors_of_every_process() {
         "==trapline== other processes (1 trace): 2 allocation calls, errors found: 1, events \
          lost: 0\n"
             .to_string(),
-        format!("==trapline==   {}: 1 error\n", children[0].display()),
+        format!(
+            "==trapline==   {}: 1 allocation error\n",
+            children[0].display()
+        ),
     ];
     let at: Vec<Option<usize>> = lines.iter().map(|l| run.stderr.find(l.as_str())).collect();
     assert!(
@@ -760,6 +763,9 @@ fn the_run_summary_counts_the_errors_of_every_process() {
         "{}",
         run.describe()
     );
+    // --error-exitcode judges every process of the run.
+    let quiet = common::run(&dir, &["-q", "--error-exitcode", "5"], &prog, &[]);
+    assert_eq!(quiet.code(), 5, "{}", quiet.describe());
 }
 
 /// many_children.c: 25 traces. The summary names 20 of them and counts the
@@ -958,7 +964,7 @@ fn the_run_summary_follows_the_commands_execs_to_its_last_image() {
                  exec_target; below, its last image ({})\n",
                 last.display()
             ),
-            "==trapline== unfreed at exit: 33 bytes in 1 blocks\n".to_string(),
+            "==trapline== unfreed at exit: 33 bytes in 1 block\n".to_string(),
             "==trapline== other processes and earlier images (".to_string(),
             format!("==trapline== see: trapline leaks {}\n", last.display()),
         ];

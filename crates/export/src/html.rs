@@ -119,6 +119,8 @@ fn process(h: &mut String, p: &ProcessPage) {
     // both, as memcheck's loss records do.
     let definitely = l.summary.definitely_lost.map(|b| b.bytes);
     let indirectly = l.summary.indirectly_lost.map(|b| b.bytes);
+    let possibly = l.summary.possibly_lost.map(|b| b.bytes);
+    let findings = trapline_analysis::findings::Findings::of(l, p.deadlocks.as_ref());
     let detached = l.process.exit.is_some_and(|e| e.detached);
     let cards = [
         (
@@ -140,7 +142,20 @@ fn process(h: &mut String, p: &ProcessPage) {
             indirectly.map_or("not judged".into(), |b| format!("{} bytes", thousands(b))),
             "indirectly-lost",
         ),
-        ("allocation errors", thousands(l.summary.errors), "errors"),
+        (
+            "possibly lost",
+            possibly.map_or("not judged".into(), |b| format!("{} bytes", thousands(b))),
+            "possibly-lost",
+        ),
+        // Counted as `trapline run`'s summary counts them.
+        (
+            "errors found",
+            match findings.error_kinds_text() {
+                Some(kinds) => format!("{} ({kinds})", thousands(findings.errors())),
+                None => thousands(findings.errors()),
+            },
+            "errors",
+        ),
         (
             "peak heap",
             format!("{} bytes", thousands(s.peak_heap.bytes)),

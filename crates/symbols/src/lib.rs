@@ -50,6 +50,21 @@ pub struct Frame {
     pub allocation_wrapper: bool,
 }
 
+impl Frame {
+    /// A frame of which only the address is known.
+    pub fn unknown(address: u64) -> Frame {
+        Frame {
+            address,
+            function: None,
+            file: None,
+            line: None,
+            inlined: false,
+            module: None,
+            allocation_wrapper: false,
+        }
+    }
+}
+
 /// Counters of the symbolizer's work, for diagnostics and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -250,13 +265,8 @@ impl Symbolizer {
     fn resolve(&mut self, address: u64) -> Vec<Frame> {
         let unknown = |module: Option<String>| {
             vec![Frame {
-                address,
-                function: None,
-                file: None,
-                line: None,
-                inlined: false,
                 module,
-                allocation_wrapper: false,
+                ..Frame::unknown(address)
             }]
         };
         // Return address 0 cannot follow a call.

@@ -259,15 +259,7 @@ impl Program {
 
 /// A frame outside every module.
 pub fn outside(address: u64) -> Frame {
-    Frame {
-        address,
-        function: None,
-        file: None,
-        line: None,
-        inlined: false,
-        module: None,
-        allocation_wrapper: false,
-    }
+    Frame::unknown(address)
 }
 
 /// A symbolizer with one module, and no system debug files (the tests must
