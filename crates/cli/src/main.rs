@@ -88,6 +88,10 @@ fn main() -> ExitCode {
     if argv.len() >= 4 && argv[1] == trapline_tracer::TRACEME_ARG && argv[3] == "--" {
         trapline_tracer::traceme_and_exec(std::path::Path::new(&argv[2]), &argv[4..]);
     }
+    // The reader of a run's traces, apart from `trapline run` (run_summary).
+    if argv.len() >= 2 && argv[1] == run_summary::READER_ARG {
+        return run_summary::reader_main(&argv[2..]);
+    }
     let cli = Cli::parse();
     trapline_analysis::report::set_allocation_wrappers(cli.alloc_fn);
     match cli.command {

@@ -23,7 +23,7 @@ use crate::run_args::{
     EXIT_TIMED_OUT,
 };
 use crate::run_signals::{forward_signals, signal_forwarding, INHERITED_SIGPIPE};
-use crate::run_summary::{summarize, OomKills, OOM_KILLS_AT_START, PRIVATE_ALLOCATOR};
+use crate::run_summary::{summarize_apart, OomKills, OOM_KILLS_AT_START, PRIVATE_ALLOCATOR};
 /// After SIGTERM at the timeout, how long the command may take to end before SIGKILL.
 const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -381,31 +381,31 @@ pub fn main(args: RunArgs) -> ExitCode {
         (None, Some(s)) => 128u8.wrapping_add(s as u8),
         _ => 1,
     };
-    let mut findings = args
-        .error_exitcode
-        .filter(|_| args.quiet)
-        .map(|_| crate::run_summary::run_findings(&output));
-    if !args.quiet {
-        let (last_image, found) = summarize(
+    let mut found = None;
+    if !args.quiet || args.error_exitcode.is_some() {
+        let read = summarize_apart(
             &output,
             &program,
             child_pid.as_raw() as u32,
             status.signal(),
+            !args.quiet,
         );
-        findings = Some(found);
-        if timed_out {
+        found = read.found;
+        if timed_out && !args.quiet {
             eprintln!(
                 "==trapline== stopped by --timeout: if it hung on a lock, see: trapline deadlocks {}",
-                last_image.display()
+                read.last_image.display()
             );
         }
+    }
+    if !args.quiet {
         if let Some(w) = watched {
             for line in w {
                 eprintln!("==trapline== {line}");
             }
         }
     }
-    crate::run_summary::exit_status(code, args.error_exitcode, findings)
+    crate::run_summary::exit_status(code, args.error_exitcode, found)
 }
 
 /// The trace path, absolute (the command may change directory).

@@ -92,14 +92,16 @@ pub fn main(args: &RunArgs, program: &Path, output: &Path) -> ExitCode {
         Ended::Code(c) => (c as u8, None),
         Ended::Signal(s) => (128u8.wrapping_add(s as u8), Some(s)),
     };
-    let findings = if args.quiet {
-        args.error_exitcode
-            .map(|_| crate::run_summary::run_findings(output))
-    } else {
+    if !args.quiet {
         for (name, why) in &outcome.refused {
             eprintln!("==trapline== {name} was not trapped: {why}");
         }
-        Some(crate::run_summary::summarize(output, program, outcome.pid, signal).1)
-    };
-    crate::run_summary::exit_status(code, args.error_exitcode, findings)
+    }
+    let found = (!args.quiet || args.error_exitcode.is_some())
+        .then(|| {
+            crate::run_summary::summarize_apart(output, program, outcome.pid, signal, !args.quiet)
+                .found
+        })
+        .flatten();
+    crate::run_summary::exit_status(code, args.error_exitcode, found)
 }

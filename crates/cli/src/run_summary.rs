@@ -1,6 +1,9 @@
 //! The short report `trapline run` prints when the command ends: the
 //! command's process, the others added up, and why a trace is incomplete.
 
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::Signal;
@@ -29,7 +32,7 @@ const CRASH_SIGNALS: [i32; 5] = [
 /// then the other processes added up. `top_pid`: the command's process;
 /// `killed_by`: the signal that ended it, if one did. Returns the trace of
 /// that last image, and what the analyses found in all of the run's traces.
-pub(crate) fn summarize(
+fn summarize(
     output: &Path,
     program: &Path,
     top_pid: u32,
@@ -120,21 +123,182 @@ pub(crate) fn summarize(
 }
 
 /// The status `trapline run` exits with: `error_exitcode` when asked for
-/// and the analyses found something it stands for, else the command's.
+/// and the analyses found something it stands for (`found`; None when the
+/// traces could not be judged), else the command's.
 pub(crate) fn exit_status(
     command: u8,
     error_exitcode: Option<u8>,
-    findings: Option<Findings>,
+    found: Option<bool>,
 ) -> std::process::ExitCode {
-    match (error_exitcode, findings) {
-        (Some(n), Some(f)) if f.fail() => std::process::ExitCode::from(n),
+    match (error_exitcode, found) {
+        (Some(n), Some(true)) => std::process::ExitCode::from(n),
         _ => std::process::ExitCode::from(command),
     }
 }
 
+/// The argument that makes `trapline` the reader of a run's traces:
+/// `trapline __trapline-summary OUTPUT PROGRAM PID SIGNAL|- summary|findings
+/// GROUP_OOM_KILLS|- SYSTEM_OOM_KILLS|- [PRIVATE_ALLOCATOR_WARNING]`.
+pub(crate) const READER_ARG: &str = "__trapline-summary";
+
+/// What the reader of the traces tells `trapline run`.
+pub(crate) struct Summarized {
+    /// The trace of the command's last image.
+    pub(crate) last_image: PathBuf,
+    /// Whether the analyses found what `--error-exitcode` stands for; None
+    /// when the reader could not finish.
+    pub(crate) found: Option<bool>,
+}
+
+/// Reads the run's traces in a process of its own (this binary, with
+/// READER_ARG) and prints the summary when `print`, else only judges them.
+/// A replay holds every block that was live; run inside the program's
+/// memory cgroup, it would get trapline itself ended by the group's OOM
+/// killer, the command's status and the note on its death lost with it.
+/// The reader goes first to the OOM killer (`oom_score_adj` 1000), before
+/// the processes the command left running in the group.
+pub(crate) fn summarize_apart(
+    output: &Path,
+    program: &Path,
+    top_pid: u32,
+    killed_by: Option<i32>,
+    print: bool,
+) -> Summarized {
+    let in_process = || {
+        if print {
+            let (last_image, findings) = summarize(output, program, top_pid, killed_by);
+            Summarized {
+                last_image,
+                found: Some(findings.fail()),
+            }
+        } else {
+            Summarized {
+                last_image: output.to_path_buf(),
+                found: Some(run_findings(output).fail()),
+            }
+        }
+    };
+    let Ok(exe) = std::env::current_exe() else {
+        return in_process();
+    };
+    let count = |n: Option<u64>| n.map_or("-".to_string(), |n| n.to_string());
+    let start = OOM_KILLS_AT_START.get();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(READER_ARG)
+        .arg(output)
+        .arg(program)
+        .arg(top_pid.to_string())
+        .arg(killed_by.map_or("-".to_string(), |s| s.to_string()))
+        .arg(if print { "summary" } else { "findings" })
+        .arg(count(start.and_then(|o| o.group.as_ref().map(|g| g.1))))
+        .arg(count(start.and_then(|o| o.system)))
+        .args(PRIVATE_ALLOCATOR.get())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    let before = OomKills::now();
+    let Ok(reader) = cmd.output() else {
+        return in_process();
+    };
+    if reader.status.success() {
+        let text = reader.stdout;
+        let (verdict, path) = text
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or((&text[..], &[][..]), |i| (&text[..i], &text[i + 1..]));
+        return Summarized {
+            last_image: PathBuf::from(std::ffi::OsStr::from_bytes(path)),
+            found: Some(verdict == b"found"),
+        };
+    }
+    let how = match reader.status.signal() {
+        Some(signal) => {
+            let oom = before.group.as_ref().and_then(|(group, n)| {
+                group.oom_kills().filter(|now| now > n).map(|_| {
+                    let limit = group
+                        .limit()
+                        .map(|l| format!(" (limit of {} MiB)", l >> 20))
+                        .unwrap_or_default();
+                    format!(
+                        ": the OOM killer of the memory cgroup {}{limit} ended it (a replay holds \
+                         every block that was live, and the reader runs in the command's group)",
+                        group.path
+                    )
+                })
+            });
+            format!(
+                "was killed by signal {signal} ({}){}",
+                Signal::try_from(signal).map_or("?", |s| s.as_str()),
+                oom.unwrap_or_default()
+            )
+        }
+        None => format!(
+            "failed (status {})",
+            reader.status.code().unwrap_or_default()
+        ),
+    };
+    let judged = if print {
+        "the summary"
+    } else {
+        "--error-exitcode"
+    };
+    eprintln!(
+        "==trapline== {judged} is missing: trapline's reader of the traces {how}; the command's \
+         status is returned. Read the trace where there is room: trapline leaks {}",
+        output.display()
+    );
+    if print && killed_by == Some(libc::SIGKILL) {
+        eprintln!("==trapline== {}", unflushed_death(libc::SIGKILL));
+    }
+    Summarized {
+        last_image: output.to_path_buf(),
+        found: None,
+    }
+}
+
+/// The reader of the traces (READER_ARG's process): prints the summary
+/// to stderr, or only judges the traces, and tells `trapline run` on stdout
+/// `found` or `clean`, a newline and the trace of the command's last image.
+pub(crate) fn reader_main(args: &[std::ffi::OsString]) -> std::process::ExitCode {
+    let [output, program, pid, signal, mode, group_kills, system_kills, rest @ ..] = args else {
+        eprintln!("==trapline== {READER_ARG}: bad arguments");
+        return std::process::ExitCode::from(2);
+    };
+    // The OOM killer's first choice in the group, before the command's
+    // processes still running there: the reader holds a replay's blocks.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
+    let number = |s: &std::ffi::OsString| s.to_str().and_then(|s| s.parse::<u64>().ok());
+    let group = trapline_memlimits::Group::of_this_process();
+    let _ = OOM_KILLS_AT_START.set(OomKills {
+        group: group.zip(number(group_kills)),
+        system: number(system_kills),
+    });
+    if let Some(warning) = rest.first().and_then(|w| w.to_str()) {
+        let _ = PRIVATE_ALLOCATOR.set(warning.to_string());
+    }
+    let output = Path::new(output);
+    let (last_image, findings) = if mode == "summary" {
+        summarize(
+            output,
+            Path::new(program),
+            number(pid).unwrap_or_default() as u32,
+            number(signal).map(|s| s as i32),
+        )
+    } else {
+        (output.to_path_buf(), run_findings(output))
+    };
+    let verdict: &[u8] = if findings.fail() { b"found" } else { b"clean" };
+    let mut out = std::io::stdout().lock();
+    let _ = out
+        .write_all(verdict)
+        .and_then(|_| out.write_all(b"\n"))
+        .and_then(|_| out.write_all(last_image.as_os_str().as_bytes()));
+    std::process::ExitCode::SUCCESS
+}
+
 /// What the analyses find in all the traces of the run at `output`, for
 /// `--error-exitcode` when no summary is printed.
-pub(crate) fn run_findings(output: &Path) -> Findings {
+fn run_findings(output: &Path) -> Findings {
     let mut total = Findings::default();
     let mut files = vec![output.to_path_buf()];
     files.extend(trace_names::family_files(output));

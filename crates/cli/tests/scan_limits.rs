@@ -294,7 +294,8 @@ fn an_exit_scan_that_would_pass_the_cgroup_limit_is_skipped() {
 
 /// A program the OOM killer ends: `trapline run` says who sent the SIGKILL
 /// (the kernel's count of OOM kills rose while the command ran) instead of
-/// only "SIGKILL cannot be caught".
+/// only "SIGKILL cannot be caught", and returns the command's status
+/// whether or not the summary's replay fits in what the group has left.
 #[test]
 fn a_program_the_oom_killer_ends_is_named_as_such() {
     // Far less than the program's 80 MB.
@@ -314,6 +315,19 @@ fn a_program_the_oom_killer_ends_is_named_as_such() {
              the group's limit.",
             group.path()
         )),
+        "{}",
+        run.describe()
+    );
+    // The summary's replay runs in the same group: when it does not fit,
+    // its reader is ended, not trapline, and says so.
+    assert!(
+        run.stderr.contains("==trapline== allocation calls: ")
+            || run.stderr.contains(&format!(
+                "==trapline== the summary is missing: trapline's reader of the traces was \
+                 killed by signal 9 (SIGKILL): the OOM killer of the memory cgroup {} (limit \
+                 of 40 MiB) ended it",
+                group.path()
+            )),
         "{}",
         run.describe()
     );
