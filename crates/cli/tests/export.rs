@@ -77,6 +77,11 @@ fn heap_profile_is_read_by_go_tool_pprof() {
         top.contains("Total samples = 21000000B"),
         "inuse_space total:\n{top}"
     );
+    assert_eq!(
+        top.lines().next(),
+        Some("File: sampled_leaks"),
+        "the first line names the program:\n{top}"
+    );
     let rows = top_rows(&top);
     let (flat, name) = &rows[0];
     assert_eq!(flat, "21000000B", "{top}");
@@ -121,6 +126,12 @@ fn cpu_profile_is_read_by_go_tool_pprof() {
     assert!(
         top.contains(&format!("% of {samples} total")),
         "{samples} samples:\n{top}"
+    );
+    // The profile's file is the program, not the module the first stack met.
+    assert_eq!(
+        top.lines().next(),
+        Some("File: profile_shares"),
+        "the first line names the program:\n{top}"
     );
     let rows = top_table(&top);
     let mut compared = 0;

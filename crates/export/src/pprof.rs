@@ -14,7 +14,7 @@ use std::io::Write;
 use prost::Message;
 use trapline_analysis::heap_profile::HeapProfile;
 use trapline_analysis::profile::ProfileReport;
-use trapline_analysis::report::FrameReport;
+use trapline_analysis::report::{FrameReport, ProcessReport};
 
 #[derive(Clone, PartialEq, Message)]
 struct Profile {
@@ -132,7 +132,10 @@ struct Builder {
 }
 
 impl Builder {
-    fn new() -> Builder {
+    /// A profile of `process`: its executable is the first mapping, which
+    /// `go tool pprof` names as the profile's "File" (it was whichever
+    /// module the first stack met, often libc.so.6).
+    fn new(process: &ProcessReport) -> Builder {
         let mut b = Builder {
             profile: Profile::default(),
             strings: HashMap::new(),
@@ -141,6 +144,7 @@ impl Builder {
             locations: HashMap::new(),
         };
         b.string("");
+        b.mapping(process.executable.as_deref());
         b
     }
 
@@ -273,7 +277,7 @@ impl Builder {
     }
 }
 
-fn program(p: &trapline_analysis::report::ProcessReport) -> String {
+fn program(p: &ProcessReport) -> String {
     let name = p.executable.as_deref().unwrap_or("an unknown program");
     match p.pid {
         Some(pid) => format!("{name} (pid {pid})"),
@@ -289,7 +293,7 @@ fn clamp(v: u64) -> i64 {
 /// allocated over the run), `inuse_objects` and `inuse_space` (live at the
 /// end), `inuse_space` shown first, as Go's heap profiles are.
 pub fn write_heap(p: &HeapProfile, out: &mut impl Write) -> std::io::Result<()> {
-    let mut b = Builder::new();
+    let mut b = Builder::new(&p.process);
     b.profile.sample_type = vec![
         b.value_type("alloc_objects", "count"),
         b.value_type("alloc_space", "bytes"),
@@ -342,7 +346,7 @@ pub fn write_heap(p: &HeapProfile, out: &mut impl Write) -> std::io::Result<()> 
 /// Writes a CPU profile: `samples` and `cpu` nanoseconds per stack, each
 /// sample labelled with its thread.
 pub fn write_cpu(p: &ProfileReport, out: &mut impl Write) -> std::io::Result<()> {
-    let mut b = Builder::new();
+    let mut b = Builder::new(&p.process);
     b.profile.sample_type = vec![
         b.value_type("samples", "count"),
         b.value_type("cpu", "nanoseconds"),
