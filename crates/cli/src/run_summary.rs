@@ -165,17 +165,10 @@ pub(crate) fn summarize_apart(
     print: bool,
 ) -> Summarized {
     let in_process = || {
-        if print {
-            let (last_image, findings) = summarize(output, program, top_pid, killed_by);
-            Summarized {
-                last_image,
-                found: Some(findings.fail()),
-            }
-        } else {
-            Summarized {
-                last_image: output.to_path_buf(),
-                found: Some(run_findings(output).fail()),
-            }
+        let (last_image, findings) = read_here(output, program, top_pid, killed_by, print);
+        Summarized {
+            last_image,
+            found: Some(findings.fail()),
         }
     };
     let Ok(exe) = std::env::current_exe() else {
@@ -213,18 +206,11 @@ pub(crate) fn summarize_apart(
     }
     let how = match reader.status.signal() {
         Some(signal) => {
-            let oom = before.group.as_ref().and_then(|(group, n)| {
-                group.oom_kills().filter(|now| now > n).map(|_| {
-                    let limit = group
-                        .limit()
-                        .map(|l| format!(" (limit of {} MiB)", l >> 20))
-                        .unwrap_or_default();
-                    format!(
-                        ": the OOM killer of the memory cgroup {}{limit} ended it (a replay holds \
-                         every block that was live, and the reader runs in the command's group)",
-                        group.path
-                    )
-                })
+            let oom = before.group_killer().map(|killer| {
+                format!(
+                    ": {killer} ended it (a replay holds every block that was live, and the \
+                     reader runs in the command's group)"
+                )
             });
             format!(
                 "was killed by signal {signal} ({}){}",
@@ -276,17 +262,13 @@ pub(crate) fn reader_main(args: &[std::ffi::OsString]) -> std::process::ExitCode
     if let Some(warning) = rest.first().and_then(|w| w.to_str()) {
         let _ = PRIVATE_ALLOCATOR.set(warning.to_string());
     }
-    let output = Path::new(output);
-    let (last_image, findings) = if mode == "summary" {
-        summarize(
-            output,
-            Path::new(program),
-            number(pid).unwrap_or_default() as u32,
-            number(signal).map(|s| s as i32),
-        )
-    } else {
-        (output.to_path_buf(), run_findings(output))
-    };
+    let (last_image, findings) = read_here(
+        Path::new(output),
+        Path::new(program),
+        number(pid).unwrap_or_default() as u32,
+        number(signal).map(|s| s as i32),
+        mode == "summary",
+    );
     let verdict: &[u8] = if findings.fail() { b"found" } else { b"clean" };
     let mut out = std::io::stdout().lock();
     let _ = out
@@ -294,6 +276,23 @@ pub(crate) fn reader_main(args: &[std::ffi::OsString]) -> std::process::ExitCode
         .and_then(|_| out.write_all(b"\n"))
         .and_then(|_| out.write_all(last_image.as_os_str().as_bytes()));
     std::process::ExitCode::SUCCESS
+}
+
+/// Reads the run's traces in this process: prints the summary when
+/// `print`, else only judges them. Returns the trace of the command's last
+/// image and what the analyses found.
+fn read_here(
+    output: &Path,
+    program: &Path,
+    top_pid: u32,
+    killed_by: Option<i32>,
+    print: bool,
+) -> (PathBuf, Findings) {
+    if print {
+        summarize(output, program, top_pid, killed_by)
+    } else {
+        (output.to_path_buf(), run_findings(output))
+    }
 }
 
 /// What the analyses find in all the traces of the run at `output`, for
@@ -715,6 +714,21 @@ impl OomKills {
             system: trapline_memlimits::system_oom_kills(),
         }
     }
+
+    /// "the OOM killer of the memory cgroup G (limit of N MiB)", when the
+    /// group's count of OOM kills has risen since these counts.
+    fn group_killer(&self) -> Option<String> {
+        let (group, n) = self.group.as_ref()?;
+        group.oom_kills().filter(|now| now > n)?;
+        let limit = group
+            .limit()
+            .map(|l| format!(" of {} MiB", l >> 20))
+            .unwrap_or_default();
+        Some(format!(
+            "the OOM killer of the memory cgroup {} (limit{limit})",
+            group.path
+        ))
+    }
 }
 
 pub(crate) static OOM_KILLS_AT_START: std::sync::OnceLock<OomKills> = std::sync::OnceLock::new();
@@ -727,18 +741,11 @@ fn oom_kill_note() -> Option<String> {
     let before = OOM_KILLS_AT_START.get()?;
     let agent = "Under trapline a program also holds the agent's table (about 26 bytes per \
                  live block) and its buffers";
-    if let Some((group, n)) = &before.group {
-        if group.oom_kills().is_some_and(|now| now > *n) {
-            let limit = group
-                .limit()
-                .map(|l| format!(" of {} MiB", l >> 20))
-                .unwrap_or_default();
-            return Some(format!(
-                "the OOM killer of the memory cgroup {} (limit{limit}) ended a process of the \
-                 group while the command ran: the command reached the group's limit. {agent}",
-                group.path
-            ));
-        }
+    if let Some(killer) = before.group_killer() {
+        return Some(format!(
+            "{killer} ended a process of the group while the command ran: the command reached \
+             the group's limit. {agent}"
+        ));
     }
     let killed = trapline_memlimits::system_oom_kills()?
         .checked_sub(before.system?)
