@@ -14,8 +14,20 @@ pub const EXIT_USAGE: u8 = 2;
 pub enum Format {
     /// For people.
     Text,
-    /// A stable schema, documented in the README.
+    /// A stable schema, documented in docs/json-schema.md.
     Json,
+}
+
+/// Output format of an analysis whose findings code-scanning services
+/// read (`leaks`, `deadlocks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FindingsFormat {
+    /// For people.
+    Text,
+    /// A stable schema, documented in docs/json-schema.md.
+    Json,
+    /// SARIF 2.1.0, for code-scanning services and editors.
+    Sarif,
 }
 
 /// A trace path argument shared by analyses.

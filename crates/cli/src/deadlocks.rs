@@ -6,9 +6,10 @@ use std::process::ExitCode;
 pub struct DeadlocksArgs {
     #[command(flatten)]
     pub trace: crate::args::TraceArg,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = crate::args::Format::Text)]
-    pub format: crate::args::Format,
+    /// Output format (SARIF: one result per finding, for code-scanning
+    /// services).
+    #[arg(long, value_enum, default_value_t = crate::args::FindingsFormat::Text)]
+    pub format: crate::args::FindingsFormat,
     /// Exit with this status when the report finds something (see `found`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
     pub error_exitcode: Option<u8>,
@@ -28,6 +29,9 @@ impl crate::output::Report for trapline_analysis::DeadlocksReport {
     /// inversions of one thread, a lower severity).
     fn found(&self) -> bool {
         trapline_analysis::findings::LockFindings::of(self).is_some_and(|l| l.fail())
+    }
+    fn sarif(&self, trace: &std::path::Path) -> Option<trapline_export::sarif::SarifLog> {
+        Some(trapline_export::sarif::deadlocks(self, trace))
     }
 }
 

@@ -11,9 +11,10 @@ use trapline_analysis::suppressions;
 pub struct LeaksArgs {
     #[command(flatten)]
     pub trace: crate::args::TraceArg,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = crate::args::Format::Text)]
-    pub format: crate::args::Format,
+    /// Output format (SARIF: one result per finding, for code-scanning
+    /// services).
+    #[arg(long, value_enum, default_value_t = crate::args::FindingsFormat::Text)]
+    pub format: crate::args::FindingsFormat,
     /// Show reachability scan N (1 = the first; default: the last).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub snapshot: Option<u32>,

@@ -19,7 +19,35 @@ use serde::Serialize;
 use trapline_analysis::report::{ProcessReport, TraceStatus};
 use trapline_trace::TraceError;
 
-use crate::args::Format;
+use crate::args::{FindingsFormat, Format};
+
+/// What an analysis command prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Text,
+    Json,
+    /// SARIF 2.1.0 (`trapline_export::sarif`).
+    Sarif,
+}
+
+impl From<Format> for Output {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Text => Output::Text,
+            Format::Json => Output::Json,
+        }
+    }
+}
+
+impl From<FindingsFormat> for Output {
+    fn from(f: FindingsFormat) -> Self {
+        match f {
+            FindingsFormat::Text => Output::Text,
+            FindingsFormat::Json => Output::Json,
+            FindingsFormat::Sarif => Output::Sarif,
+        }
+    }
+}
 
 /// A report an analysis command can print.
 pub trait Report: Serialize {
@@ -36,6 +64,11 @@ pub trait Report: Serialize {
     /// Whether the report found something `--error-exitcode` stands for.
     fn found(&self) -> bool {
         false
+    }
+    /// The report's findings as a SARIF log, for the commands that offer
+    /// `--format sarif`.
+    fn sarif(&self, _trace: &Path) -> Option<trapline_export::sarif::SarifLog> {
+        None
     }
 }
 
@@ -56,6 +89,9 @@ impl Report for trapline_analysis::LeaksReport {
     /// (definite and possible), suppressed ones excepted.
     fn found(&self) -> bool {
         trapline_analysis::findings::Findings::of(self, None).leaks_fail()
+    }
+    fn sarif(&self, trace: &Path) -> Option<trapline_export::sarif::SarifLog> {
+        Some(trapline_export::sarif::leaks(self, trace))
     }
 }
 
@@ -120,23 +156,29 @@ impl Report for trapline_analysis::StatsReport {
 pub fn run<T: Report>(
     command: &str,
     path: &Path,
-    format: Format,
+    format: impl Into<Output>,
     error_exitcode: Option<u8>,
     analyze: impl FnOnce(&mut BufReader<File>) -> Result<T, TraceError>,
 ) -> ExitCode {
+    let format = format.into();
     let report = match load(command, path, analyze) {
         Ok(r) => r,
         Err(code) => return code,
     };
-    let out = match format {
-        Format::Text => report.text(),
-        Format::Json => match json(&report) {
-            Ok(s) => s,
-            Err(e) => return fail(command, path, e),
+    let out: Result<String, String> = match format {
+        Output::Text => Ok(report.text()),
+        Output::Json => json(&report),
+        Output::Sarif => match report.sarif(path) {
+            Some(log) => json(&log),
+            None => Err(format!("{command} has no SARIF output")),
         },
     };
+    let out = match out {
+        Ok(s) => s,
+        Err(e) => return fail(command, path, e),
+    };
     print(&out);
-    if format == Format::Text {
+    if format == Output::Text {
         next_image_hint(path, report.process());
     }
     match error_exitcode {

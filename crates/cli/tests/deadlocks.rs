@@ -420,6 +420,31 @@ fn a_real_deadlock_stopped_by_timeout_shows_who_waits_for_whom() {
     assert_eq!(top_line(two, "held_stack"), line("ONE-HOLDS-A"));
     assert_ne!(one["waits_for"], two["waits_for"]);
     assert_eq!(errors(&report).len(), 0, "{}", pretty(&report));
+
+    // In SARIF: one error, each thread a flow from the lock it took to
+    // the one it waits for.
+    let log = sarif("deadlocks", &trace, &[]);
+    let results = as_array(&log["runs"][0], "results");
+    assert_eq!(results.len(), 1, "{}", pretty(&log));
+    assert_eq!(results[0]["ruleId"], json!("actual_deadlock"));
+    assert_eq!(results[0]["level"], json!("error"));
+    let step_lines = |flow: &Value| -> Vec<Value> {
+        as_array(flow, "locations")
+            .iter()
+            .map(|l| l["location"]["physicalLocation"]["region"]["startLine"].clone())
+            .collect()
+    };
+    let mut flows: Vec<Vec<Value>> = as_array(&results[0]["codeFlows"][0], "threadFlows")
+        .iter()
+        .map(step_lines)
+        .collect();
+    flows.sort_by_key(|f| f[0].as_u64());
+    let mut want = vec![
+        vec![line("ONE-HOLDS-A"), line("ONE-WAITS-B")],
+        vec![line("TWO-HOLDS-B"), line("TWO-WAITS-A")],
+    ];
+    want.sort_by_key(|f| f[0].as_u64());
+    assert_eq!(flows, want, "{}", pretty(&log));
 }
 
 #[test]

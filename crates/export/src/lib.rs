@@ -7,6 +7,7 @@
 //! - [`parquet`]: the events and stacks as tables, for DuckDB and Spark.
 //! - [`perfetto`]: lock waits and holds per thread and the heap over time,
 //!   for Perfetto and Chrome DevTools.
+//! - [`sarif`]: `leaks` and `deadlocks` findings for code-scanning services.
 
 #![forbid(unsafe_code)]
 
@@ -14,3 +15,4 @@ pub mod html;
 pub mod parquet;
 pub mod perfetto;
 pub mod pprof;
+pub mod sarif;

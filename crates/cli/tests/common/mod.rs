@@ -995,3 +995,42 @@ pub const ERROR_KEYS: [&str; 5] = [
     "alloc_size",
     "passed_on",
 ];
+
+/// The parsed `trapline SUBCOMMAND TRACE --format sarif EXTRA...`, which
+/// must succeed and be valid against the OASIS SARIF 2.1.0 schema
+/// (tests/data/sarif-schema-2.1.0.json).
+pub fn sarif(subcommand: &str, trace: &Path, extra: &[&str]) -> Value {
+    let mut cmd = Command::new(trapline());
+    cmd.arg(subcommand)
+        .arg(trace)
+        .args(["--format", "sarif"])
+        .args(extra);
+    let finished = output_of(cmd, &format!("trapline {subcommand}"));
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    let log: Value = serde_json::from_str(&finished.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e})\n{}", finished.describe()));
+    let schema_path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sarif-schema-2.1.0.json");
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(&schema_path).expect("the SARIF schema"))
+            .expect("the SARIF schema is JSON");
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .expect("the SARIF schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(&log)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    // The validator is live: a log of another version is refused.
+    let mut other = log.clone();
+    other["version"] = Value::from("2.0.0");
+    assert!(!validator.is_valid(&other), "the schema accepts anything");
+    assert!(
+        errors.is_empty(),
+        "trapline {subcommand} --format sarif is not valid SARIF 2.1.0:\n{}\n{}",
+        errors.join("\n"),
+        pretty(&log)
+    );
+    log
+}
