@@ -41,8 +41,11 @@ pub struct LocksReport {
     /// Totals over every lock.
     pub totals: LockTotals,
     /// Per lock and mode: most contended first, then most owner changes,
-    /// then most acquisitions.
+    /// then most acquisitions; the first `--top` of them.
     pub locks: Vec<LockReport>,
+    /// Lock and mode entries ranked after those listed (`--top`); the
+    /// totals count them.
+    pub locks_omitted: u64,
     /// Lock misuse found in the trace.
     pub errors: Vec<LockError>,
     /// Events the agent could not record; null without an end record.
@@ -162,8 +165,21 @@ struct PerLock {
     seen: bool,
 }
 
-/// Analyses a trace. Fails only when the input is not a readable trace at all.
+/// Locks listed by default (`trapline locks --top`).
+pub const DEFAULT_TOP: usize = 20;
+
+/// Analyses a trace, every lock listed. Fails only when the input is not a
+/// readable trace at all.
 pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError> {
+    analyze_top(input, None)
+}
+
+/// Analyses a trace, listing the `top` highest-ranked lock and mode
+/// entries (all with None).
+pub fn analyze_top<R: Read + Seek>(
+    input: &mut R,
+    top: Option<usize>,
+) -> Result<LocksReport, TraceError> {
     let index = TraceIndex::build(input)?;
     let mut facts = Facts::default();
     let mut state = LockState::default();
@@ -292,10 +308,39 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
         }
     }
 
+    // Ranked and totalled before any stack is symbolized: only the
+    // listed locks' stacks are looked up.
+    let mut ranked: Vec<((LockId, LockMode), Acc)> =
+        accs.into_iter().filter(|(_, a)| a.kind.is_some()).collect();
+    let mode_of = |&((_, mode), ref a): &((LockId, LockMode), Acc)| {
+        mode_name(a.kind.unwrap_or(LockKind::Mutex), mode)
+    };
+    ranked.sort_by(|x, y| {
+        y.1.contended
+            .cmp(&x.1.contended)
+            .then(y.1.owner_changes.cmp(&x.1.owner_changes))
+            .then(y.1.acquisitions.cmp(&x.1.acquisitions))
+            .then(x.0 .0.addr.cmp(&y.0 .0.addr))
+            .then(mode_of(x).cmp(mode_of(y)))
+    });
+    let mut distinct: Vec<u64> = ranked.iter().map(|((id, _), _)| id.addr).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let totals = LockTotals {
+        locks: distinct.len() as u64,
+        acquisitions: ranked.iter().map(|(_, a)| a.acquisitions).sum(),
+        contended: ranked.iter().map(|(_, a)| a.contended).sum(),
+        owner_changes: ranked.iter().map(|(_, a)| a.owner_changes).sum(),
+        wait_ns: ranked.iter().map(|(_, a)| a.wait_total).sum(),
+        threads: threads.len() as u64,
+    };
+    let listed = top.unwrap_or(usize::MAX).min(ranked.len());
+    let locks_omitted = (ranked.len() - listed) as u64;
+    ranked.truncate(listed);
+
     let mut sym = facts.symbolizer();
-    let mut locks: Vec<LockReport> = accs
+    let locks: Vec<LockReport> = ranked
         .into_iter()
-        .filter(|(_, a)| a.kind.is_some())
         .map(|((id, mode), a)| {
             let kind = a.kind.unwrap_or(LockKind::Mutex);
             let p = per_lock.get(&id);
@@ -345,25 +390,6 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
             }
         })
         .collect();
-    locks.sort_by(|x, y| {
-        y.contended
-            .cmp(&x.contended)
-            .then(y.owner_changes.cmp(&x.owner_changes))
-            .then(y.acquisitions.cmp(&x.acquisitions))
-            .then(x.address.cmp(&y.address))
-            .then(x.mode.cmp(y.mode))
-    });
-    let mut distinct: Vec<u64> = locks.iter().map(|l| l.address).collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    let totals = LockTotals {
-        locks: distinct.len() as u64,
-        acquisitions: locks.iter().map(|l| l.acquisitions).sum(),
-        contended: locks.iter().map(|l| l.contended).sum(),
-        owner_changes: locks.iter().map(|l| l.owner_changes).sum(),
-        wait_ns: locks.iter().map(|l| l.wait_ns.total).sum(),
-        threads: threads.len() as u64,
-    };
     let errors = state.errors(&facts.stacks, &mut sym);
     Ok(LocksReport {
         process: facts.process_report(),
@@ -371,6 +397,7 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
         locks_recorded: !facts.locks_off,
         totals,
         locks,
+        locks_omitted,
         errors,
         events_lost: facts.events_lost(),
         trace: facts.trace_status(&index, stopped),
@@ -379,6 +406,10 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError>
 }
 
 const ETIMEDOUT: i32 = 110;
+
+/// The recording clock's tick period at its longest (recording.md, "Lock
+/// recording"): single holds shorter than it are not resolved.
+const HOLD_RESOLUTION_NS: u64 = 1_000_000;
 
 /// A duration for people: `850 ns`, `12.4 us`, `3.02 ms`, `1.50 s`.
 pub fn duration_text(ns: u64) -> String {
@@ -465,14 +496,24 @@ pub fn render_text(r: &LocksReport) -> String {
         } else {
             String::new()
         };
-        writeln!(
-            out,
-            "{p}     {wait}hold: total {}, avg {}, max {}{agent}",
-            duration_text(l.hold_ns.total),
-            duration_text(l.hold_ns.avg),
-            duration_text(l.hold_ns.max)
-        )
-        .unwrap();
+        // Holds are timed on the recording clock's tick (at most 1 ms
+        // apart): when none spanned a tick, their average and maximum are
+        // the stamps' 1 ns steps, not durations, and only the total
+        // estimates anything.
+        let hold = if l.hold_ns.max < HOLD_RESOLUTION_NS {
+            format!(
+                "hold: total {} (estimated), each shorter than the clock's 1 ms tick",
+                duration_text(l.hold_ns.total)
+            )
+        } else {
+            format!(
+                "hold: total {}, avg {}, max {}",
+                duration_text(l.hold_ns.total),
+                duration_text(l.hold_ns.avg),
+                duration_text(l.hold_ns.max)
+            )
+        };
+        writeln!(out, "{p}     {wait}{hold}{agent}").unwrap();
         let extra: Vec<String> = [
             (l.try_failures, "busy trylocks"),
             (l.timeouts, "timeouts"),
@@ -506,6 +547,14 @@ pub fn render_text(r: &LocksReport) -> String {
                 stack_text(&mut out, &p, "         ", &s.stack);
             }
         }
+    }
+    if r.locks_omitted > 0 {
+        writeln!(
+            out,
+            "{p}  ... and {} more ranked lower (--top 0 lists all)",
+            thousands(r.locks_omitted),
+        )
+        .unwrap();
     }
     writeln!(out, "{p}").unwrap();
     errors_text(&mut out, &p, &r.errors);

@@ -9,6 +9,10 @@ pub struct LocksArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::args::Format::Text)]
     pub format: crate::args::Format,
+    /// List the N highest-ranked locks (each mode of an rwlock apart); 0
+    /// lists all. The totals count every lock.
+    #[arg(long, value_name = "N", default_value_t = trapline_analysis::locks::DEFAULT_TOP)]
+    pub top: usize,
     /// Exit with this status when the report finds something (see `found`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
     pub error_exitcode: Option<u8>,
@@ -37,6 +41,9 @@ pub fn main(args: LocksArgs) -> ExitCode {
         &args.trace.trace,
         args.format,
         args.error_exitcode,
-        trapline_analysis::locks::analyze,
+        |input| {
+            let top = (args.top > 0).then_some(args.top);
+            trapline_analysis::locks::analyze_top(input, top)
+        },
     )
 }

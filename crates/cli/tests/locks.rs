@@ -123,6 +123,30 @@ fn contention_profile_counts_every_acquisition() {
         "{}",
         text.stdout
     );
+    assert_eq!(report["locks_omitted"], json!(0));
+
+    // --top lists the highest-ranked entries of the same order, and the
+    // totals still count them all.
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("locks")
+        .arg(dir.trace())
+        .args(["--top", "2", "--format", "json"]);
+    let top = output_of(cmd, "trapline locks --top 2");
+    assert_eq!(top.code(), 0, "{}", top.describe());
+    let top: Value = serde_json::from_str(&top.stdout).expect("JSON");
+    assert_eq!(as_array(&top, "locks")[..], as_array(&report, "locks")[..2]);
+    assert_eq!(top["locks_omitted"], json!(4));
+    assert_eq!(top["totals"], report["totals"]);
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("locks").arg(dir.trace()).args(["--top", "5"]);
+    let text = output_of(cmd, "trapline locks --top 5");
+    assert!(
+        text.stdout
+            .contains("  ... and 1 more ranked lower (--top 0 lists all)\n"),
+        "{}",
+        text.stdout
+    );
+    assert_eq!(text.stdout.matches("  #").count(), 5, "{}", text.stdout);
 }
 
 #[test]
