@@ -142,14 +142,14 @@ impl SiteTotals {
         }
     }
 
-    /// The four views, each of at most `LISTED` sites; stacks to be filled
+    /// The four views, each of at most `listed` sites; stacks to be filled
     /// in by the caller (`stack_ids` lists the ids they need).
-    pub fn views(&self) -> SiteViews {
+    pub fn views_top(&self, listed: usize) -> SiteViews {
         let all = self.all();
         let top = |key: fn(&SiteView) -> u64| {
             let mut v: Vec<SiteView> = all.iter().filter(|s| key(s) > 0).cloned().collect();
             v.sort_by(|a, b| key(b).cmp(&key(a)).then(a.stack_id.cmp(&b.stack_id)));
-            v.truncate(LISTED);
+            v.truncate(listed);
             v
         };
         SiteViews {
@@ -251,7 +251,7 @@ mod tests {
         change(&mut t, 2, 50, false);
         change(&mut t, 1, 40, true); // 140, below the 180 peak
         change(&mut t, 3, 30, false);
-        let views = t.views();
+        let views = t.views_top(LISTED);
         let peak_of = |id| {
             views
                 .peak_contribution

@@ -331,7 +331,15 @@ fn first_chunk_facts<R: Read + Seek>(
 
 /// Analyses a trace. Fails only when the input is not a readable trace at all.
 pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError> {
-    analyze_keeping::<Block, R>(input, true)
+    analyze_top(input, crate::sites::LISTED)
+}
+
+/// [`analyze`] with at most `listed` sites in each site view.
+pub fn analyze_top<R: Read + Seek>(
+    input: &mut R,
+    listed: usize,
+) -> Result<StatsReport, TraceError> {
+    analyze_keeping::<Block, R>(input, Some(listed))
 }
 
 /// [`analyze`] without the site views (`sites` empty): the replay keeps 8
@@ -339,13 +347,15 @@ pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError>
 /// trace without the agent's totals, which may be read in the memory
 /// cgroup that just killed the program.
 pub fn analyze_totals<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError> {
-    analyze_keeping::<u64, R>(input, false)
+    analyze_keeping::<u64, R>(input, None)
 }
 
+/// `sites_listed`: the sites per view, None for no site views at all.
 fn analyze_keeping<V: LiveValue, R: Read + Seek>(
     input: &mut R,
-    with_sites: bool,
+    sites_listed: Option<usize>,
 ) -> Result<StatsReport, TraceError> {
+    let with_sites = sites_listed.is_some();
     let index = TraceIndex::build(input)?;
     let mut facts = Facts::default();
     // (calls, bytes) per function, by format value.
@@ -439,7 +449,7 @@ fn analyze_keeping<V: LiveValue, R: Read + Seek>(
     }
     let stopped = merged.read_status();
     drop(merged);
-    let mut site_views = sites.views();
+    let mut site_views = sites.views_top(sites_listed.unwrap_or(0));
     site_views.name(&crate::report::symbolized_stacks(
         input,
         &site_views.stack_ids(),

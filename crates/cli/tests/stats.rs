@@ -310,6 +310,25 @@ fn site_views_rank_calls_temporaries_peak_and_bytes() {
         "{}",
         pretty(sites)
     );
+
+    // --top 2: the first two of each view, in the same order.
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("stats")
+        .arg(dir.trace())
+        .args(["--top", "2", "--format", "json"]);
+    let top = output_of(cmd, "trapline stats --top 2");
+    assert_eq!(top.code(), 0, "{}", top.describe());
+    let top: Value = serde_json::from_str(&top.stdout).expect("JSON");
+    for name in [
+        "most_calls",
+        "most_temporary",
+        "peak_contribution",
+        "most_allocated",
+    ] {
+        let all = as_array(sites, name);
+        let listed = as_array(&top["sites"], name);
+        assert_eq!(listed[..], all[..2.min(all.len())], "{name}");
+    }
 }
 
 /// alloc_wrappers.c: sites are named by their first frame outside the
