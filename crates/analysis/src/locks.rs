@@ -409,7 +409,7 @@ const ETIMEDOUT: i32 = 110;
 
 /// The recording clock's tick period at its longest (recording.md, "Lock
 /// recording"): single holds shorter than it are not resolved.
-const HOLD_RESOLUTION_NS: u64 = 1_000_000;
+pub const HOLD_RESOLUTION_NS: u64 = 1_000_000;
 
 /// A duration for people: `850 ns`, `12.4 us`, `3.02 ms`, `1.50 s`.
 pub fn duration_text(ns: u64) -> String {

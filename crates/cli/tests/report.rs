@@ -12,6 +12,11 @@ use std::process::Command;
 /// Chromium, headless, on a fresh profile in `dir`, with `args`, on `page`:
 /// (stdout, stderr).
 fn chromium(dir: &Path, args: &[&str], page: &Path) -> (String, String) {
+    chromium_at(dir, args, &format!("file://{}", page.display()))
+}
+
+/// The same on the address `url`.
+fn chromium_at(dir: &Path, args: &[&str], url: &str) -> (String, String) {
     let out = Command::new("chromium")
         .args([
             "--headless",
@@ -30,7 +35,7 @@ fn chromium(dir: &Path, args: &[&str], page: &Path) -> (String, String) {
             dir.join("chromium").display()
         ))
         .args(args)
-        .arg(format!("file://{}", page.display()))
+        .arg(url)
         .output()
         .unwrap_or_else(|e| panic!("cannot run chromium (apt-get install chromium): {e}"));
     assert!(out.status.success(), "chromium {args:?} failed");
@@ -90,7 +95,10 @@ fn the_report_page_loads_in_chromium_with_the_runs_findings() {
                 marker_line("sampled_leaks.c", "LOAD")
             ),
         ),
-        ("its bytes", "<td class=\"num\">24,000,000</td>".to_string()),
+        (
+            "its bytes",
+            "<td class=\"num\" data-sort=\"24000000\">24,000,000</td>".to_string(),
+        ),
         (
             "the definitely lost card",
             "<div class=\"card\" id=\"definitely-lost\"><div class=\"value\">25,200,000 bytes</div>"
@@ -261,8 +269,74 @@ fn the_cards_and_the_table_count_lost_bytes_alike() {
     for text in [
         "<div class=\"card\" id=\"definitely-lost\"><div class=\"value\">32 bytes</div>",
         "<div class=\"card\" id=\"indirectly-lost\"><div class=\"value\">64 bytes</div>",
-        "<td>definitely lost</td><td class=\"num\">96 (32 direct, 64 indirect)</td>",
+        "<td>definitely lost</td><td class=\"num\" data-sort=\"96\">96 (32 direct, 64 indirect)</td>",
     ] {
         assert!(html.contains(text), "{text} not in the page");
     }
+}
+
+/// The leaks table's rows, in the page's order: (kind, bytes).
+fn leak_rows(dom: &str) -> Vec<(String, u64)> {
+    let at = dom
+        .find("<table class=\"leaks sortable\"")
+        .expect("the leaks table");
+    let table = &dom[at..at + dom[at..].find("</table>").unwrap()];
+    table
+        .split("<tr>")
+        .skip(2)
+        .map(|row| {
+            let kind = row["<td>".len()..row.find("</td>").unwrap()].to_owned();
+            let from = row.find("data-sort=\"").expect("a sort key") + "data-sort=\"".len();
+            let bytes = row[from..from + row[from..].find('"').unwrap()]
+                .parse()
+                .unwrap();
+            (kind, bytes)
+        })
+        .collect()
+}
+
+/// Each heading sorts its column; the page opens sorted as the analysis
+/// ranked (bytes, descending), or as its address says.
+#[test]
+fn the_reports_tables_sort_by_any_column() {
+    let dir = TestDir::new("report_sort");
+    let prog = compile_c(&dir, "leaks.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let page = report_page(&dir);
+    let url = format!("file://{}", page.display());
+    let (dom, log) = chromium_at(dir.path(), &["--dump-dom"], &url);
+    assert_eq!(console(&log), Vec::<&str>::new(), "console messages");
+    let ranked = leak_rows(&dom);
+    assert_eq!(ranked.len(), 7, "{ranked:?}");
+    let mut descending = ranked.clone();
+    descending.sort_by(|a, b| b.1.cmp(&a.1));
+    assert_eq!(ranked, descending);
+    assert!(
+        dom.contains("<th aria-sort=\"descending\"><button type=\"button\">bytes</button></th>")
+    );
+
+    let (dom, log) = chromium_at(
+        dir.path(),
+        &["--dump-dom"],
+        &format!("{url}#sort=leaks:1:ascending"),
+    );
+    assert_eq!(console(&log), Vec::<&str>::new(), "console messages");
+    let mut ascending = ranked.clone();
+    ascending.reverse();
+    assert_eq!(leak_rows(&dom), ascending);
+    assert!(dom.contains("<th aria-sort=\"ascending\"><button type=\"button\">bytes</button></th>"));
+    let at = dom.find("<table class=\"leaks sortable\"").unwrap();
+    let head = &dom[at..at + dom[at..].find("</thead>").unwrap()];
+    assert_eq!(head.matches("aria-sort=").count(), 1, "{head}");
+
+    // Text columns sort as text; equal keys keep the ranked order.
+    let (dom, _) = chromium_at(
+        dir.path(),
+        &["--dump-dom"],
+        &format!("{url}#sort=leaks:0:ascending"),
+    );
+    let mut by_kind = ranked.clone();
+    by_kind.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(leak_rows(&dom), by_kind);
 }

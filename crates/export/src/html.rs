@@ -394,19 +394,56 @@ fn heap_plot(h: &mut String, t: &Timeline, names: &[String], chosen: Option<f64>
     h.push_str("</ul>");
 }
 
+/// Locks listed in the page's table, the most contended first.
+const LOCKS_LISTED: usize = 30;
+
+/// Opens a table whose columns sort on a click of their heading (the
+/// page's script: numbers by their `data-sort`, text as written), sorted
+/// descending by column `sorted` as the analysis ranked it. `name` names
+/// the table in the page's `#sort=NAME:COLUMN:ORDER` address.
+fn sortable_head(h: &mut String, name: &str, columns: &[&str], sorted: usize) {
+    let _ = write!(
+        h,
+        "<table class=\"{name} sortable\" data-table=\"{name}\"><thead><tr>"
+    );
+    for (i, c) in columns.iter().enumerate() {
+        let order = if i == sorted {
+            " aria-sort=\"descending\""
+        } else {
+            ""
+        };
+        let _ = write!(h, "<th{order}><button type=\"button\">{c}</button></th>");
+    }
+    h.push_str("</tr></thead><tbody>");
+}
+
 fn leak_table(h: &mut String, l: &LeaksReport) {
     h.push_str("<h2>Leaks</h2>");
     if l.records.is_empty() {
         h.push_str("<p class=\"note\">No loss record of the kinds listed.</p>");
         return;
     }
-    h.push_str("<table class=\"leaks\"><thead><tr><th>kind</th><th>bytes</th><th>blocks</th><th>function</th><th>allocated at</th><th>verdicts</th></tr></thead><tbody>");
+    sortable_head(
+        h,
+        "leaks",
+        &[
+            "kind",
+            "bytes",
+            "blocks",
+            "function",
+            "allocated at",
+            "verdicts",
+        ],
+        1,
+    );
     for r in &l.records {
         let _ = write!(
             h,
-            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td><details><summary>{}</summary>",
+            "<tr><td>{}</td><td class=\"num\" data-sort=\"{}\">{}</td><td class=\"num\" data-sort=\"{}\">{}</td><td>{}</td><td><details><summary>{}</summary>",
             r.kind.replace('_', " "),
+            r.bytes,
             trapline_analysis::leaks::record_amount(r),
+            r.blocks,
             thousands(r.blocks),
             esc(r.allocated_by),
             esc(&stack_name(&r.stack))
@@ -421,12 +458,14 @@ fn errors(h: &mut String, l: &LeaksReport) {
     if l.errors.is_empty() {
         return;
     }
-    h.push_str("<h2>Allocation errors</h2><table class=\"errors\"><thead><tr><th>error</th><th>count</th><th>function</th><th>at</th></tr></thead><tbody>");
+    h.push_str("<h2>Allocation errors</h2>");
+    sortable_head(h, "errors", &["error", "count", "function", "at"], 1);
     for e in &l.errors {
         let _ = write!(
             h,
-            "<tr><td>{}</td><td class=\"num\">{}</td><td>{}</td><td><details><summary>{}</summary>",
+            "<tr><td>{}</td><td class=\"num\" data-sort=\"{}\">{}</td><td>{}</td><td><details><summary>{}</summary>",
             e.kind.replace('_', " "),
+            e.count,
             thousands(e.count),
             esc(e.function),
             esc(&stack_name(&e.stack))
@@ -445,17 +484,46 @@ fn lock_table(h: &mut String, l: &LocksReport) {
     if l.locks.is_empty() {
         return;
     }
-    h.push_str("<h2>Locks</h2><table class=\"locks\"><thead><tr><th>lock</th><th>acquisitions</th><th>contended</th><th>wait total</th><th>hold avg</th><th>first used at</th></tr></thead><tbody>");
-    for k in l.locks.iter().take(30) {
+    h.push_str("<h2>Locks</h2>");
+    if l.locks.len() > LOCKS_LISTED {
         let _ = write!(
             h,
-            "<tr><td>{} {:#x}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{} ns</td><td class=\"num\">{} ns</td><td><details><summary>{}</summary>",
+            "<p class=\"note\">The {LOCKS_LISTED} most contended of {} locks and modes (<code>trapline locks --top 0</code> lists all).</p>",
+            thousands(l.locks.len() as u64)
+        );
+    }
+    sortable_head(
+        h,
+        "locks",
+        &[
+            "lock",
+            "acquisitions",
+            "contended",
+            "wait total",
+            "hold avg",
+            "first used at",
+        ],
+        2,
+    );
+    for k in l.locks.iter().take(LOCKS_LISTED) {
+        // A hold no tick fell into is not resolved (locks.rs).
+        let hold = if k.hold_ns.max < trapline_analysis::locks::HOLD_RESOLUTION_NS {
+            "&lt; 1 ms".to_string()
+        } else {
+            format!("{} ns", thousands(k.hold_ns.avg))
+        };
+        let _ = write!(
+            h,
+            "<tr><td>{} {:#x}</td><td class=\"num\" data-sort=\"{}\">{}</td><td class=\"num\" data-sort=\"{}\">{}</td><td class=\"num\" data-sort=\"{}\">{} ns</td><td class=\"num\" data-sort=\"{}\">{hold}</td><td><details><summary>{}</summary>",
             k.kind,
             k.address,
+            k.acquisitions,
             thousands(k.acquisitions),
+            k.contended,
             thousands(k.contended),
+            k.wait_ns.total,
             thousands(k.wait_ns.total),
-            thousands(k.hold_ns.avg),
+            k.hold_ns.avg,
             esc(&stack_name(&k.first_use_stack))
         );
         stack_list(h, &k.first_use_stack);
@@ -636,6 +704,9 @@ h1{font-size:20px;margin:14px 0 2px}
 .card .value{font-size:18px;font-weight:600}
 table{border-collapse:collapse;margin:6px 0}
 th,td{border-bottom:1px solid #e0e0e0;padding:4px 8px;text-align:left;vertical-align:top}
+th button{font:inherit;font-weight:600;background:none;border:0;padding:0;cursor:pointer}
+th[aria-sort=descending] button::after{content:" \25BC"}
+th[aria-sort=ascending] button::after{content:" \25B2"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 ol.stack{font-family:monospace;font-size:12px;margin:4px 0;padding-left:22px}
 .legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:12px;font-size:12px}
@@ -646,7 +717,41 @@ figure.cycle,figure.deadlock{display:inline-block;margin:6px}
 </style></head><body>
 "#;
 
-const TAIL: &str = r#"<script>
+const TAIL: &str = r##"<script>
+// Sortable tables: a heading's button sorts by its column, descending
+// first, then the other way; the address keeps the order (#sort=T:C:O).
+function sortTable(table, col, order) {
+  const body = table.tBodies[0];
+  const key = r => {
+    const c = r.cells[col];
+    return c.dataset.sort !== undefined ? Number(c.dataset.sort) : c.textContent.trim().toLowerCase();
+  };
+  const rows = Array.from(body.rows);
+  rows.sort((a, b) => {
+    const x = key(a), y = key(b);
+    const o = x < y ? -1 : x > y ? 1 : 0;
+    return order === "ascending" ? o : -o;
+  });
+  for (const r of rows) body.appendChild(r);
+  Array.from(table.tHead.rows[0].cells).forEach((th, i) => {
+    if (i === col) th.setAttribute("aria-sort", order); else th.removeAttribute("aria-sort");
+  });
+}
+for (const table of document.querySelectorAll("table.sortable")) {
+  Array.from(table.tHead.rows[0].cells).forEach((th, i) => {
+    th.querySelector("button").addEventListener("click", () => {
+      const order = th.getAttribute("aria-sort") === "descending" ? "ascending" : "descending";
+      sortTable(table, i, order);
+      history.replaceState(null, "", "#sort=" + table.dataset.table + ":" + i + ":" + order);
+    });
+  });
+}
+const asked = /^#sort=(\w+):(\d+):(ascending|descending)$/.exec(location.hash);
+if (asked) {
+  for (const t of document.querySelectorAll("table.sortable[data-table=\"" + asked[1] + "\"]")) {
+    if (Number(asked[2]) < t.tHead.rows[0].cells.length) sortTable(t, Number(asked[2]), asked[3]);
+  }
+}
 for (const b of document.querySelectorAll("nav button")) {
   b.addEventListener("click", () => {
     for (const o of document.querySelectorAll("nav button")) o.classList.toggle("active", o === b);
@@ -655,4 +760,4 @@ for (const b of document.querySelectorAll("nav button")) {
 }
 </script>
 </body></html>
-"#;
+"##;
