@@ -310,7 +310,7 @@ fn the_reports_tables_sort_by_any_column() {
     let ranked = leak_rows(&dom);
     assert_eq!(ranked.len(), 7, "{ranked:?}");
     let mut descending = ranked.clone();
-    descending.sort_by(|a, b| b.1.cmp(&a.1));
+    descending.sort_by_key(|r| std::cmp::Reverse(r.1));
     assert_eq!(ranked, descending);
     assert!(
         dom.contains("<th aria-sort=\"descending\"><button type=\"button\">bytes</button></th>")
