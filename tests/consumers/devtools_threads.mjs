@@ -1,7 +1,8 @@
 // Loads a Chrome trace event JSON file with Chrome DevTools' own trace
 // engine (the model behind its performance panel) and prints, as JSON,
 // the thread tracks it built: per process and thread, the thread's name
-// and its events (name, start and duration in microseconds, site).
+// and its events (name, start and duration in microseconds, site, and
+// the holds a merged span stands for).
 import {analyzeTrace} from '@paulirish/trace_engine/analyze-trace.mjs';
 
 const {parsedTrace} = await analyzeTrace(process.argv[2]);
@@ -18,6 +19,7 @@ for (const [pid, proc] of data.Renderer.processes) {
         ts: e.ts,
         dur: e.dur ?? null,
         site: e.args?.site ?? null,
+        holds: e.args?.holds ?? null,
       })),
     });
   }

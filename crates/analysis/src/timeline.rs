@@ -47,11 +47,29 @@ pub fn analyze_points<R: Read + Seek>(
     sites: &[u32],
     points: usize,
 ) -> Result<Timeline, TraceError> {
+    analyze_window(input, sites, points, 0, None)
+}
+
+/// Samples the heap at `points` (at least 2) evenly spaced times from
+/// `from_ns` to `to_ns` (nanoseconds since the trace's start; its end
+/// when None). The first point is the heap at `from_ns`; scans and
+/// verdicts outside the window are left out.
+pub fn analyze_window<R: Read + Seek>(
+    input: &mut R,
+    sites: &[u32],
+    points: usize,
+    from_ns: u64,
+    to_ns: Option<u64>,
+) -> Result<Timeline, TraceError> {
     let points = points.max(2);
     let index = TraceIndex::build(input)?;
-    let (start, end) = index.time_span();
-    let span = end.saturating_sub(start).max(1);
-    let at = |i: usize| start + span * i as u64 / (points as u64 - 1);
+    let (trace_start, trace_end) = index.time_span();
+    let start = trace_start;
+    let first = trace_start.saturating_add(from_ns);
+    let last = to_ns.map_or(trace_end, |to| trace_start.saturating_add(to));
+    let span = last.saturating_sub(first).max(1);
+    let at = |i: usize| first + span * i as u64 / (points as u64 - 1);
+    let inside = |time: u64| time >= first && time <= last;
     let followed: HashMap<u32, usize> = sites.iter().enumerate().map(|(i, &s)| (s, i)).collect();
     let mut live = vec![0u64; sites.len()];
     let mut t = Timeline {
@@ -71,6 +89,9 @@ pub fn analyze_points<R: Read + Seek>(
     };
     for m in MergedEvents::new(input, &index) {
         if m.time != 0 {
+            if m.time > last {
+                break;
+            }
             while t.seconds.len() < points - 1 && m.time > at(t.seconds.len()) {
                 let i = t.seconds.len();
                 point(&mut t, &live, high, i);
@@ -86,14 +107,18 @@ pub fn analyze_points<R: Read + Seek>(
                 };
             }
         });
-        high = high.max(heap.live_bytes);
+        high = if m.time != 0 && m.time < first {
+            heap.live_bytes
+        } else {
+            high.max(heap.live_bytes)
+        };
         match &m.event {
-            Event::ScanBegin { time, trigger, .. } => {
+            Event::ScanBegin { time, trigger, .. } if inside(*time) => {
                 t.scans.push((seconds(*time), trigger.name()));
             }
             Event::SiteVerdict {
                 time, stack, kinds, ..
-            } => {
+            } if inside(*time) => {
                 use trapline_trace::event::site_verdict::{GROWING, STALE};
                 let names: Vec<&str> = [(GROWING, "growing"), (STALE, "stale")]
                     .into_iter()

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::ValueEnum;
 use trapline_analysis::profile;
+use trapline_analysis::thread_timeline::{LockSelector, SpanFilter};
 
 use crate::output;
 
@@ -53,6 +54,41 @@ pub struct ExportArgs {
     /// the run instead of at its end.
     #[arg(long, value_name = "SECS", value_parser = crate::output::parse_seconds)]
     pub at: Option<f64>,
+    /// perfetto: leave out what ended before SECS seconds into the run.
+    #[arg(long, value_name = "SECS", value_parser = crate::output::parse_seconds)]
+    pub from: Option<f64>,
+    /// perfetto: leave out what began after SECS seconds into the run.
+    #[arg(long, value_name = "SECS", value_parser = crate::output::parse_seconds)]
+    pub to: Option<f64>,
+    /// perfetto: only this lock: its address (0x...), or text in the name
+    /// of a place that takes it (a function, file or file:line).
+    #[arg(long, value_name = "ADDR|SITE", value_parser = parse_lock)]
+    pub lock: Option<LockSelector>,
+    /// perfetto: leave out waits shorter than NS nanoseconds, and the holds
+    /// of locks no thread waited for that long.
+    #[arg(long, value_name = "NS")]
+    pub min_wait: Option<u64>,
+}
+
+/// `--lock`: an address when it reads as one, a place's text otherwise.
+fn parse_lock(s: &str) -> Result<LockSelector, String> {
+    if s.is_empty() {
+        return Err("an empty --lock chooses nothing".to_owned());
+    }
+    Ok(
+        match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+            Some(hex) => LockSelector::Address(
+                u64::from_str_radix(hex, 16)
+                    .map_err(|_| format!("{s:?} is not a hexadecimal address"))?,
+            ),
+            None => LockSelector::Site(s.to_owned()),
+        },
+    )
+}
+
+/// Seconds as the nanoseconds the timeline counts.
+fn nanos(seconds: f64) -> u64 {
+    (seconds * 1e9).round() as u64
 }
 
 /// Runs the command: 0 when the file is written, 1 when the trace cannot
@@ -63,6 +99,22 @@ pub fn main(args: ExportArgs) -> ExitCode {
         eprintln!("trapline export: --at applies only to the pprof heap profile");
         return ExitCode::from(crate::args::EXIT_USAGE);
     }
+    let filtered =
+        args.from.is_some() || args.to.is_some() || args.lock.is_some() || args.min_wait.is_some();
+    if filtered && args.format != ExportFormat::Perfetto {
+        eprintln!(
+            "trapline export: --from, --to, --lock and --min-wait apply only to --format perfetto"
+        );
+        return ExitCode::from(crate::args::EXIT_USAGE);
+    }
+    if let (Some(from), Some(to)) = (args.from, args.to) {
+        if from > to {
+            eprintln!(
+                "trapline export: --from {from} is after --to {to}: the window holds nothing"
+            );
+            return ExitCode::from(crate::args::EXIT_USAGE);
+        }
+    }
     if args.format == ExportFormat::Parquet {
         return parquet(path, &args.output, args.force);
     }
@@ -70,7 +122,13 @@ pub fn main(args: ExportArgs) -> ExitCode {
         return code;
     }
     if args.format == ExportFormat::Perfetto {
-        return perfetto(path, &args.output, args.force);
+        let filter = SpanFilter {
+            from_ns: args.from.map_or(0, nanos),
+            to_ns: args.to.map(nanos),
+            lock: args.lock,
+            min_wait_ns: args.min_wait.unwrap_or(0),
+        };
+        return perfetto(path, &filter, &args.output, args.force);
     }
     let written = match args.profile {
         Profiled::Heap => {
@@ -134,7 +192,7 @@ fn parquet(trace: &Path, dir: &Path, force: bool) -> ExitCode {
 }
 
 /// Writes the Chrome trace event JSON of the trace at `trace` to `file`.
-fn perfetto(trace: &Path, file: &Path, force: bool) -> ExitCode {
+fn perfetto(trace: &Path, filter: &SpanFilter, file: &Path, force: bool) -> ExitCode {
     use trapline_export::perfetto::{self, Error};
     let mut input = match output::open_trace("export", trace) {
         Ok(i) => i,
@@ -145,19 +203,21 @@ fn perfetto(trace: &Path, file: &Path, force: bool) -> ExitCode {
     let mut analysis_error = None;
     let mut found = None;
     let written = crate::progress::while_running("export", || {
-        output::write_file(file, force, |out| match perfetto::write(&mut input, out) {
-            Ok(t) if t.trace.events == 0 => {
-                analysis_error = Some("the trace holds no readable events".to_string());
-                Err(std::io::Error::other("no events"))
-            }
-            Ok(t) => {
-                found = Some(t);
-                Ok(())
-            }
-            Err(Error::Io(e)) => Err(e),
-            Err(Error::Trace(e)) => {
-                analysis_error = Some(e.to_string());
-                Err(std::io::Error::other("analysis failed"))
+        output::write_file(file, force, |out| {
+            match perfetto::write(&mut input, filter, out) {
+                Ok(t) if t.trace.events == 0 => {
+                    analysis_error = Some("the trace holds no readable events".to_string());
+                    Err(std::io::Error::other("no events"))
+                }
+                Ok(t) => {
+                    found = Some(t);
+                    Ok(())
+                }
+                Err(Error::Io(e)) => Err(e),
+                Err(Error::Trace(e)) => {
+                    analysis_error = Some(e.to_string());
+                    Err(std::io::Error::other("analysis failed"))
+                }
             }
         })
     });

@@ -265,8 +265,8 @@ fn parquet_tables_are_queried_by_duckdb() {
     );
 }
 
-/// An event on a thread's track: (name, start, duration, site).
-type TrackEvent = (String, f64, f64, String);
+/// An event on a thread's track: (name, start, duration, site, holds).
+type TrackEvent = (String, f64, f64, String, u64);
 
 /// The thread tracks Chrome DevTools' own trace engine builds from a
 /// `--format perfetto` file (tests/consumers, which .ci/run installs with
@@ -307,6 +307,7 @@ fn devtools_threads(file: &Path) -> Vec<(u64, Vec<TrackEvent>)> {
                         e["ts"].as_f64().unwrap(),
                         e["dur"].as_f64().unwrap(),
                         e["site"].as_str().unwrap_or("").to_owned(),
+                        e["holds"].as_u64().unwrap_or(1),
                     )
                 })
                 .collect();
@@ -381,12 +382,16 @@ fn perfetto_timeline_is_read_by_devtools_trace_engine() {
         "the main thread's hold ends before the waiter's begins: {holds:?}"
     );
 
-    // 4 workers x 1000 rounds: every hold of the counter lock or none.
+    // 4 workers x 1000 rounds: every hold of the counter lock or none,
+    // those no thread waited for merged into spans of several.
     let counter = &locks["counter_lock"];
     let counter_waits = named("wait", counter).len();
     let counter_holds = named("hold", counter).len();
+    let merged = named("holds", counter);
+    let merged_holds: u64 = merged.iter().map(|(_, e)| e.4).sum();
+    assert!(merged.iter().all(|(_, e)| e.4 >= 2), "{merged:?}");
     assert_eq!(
-        counter_holds,
+        counter_holds as u64 + merged_holds,
         if counter_waits > 0 { 4000 } else { 0 },
         "{counter_waits} waits"
     );
@@ -418,6 +423,16 @@ fn perfetto_timeline_is_read_by_devtools_trace_engine() {
     let summary = &trace["otherData"]["trapline"];
     assert_eq!(summary["waits"], 1 + counter_waits, "{summary}");
     assert_eq!(summary["holds"], 2 + counter_holds, "{summary}");
+    assert_eq!(summary["merged_hold_spans"], merged.len(), "{summary}");
+    assert_eq!(
+        summary["left_out"]["merged_holds"], merged_holds,
+        "{summary}"
+    );
+    // busy, table and spin, each taken and released by the main thread.
+    assert!(
+        summary["left_out"]["uncontended_holds"].as_u64() >= Some(3),
+        "{summary}"
+    );
 }
 
 /// The pid of a trace, from `trapline stats`.
@@ -534,4 +549,112 @@ fn heap_profile_at_a_chosen_time() {
     );
     assert_eq!(wrong.code(), 2, "{}", wrong.describe());
     assert!(!json.exists());
+}
+
+/// lock_runs.c: the holds no thread waited for merge into one span per
+/// run, the waited one keeps its own, and the filters leave out what they
+/// say, counted in the file.
+#[test]
+fn perfetto_merges_unwaited_holds_and_filters() {
+    let dir = TestDir::new("export_perfetto_runs");
+    let prog = compile_c(&dir, "lock_runs.c");
+    let run = run(&dir, &[], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let lock = printed_addresses(&run.stdout)["runs"].clone();
+    let pid = e_pid(&dir.trace());
+    let line = |m: &str| marker_line("lock_runs.c", m);
+    let at = |f: &str, m: &str| format!("{f} (lock_runs.c:{})", line(m));
+
+    let file = dir.path().join("all.json");
+    let e = export(&dir.trace(), &["--format", "perfetto"], &file);
+    assert_eq!(e.code(), 0, "{}", e.describe());
+    let mut seen: Vec<(bool, String, String, u64)> = devtools_threads(&file)
+        .into_iter()
+        .flat_map(|(tid, evs)| evs.into_iter().map(move |e| (tid, e)))
+        .map(|(tid, e)| {
+            let place = e.3.split(" <- ").next().unwrap().to_owned();
+            (tid == pid, e.0, place, e.4)
+        })
+        .collect();
+    seen.sort();
+    let span = |main: bool, kind: &str, place: String, holds: u64| {
+        (main, format!("{kind} mutex {lock}"), place, holds)
+    };
+    let mut expected = vec![
+        span(false, "hold", at("waiter", "RUN-WAIT"), 1),
+        span(false, "wait", at("waiter", "RUN-WAIT"), 1),
+        span(true, "holds", at("main", "RUN-BEFORE"), 5),
+        span(true, "hold", at("main", "RUN-WAITED"), 1),
+        span(true, "holds", at("main", "RUN-AFTER"), 3),
+    ];
+    expected.sort();
+    assert_eq!(seen, expected);
+    let left_out = |args: &[&str]| -> Value {
+        let file = dir.path().join("filtered.json");
+        let mut all = vec!["--format", "perfetto", "--force"];
+        all.extend_from_slice(args);
+        let e = export(&dir.trace(), &all, &file);
+        assert_eq!(e.code(), 0, "{}", e.describe());
+        let trace: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let spans = events_of_phase(&trace, "X").len();
+        let summary = &trace["otherData"]["trapline"];
+        let mut left = summary["left_out"].clone();
+        left["spans"] = spans.into();
+        left["filter"] = summary["filter"].clone();
+        left
+    };
+    let all = left_out(&[]);
+    assert_eq!(all["spans"], 5, "{all}");
+    assert_eq!(all["merged_holds"], 8, "{all}");
+    // The lock chosen by its address, or by a place that takes it.
+    for chosen in [lock.as_str(), "waiter", "lock_runs.c"] {
+        let kept = left_out(&["--lock", chosen]);
+        assert_eq!(
+            (&kept["spans"], &kept["other_locks"]),
+            (&5.into(), &0.into()),
+            "{kept}"
+        );
+    }
+    let other = left_out(&["--lock", "no_such_function"]);
+    assert_eq!(
+        (&other["spans"], &other["other_locks"]),
+        (&0.into(), &1.into()),
+        "{other}"
+    );
+    assert_eq!(other["filter"]["lock"], "no_such_function", "{other}");
+    // No wait lasted a day: the lock counts as uncontended.
+    let day = (86_400u64 * 1_000_000_000).to_string();
+    let short = left_out(&["--min-wait", &day]);
+    assert_eq!(short["spans"], 0, "{short}");
+    assert_eq!(short["short_waits"], 1, "{short}");
+    assert_eq!(short["uncontended_holds"], 10, "{short}");
+    // A window after the end: the 10 holds and the wait are outside it.
+    let late = left_out(&["--from", "86400"]);
+    assert_eq!(
+        (&late["spans"], &late["outside_window"]),
+        (&0.into(), &11.into()),
+        "{late}"
+    );
+    assert_eq!(late["filter"]["from_ns"], 86_400_000_000_000u64, "{late}");
+
+    // Filters belong to the perfetto format, and a window must hold time.
+    let pprof_file = dir.path().join("heap.pb.gz");
+    let refused = export(
+        &dir.trace(),
+        &["--format", "pprof", "--from", "1"],
+        &pprof_file,
+    );
+    assert_eq!(refused.code(), 2, "{}", refused.describe());
+    assert!(
+        refused.stderr.contains("apply only to --format perfetto"),
+        "{}",
+        refused.describe()
+    );
+    let empty = export(
+        &dir.trace(),
+        &["--format", "perfetto", "--from", "2", "--to", "1"],
+        &dir.path().join("empty.json"),
+    );
+    assert_eq!(empty.code(), 2, "{}", empty.describe());
+    assert!(!dir.path().join("empty.json").exists());
 }

@@ -4,17 +4,22 @@
 //! counter track, and the reachability scans and growth or staleness
 //! verdicts as instants.
 //!
-//! The spans stream from [`thread_timeline`] straight into the file; the
-//! heap counter comes from [`timeline`] at [`HEAP_POINTS`] evenly spaced
-//! times, each the most live bytes since the point before, written only
-//! where the value changes. Times are microseconds since the trace's
-//! start, as the format has them.
+//! The spans stream from [`thread_timeline`] straight into the file, its
+//! [`SpanFilter`] choosing the time window, the lock and the shortest wait
+//! kept; the heap counter comes from [`timeline`] at [`HEAP_POINTS`]
+//! evenly spaced times of the window, each the most live bytes since the
+//! point before, written only where the value changes. Times are
+//! microseconds since the trace's start, as the format has them. What the
+//! filter and the merging of holds left out is counted in the file's
+//! `otherData.trapline.left_out`.
 
 use std::io::{self, Read, Seek, Write};
 
 use serde_json::{json, Value};
 use trapline_analysis::report::command_text;
-use trapline_analysis::thread_timeline::{self, Span, ThreadTimeline};
+use trapline_analysis::thread_timeline::{
+    self, LockSelector, Span, SpanFilter, SpanKind, ThreadTimeline,
+};
 use trapline_analysis::timeline;
 use trapline_trace::TraceError;
 
@@ -49,14 +54,19 @@ impl From<io::Error> for Error {
     }
 }
 
-/// Writes the timeline of the trace in `input` to `out`; returns what the
-/// spans' pass learnt (for its warnings and counts).
-pub fn write<R: Read + Seek, W: Write>(input: &mut R, out: W) -> Result<ThreadTimeline, Error> {
-    let heap = timeline::analyze_points(input, &[], HEAP_POINTS)?;
+/// Writes the timeline of the trace in `input` to `out`, what `filter`
+/// keeps of it; returns what the spans' pass learnt (for its warnings and
+/// counts).
+pub fn write<R: Read + Seek, W: Write>(
+    input: &mut R,
+    filter: &SpanFilter,
+    out: W,
+) -> Result<ThreadTimeline, Error> {
+    let heap = timeline::analyze_window(input, &[], HEAP_POINTS, filter.from_ns, filter.to_ns)?;
     let verdict_stacks: Vec<u32> = heap.verdicts.iter().map(|v| v.1).collect();
 
     let mut events = EventWriter::new(out)?;
-    let found = thread_timeline::analyze(input, &verdict_stacks, |span| {
+    let found = thread_timeline::analyze(input, &verdict_stacks, filter, |span| {
         events.push(&span_event(span))
     })?;
     let pid = found.process.pid.unwrap_or(0);
@@ -104,41 +114,66 @@ pub fn write<R: Read + Seek, W: Write>(input: &mut R, out: W) -> Result<ThreadTi
             "args": {"site": found.places.get(stack)},
         }));
     }
-    let [waits, holds, waiting_at_end, held_at_end] = found.spans;
+    let [waits, holds, waiting_at_end, held_at_end, merged] = found.spans;
+    let left = &found.left_out;
     events.finish(json!({
         "trapline": {
             "contended_locks": found.contended_locks,
             "waits": waits,
             "holds": holds,
+            "merged_hold_spans": merged,
             "waiting_at_end": waiting_at_end,
             "held_at_end": held_at_end,
-            "holds_left_out": "holds of locks no thread waited for",
+            "filter": {
+                "from_ns": filter.from_ns,
+                "to_ns": filter.to_ns,
+                "lock": filter.lock.as_ref().map(|l| match l {
+                    LockSelector::Address(a) => format!("{a:#x}"),
+                    LockSelector::Site(s) => s.clone(),
+                }),
+                "min_wait_ns": filter.min_wait_ns,
+            },
+            "left_out": {
+                "uncontended_holds": left.uncontended_holds,
+                "short_waits": left.short_waits,
+                "outside_window": left.outside_window,
+                "other_locks": left.other_locks,
+                "merged_holds": left.merged_holds,
+            },
             "trace_complete": found.trace.complete,
         }
     }))?;
     Ok(found)
 }
 
-/// A span as a complete event on its thread's track.
+/// A span as a complete event on its thread's track. Its name says the
+/// lock, its kind and mode, so the arguments carry only the site (and a
+/// merged span's counts).
 fn span_event(span: &Span) -> Value {
     let mode = match span.mode {
         "exclusive" => String::new(),
         m => format!(" {m}"),
     };
+    let name = format!(
+        "{} {}{} {:#x}",
+        span.kind.name(),
+        span.lock_kind,
+        mode,
+        span.lock
+    );
+    let args = match span.kind {
+        SpanKind::Holds => json!({"site": span.site, "holds": span.holds, "held_ns": span.held_ns}),
+        _ => json!({"site": span.site}),
+    };
     json!({
         "ph": "X",
         "cat": "lock",
-        "name": format!("{} {}{} {:#x}", span.kind.name(), span.lock_kind, mode, span.lock),
+        "name": name,
         "pid": span.pid,
         "tid": span.tid,
         "ts": micros(span.start_ns),
         "dur": micros(span.duration_ns),
-        "args": {
-            "lock": format!("{:#x}", span.lock),
-            "kind": span.lock_kind,
-            "mode": span.mode,
-            "site": span.site,
-        },
+        "args": args,
     })
 }
 
