@@ -39,7 +39,6 @@
 //! where and why reading stopped for good, if it did.
 
 use std::cmp::Reverse;
-use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::sync::mpsc;
@@ -337,46 +336,100 @@ fn decode_chunk(file_header: &[u8], offset: u64, raw: &[u8], events_hint: u32) -
     Ok((events, None))
 }
 
-/// How many chunks the merge hands to the decoding thread ahead of need.
-const DECODE_AHEAD: usize = 4;
+/// How many chunks the merge hands to each decoding thread ahead of need.
+const DECODE_AHEAD_PER_THREAD: usize = 3;
 
-/// A thread that decompresses and decodes chunks while the merge and the
-/// analysis work on the previous ones: decoding is about half the work of a
-/// pass. Chunks are sent in the order they will be opened and come back in
-/// the same order.
-struct DecodeThread {
+/// The decoding threads: one per core (or what `TRAPLINE_DECODE_THREADS`
+/// asks, for measuring), decompressing and decoding chunks while the merge
+/// and the analysis work on the previous ones. Chunk `k` in opening order
+/// goes to thread `k % n`, and results are taken back in the same order, so
+/// the merge sees them as one thread would give them.
+struct DecodePool {
+    workers: Vec<DecodeWorker>,
+    /// Chunk numbers sent and not yet received, in order, with the worker
+    /// each went to.
+    pending: VecDeque<(usize, usize)>,
+    /// The worker the next chunk goes to.
+    turn: usize,
+}
+
+struct DecodeWorker {
     jobs: Option<mpsc::Sender<(u64, Vec<u8>, u32)>>,
     results: mpsc::Receiver<Decoded>,
-    /// Chunk numbers sent and not yet received, in order.
-    pending: VecDeque<usize>,
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
-impl DecodeThread {
-    fn start(file_header: Vec<u8>) -> Option<DecodeThread> {
-        let (jobs, job_rx) = mpsc::channel::<(u64, Vec<u8>, u32)>();
-        let (result_tx, results) = mpsc::channel();
-        let handle = std::thread::Builder::new()
-            .name("trapline-decode".into())
-            .spawn(move || {
-                for (offset, raw, hint) in job_rx {
-                    let decoded = decode_chunk(&file_header, offset, &raw, hint);
-                    if result_tx.send(decoded).is_err() {
-                        return;
+/// Decoding threads to start: `TRAPLINE_DECODE_THREADS`, or one per core.
+pub fn decode_threads() -> usize {
+    std::env::var("TRAPLINE_DECODE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+impl DecodePool {
+    fn start(file_header: Vec<u8>) -> Option<DecodePool> {
+        let mut workers = Vec::new();
+        for n in 0..decode_threads() {
+            let (jobs, job_rx) = mpsc::channel::<(u64, Vec<u8>, u32)>();
+            let (result_tx, results) = mpsc::channel();
+            let file_header = file_header.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("trapline-decode-{n}"))
+                .spawn(move || {
+                    for (offset, raw, hint) in job_rx {
+                        let decoded = decode_chunk(&file_header, offset, &raw, hint);
+                        if result_tx.send(decoded).is_err() {
+                            return;
+                        }
                     }
-                }
-            })
-            .ok()?;
-        Some(DecodeThread {
-            jobs: Some(jobs),
-            results,
+                });
+            match spawned {
+                Ok(handle) => workers.push(DecodeWorker {
+                    jobs: Some(jobs),
+                    results,
+                    handle: Some(handle),
+                }),
+                Err(_) => break,
+            }
+        }
+        if workers.is_empty() {
+            return None;
+        }
+        Some(DecodePool {
+            workers,
             pending: VecDeque::new(),
-            handle: Some(handle),
+            turn: 0,
         })
+    }
+
+    fn ahead(&self) -> usize {
+        DECODE_AHEAD_PER_THREAD * self.workers.len()
+    }
+
+    /// Sends a chunk to the next worker; false when it is gone.
+    fn send(&mut self, chunk: usize, job: (u64, Vec<u8>, u32)) -> bool {
+        let w = self.turn;
+        let sent = self.workers[w].jobs.as_ref().map(|j| j.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            return false;
+        }
+        self.turn = (w + 1) % self.workers.len();
+        self.pending.push_back((chunk, w));
+        true
+    }
+
+    /// The result of the oldest chunk sent: (chunk, result), None when its
+    /// worker is gone.
+    fn receive(&mut self) -> Option<(usize, Decoded)> {
+        let (chunk, w) = self.pending.pop_front()?;
+        let result = self.workers[w].results.recv().ok()?;
+        Some((chunk, result))
     }
 }
 
-impl Drop for DecodeThread {
+impl Drop for DecodeWorker {
     fn drop(&mut self) {
         // Closing the job channel ends the thread once its job is done.
         self.jobs = None;
@@ -436,7 +489,13 @@ pub struct MergedEvents<'a, R: Read + Seek> {
     next: usize,
     /// Per chunk number: the chunk, while it is open.
     open: Vec<Option<OpenChunk>>,
+    /// The open chunks' head keys (time, chunk number), but the current's.
     heap: BinaryHeap<Reverse<(u64, usize)>>,
+    /// The chunk events are taken from while its head comes before every
+    /// other open chunk's: (head key, chunk number). Keeping it out of the
+    /// heap saves a sift per event, as a chunk's events run long between
+    /// the others' (ties go to the lower chunk number).
+    current: Option<(u64, usize)>,
     /// Chunks at or after this offset are not used (a chunk could not be
     /// read at all: an I/O error).
     limit: u64,
@@ -445,10 +504,10 @@ pub struct MergedEvents<'a, R: Read + Seek> {
     damaged: Vec<Stopped>,
     open_count: usize,
     most_open: usize,
-    /// Position in `order` of the next chunk to send to the decoding thread.
+    /// Position in `order` of the next chunk to send to the decoding threads.
     submitted: usize,
     /// None when no thread could be started: chunks are then decoded here.
-    decoder: Option<DecodeThread>,
+    decoder: Option<DecodePool>,
 }
 
 impl<'a, R: Read + Seek> MergedEvents<'a, R> {
@@ -481,12 +540,13 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             open: (0..index.chunks.len()).map(|_| None).collect(),
             open_count: 0,
             heap: BinaryHeap::new(),
+            current: None,
             limit: u64::MAX,
             stopped: index.stopped.clone(),
             damaged: index.damaged.clone(),
             most_open: 0,
             submitted: 0,
-            decoder: DecodeThread::start(index.file_header.clone()),
+            decoder: DecodePool::start(index.file_header.clone()),
         }
     }
 
@@ -514,14 +574,14 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
         }
     }
 
-    /// Sends the next chunks in opening order to the decoding thread, up to
-    /// [`DECODE_AHEAD`] ahead. Sending stops at a chunk that cannot be read:
+    /// Sends the next chunks in opening order to the decoding threads, up to
+    /// [`DECODE_AHEAD_PER_THREAD`] each ahead. Sending stops at a chunk that cannot be read:
     /// opening it reads it here again, and reports why.
     fn submit_ahead(&mut self) {
         let Some(decoder) = self.decoder.as_mut() else {
             return;
         };
-        while decoder.pending.len() < DECODE_AHEAD {
+        while decoder.pending.len() < decoder.ahead() {
             let Some(&i) = self.order.get(self.submitted) else {
                 return;
             };
@@ -535,13 +595,10 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
                 return;
             };
             let job = (entry.offset, raw, entry.header.events);
-            match decoder.jobs.as_ref().map(|j| j.send(job)) {
-                Some(Ok(())) => decoder.pending.push_back(i),
-                // The thread is gone: decode here from now on.
-                _ => {
-                    self.decoder = None;
-                    return;
-                }
+            if !decoder.send(i, job) {
+                // A thread is gone: decode here from now on.
+                self.decoder = None;
+                return;
             }
         }
     }
@@ -552,10 +609,7 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
         if let Some(decoder) = self.decoder.as_mut() {
             // Results come back in the order sent; chunks skipped since
             // (past a corrupt one) are dropped on the way.
-            while let Some(sent) = decoder.pending.pop_front() {
-                let Ok(result) = decoder.results.recv() else {
-                    break;
-                };
+            while let Some((sent, result)) = decoder.receive() {
                 if sent == i {
                     return result;
                 }
@@ -626,7 +680,12 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                     self.next += 1;
                     continue;
                 }
-                let earliest = self.heap.peek().map(|Reverse(key)| *key);
+                let in_heap = self.heap.peek().map(|Reverse(key)| *key);
+                let earliest = match (self.current, in_heap) {
+                    (Some((t, c)), Some(h)) => Some((t, c).min(h)),
+                    (Some(k), None) => Some(k),
+                    (None, h) => h,
+                };
                 if !matches!(earliest, Some(key) if (self.start[i], i) > key) {
                     self.next += 1;
                     self.open_chunk(i);
@@ -634,14 +693,30 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                     break;
                 }
             }
-            let mut top = self.heap.peek_mut()?;
-            let Reverse((_, i)) = *top;
+            // The earliest head: the current chunk's unless the heap's top
+            // comes first.
+            let top = self.heap.peek().map(|Reverse(key)| *key);
+            let key = match (self.current, top) {
+                (Some(c), Some(h)) if h < c => {
+                    self.heap.pop();
+                    self.heap.push(Reverse(c));
+                    h
+                }
+                (Some(c), _) => c,
+                (None, Some(h)) => {
+                    self.heap.pop();
+                    h
+                }
+                (None, None) => return None,
+            };
+            let i = key.1;
+            self.current = Some(key);
             let oc = self.open[i]
                 .as_mut()
-                .expect("every heap entry has an open chunk");
+                .expect("every head key has an open chunk");
             if oc.offset >= self.limit {
                 // Past a corrupt chunk: dropped.
-                PeekMut::pop(top);
+                self.current = None;
                 self.open[i] = None;
                 self.open_count -= 1;
                 continue;
@@ -650,10 +725,9 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
             let event = oc.events.next().expect("an open chunk has a head event");
             let tid = oc.tid;
             match oc.head_time() {
-                // Replacing the top in place sifts it down once.
-                Some(t) => *top = Reverse((t, i)),
+                Some(t) => self.current = Some((t, i)),
                 None => {
-                    PeekMut::pop(top);
+                    self.current = None;
                     self.open[i] = None;
                     self.open_count -= 1;
                 }
