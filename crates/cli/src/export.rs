@@ -175,6 +175,13 @@ fn parquet(trace: &Path, dir: &Path, force: bool) -> ExitCode {
             "is a directory that is not empty; --force writes into it (nothing was written)",
         );
     }
+    if dir.exists() && !dir.is_dir() {
+        return output::fail(
+            "export",
+            dir,
+            "is not a directory: parquet writes a directory of tables, name one (nothing was written)",
+        );
+    }
     if let Err(e) = std::fs::create_dir_all(dir) {
         return output::fail("export", dir, format!("cannot create the directory: {e}"));
     }

@@ -215,9 +215,43 @@ pub fn fail(command: &str, path: &Path, msg: impl std::fmt::Display) -> ExitCode
 /// Opens the trace at `path` for `command`'s reading; a failure is
 /// reported on stderr and becomes the exit status.
 pub fn open_trace(command: &str, path: &Path) -> Result<BufReader<File>, ExitCode> {
-    File::open(path)
-        .map(|f| BufReader::with_capacity(1 << 16, f))
-        .map_err(|e| fail(command, path, format!("cannot open: {e}")))
+    let file = File::open(path).map_err(|e| fail(command, path, format!("cannot open: {e}")))?;
+    match file.metadata() {
+        Ok(m) if m.is_dir() => {
+            return Err(fail(command, path, "is a directory, not a trace"));
+        }
+        Ok(m) if m.len() == 0 => {
+            return Err(fail(
+                command,
+                path,
+                "is empty (0 bytes), not a trace: the recording wrote nothing (it was killed \
+                 before it began, or the file was made by something else)",
+            ));
+        }
+        _ => {}
+    }
+    Ok(BufReader::with_capacity(1 << 16, file))
+}
+
+/// Why `path` could not be created, naming the directory when it is the
+/// cause (a missing directory, or one this user cannot write).
+pub fn why_not_created(path: &Path, e: &std::io::Error) -> String {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match e.kind() {
+        std::io::ErrorKind::NotFound if !dir.exists() => {
+            format!("the directory {} does not exist", dir.display())
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            format!(
+                "permission denied: this user cannot create files in {}",
+                dir.display()
+            )
+        }
+        _ => e.to_string(),
+    }
 }
 
 /// Opens the trace at `path` and runs `analyze` on it. A failure, or a trace
@@ -282,6 +316,13 @@ pub fn refuse_existing(
             "is a trace this command reads: choose another output (nothing was written)",
         ));
     }
+    if path.is_dir() {
+        return Err(fail(
+            command,
+            path,
+            "is a directory: name a file to write (nothing was written)",
+        ));
+    }
     if path.exists() && !force {
         return Err(fail(
             command,
@@ -333,7 +374,13 @@ pub fn write_file(
         .write(true)
         .create_new(true)
         .open(&temp)
-        .map_err(|e| format!("cannot create {}: {e}", temp.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot create {}: {}",
+                temp.display(),
+                why_not_created(&temp, &e)
+            )
+        })?;
     let mut out = BufWriter::new(f);
     let done = write(&mut out).and_then(|()| out.flush());
     if let Err(e) = done {

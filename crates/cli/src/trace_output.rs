@@ -55,7 +55,12 @@ pub fn prepare(output: &Path, command: &[OsString], force: bool) -> Result<Prepa
         }
     }
     let (moved_aside, deleted) = move_previous_aside(output, previous_top)?;
-    create(output).map_err(|e| format!("cannot write the trace {shown}: {e}"))?;
+    create(output).map_err(|e| {
+        format!(
+            "cannot write the trace {shown}: {}",
+            crate::output::why_not_created(output, &e)
+        )
+    })?;
     Ok(Prepared {
         moved_aside,
         deleted,

@@ -268,8 +268,9 @@ pub fn main(args: WatchArgs) -> ExitCode {
                     format!("no process {} (it has ended, or never ran)", args.pid)
                 }
                 std::io::ErrorKind::NotFound => format!(
-                    "no control socket at {path}: process {} was not started with `trapline run --control`, or has ended",
-                    args.pid
+                    "process {pid} is not being recorded (no control socket at {path}): start it with \
+                     `trapline run --control`, or `trapline attach {pid}` records it as it runs",
+                    pid = args.pid
                 ),
                 std::io::ErrorKind::ConnectionRefused => format!(
                     "{path} is left from a process that has ended (nothing answers there)"

@@ -166,11 +166,15 @@ fn unusable_files_exit_1_naming_the_file() {
     let newer = write("newer.trace", &newer);
     let empty = write("empty.trace", &trace(false)[..16]);
     let missing = std::env::temp_dir().join("trapline-no-such-file.trace");
+    let zero = write("zero.trace", b"");
+    let dir = std::env::temp_dir();
     for (path, needle) in [
         (&not, "not a trapline trace"),
         (&newer, "newer than this trapline understands"),
         (&empty, "no readable events"),
         (&missing, "cannot open"),
+        (&zero, "is empty (0 bytes), not a trace"),
+        (&dir, "is a directory, not a trace"),
     ] {
         for cmd in ["leaks", "stats"] {
             let o = trapline(&[cmd], path);

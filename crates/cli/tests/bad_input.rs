@@ -114,10 +114,14 @@ fn run_output_that_cannot_hold_a_trace_is_refused() {
         .expect("mkfifo");
     assert!(made.success());
     let fifo = fifo.display().to_string();
+    let nowhere = dir.path().join("no/such/dir");
+    let in_nowhere = nowhere.join("t.trace").display().to_string();
+    let no_dir = format!("the directory {} does not exist", nowhere.display());
     for (output, reason) in [
         (fifo.as_str(), "it is a FIFO, not a regular file"),
         ("/dev/null", "it is a device, not a regular file"),
         ("/", "it is a directory"),
+        (in_nowhere.as_str(), no_dir.as_str()),
     ] {
         let mut cmd = trapline_cmd(&["run", "-o", output, "--", "/bin/true"]);
         cmd.current_dir(dir.path());

@@ -263,6 +263,18 @@ fn parquet_tables_are_queried_by_duckdb() {
         "{}",
         e.stderr
     );
+    // A file is no place for the tables, even with --force.
+    let file = dir.path().join("tables.txt");
+    std::fs::write(&file, "mine").unwrap();
+    let e = export(&dir.trace(), &["--format", "parquet", "--force"], &file);
+    assert_eq!(e.code(), 1, "{}", e.describe());
+    assert!(
+        e.stderr
+            .contains("is not a directory: parquet writes a directory"),
+        "{}",
+        e.stderr
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
 }
 
 /// An event on a thread's track: (name, start, duration, site, holds).

@@ -162,6 +162,20 @@ fn report_refuses_what_it_cannot_do() {
         out.stderr
     );
     assert_eq!(std::fs::read_to_string(&page).unwrap(), "mine");
+    // A directory is no page, even with --force.
+    let mut cmd = Command::new(trapline());
+    cmd.arg("report")
+        .arg(dir.path().join("none.trace"))
+        .arg("-o")
+        .arg(dir.path())
+        .arg("--force");
+    let out = output_of(cmd, "trapline report -o DIR");
+    assert_eq!(out.code(), 1, "{}", out.describe());
+    assert!(
+        out.stderr.contains("is a directory: name a file to write"),
+        "{}",
+        out.stderr
+    );
     // Its own input is never replaced, even with --force.
     let trace = dir.path().join("g.trace");
     std::fs::write(&trace, b"TRAPLINE and the rest of a trace").unwrap();

@@ -375,6 +375,15 @@ fn bad_input_gets_clear_errors() {
         "{}",
         incomplete.stderr
     );
+    let missing = vm(&dir, &["replay", "no-such-recording", "-o", "d.trace"]);
+    assert_eq!(missing.code(), 1, "{}", missing.describe());
+    assert!(
+        missing
+            .stderr
+            .contains("no-such-recording: does not exist: a recording is the directory"),
+        "{}",
+        missing.stderr
+    );
 
     let forever = compile_c(&dir, "vm_forever.c");
     let stopped = record(&dir, "forever", &["--timeout", "20"], &forever);

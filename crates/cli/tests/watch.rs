@@ -168,6 +168,16 @@ fn a_watcher_finds_the_sites_that_keep_growing_while_the_program_runs() {
         err,
         format!("trapline watch: no process {pid} (it has ended, or never ran)\n")
     );
+    // A live process nobody records (this test): said so, with both ways.
+    let me = std::process::id().to_string();
+    let (code, _, err) = watch(&me, &["--count", "1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with(&format!(
+            "trapline watch: process {me} is not being recorded"
+        )) && err.contains(&format!("`trapline attach {me}`")),
+        "{err}"
+    );
 }
 
 /// `watch -o FILE` keeps at most `--log-limit` on disk: FILE becomes

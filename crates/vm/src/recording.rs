@@ -64,6 +64,17 @@ pub struct Recording {
 
 impl Recording {
     pub fn open(dir: &Path) -> Result<Recording, VmError> {
+        if !dir.is_dir() {
+            let what = if dir.exists() {
+                "is not a directory"
+            } else {
+                "does not exist"
+            };
+            return Err(VmError::damaged(format!(
+                "{}: {what}: a recording is the directory `trapline vm record -o DIR` writes",
+                dir.display()
+            )));
+        }
         let path = dir.join(MANIFEST);
         let text = std::fs::read_to_string(&path).map_err(|e| {
             VmError::damaged(format!(
