@@ -207,7 +207,7 @@ struct Segments {
     /// Current segment of each thread instance.
     current: Vec<usize>,
     /// tid -> its current thread instance.
-    instance_of: HashMap<u32, usize>,
+    instance_of: HashMap<u32, usize, ahash::RandomState>,
     /// Creator's segment before each create id.
     created_from: HashMap<u64, usize>,
     /// (segment, create id): the segment follows the creator's (resolved at the end).
@@ -514,7 +514,9 @@ struct Edge {
 #[derive(Default)]
 struct LockGraph {
     edges: Vec<(Edge, u64)>,
-    index: HashMap<Edge, usize>,
+    /// Looked up once per lock request: aHash, as SipHash over the guard
+    /// set took a fifth of a pass (memcached's trace).
+    index: HashMap<Edge, usize, ahash::RandomState>,
     /// (held, requested) -> indices into `edges`.
     pairs: HashMap<(LockId, LockId), Vec<usize>>,
     succ: HashMap<LockId, Vec<LockId>>,

@@ -168,10 +168,15 @@ impl MisuseKind {
     }
 }
 
+/// The maps a pass touches per event (every allocation goes through
+/// `blocks`): aHash, not SipHash, whose hashing was a fifth of a
+/// `deadlocks` pass on memcached's trace.
+type FastHashMap<K, V> = HashMap<K, V, ahash::RandomState>;
+
 /// The replayed state of every lock and thread.
 #[derive(Default)]
 pub struct LockState {
-    gens: HashMap<u64, u32>,
+    gens: FastHashMap<u64, u32>,
     /// The main thread (the process's pid), which has no `ThreadEnd`.
     main_tid: u32,
     /// The trace's `End` was seen (the `Process` record may come after it
@@ -180,16 +185,16 @@ pub struct LockState {
     /// Every lock address seen, for the blocks freed around them.
     lock_addrs: BTreeSet<u64>,
     /// Live heap blocks: address -> size (to find the locks a free frees).
-    blocks: HashMap<u64, u64>,
+    blocks: FastHashMap<u64, u64>,
     /// Lock address -> where it was destroyed and what kind it was (until
     /// an init).
-    destroyed: HashMap<u64, (u32, LockKind)>,
+    destroyed: FastHashMap<u64, (u32, LockKind)>,
     /// Lock address -> where its memory was freed (until allocated again).
-    freed: HashMap<u64, u32>,
-    threads: HashMap<u32, ThreadLocks>,
+    freed: FastHashMap<u64, u32>,
+    threads: FastHashMap<u32, ThreadLocks>,
     /// Misuse in order of occurrence, identical ones merged: (misuse, count).
     misuse: Vec<(Misuse, u64)>,
-    misuse_index: HashMap<Misuse, usize>,
+    misuse_index: FastHashMap<Misuse, usize>,
     /// Whether any lock event was seen.
     pub saw_lock_events: bool,
 }

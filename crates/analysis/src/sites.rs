@@ -35,13 +35,13 @@ struct Site {
     stamp: u32,
 }
 
-/// The per-site accumulator.
+/// The per-site accumulator (aHash: its maps are touched per allocation).
 #[derive(Default)]
 pub(crate) struct SiteTotals {
-    sites: HashMap<u32, Site>,
+    sites: HashMap<u32, Site, ahash::RandomState>,
     /// Each thread's latest allocation (address, stack), while it may
     /// still be temporary.
-    latest: HashMap<u32, (u64, u32)>,
+    latest: HashMap<u32, (u64, u32), ahash::RandomState>,
     epoch: u32,
     /// The most live bytes so far.
     peak: u64,
