@@ -18,8 +18,9 @@ use std::io::{Read, Seek};
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
 
-use crate::index::{MergedEvents, TraceIndex};
+use crate::index::{MergedEvent, ReadStatus, TraceIndex};
 use crate::lockstate::{errors_text, mode_name, stack_text, Applied, LockError, LockId, LockState};
+use crate::pass::Pass;
 use crate::report::{
     command_text, footer_text, prefix, serialize_hex, thousands, warnings_text, Facts, FrameReport,
     ProcessReport, TraceStatus,
@@ -180,20 +181,42 @@ pub fn analyze_top<R: Read + Seek>(
     input: &mut R,
     top: Option<usize>,
 ) -> Result<LocksReport, TraceError> {
-    let index = TraceIndex::build(input)?;
-    let mut facts = Facts::default();
-    let mut state = LockState::default();
-    let mut accs: HashMap<(LockId, LockMode), Acc> = HashMap::new();
-    let mut per_lock: HashMap<LockId, PerLock> = HashMap::new();
-    let mut threads: Vec<u32> = Vec::new();
+    crate::pass::run(input, |_| LocksAnalysis::new(top))
+}
 
-    let mut merged = MergedEvents::new(input, &index);
-    for m in merged.by_ref() {
-        facts.observe(m.time, &m.event);
+/// The locks analysis as a [`Pass`], to share a read of the trace.
+pub struct LocksAnalysis {
+    top: Option<usize>,
+    facts: Facts,
+    state: LockState,
+    accs: HashMap<(LockId, LockMode), Acc>,
+    per_lock: HashMap<LockId, PerLock>,
+    threads: Vec<u32>,
+}
+
+impl LocksAnalysis {
+    /// Lists the `top` most contended locks (None: all).
+    pub fn new(top: Option<usize>) -> Self {
+        LocksAnalysis {
+            top,
+            facts: Facts::default(),
+            state: LockState::default(),
+            accs: HashMap::new(),
+            per_lock: HashMap::new(),
+            threads: Vec::new(),
+        }
+    }
+}
+
+impl Pass for LocksAnalysis {
+    type Report = LocksReport;
+
+    fn observe(&mut self, m: &MergedEvent) {
+        self.facts.observe(m.time, &m.event);
         if let Event::Lock(l) = &m.event {
             if let Some(addr) = l.addr() {
-                let id = state.lock_id(addr);
-                let p = per_lock.entry(id).or_default();
+                let id = self.state.lock_id(addr);
+                let p = self.per_lock.entry(id).or_default();
                 let stack = match l {
                     LockEvent::Init { stack, .. }
                     | LockEvent::Acquire { stack, .. }
@@ -217,14 +240,14 @@ pub fn analyze_top<R: Read + Seek>(
                     stack,
                     ..
                 } => {
-                    let id = state.lock_id(addr);
-                    let a = accs.entry((id, mode)).or_default();
+                    let id = self.state.lock_id(addr);
+                    let a = self.accs.entry((id, mode)).or_default();
                     a.kind = Some(kind);
                     if op == LockOp::CondWait {
                         a.cond_waits += 1;
                     } else {
                         a.acquisitions += 1;
-                        let p = per_lock.entry(id).or_default();
+                        let p = self.per_lock.entry(id).or_default();
                         if p.last_owner.is_some_and(|o| o != m.tid) {
                             a.owner_changes += 1;
                         }
@@ -232,8 +255,8 @@ pub fn analyze_top<R: Read + Seek>(
                         if !a.threads.contains(&m.tid) {
                             a.threads.push(m.tid);
                         }
-                        if !threads.contains(&m.tid) {
-                            threads.push(m.tid);
+                        if !self.threads.contains(&m.tid) {
+                            self.threads.push(m.tid);
                         }
                         if let Some(w) = wait_ns {
                             a.contended += 1;
@@ -253,7 +276,10 @@ pub fn analyze_top<R: Read + Seek>(
                     errno,
                     ..
                 } => {
-                    let a = accs.entry((state.lock_id(addr), mode)).or_default();
+                    let a = self
+                        .accs
+                        .entry((self.state.lock_id(addr), mode))
+                        .or_default();
                     a.kind = Some(kind);
                     if op == LockOp::Try {
                         a.try_failures += 1;
@@ -267,10 +293,10 @@ pub fn analyze_top<R: Read + Seek>(
         if let Applied::Released {
             lock,
             held: Some(h),
-        } = state.apply(m.tid, &m.event)
+        } = self.state.apply(m.tid, &m.event)
         {
             if h.depth == 0 {
-                let a = accs.entry((lock, h.mode)).or_default();
+                let a = self.accs.entry((lock, h.mode)).or_default();
                 let d = m.time.saturating_sub(h.time);
                 // The agent's own work inside the hold (its hooks for the
                 // program's calls made while holding) is not the program's.
@@ -285,124 +311,133 @@ pub fn analyze_top<R: Read + Seek>(
             }
         }
     }
-    let stopped = merged.read_status();
-    drop(merged);
-    // Waits under way when the trace ended (a hung program) count, up to
-    // the end: a thread stuck for seconds is the most contended of all.
-    for (tid, p) in state.pending() {
-        let a = accs.entry((p.lock, p.mode)).or_default();
-        a.kind = Some(p.kind);
-        let w = facts.last_time.saturating_sub(p.time);
-        a.contended += 1;
-        a.waiting_at_end += 1;
-        a.wait_total += w;
-        a.wait_max = a.wait_max.max(w);
-        let s = a.sites.entry(p.stack).or_default();
-        s.0 += 1;
-        s.1 += w;
-        if !a.threads.contains(&tid) {
-            a.threads.push(tid);
-        }
-        if !threads.contains(&tid) {
-            threads.push(tid);
-        }
-    }
 
-    // Ranked and totalled before any stack is symbolized: only the
-    // listed locks' stacks are looked up.
-    let mut ranked: Vec<((LockId, LockMode), Acc)> =
-        accs.into_iter().filter(|(_, a)| a.kind.is_some()).collect();
-    let mode_of = |&((_, mode), ref a): &((LockId, LockMode), Acc)| {
-        mode_name(a.kind.unwrap_or(LockKind::Mutex), mode)
-    };
-    ranked.sort_by(|x, y| {
-        y.1.contended
-            .cmp(&x.1.contended)
-            .then(y.1.owner_changes.cmp(&x.1.owner_changes))
-            .then(y.1.acquisitions.cmp(&x.1.acquisitions))
-            .then(x.0 .0.addr.cmp(&y.0 .0.addr))
-            .then(mode_of(x).cmp(mode_of(y)))
-    });
-    let mut distinct: Vec<u64> = ranked.iter().map(|((id, _), _)| id.addr).collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    let totals = LockTotals {
-        locks: distinct.len() as u64,
-        acquisitions: ranked.iter().map(|(_, a)| a.acquisitions).sum(),
-        contended: ranked.iter().map(|(_, a)| a.contended).sum(),
-        owner_changes: ranked.iter().map(|(_, a)| a.owner_changes).sum(),
-        wait_ns: ranked.iter().map(|(_, a)| a.wait_total).sum(),
-        threads: threads.len() as u64,
-    };
-    let listed = top.unwrap_or(usize::MAX).min(ranked.len());
-    let locks_omitted = (ranked.len() - listed) as u64;
-    ranked.truncate(listed);
-
-    let mut sym = facts.symbolizer();
-    let locks: Vec<LockReport> = ranked
-        .into_iter()
-        .map(|((id, mode), a)| {
-            let kind = a.kind.unwrap_or(LockKind::Mutex);
-            let p = per_lock.get(&id);
-            let mut sites: Vec<(u32, (u64, u64))> = a.sites.into_iter().collect();
-            sites.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
-            LockReport {
-                address: id.addr,
-                kind: kind.name(),
-                mode: mode_name(kind, mode),
-                acquisitions: a.acquisitions,
-                contended: a.contended,
-                waiting_at_end: a.waiting_at_end,
-                owner_changes: a.owner_changes,
-                threads: a.threads.len() as u64,
-                try_failures: a.try_failures,
-                timeouts: a.timeouts,
-                cond_waits: a.cond_waits,
-                wait_ns: Durations {
-                    total: a.wait_total,
-                    max: a.wait_max,
-                    avg: a.wait_total.checked_div(a.contended).unwrap_or(0),
-                },
-                hold_ns: {
-                    let total = a.hold_total.saturating_sub(a.hold_agent);
-                    Durations {
-                        total,
-                        max: a.hold_max,
-                        avg: total.checked_div(a.holds).unwrap_or(0),
-                    }
-                },
-                agent_ns_in_holds: a.hold_agent.min(a.hold_total),
-                first_use: if p.is_some_and(|p| p.from_init) {
-                    "init"
-                } else {
-                    "first_acquisition"
-                },
-                first_use_stack: sym.stack(&facts.stacks, p.map_or(0, |p| p.first_stack)),
-                top_sites: sites
-                    .into_iter()
-                    .take(TOP_SITES)
-                    .map(|(stack, (contended, wait_ns))| ContendingSite {
-                        contended,
-                        wait_ns,
-                        stack: sym.stack(&facts.stacks, stack),
-                    })
-                    .collect(),
+    fn finish(self, index: &TraceIndex, stopped: ReadStatus) -> Result<LocksReport, TraceError> {
+        let LocksAnalysis {
+            top,
+            facts,
+            state,
+            mut accs,
+            per_lock,
+            mut threads,
+        } = self;
+        // Waits under way when the trace ended (a hung program) count, up to
+        // the end: a thread stuck for seconds is the most contended of all.
+        for (tid, p) in state.pending() {
+            let a = accs.entry((p.lock, p.mode)).or_default();
+            a.kind = Some(p.kind);
+            let w = facts.last_time.saturating_sub(p.time);
+            a.contended += 1;
+            a.waiting_at_end += 1;
+            a.wait_total += w;
+            a.wait_max = a.wait_max.max(w);
+            let s = a.sites.entry(p.stack).or_default();
+            s.0 += 1;
+            s.1 += w;
+            if !a.threads.contains(&tid) {
+                a.threads.push(tid);
             }
+            if !threads.contains(&tid) {
+                threads.push(tid);
+            }
+        }
+
+        // Ranked and totalled before any stack is symbolized: only the
+        // listed locks' stacks are looked up.
+        let mut ranked: Vec<((LockId, LockMode), Acc)> =
+            accs.into_iter().filter(|(_, a)| a.kind.is_some()).collect();
+        let mode_of = |&((_, mode), ref a): &((LockId, LockMode), Acc)| {
+            mode_name(a.kind.unwrap_or(LockKind::Mutex), mode)
+        };
+        ranked.sort_by(|x, y| {
+            y.1.contended
+                .cmp(&x.1.contended)
+                .then(y.1.owner_changes.cmp(&x.1.owner_changes))
+                .then(y.1.acquisitions.cmp(&x.1.acquisitions))
+                .then(x.0 .0.addr.cmp(&y.0 .0.addr))
+                .then(mode_of(x).cmp(mode_of(y)))
+        });
+        let mut distinct: Vec<u64> = ranked.iter().map(|((id, _), _)| id.addr).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let totals = LockTotals {
+            locks: distinct.len() as u64,
+            acquisitions: ranked.iter().map(|(_, a)| a.acquisitions).sum(),
+            contended: ranked.iter().map(|(_, a)| a.contended).sum(),
+            owner_changes: ranked.iter().map(|(_, a)| a.owner_changes).sum(),
+            wait_ns: ranked.iter().map(|(_, a)| a.wait_total).sum(),
+            threads: threads.len() as u64,
+        };
+        let listed = top.unwrap_or(usize::MAX).min(ranked.len());
+        let locks_omitted = (ranked.len() - listed) as u64;
+        ranked.truncate(listed);
+
+        let mut sym = facts.symbolizer();
+        let locks: Vec<LockReport> = ranked
+            .into_iter()
+            .map(|((id, mode), a)| {
+                let kind = a.kind.unwrap_or(LockKind::Mutex);
+                let p = per_lock.get(&id);
+                let mut sites: Vec<(u32, (u64, u64))> = a.sites.into_iter().collect();
+                sites.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+                LockReport {
+                    address: id.addr,
+                    kind: kind.name(),
+                    mode: mode_name(kind, mode),
+                    acquisitions: a.acquisitions,
+                    contended: a.contended,
+                    waiting_at_end: a.waiting_at_end,
+                    owner_changes: a.owner_changes,
+                    threads: a.threads.len() as u64,
+                    try_failures: a.try_failures,
+                    timeouts: a.timeouts,
+                    cond_waits: a.cond_waits,
+                    wait_ns: Durations {
+                        total: a.wait_total,
+                        max: a.wait_max,
+                        avg: a.wait_total.checked_div(a.contended).unwrap_or(0),
+                    },
+                    hold_ns: {
+                        let total = a.hold_total.saturating_sub(a.hold_agent);
+                        Durations {
+                            total,
+                            max: a.hold_max,
+                            avg: total.checked_div(a.holds).unwrap_or(0),
+                        }
+                    },
+                    agent_ns_in_holds: a.hold_agent.min(a.hold_total),
+                    first_use: if p.is_some_and(|p| p.from_init) {
+                        "init"
+                    } else {
+                        "first_acquisition"
+                    },
+                    first_use_stack: sym.stack(&facts.stacks, p.map_or(0, |p| p.first_stack)),
+                    top_sites: sites
+                        .into_iter()
+                        .take(TOP_SITES)
+                        .map(|(stack, (contended, wait_ns))| ContendingSite {
+                            contended,
+                            wait_ns,
+                            stack: sym.stack(&facts.stacks, stack),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        let errors = state.errors(&facts.stacks, &mut sym);
+        Ok(LocksReport {
+            process: facts.process_report(),
+            has_lock_events: state.saw_lock_events,
+            locks_recorded: !facts.locks_off,
+            totals,
+            locks,
+            locks_omitted,
+            errors,
+            events_lost: facts.events_lost(),
+            trace: facts.trace_status(index, stopped),
+            warnings: sym.warnings(),
         })
-        .collect();
-    let errors = state.errors(&facts.stacks, &mut sym);
-    Ok(LocksReport {
-        process: facts.process_report(),
-        has_lock_events: state.saw_lock_events,
-        locks_recorded: !facts.locks_off,
-        totals,
-        locks,
-        locks_omitted,
-        errors,
-        events_lost: facts.events_lost(),
-        trace: facts.trace_status(&index, stopped),
-        warnings: sym.warnings(),
-    })
+    }
 }
 
 const ETIMEDOUT: i32 = 110;

@@ -5,8 +5,11 @@ use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use trapline_analysis::deadlocks::DeadlocksAnalysis;
+use trapline_analysis::leaks::{LeaksAnalysis, LeaksOptions};
+use trapline_analysis::locks::LocksAnalysis;
 use trapline_analysis::profile::{self, ProfileError};
-use trapline_analysis::{locks, stats, timeline};
+use trapline_analysis::{stats, timeline};
 use trapline_export::html::{self, ProcessPage};
 
 use crate::output;
@@ -52,12 +55,13 @@ pub fn main(args: ReportArgs) -> ExitCode {
     }
 }
 
-/// Every analysis of one trace.
+/// Every analysis of one trace. `stats` reads it first: it refuses a file
+/// that is no usable trace, once, and chooses the sites the timeline
+/// plots. The others then run on two threads, the leak and deadlock
+/// findings (one shared read) beside the rest, as each pass's own work is
+/// bound to one core.
 fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
     let stats = output::load("report", path, stats::analyze)?;
-    // Leaks and deadlocks share a read of the trace.
-    let (leaks, deadlocks) = output::load("report", path, trapline_analysis::findings::analyze)?;
-    let heap = output::heap_profile_at("report", path, at)?;
     let plotted: Vec<_> = stats
         .sites
         .peak_contribution
@@ -66,17 +70,22 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
         .collect();
     let ids: Vec<u32> = plotted.iter().map(|s| s.stack_id).collect();
     let names = plotted.iter().map(|s| html::stack_name(&s.stack)).collect();
-    let mut input = output::open_trace("report", path)?;
-    let timeline =
-        timeline::analyze(&mut input, &ids).map_err(|e| output::fail("report", path, e))?;
-    rewind(&mut input, path)?;
-    let profile = match profile::analyze(&mut input, profile::ProfileOptions::default()) {
-        Ok(p) => Some(p),
-        Err(ProfileError::NotProfiled) => None,
-        Err(e) => return Err(output::fail("report", path, e)),
-    };
-    rewind(&mut input, path)?;
-    let locks = locks::analyze(&mut input).map_err(|e| output::fail("report", path, e))?;
+    let (findings, rest) = std::thread::scope(|scope| {
+        let findings = scope.spawn(|| {
+            output::load("report", path, |input| {
+                trapline_analysis::pass::run(input, |index| {
+                    (
+                        LeaksAnalysis::new(index, LeaksOptions::default()),
+                        DeadlocksAnalysis::default(),
+                    )
+                })
+            })
+        });
+        let rest = the_rest(path, at, &ids);
+        (findings.join().expect("the findings' thread"), rest)
+    });
+    let (leaks, deadlocks) = findings?;
+    let (heap, timeline, profile, locks) = rest?;
     let has_locks = locks.has_lock_events;
     Ok(ProcessPage {
         leaks,
@@ -88,6 +97,32 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
         locks: has_locks.then_some(locks),
         deadlocks: has_locks.then_some(deadlocks),
     })
+}
+
+type TheRest = (
+    trapline_analysis::heap_profile::HeapProfile,
+    timeline::Timeline,
+    Option<profile::ProfileReport>,
+    trapline_analysis::locks::LocksReport,
+);
+
+/// The heap profile, the timeline of the sites `ids`, the CPU profile (if
+/// recorded) and the locks.
+fn the_rest(path: &Path, at: Option<f64>, ids: &[u32]) -> Result<TheRest, ExitCode> {
+    let heap = output::heap_profile_at("report", path, at)?;
+    let mut input = output::open_trace("report", path)?;
+    let timeline =
+        timeline::analyze(&mut input, ids).map_err(|e| output::fail("report", path, e))?;
+    rewind(&mut input, path)?;
+    let profile = match profile::analyze(&mut input, profile::ProfileOptions::default()) {
+        Ok(p) => Some(p),
+        Err(ProfileError::NotProfiled) => None,
+        Err(e) => return Err(output::fail("report", path, e)),
+    };
+    rewind(&mut input, path)?;
+    let locks = trapline_analysis::pass::run(&mut input, |_| LocksAnalysis::new(None))
+        .map_err(|e| output::fail("report", path, e))?;
+    Ok((heap, timeline, profile, locks))
 }
 
 fn rewind(input: &mut BufReader<File>, path: &Path) -> Result<(), ExitCode> {
