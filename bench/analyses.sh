@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Each analysis of one real service's trace, timed with its peak RSS:
+# stats, leaks, locks, deadlocks, export --format pprof and report, on
+# TRACE (default: bench/perfetto.sh's memcached trace), interleaved round
+# by round. Appends one row to bench/results.jsonl.
+#
+#   bench/analyses.sh [TRACE]
+#
+# Knobs (environment): ROUNDS=3.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$BENCH_DIR/.." && pwd)
+ROUNDS=${ROUNDS:-3}
+TRACE=${1:-$BENCH_DIR/work/perfetto/memcached.trace}
+WORK=$BENCH_DIR/work/analyses
+mkdir -p "$WORK"
+[ -f "$TRACE" ] || { echo "no trace at $TRACE: run bench/perfetto.sh first, or name one" >&2; exit 2; }
+
+(cd "$ROOT" && cargo build --release -q -p trapline-cli -p trapline-agent >&2)
+TRAPLINE=$ROOT/target/release/trapline
+results=$WORK/results.txt
+: >"$results"
+for _ in $(seq "$ROUNDS"); do
+    for what in stats leaks locks deadlocks pprof report; do
+        case $what in
+            pprof) cmd=(export "$TRACE" --format pprof --force -o "$WORK/heap.pb.gz") ;;
+            report) cmd=(report "$TRACE" --force -o "$WORK/report.html") ;;
+            *) cmd=("$what" "$TRACE") ;;
+        esac
+        /usr/bin/time -f "$what %e %M" -a -o "$results" "$TRAPLINE" "${cmd[@]}" >/dev/null
+    done
+done
+
+CPU=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | sed -n 1p)
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
+EVENTS=$("$TRAPLINE" stats --format json "$TRACE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["trace"]["events"])')
+CPU=$CPU COMMIT=$COMMIT EVENTS=$EVENTS python3 - "$results" "$TRACE" "$ROOT/bench/results.jsonl" <<'PY'
+import datetime, json, os, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    what, secs, kb = line.split()
+    runs.setdefault(what, []).append((float(secs), int(kb)))
+now = datetime.datetime.now(datetime.timezone.utc)
+row = {
+    "date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"),
+    "commit": os.environ["COMMIT"], "cpu": os.environ["CPU"], "cores": os.cpu_count(),
+    "workload": f"{os.path.basename(sys.argv[2])} ({os.path.getsize(sys.argv[2])} bytes, {os.environ['EVENTS']} events) (bench/analyses.sh)",
+    "tool": "trapline analyses", "rounds": len(runs["stats"]),
+    "median_s": {w: statistics.median(r[0] for r in v) for w, v in runs.items()},
+    "seconds": {w: [r[0] for r in v] for w, v in runs.items()},
+    "peak_rss_kb": {w: max(r[1] for r in v) for w, v in runs.items()},
+}
+with open(sys.argv[3], "a") as out:
+    out.write(json.dumps(row) + "\n")
+print(json.dumps(row, indent=1))
+PY
