@@ -2,11 +2,16 @@
 # Each analysis of one real service's trace, timed with its peak RSS:
 # stats, leaks, locks, deadlocks, export --format pprof and report, on
 # TRACE (default: bench/perfetto.sh's memcached trace), interleaved round
-# by round. Appends one row to bench/results.jsonl.
+# by round; with HEAPTRACK_FILE (heaptrack's recording of the same program
+# and workload), heaptrack_print on it too, the anchor. Appends one row to
+# bench/results.jsonl.
 #
 #   bench/analyses.sh [TRACE]
+#   PYTHONMALLOC=malloc trapline run -o py.trace -- python3.11 work.py
+#   PYTHONMALLOC=malloc heaptrack -o py python3.11 work.py
+#   HEAPTRACK_FILE=py.zst WORKLOAD="python3.11 work.py" bench/analyses.sh py.trace
 #
-# Knobs (environment): ROUNDS=3.
+# Knobs (environment): ROUNDS=3, HEAPTRACK_FILE, WORKLOAD (what TRACE ran).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,8 +27,11 @@ TRAPLINE=$ROOT/target/release/trapline
 results=$WORK/results.txt
 : >"$results"
 for _ in $(seq "$ROUNDS"); do
-    for what in stats leaks locks deadlocks pprof report; do
+    for what in stats leaks locks deadlocks pprof report ${HEAPTRACK_FILE:+heaptrack_print}; do
         case $what in
+            heaptrack_print)
+                /usr/bin/time -f "$what %e %M" -a -o "$results" heaptrack_print "$HEAPTRACK_FILE" >/dev/null
+                continue ;;
             pprof) cmd=(export "$TRACE" --format pprof --force -o "$WORK/heap.pb.gz") ;;
             report) cmd=(report "$TRACE" --force -o "$WORK/report.html") ;;
             *) cmd=("$what" "$TRACE") ;;
@@ -35,7 +43,7 @@ done
 CPU=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | sed -n 1p)
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
 EVENTS=$("$TRAPLINE" stats --format json "$TRACE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["trace"]["events"])')
-CPU=$CPU COMMIT=$COMMIT EVENTS=$EVENTS python3 - "$results" "$TRACE" "$ROOT/bench/results.jsonl" <<'PY'
+CPU=$CPU COMMIT=$COMMIT EVENTS=$EVENTS WORKLOAD=${WORKLOAD:-} python3 - "$results" "$TRACE" "$ROOT/bench/results.jsonl" <<'PY'
 import datetime, json, os, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
@@ -45,12 +53,15 @@ now = datetime.datetime.now(datetime.timezone.utc)
 row = {
     "date": now.strftime("%Y-%m-%d"), "time_utc": now.strftime("%H:%M"),
     "commit": os.environ["COMMIT"], "cpu": os.environ["CPU"], "cores": os.cpu_count(),
-    "workload": f"{os.path.basename(sys.argv[2])} ({os.path.getsize(sys.argv[2])} bytes, {os.environ['EVENTS']} events) (bench/analyses.sh)",
+    "workload": f"{os.environ['WORKLOAD'] or os.path.basename(sys.argv[2])}: trace of {os.path.getsize(sys.argv[2])} bytes, {os.environ['EVENTS']} events (bench/analyses.sh)",
     "tool": "trapline analyses", "rounds": len(runs["stats"]),
     "median_s": {w: statistics.median(r[0] for r in v) for w, v in runs.items()},
     "seconds": {w: [r[0] for r in v] for w, v in runs.items()},
     "peak_rss_kb": {w: max(r[1] for r in v) for w, v in runs.items()},
 }
+if "heaptrack_print" in row["median_s"]:
+    anchor = row["median_s"]["heaptrack_print"]
+    row["ratio_to_heaptrack_print"] = {w: round(v / anchor, 2) for w, v in row["median_s"].items()}
 with open(sys.argv[3], "a") as out:
     out.write(json.dumps(row) + "\n")
 print(json.dumps(row, indent=1))
