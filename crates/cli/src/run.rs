@@ -435,10 +435,21 @@ fn prepare_output(args: &RunArgs, output: &Path) -> Result<(), ExitCode> {
                 1 => "; the older trace kept there was deleted".to_owned(),
                 n => format!("; the {n} older traces kept there were deleted"),
             };
+            // A process tree's traces can be a hundred: the top ones
+            // named, the rest counted (they share the first one's name).
+            const NAMED: usize = 3;
+            let listed = match names.len() {
+                n if n <= NAMED => names.join(", "),
+                n => format!(
+                    "{} and {} more beside them ({}.*)",
+                    names[..NAMED].join(", "),
+                    n - NAMED,
+                    names[0]
+                ),
+            };
             eprintln!(
-                "trapline run: the previous run's trace{} moved aside: {}{deleted}",
+                "trapline run: the previous run's trace{} moved aside: {listed}{deleted}",
                 if names.len() == 1 { "" } else { "s" },
-                names.join(", ")
             );
         }
         Ok(_) => {}
