@@ -233,8 +233,17 @@ pub(crate) fn summarize_apart(
          status is returned. Read the trace where there is room: trapline leaks {}",
         output.display()
     );
-    if print && killed_by == Some(libc::SIGKILL) {
-        eprintln!("==trapline== {}", unflushed_death(libc::SIGKILL));
+    // What the summary would have said of the program's death.
+    match killed_by {
+        Some(libc::SIGKILL) if print => {
+            eprintln!("==trapline== {}", unflushed_death(libc::SIGKILL));
+        }
+        Some(signal) if print => {
+            if let Some(note) = crash_note(signal, output) {
+                eprintln!("==trapline== {note}");
+            }
+        }
+        _ => {}
     }
     Summarized {
         last_image: output.to_path_buf(),
@@ -372,6 +381,17 @@ fn warn_no_trace(program: &Path, killed_by: Option<i32>) {
     }
 }
 
+/// Where to look when the program died of a crash signal.
+fn crash_note(signal: i32, trace: &Path) -> Option<String> {
+    CRASH_SIGNALS.contains(&signal).then(|| {
+        format!(
+            "CRASH: the program died of {}: where it struck, and the heap as it left it: trapline leaks {}",
+            trapline_analysis::report::signal_name(signal as u32),
+            trace.display()
+        )
+    })
+}
+
 /// The summary of the command's last image, and what its end says (a
 /// crash, an exit past the agent); its allocation calls.
 fn print_last_image(
@@ -394,12 +414,8 @@ fn print_last_image(
                     Some(signal) => eprintln!("==trapline== {}", unflushed_death(signal)),
                     None => eprintln!("==trapline== {UNFLUSHED_EXIT}"),
                 }
-            } else if let Some(signal) = killed_by.filter(|s| CRASH_SIGNALS.contains(s)) {
-                eprintln!(
-                    "==trapline== CRASH: the program died of {}: where it struck, and the heap as it left it: trapline leaks {}",
-                    trapline_analysis::report::signal_name(signal as u32),
-                    last_trace.display()
-                );
+            } else if let Some(note) = killed_by.and_then(|s| crash_note(s, last_trace)) {
+                eprintln!("==trapline== {note}");
             }
         }
         Some(Err(e)) => eprintln!("==trapline== cannot read {}: {e}", last_trace.display()),
