@@ -13,6 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMisuse, LockMode, LockOp};
 
+use crate::replay::AddrTable;
 use crate::report::{serialize_hex, FrameReport, StackSymbolizer};
 
 /// A lock: its address and how many times that address was destroyed before.
@@ -168,9 +169,8 @@ impl MisuseKind {
     }
 }
 
-/// The maps a pass touches per event (every allocation goes through
-/// `blocks`): aHash, not SipHash, whose hashing was a fifth of a
-/// `deadlocks` pass on memcached's trace.
+/// The maps a pass touches per event: aHash, not SipHash, whose hashing
+/// was a fifth of a `deadlocks` pass on memcached's trace.
 type FastHashMap<K, V> = HashMap<K, V, ahash::RandomState>;
 
 /// The replayed state of every lock and thread.
@@ -184,8 +184,11 @@ pub struct LockState {
     ended: bool,
     /// Every lock address seen, for the blocks freed around them.
     lock_addrs: BTreeSet<u64>,
-    /// Live heap blocks: address -> size (to find the locks a free frees).
-    blocks: FastHashMap<u64, u64>,
+    /// Live heap blocks: address -> size (to find the locks a free frees),
+    /// in the heap replay's compact table: a block costs 20 to 30 bytes and
+    /// growing never doubles the whole map, which a service's millions of
+    /// live blocks need in a reader with a memory limit.
+    blocks: AddrTable<u64>,
     /// Lock address -> where it was destroyed and what kind it was (until
     /// an init).
     destroyed: FastHashMap<u64, (u32, LockKind)>,
@@ -696,7 +699,7 @@ impl LockState {
     }
 
     fn released_block(&mut self, addr: u64, stack: u32) {
-        let Some(size) = self.blocks.remove(&addr) else {
+        let Some(size) = self.blocks.remove(addr) else {
             return;
         };
         for &a in self.lock_addrs.range(addr..addr.saturating_add(size)) {
