@@ -39,6 +39,7 @@
 //! where and why reading stopped for good, if it did.
 
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::sync::mpsc;
@@ -360,7 +361,7 @@ struct DecodeWorker {
 }
 
 /// Decoding threads to start: `TRAPLINE_DECODE_THREADS`, or one per core.
-pub fn decode_threads() -> usize {
+fn decode_threads() -> usize {
     std::env::var("TRAPLINE_DECODE_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -575,8 +576,8 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
     }
 
     /// Sends the next chunks in opening order to the decoding threads, up to
-    /// [`DECODE_AHEAD_PER_THREAD`] each ahead. Sending stops at a chunk that cannot be read:
-    /// opening it reads it here again, and reports why.
+    /// [`DECODE_AHEAD_PER_THREAD`] each ahead. Sending stops at a chunk that
+    /// cannot be read: opening it reads it here again, and reports why.
     fn submit_ahead(&mut self) {
         let Some(decoder) = self.decoder.as_mut() else {
             return;
@@ -681,11 +682,7 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                     continue;
                 }
                 let in_heap = self.heap.peek().map(|Reverse(key)| *key);
-                let earliest = match (self.current, in_heap) {
-                    (Some((t, c)), Some(h)) => Some((t, c).min(h)),
-                    (Some(k), None) => Some(k),
-                    (None, h) => h,
-                };
+                let earliest = self.current.into_iter().chain(in_heap).min();
                 if !matches!(earliest, Some(key) if (self.start[i], i) > key) {
                     self.next += 1;
                     self.open_chunk(i);
@@ -694,23 +691,13 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                 }
             }
             // The earliest head: the current chunk's unless the heap's top
-            // comes first.
-            let top = self.heap.peek().map(|Reverse(key)| *key);
-            let key = match (self.current, top) {
-                (Some(c), Some(h)) if h < c => {
-                    self.heap.pop();
-                    self.heap.push(Reverse(c));
-                    h
-                }
+            // comes first, which then takes the current's place (one sift).
+            let (_, i) = match (self.current, self.heap.peek_mut()) {
+                (Some(c), Some(mut top)) if top.0 < c => std::mem::replace(&mut *top, Reverse(c)).0,
                 (Some(c), _) => c,
-                (None, Some(h)) => {
-                    self.heap.pop();
-                    h
-                }
+                (None, Some(top)) => PeekMut::pop(top).0,
                 (None, None) => return None,
             };
-            let i = key.1;
-            self.current = Some(key);
             let oc = self.open[i]
                 .as_mut()
                 .expect("every head key has an open chunk");

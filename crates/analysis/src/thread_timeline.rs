@@ -9,15 +9,15 @@
 //! ever waited for are left out: they cannot explain a wait, and a hot
 //! uncontended lock would bury the rest under millions of spans. Of a
 //! contended lock, the holds one thread made between two waits for the
-//! lock, none of them waited for, become one
-//! [`SpanKind::Holds`] span: only the holds a thread waited through keep a
-//! span each. Times are the
+//! lock, none of them waited for, become one [`SpanKind::Holds`] span:
+//! only the holds a thread waited through keep a span each. Times are the
 //! trace's, so a single span is as precise as the agent's millisecond tick
 //! (docs/recording.md, "Lock recording").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek};
 
+use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
 
 use crate::index::{MergedEvents, TraceIndex};
@@ -112,7 +112,7 @@ impl SpanFilter {
 }
 
 /// What the filter and the merging of holds left out of the spans.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LeftOut {
     /// Holds of locks no thread waited for (at least `min_wait_ns`).
     pub uncontended_holds: u64,
@@ -243,11 +243,11 @@ pub fn analyze<R: Read + Seek>(
     let since = |t: u64| t.saturating_sub(start);
     let mut state = LockState::default();
     let mut hold_stacks: HashMap<(u32, LockId), u32> = HashMap::new();
-    // Per contended lock, the threads asking for it.
-    let mut waiting: HashMap<LockId, u32> = HashMap::new();
+    // The threads asking for a contended lock, and which.
     let mut requesting: HashMap<u32, LockId> = HashMap::new();
-    // Per contended lock, its threads' holds not yet handed out.
-    let mut runs: HashMap<LockId, Vec<Run>> = HashMap::new();
+    // Per contended lock, its threads' holds not yet handed out (ordered,
+    // so those left at the end are written in the same order every time).
+    let mut runs: BTreeMap<LockId, Vec<Run>> = BTreeMap::new();
     let mut last_time = start;
     for m in MergedEvents::new(input, &index) {
         last_time = last_time.max(m.time);
@@ -255,16 +255,11 @@ pub fn analyze<R: Read + Seek>(
             Event::Lock(LockEvent::Request { addr, .. }) => {
                 let id = state.lock_id(addr);
                 if contended.contains(&id) {
-                    *waiting.entry(id).or_default() += 1;
-                    if let Some(old) = requesting.insert(m.tid, id) {
-                        waiting.entry(old).and_modify(|w| *w = w.saturating_sub(1));
-                    }
+                    requesting.insert(m.tid, id);
                 }
             }
             Event::Lock(LockEvent::Failed { .. }) => {
-                if let Some(id) = requesting.remove(&m.tid) {
-                    waiting.entry(id).and_modify(|w| *w = w.saturating_sub(1));
-                }
+                requesting.remove(&m.tid);
             }
             Event::Lock(LockEvent::Acquire {
                 addr,
@@ -276,25 +271,19 @@ pub fn analyze<R: Read + Seek>(
                 ..
             }) => {
                 let id = state.lock_id(addr);
-                if let Some(asked) = requesting.remove(&m.tid) {
-                    waiting
-                        .entry(asked)
-                        .and_modify(|w| *w = w.saturating_sub(1));
-                }
+                requesting.remove(&m.tid);
                 if contended.contains(&id) {
                     if op != LockOp::CondWait {
                         hold_stacks.entry((m.tid, id)).or_insert(stack);
                     }
-                    // A wait ends every run of the lock: each run's last
-                    // hold, if it ended while this thread waited, was
-                    // waited for.
-                    if let (Some(w), Some(lock_runs)) = (wait_ns, runs.get_mut(&id)) {
-                        let waited_since = since(m.time.saturating_sub(w));
-                        for r in lock_runs.drain(..) {
-                            out.run(&r, r.tid != m.tid && r.last.end_ns >= waited_since);
-                        }
-                    }
                     if let Some(w) = wait_ns {
+                        // A wait ends every run of the lock: each run's
+                        // last hold, if it ended while this thread waited,
+                        // was waited for.
+                        let waited_since = since(m.time.saturating_sub(w));
+                        for r in runs.get_mut(&id).into_iter().flat_map(|r| r.drain(..)) {
+                            out.run(&r, r.last.tid != m.tid && r.last.end_ns >= waited_since);
+                        }
                         let begin = m.time.saturating_sub(w).max(start);
                         let span = lock_span(m.tid, SpanKind::Wait, id, kind, mode);
                         let span = Span {
@@ -335,8 +324,8 @@ pub fn analyze<R: Read + Seek>(
                 end_ns: since(m.time.max(h.time)),
             };
             let lock_runs = runs.entry(lock).or_default();
-            let mine = lock_runs.iter().position(|r| r.tid == m.tid);
-            if waiting.get(&lock).copied().unwrap_or(0) > 0 {
+            let mine = lock_runs.iter().position(|r| r.last.tid == m.tid);
+            if requesting.values().any(|&asked| asked == lock) {
                 // Some thread is waiting for it now: its own span.
                 if let Some(i) = mine {
                     out.run(&lock_runs.swap_remove(i), false);
@@ -348,9 +337,9 @@ pub fn analyze<R: Read + Seek>(
                 Some(i) if lock_runs[i].extends(&hold) => lock_runs[i].push(hold),
                 Some(i) => {
                     out.run(&lock_runs[i], false);
-                    lock_runs[i] = Run::new(m.tid, hold);
+                    lock_runs[i] = Run::new(hold);
                 }
-                None => lock_runs.push(Run::new(m.tid, hold)),
+                None => lock_runs.push(Run::new(hold)),
             }
         }
     }
@@ -436,7 +425,6 @@ struct HoldSpan {
 /// them; the next wait for the lock ends the run.
 #[derive(Clone, Copy, Debug)]
 struct Run {
-    tid: u32,
     first: HoldSpan,
     last: HoldSpan,
     /// The end of the hold before the last (the last's end for one hold).
@@ -446,9 +434,8 @@ struct Run {
 }
 
 impl Run {
-    fn new(tid: u32, hold: HoldSpan) -> Run {
+    fn new(hold: HoldSpan) -> Run {
         Run {
-            tid,
             first: hold,
             last: hold,
             before_last_end_ns: hold.end_ns,
@@ -532,7 +519,7 @@ impl<F: FnMut(&Span)> SpanOut<'_, '_, F> {
                     duration_ns: end_ns - run.first.start_ns,
                     holds,
                     held_ns,
-                    ..lock_span(run.tid, SpanKind::Holds, h.lock, h.kind, h.mode)
+                    ..lock_span(run.first.tid, SpanKind::Holds, h.lock, h.kind, h.mode)
                 };
                 self.emit(span, run.first.stack);
             }

@@ -63,10 +63,9 @@ pub fn analyze_window<R: Read + Seek>(
 ) -> Result<Timeline, TraceError> {
     let points = points.max(2);
     let index = TraceIndex::build(input)?;
-    let (trace_start, trace_end) = index.time_span();
-    let start = trace_start;
-    let first = trace_start.saturating_add(from_ns);
-    let last = to_ns.map_or(trace_end, |to| trace_start.saturating_add(to));
+    let (start, end) = index.time_span();
+    let first = start.saturating_add(from_ns);
+    let last = to_ns.map_or(end, |to| start.saturating_add(to));
     let span = last.saturating_sub(first).max(1);
     let at = |i: usize| first + span * i as u64 / (points as u64 - 1);
     let inside = |time: u64| time >= first && time <= last;

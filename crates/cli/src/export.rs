@@ -86,11 +86,6 @@ fn parse_lock(s: &str) -> Result<LockSelector, String> {
     )
 }
 
-/// Seconds as the nanoseconds the timeline counts.
-fn nanos(seconds: f64) -> u64 {
-    (seconds * 1e9).round() as u64
-}
-
 /// Runs the command: 0 when the file is written, 1 when the trace cannot
 /// give it or the file cannot be written, 2 for bad usage.
 pub fn main(args: ExportArgs) -> ExitCode {
@@ -123,8 +118,8 @@ pub fn main(args: ExportArgs) -> ExitCode {
     }
     if args.format == ExportFormat::Perfetto {
         let filter = SpanFilter {
-            from_ns: args.from.map_or(0, nanos),
-            to_ns: args.to.map(nanos),
+            from_ns: args.from.map_or(0, output::nanos),
+            to_ns: args.to.map(output::nanos),
             lock: args.lock,
             min_wait_ns: args.min_wait.unwrap_or(0),
         };

@@ -405,6 +405,11 @@ pub fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Seconds (of [`parse_seconds`]) as the nanoseconds analyses count.
+pub fn nanos(seconds: f64) -> u64 {
+    (seconds * 1e9).round() as u64
+}
+
 /// The heap profile of the trace at `path`, with the live blocks at `at`
 /// seconds when asked; a time after the trace's end is an error.
 pub fn heap_profile_at(
@@ -412,7 +417,7 @@ pub fn heap_profile_at(
     path: &Path,
     at: Option<f64>,
 ) -> Result<trapline_analysis::heap_profile::HeapProfile, ExitCode> {
-    let at_ns = at.map(|s| (s * 1e9).round() as u64);
+    let at_ns = at.map(nanos);
     let heap = load(command, path, |input| {
         trapline_analysis::heap_profile::analyze_at(input, at_ns)
     })?;

@@ -5,11 +5,8 @@ use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use trapline_analysis::deadlocks::DeadlocksAnalysis;
-use trapline_analysis::leaks::{LeaksAnalysis, LeaksOptions};
-use trapline_analysis::locks::LocksAnalysis;
 use trapline_analysis::profile::{self, ProfileError};
-use trapline_analysis::{stats, timeline};
+use trapline_analysis::{locks, stats, timeline};
 use trapline_export::html::{self, ProcessPage};
 
 use crate::output;
@@ -71,16 +68,8 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
     let ids: Vec<u32> = plotted.iter().map(|s| s.stack_id).collect();
     let names = plotted.iter().map(|s| html::stack_name(&s.stack)).collect();
     let (findings, rest) = std::thread::scope(|scope| {
-        let findings = scope.spawn(|| {
-            output::load("report", path, |input| {
-                trapline_analysis::pass::run(input, |index| {
-                    (
-                        LeaksAnalysis::new(index, LeaksOptions::default()),
-                        DeadlocksAnalysis::default(),
-                    )
-                })
-            })
-        });
+        let findings =
+            scope.spawn(|| output::load("report", path, trapline_analysis::findings::analyze));
         let rest = the_rest(path, at, &ids);
         (findings.join().expect("the findings' thread"), rest)
     });
@@ -103,7 +92,7 @@ type TheRest = (
     trapline_analysis::heap_profile::HeapProfile,
     timeline::Timeline,
     Option<profile::ProfileReport>,
-    trapline_analysis::locks::LocksReport,
+    locks::LocksReport,
 );
 
 /// The heap profile, the timeline of the sites `ids`, the CPU profile (if
@@ -120,8 +109,7 @@ fn the_rest(path: &Path, at: Option<f64>, ids: &[u32]) -> Result<TheRest, ExitCo
         Err(e) => return Err(output::fail("report", path, e)),
     };
     rewind(&mut input, path)?;
-    let locks = trapline_analysis::pass::run(&mut input, |_| LocksAnalysis::new(None))
-        .map_err(|e| output::fail("report", path, e))?;
+    let locks = locks::analyze(&mut input).map_err(|e| output::fail("report", path, e))?;
     Ok((heap, timeline, profile, locks))
 }
 

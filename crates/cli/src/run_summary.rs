@@ -234,16 +234,13 @@ pub(crate) fn summarize_apart(
         output.display()
     );
     // What the summary would have said of the program's death.
-    match killed_by {
-        Some(libc::SIGKILL) if print => {
-            eprintln!("==trapline== {}", unflushed_death(libc::SIGKILL));
-        }
-        Some(signal) if print => {
-            if let Some(note) = crash_note(signal, output) {
-                eprintln!("==trapline== {note}");
-            }
-        }
-        _ => {}
+    if print && killed_by == Some(libc::SIGKILL) {
+        eprintln!("==trapline== {}", unflushed_death(libc::SIGKILL));
+    } else if let Some(note) = killed_by
+        .and_then(|s| crash_note(s, output))
+        .filter(|_| print)
+    {
+        eprintln!("==trapline== {note}");
     }
     Summarized {
         last_image: output.to_path_buf(),

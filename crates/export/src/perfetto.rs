@@ -115,7 +115,6 @@ pub fn write<R: Read + Seek, W: Write>(
         }));
     }
     let [waits, holds, waiting_at_end, held_at_end, merged] = found.spans;
-    let left = &found.left_out;
     events.finish(json!({
         "trapline": {
             "contended_locks": found.contended_locks,
@@ -133,13 +132,7 @@ pub fn write<R: Read + Seek, W: Write>(
                 }),
                 "min_wait_ns": filter.min_wait_ns,
             },
-            "left_out": {
-                "uncontended_holds": left.uncontended_holds,
-                "short_waits": left.short_waits,
-                "outside_window": left.outside_window,
-                "other_locks": left.other_locks,
-                "merged_holds": left.merged_holds,
-            },
+            "left_out": found.left_out,
             "trace_complete": found.trace.complete,
         }
     }))?;
