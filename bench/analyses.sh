@@ -11,7 +11,9 @@
 #   PYTHONMALLOC=malloc heaptrack -o py python3.11 work.py
 #   HEAPTRACK_FILE=py.zst WORKLOAD="python3.11 work.py" bench/analyses.sh py.trace
 #
-# Knobs (environment): ROUNDS=3, HEAPTRACK_FILE, WORKLOAD (what TRACE ran).
+# Knobs (environment): ROUNDS=3, HEAPTRACK_FILE, WORKLOAD (what TRACE ran),
+# SYNTHETIC_BYTES=N (TRACE is then a synthetic service's trace of N bytes,
+# written by crates/trace/examples/synthetic_trace.rs, as tests/scale.rs's).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,6 +22,12 @@ ROUNDS=${ROUNDS:-3}
 TRACE=${1:-$BENCH_DIR/work/perfetto/memcached.trace}
 WORK=$BENCH_DIR/work/analyses
 mkdir -p "$WORK"
+if [ -n "${SYNTHETIC_BYTES:-}" ]; then
+    TRACE=$WORK/synthetic-$SYNTHETIC_BYTES.trace
+    WORKLOAD="synthetic service (trapline_trace::synthetic, 4 threads, 4,096 live blocks)"
+    (cd "$ROOT" && cargo build --release -q -p trapline-trace --example synthetic_trace >&2)
+    [ -f "$TRACE" ] || "$ROOT/target/release/examples/synthetic_trace" "$TRACE" "$SYNTHETIC_BYTES" >&2
+fi
 [ -f "$TRACE" ] || { echo "no trace at $TRACE: run bench/perfetto.sh first, or name one" >&2; exit 2; }
 
 (cd "$ROOT" && cargo build --release -q -p trapline-cli -p trapline-agent >&2)

@@ -9,6 +9,7 @@ use serde::Serialize;
 use trapline_trace::TraceError;
 
 use crate::deadlocks::{DeadlocksAnalysis, DeadlocksReport};
+use crate::index::TraceIndex;
 use crate::leaks::{LeaksAnalysis, LeaksOptions, LeaksReport};
 use crate::report::{thousands, BytesBlocks};
 
@@ -202,12 +203,16 @@ impl AddBytesBlocks for BytesBlocks {
 pub fn analyze<R: Read + Seek>(
     input: &mut R,
 ) -> Result<(LeaksReport, DeadlocksReport), TraceError> {
-    crate::pass::run(input, |index| {
-        (
-            LeaksAnalysis::new(index, LeaksOptions::default()),
-            DeadlocksAnalysis::default(),
-        )
-    })
+    crate::pass::run(input, pass)
+}
+
+/// The leaks and deadlocks reports, with `trapline leaks`' default options,
+/// as a pass of a shared read.
+pub fn pass(index: &TraceIndex) -> impl crate::pass::Pass<Report = (LeaksReport, DeadlocksReport)> {
+    (
+        LeaksAnalysis::new(index, LeaksOptions::default()),
+        DeadlocksAnalysis::default(),
+    )
 }
 
 /// The findings of a trace, from one read of it. Nothing is symbolized:

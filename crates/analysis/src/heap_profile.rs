@@ -15,7 +15,7 @@ use std::io::{Read, Seek};
 use serde::Serialize;
 use trapline_trace::{Event, ScanTrigger, TraceError};
 
-use crate::index::{MergedEvents, TraceIndex};
+use crate::index::{MergedEvent, ReadStatus, TraceIndex};
 use crate::replay::{Block, HeapReplay};
 use crate::report::{Facts, FrameReport, ProcessReport, TraceStatus};
 use crate::sampling::SamplingReport;
@@ -88,27 +88,53 @@ pub fn analyze_at<R: Read + Seek>(
     input: &mut R,
     at_ns: Option<u64>,
 ) -> Result<HeapProfile, TraceError> {
-    let index = TraceIndex::build(input)?;
-    let mut take_at = at_ns;
-    let mut facts = Facts::default();
-    let mut heap: HeapReplay<Block> = HeapReplay::default();
-    let mut sites: HashMap<u32, Totals> = HashMap::new();
-    // By (scan number, 0 for live blocks; stack).
-    let mut snapshot: HashMap<(u32, u32), Totals> = HashMap::new();
-    let mut exit_scan = 0;
-    let (mut first, mut last) = (u64::MAX, 0);
-    let mut merged = MergedEvents::new(input, &index);
-    for m in merged.by_ref() {
-        facts.observe(m.time, &m.event);
+    crate::pass::run(input, |_| HeapProfileAnalysis::new(at_ns))
+}
+
+/// The heap profile as a [`crate::pass::Pass`] (see [`analyze_at`]).
+pub struct HeapProfileAnalysis {
+    at_ns: Option<u64>,
+    take_at: Option<u64>,
+    facts: Facts,
+    heap: HeapReplay<Block>,
+    sites: HashMap<u32, Totals>,
+    /// By (scan number, 0 for live blocks; stack).
+    snapshot: HashMap<(u32, u32), Totals>,
+    exit_scan: u32,
+    first: u64,
+    last: u64,
+}
+
+impl HeapProfileAnalysis {
+    pub fn new(at_ns: Option<u64>) -> Self {
+        HeapProfileAnalysis {
+            at_ns,
+            take_at: at_ns,
+            facts: Facts::default(),
+            heap: HeapReplay::default(),
+            sites: HashMap::new(),
+            snapshot: HashMap::new(),
+            exit_scan: 0,
+            first: u64::MAX,
+            last: 0,
+        }
+    }
+}
+
+impl crate::pass::Pass for HeapProfileAnalysis {
+    type Report = HeapProfile;
+
+    fn observe(&mut self, m: &MergedEvent) {
+        self.facts.observe(m.time, &m.event);
         if m.time != 0 {
-            first = first.min(m.time);
-            last = last.max(m.time);
-            if take_at.is_some_and(|t| m.time > t) {
-                take_at = None;
-                count_live(&facts, &heap, &mut sites, true);
+            self.first = self.first.min(m.time);
+            self.last = self.last.max(m.time);
+            if self.take_at.is_some_and(|t| m.time > t) {
+                self.take_at = None;
+                count_live(&self.facts, &self.heap, &mut self.sites, true);
             }
         }
-        heap.apply(&m.event);
+        self.heap.apply(&m.event);
         let allocated = match m.event {
             Event::Alloc { size, stack, .. } => Some((size, stack)),
             Event::Realloc {
@@ -120,8 +146,8 @@ pub fn analyze_at<R: Read + Seek>(
             _ => None,
         };
         if let Some((size, stack)) = allocated {
-            if let Some(w) = weight(&facts, stack, size) {
-                let t = sites.entry(stack).or_default();
+            if let Some(w) = weight(&self.facts, stack, size) {
+                let t = self.sites.entry(stack).or_default();
                 t.allocations += w;
                 t.allocated_bytes += w * size as f64;
             }
@@ -138,76 +164,88 @@ pub fn analyze_at<R: Read + Seek>(
                 trigger: ScanTrigger::Exit,
                 ..
             } => {
-                exit_scan = scan;
+                self.exit_scan = scan;
                 None
             }
             _ => None,
         };
         if let Some((scan, size, stack)) = live {
-            if let Some(w) = weight(&facts, stack, size) {
-                let t = snapshot.entry((scan, stack)).or_default();
+            if let Some(w) = weight(&self.facts, stack, size) {
+                let t = self.snapshot.entry((scan, stack)).or_default();
                 t.live_blocks += w;
                 t.live_bytes += w * size as f64;
             }
         }
     }
-    let stopped = merged.read_status();
-    drop(merged);
-    if take_at.is_some() {
-        count_live(&facts, &heap, &mut sites, true);
-    }
 
-    let live_source = if facts.has_exit_snapshot() {
-        for ((_, stack), t) in snapshot
-            .into_iter()
-            .filter(|((scan, _), _)| *scan == exit_scan)
-        {
-            let s = sites.entry(stack).or_default();
-            s.live_blocks = t.live_blocks;
-            s.live_bytes = t.live_bytes;
+    fn finish(self, index: &TraceIndex, stopped: ReadStatus) -> Result<HeapProfile, TraceError> {
+        let HeapProfileAnalysis {
+            at_ns,
+            take_at,
+            facts,
+            heap,
+            mut sites,
+            snapshot,
+            exit_scan,
+            first,
+            last,
+        } = self;
+        if take_at.is_some() {
+            count_live(&facts, &heap, &mut sites, true);
         }
-        "exit_snapshot"
-    } else {
-        count_live(&facts, &heap, &mut sites, false);
-        "replay"
-    };
 
-    let mut symbolizer = facts.symbolizer();
-    let round = |v: f64| v.round() as u64;
-    let mut out: Vec<(u32, HeapSite)> = sites
-        .into_iter()
-        .map(|(stack, t)| {
-            (
-                stack,
-                HeapSite {
-                    frames: symbolizer.stack(&facts.stacks, stack),
-                    allocations: round(t.allocations),
-                    allocated_bytes: round(t.allocated_bytes),
-                    live_blocks: round(t.live_blocks),
-                    live_bytes: round(t.live_bytes),
-                    live_at_blocks: round(t.live_at_blocks),
-                    live_at_bytes: round(t.live_at_bytes),
-                },
-            )
+        let live_source = if facts.has_exit_snapshot() {
+            for ((_, stack), t) in snapshot
+                .into_iter()
+                .filter(|((scan, _), _)| *scan == exit_scan)
+            {
+                let s = sites.entry(stack).or_default();
+                s.live_blocks = t.live_blocks;
+                s.live_bytes = t.live_bytes;
+            }
+            "exit_snapshot"
+        } else {
+            count_live(&facts, &heap, &mut sites, false);
+            "replay"
+        };
+
+        let mut symbolizer = facts.symbolizer();
+        let round = |v: f64| v.round() as u64;
+        let mut out: Vec<(u32, HeapSite)> = sites
+            .into_iter()
+            .map(|(stack, t)| {
+                (
+                    stack,
+                    HeapSite {
+                        frames: symbolizer.stack(&facts.stacks, stack),
+                        allocations: round(t.allocations),
+                        allocated_bytes: round(t.allocated_bytes),
+                        live_blocks: round(t.live_blocks),
+                        live_bytes: round(t.live_bytes),
+                        live_at_blocks: round(t.live_at_blocks),
+                        live_at_bytes: round(t.live_at_bytes),
+                    },
+                )
+            })
+            .collect();
+        out.sort_by(|(a_id, a), (b_id, b)| {
+            b.live_bytes
+                .cmp(&a.live_bytes)
+                .then(b.allocated_bytes.cmp(&a.allocated_bytes))
+                .then(a_id.cmp(b_id))
+        });
+        Ok(HeapProfile {
+            process: facts.process_report(),
+            sampling: facts.sampling_report(),
+            duration_ns: last.saturating_sub(first.min(last)),
+            live_source,
+            live_at_seconds: at_ns.map(|at| at.min(last) as f64 / 1e9),
+            end_ns: last,
+            sites: out.into_iter().map(|(_, s)| s).collect(),
+            warnings: facts.memory_warnings(&symbolizer),
+            trace: facts.trace_status(index, stopped),
         })
-        .collect();
-    out.sort_by(|(a_id, a), (b_id, b)| {
-        b.live_bytes
-            .cmp(&a.live_bytes)
-            .then(b.allocated_bytes.cmp(&a.allocated_bytes))
-            .then(a_id.cmp(b_id))
-    });
-    Ok(HeapProfile {
-        process: facts.process_report(),
-        sampling: facts.sampling_report(),
-        duration_ns: last.saturating_sub(first.min(last)),
-        live_source,
-        live_at_seconds: at_ns.map(|at| at.min(last) as f64 / 1e9),
-        end_ns: last,
-        sites: out.into_iter().map(|(_, s)| s).collect(),
-        warnings: facts.memory_warnings(&symbolizer),
-        trace: facts.trace_status(&index, stopped),
-    })
+    }
 }
 
 /// Counts the replay's live blocks into the sites' `live_*`, or their

@@ -81,3 +81,58 @@ impl<P: Pass> Pass for Option<P> {
         self.map(|p| p.finish(index, read)).transpose()
     }
 }
+
+/// Events handed to the second thread of [`run_split`] at a time.
+const BATCH: usize = 4096;
+/// Batches in flight to it at most: the memory between the two sides is
+/// bounded, and the merge waits for a slow second side.
+const BATCHES_AHEAD: usize = 4;
+
+/// One read for two passes, each on a thread of its own: `A` on this
+/// thread, beside the merge, and `B` on another, which gets the merged
+/// events in batches (the same events, in the same order). Each pass's
+/// work is bound to one core, so two sets of analyses asked together take
+/// about as long as the slower one, and the trace is decoded once.
+pub fn run_split<R, A, B>(
+    input: &mut R,
+    make: impl FnOnce(&TraceIndex) -> (A, B),
+) -> Result<(A::Report, B::Report), TraceError>
+where
+    R: Read + Seek,
+    A: Pass,
+    B: Pass + Send,
+{
+    let index = TraceIndex::build(input)?;
+    let (mut a, b) = make(&index);
+    let (read, b) = std::thread::scope(|scope| {
+        let (batches, received) = std::sync::mpsc::sync_channel::<Vec<MergedEvent>>(BATCHES_AHEAD);
+        let second = scope.spawn(move || {
+            let mut b = b;
+            for batch in received {
+                for m in &batch {
+                    b.observe(m);
+                }
+            }
+            b
+        });
+        let mut merged = MergedEvents::new(input, &index);
+        let mut batch = Vec::with_capacity(BATCH);
+        for m in merged.by_ref() {
+            a.observe(&m);
+            batch.push(m);
+            if batch.len() == BATCH {
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                if batches.send(full).is_err() {
+                    break; // the second side panicked: its join says so
+                }
+            }
+        }
+        if !batch.is_empty() {
+            let _ = batches.send(batch);
+        }
+        drop(batches);
+        let read = merged.read_status();
+        (read, second.join().expect("the second pass's thread"))
+    });
+    Ok((a.finish(&index, read.clone())?, b.finish(&index, read)?))
+}

@@ -17,7 +17,7 @@ use std::io::{Read, Seek};
 use serde::Serialize;
 use trapline_trace::{Event, ProfileStopReason, TraceError};
 
-use crate::index::{MergedEvents, TraceIndex};
+use crate::index::{MergedEvent, ReadStatus, TraceIndex};
 use crate::report::{
     command_text, footer_text, prefix, thousands, warnings_text, Facts, FrameReport, ProcessReport,
     TraceStatus,
@@ -227,40 +227,68 @@ pub fn analyze<R: Read + Seek>(
     input: &mut R,
     options: ProfileOptions,
 ) -> Result<ProfileReport, ProfileError> {
-    let thread = options.thread;
-    let index = TraceIndex::build(input)?;
-    let mut facts = Facts::default();
-    let mut start: Option<(u32, u32)> = None;
-    let mut stopped_early = None;
-    // Periods per (tid, stack id), and skipped periods and names per thread.
-    // Periods per (tid, where they struck, stack id).
-    let mut by_stack: HashMap<(u32, Struck, u32), u64> = HashMap::new();
-    let mut skipped: HashMap<u32, u64> = HashMap::new();
-    let mut missed: HashMap<u32, u64> = HashMap::new();
-    let mut names: HashMap<u32, String> = HashMap::new();
-    let mut merged = MergedEvents::new(input, &index);
-    for m in merged.by_ref() {
-        facts.observe(m.time, &m.event);
+    crate::pass::run(input, |_| ProfileAnalysis::new(options))?
+}
+
+/// The CPU profile as a [`crate::pass::Pass`]: its report is the profile,
+/// or why there is none.
+pub struct ProfileAnalysis {
+    options: ProfileOptions,
+    facts: Facts,
+    start: Option<(u32, u32)>,
+    stopped_early: Option<String>,
+    /// Periods per (tid, where they struck, stack id).
+    by_stack: HashMap<(u32, Struck, u32), u64>,
+    /// Skipped and missed periods, and names, per thread.
+    skipped: HashMap<u32, u64>,
+    missed: HashMap<u32, u64>,
+    names: HashMap<u32, String>,
+}
+
+impl ProfileAnalysis {
+    pub fn new(options: ProfileOptions) -> Self {
+        ProfileAnalysis {
+            options,
+            facts: Facts::default(),
+            start: None,
+            stopped_early: None,
+            by_stack: HashMap::new(),
+            skipped: HashMap::new(),
+            missed: HashMap::new(),
+            names: HashMap::new(),
+        }
+    }
+}
+
+impl crate::pass::Pass for ProfileAnalysis {
+    type Report = Result<ProfileReport, ProfileError>;
+
+    fn observe(&mut self, m: &MergedEvent) {
+        self.facts.observe(m.time, &m.event);
         match &m.event {
             Event::ProfileStart { hz, signal, .. } => {
-                start.get_or_insert((*hz, *signal));
+                self.start.get_or_insert((*hz, *signal));
             }
             Event::Sample { stack, periods, .. } => {
-                *by_stack
+                *self
+                    .by_stack
                     .entry((m.tid, Struck::Program, *stack))
                     .or_default() += u64::from(*periods);
             }
             Event::AgentSamples { stack, periods, .. } => {
-                *by_stack.entry((m.tid, Struck::Agent, *stack)).or_default() += u64::from(*periods);
+                *self
+                    .by_stack
+                    .entry((m.tid, Struck::Agent, *stack))
+                    .or_default() += u64::from(*periods);
             }
             Event::SamplesSkipped { periods, .. } => {
-                *skipped.entry(m.tid).or_default() += periods;
+                *self.skipped.entry(m.tid).or_default() += periods;
             }
             Event::SamplesMissed { periods, .. } => {
-                *missed.entry(m.tid).or_default() += periods;
+                *self.missed.entry(m.tid).or_default() += periods;
             }
             Event::ProfileStop { time, reason } => {
-                stopped_early = Some(match reason {
+                self.stopped_early = Some(match reason {
                     ProfileStopReason::SignalTaken => format!(
                         "the program installed a handler for the sampling signal at {:.3} s; later CPU time is not sampled",
                         *time as f64 / 1e9
@@ -268,183 +296,205 @@ pub fn analyze<R: Read + Seek>(
                 });
             }
             Event::ThreadName { tid, name } => {
-                names.insert(*tid, name.clone());
+                self.names.insert(*tid, name.clone());
             }
             _ => {}
         }
     }
-    let stopped = merged.read_status();
-    drop(merged);
-    let Some((rate_hz, signal)) = start else {
-        return Err(ProfileError::NotProfiled);
-    };
 
-    // Symbolize each distinct stack once.
-    let mut symbolizer = facts.symbolizer();
-    let mut keys: HashMap<(Struck, u32), Vec<FunctionKey>> = HashMap::new();
-    let mut exported: HashMap<(Struck, u32), Vec<FrameReport>> = HashMap::new();
-    let mut folded_names: HashMap<(Struck, u32), String> = HashMap::new();
-    let mut stacks: Vec<(Struck, u32)> = by_stack.keys().map(|&(_, s, id)| (s, id)).collect();
-    stacks.sort_unstable();
-    stacks.dedup();
-    for (struck, id) in stacks {
-        // A sample's frame 0 is the interrupted instruction; the stack of a
-        // call the agent served holds return addresses (an allocation's),
-        // under the agent's own pseudo-function.
-        let (frames, mut k) = match struck {
-            Struck::Program => (symbolizer.sample_stack(&facts.stacks, id), Vec::new()),
-            Struck::Agent => (
-                symbolizer.stack(&facts.stacks, id),
-                vec![FunctionKey {
-                    function: AGENT_FUNCTION.to_string(),
-                    file: None,
-                    module: None,
-                }],
-            ),
-        };
-        // The agent's own frames (its pthread_create wrapper under every
-        // thread's start routine) are not the program's.
-        k.extend(
-            frames
-                .iter()
-                .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
-                .map(FunctionKey::of),
-        );
-        let mut kept: Vec<FrameReport> = frames
-            .iter()
-            .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
-            .cloned()
-            .collect();
-        if struck == Struck::Agent {
-            kept.insert(
-                0,
-                FrameReport {
-                    address: 0,
-                    function: Some(AGENT_FUNCTION.to_string()),
-                    file: None,
-                    line: None,
-                    inlined: false,
-                    module: None,
-                    allocation_wrapper: false,
-                },
+    fn finish(
+        self,
+        index: &TraceIndex,
+        stopped: ReadStatus,
+    ) -> Result<Result<ProfileReport, ProfileError>, TraceError> {
+        let ProfileAnalysis {
+            options,
+            facts,
+            start,
+            stopped_early,
+            by_stack,
+            skipped,
+            missed,
+            names,
+        } = self;
+        let thread = options.thread;
+        Ok((|| {
+            let Some((rate_hz, signal)) = start else {
+                return Err(ProfileError::NotProfiled);
+            };
+
+            // Symbolize each distinct stack once.
+            let mut symbolizer = facts.symbolizer();
+            let mut keys: HashMap<(Struck, u32), Vec<FunctionKey>> = HashMap::new();
+            let mut exported: HashMap<(Struck, u32), Vec<FrameReport>> = HashMap::new();
+            let mut folded_names: HashMap<(Struck, u32), String> = HashMap::new();
+            let mut stacks: Vec<(Struck, u32)> =
+                by_stack.keys().map(|&(_, s, id)| (s, id)).collect();
+            stacks.sort_unstable();
+            stacks.dedup();
+            for (struck, id) in stacks {
+                // A sample's frame 0 is the interrupted instruction; the stack of a
+                // call the agent served holds return addresses (an allocation's),
+                // under the agent's own pseudo-function.
+                let (frames, mut k) = match struck {
+                    Struck::Program => (symbolizer.sample_stack(&facts.stacks, id), Vec::new()),
+                    Struck::Agent => (
+                        symbolizer.stack(&facts.stacks, id),
+                        vec![FunctionKey {
+                            function: AGENT_FUNCTION.to_string(),
+                            file: None,
+                            module: None,
+                        }],
+                    ),
+                };
+                // The agent's own frames (its pthread_create wrapper under every
+                // thread's start routine) are not the program's.
+                k.extend(
+                    frames
+                        .iter()
+                        .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
+                        .map(FunctionKey::of),
+                );
+                let mut kept: Vec<FrameReport> = frames
+                    .iter()
+                    .filter(|f| !(is_agent_frame(f) || options.no_inline && f.inlined))
+                    .cloned()
+                    .collect();
+                if struck == Struck::Agent {
+                    kept.insert(
+                        0,
+                        FrameReport {
+                            address: 0,
+                            function: Some(AGENT_FUNCTION.to_string()),
+                            file: None,
+                            line: None,
+                            inlined: false,
+                            module: None,
+                            allocation_wrapper: false,
+                        },
+                    );
+                }
+                exported.insert((struck, id), kept);
+                let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
+                folded_names.insert((struck, id), line.join(";"));
+                keys.insert((struck, id), k);
+            }
+
+            let mut all = Counts::default();
+            let mut per_thread: HashMap<u32, (u64, Counts)> = HashMap::new();
+            let mut folded: HashMap<&str, u64> = HashMap::new();
+            let mut sampled_stacks = Vec::new();
+            let mut samples = 0;
+            let mut samples_in_agent = 0;
+            for (&(tid, struck, id), &periods) in &by_stack {
+                let frames = keys.get(&(struck, id)).map(Vec::as_slice).unwrap_or(&[]);
+                let t = per_thread.entry(tid).or_default();
+                t.0 += periods;
+                t.1.add(frames, periods);
+                if thread.is_none_or(|want| want == tid) {
+                    samples += periods;
+                    if struck == Struck::Agent {
+                        samples_in_agent += periods;
+                    }
+                    all.add(frames, periods);
+                    sampled_stacks.push(SampledStack {
+                        tid,
+                        frames: exported.get(&(struck, id)).cloned().unwrap_or_default(),
+                        samples: periods,
+                    });
+                    if let Some(line) = folded_names.get(&(struck, id)).filter(|l| !l.is_empty()) {
+                        *folded.entry(line.as_str()).or_default() += periods;
+                    }
+                }
+            }
+            let known = |tid: u32| {
+                per_thread.contains_key(&tid)
+                    || skipped.contains_key(&tid)
+                    || missed.contains_key(&tid)
+            };
+            if let Some(tid) = thread.filter(|&t| !known(t)) {
+                let mut tids: Vec<u32> = per_thread.keys().copied().collect();
+                tids.sort_unstable();
+                let known = tids
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(ProfileError::NoSuchThread {
+                    tid,
+                    known: if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known
+                    },
+                });
+            }
+            let all_samples: u64 = per_thread.values().map(|t| t.0).sum();
+            let mut tids: HashSet<u32> = per_thread.keys().copied().collect();
+            tids.extend(
+                skipped
+                    .keys()
+                    .chain(missed.keys())
+                    .copied()
+                    .filter(|&t| t != 0),
             );
-        }
-        exported.insert((struck, id), kept);
-        let line: Vec<&str> = k.iter().rev().map(|f| f.function.as_str()).collect();
-        folded_names.insert((struck, id), line.join(";"));
-        keys.insert((struck, id), k);
-    }
+            let mut threads: Vec<ThreadProfile> = tids
+                .into_iter()
+                .map(|tid| {
+                    let (n, counts) = per_thread.remove(&tid).unwrap_or_default();
+                    ThreadProfile {
+                        tid,
+                        name: names.get(&tid).cloned(),
+                        samples: n,
+                        skipped: skipped.get(&tid).copied().unwrap_or(0),
+                        missed: missed.get(&tid).copied().unwrap_or(0),
+                        percent: if all_samples == 0 {
+                            0.0
+                        } else {
+                            (n as f64 * 1000.0 / all_samples as f64).round() / 10.0
+                        },
+                        functions: counts.table(n),
+                    }
+                })
+                .collect();
+            threads.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
+            let in_selection = |counts: &HashMap<u32, u64>| match thread {
+                Some(tid) => counts.get(&tid).copied().unwrap_or(0),
+                None => counts.values().sum(),
+            };
+            let samples_skipped = in_selection(&skipped);
+            let samples_missed = in_selection(&missed);
+            let mut folded: Vec<(String, u64)> = folded
+                .into_iter()
+                .map(|(l, n)| (l.to_string(), n))
+                .collect();
+            folded.sort();
 
-    let mut all = Counts::default();
-    let mut per_thread: HashMap<u32, (u64, Counts)> = HashMap::new();
-    let mut folded: HashMap<&str, u64> = HashMap::new();
-    let mut sampled_stacks = Vec::new();
-    let mut samples = 0;
-    let mut samples_in_agent = 0;
-    for (&(tid, struck, id), &periods) in &by_stack {
-        let frames = keys.get(&(struck, id)).map(Vec::as_slice).unwrap_or(&[]);
-        let t = per_thread.entry(tid).or_default();
-        t.0 += periods;
-        t.1.add(frames, periods);
-        if thread.is_none_or(|want| want == tid) {
-            samples += periods;
-            if struck == Struck::Agent {
-                samples_in_agent += periods;
-            }
-            all.add(frames, periods);
-            sampled_stacks.push(SampledStack {
-                tid,
-                frames: exported.get(&(struck, id)).cloned().unwrap_or_default(),
-                samples: periods,
-            });
-            if let Some(line) = folded_names.get(&(struck, id)).filter(|l| !l.is_empty()) {
-                *folded.entry(line.as_str()).or_default() += periods;
-            }
-        }
-    }
-    let known = |tid: u32| {
-        per_thread.contains_key(&tid) || skipped.contains_key(&tid) || missed.contains_key(&tid)
-    };
-    if let Some(tid) = thread.filter(|&t| !known(t)) {
-        let mut tids: Vec<u32> = per_thread.keys().copied().collect();
-        tids.sort_unstable();
-        let known = tids
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(ProfileError::NoSuchThread {
-            tid,
-            known: if known.is_empty() {
-                "none".to_string()
-            } else {
-                known
-            },
-        });
-    }
-    let all_samples: u64 = per_thread.values().map(|t| t.0).sum();
-    let mut tids: HashSet<u32> = per_thread.keys().copied().collect();
-    tids.extend(
-        skipped
-            .keys()
-            .chain(missed.keys())
-            .copied()
-            .filter(|&t| t != 0),
-    );
-    let mut threads: Vec<ThreadProfile> = tids
-        .into_iter()
-        .map(|tid| {
-            let (n, counts) = per_thread.remove(&tid).unwrap_or_default();
-            ThreadProfile {
-                tid,
-                name: names.get(&tid).cloned(),
-                samples: n,
-                skipped: skipped.get(&tid).copied().unwrap_or(0),
-                missed: missed.get(&tid).copied().unwrap_or(0),
-                percent: if all_samples == 0 {
-                    0.0
-                } else {
-                    (n as f64 * 1000.0 / all_samples as f64).round() / 10.0
+            Ok(ProfileReport {
+                process: facts.process_report(),
+                rate_hz,
+                signal,
+                thread_filter: thread,
+                samples,
+                cpu_seconds: samples as f64 / f64::from(rate_hz.max(1)),
+                samples_in_agent,
+                samples_skipped,
+                samples_missed,
+                stopped_early,
+                functions: all.table(samples),
+                threads,
+                warnings: symbolizer.warnings(),
+                events_lost: facts.events_lost(),
+                trace: facts.trace_status(index, stopped),
+                folded,
+                stacks: {
+                    sampled_stacks
+                        .sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
+                    sampled_stacks
                 },
-                functions: counts.table(n),
-            }
-        })
-        .collect();
-    threads.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
-    let in_selection = |counts: &HashMap<u32, u64>| match thread {
-        Some(tid) => counts.get(&tid).copied().unwrap_or(0),
-        None => counts.values().sum(),
-    };
-    let samples_skipped = in_selection(&skipped);
-    let samples_missed = in_selection(&missed);
-    let mut folded: Vec<(String, u64)> = folded
-        .into_iter()
-        .map(|(l, n)| (l.to_string(), n))
-        .collect();
-    folded.sort();
-
-    Ok(ProfileReport {
-        process: facts.process_report(),
-        rate_hz,
-        signal,
-        thread_filter: thread,
-        samples,
-        cpu_seconds: samples as f64 / f64::from(rate_hz.max(1)),
-        samples_in_agent,
-        samples_skipped,
-        samples_missed,
-        stopped_early,
-        functions: all.table(samples),
-        threads,
-        warnings: symbolizer.warnings(),
-        events_lost: facts.events_lost(),
-        trace: facts.trace_status(&index, stopped),
-        folded,
-        stacks: {
-            sampled_stacks.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.tid.cmp(&b.tid)));
-            sampled_stacks
-        },
-    })
+            })
+        })())
+    }
 }
 
 /// File name of the agent library, whose frames are left out of profiles.

@@ -13,7 +13,7 @@ use std::io::{Read, Seek};
 use serde::Serialize;
 use trapline_trace::{AllocFn, Event, RunTotals, TraceError};
 
-use crate::index::{MergedEvents, TraceIndex};
+use crate::index::{MergedEvent, ReadStatus, TraceIndex};
 use crate::replay::{Block, HeapReplay, LiveValue};
 use crate::report::{
     command_text, footer_text, prefix, seconds, thousands, BytesBlocks, Facts, ProcessReport,
@@ -355,162 +355,238 @@ fn analyze_keeping<V: LiveValue, R: Read + Seek>(
     input: &mut R,
     sites_listed: Option<usize>,
 ) -> Result<StatsReport, TraceError> {
-    let with_sites = sites_listed.is_some();
-    let index = TraceIndex::build(input)?;
-    let mut facts = Facts::default();
-    // (calls, bytes) per function, by format value.
-    let mut calls = [(0u64, 0u64); AllocFn::ALL.len() + 1];
-    let mut failed = [0u64; AllocFn::ALL.len() + 1];
-    let mut failed_allocations = 0u64;
-    let mut heap: HeapReplay<V> = HeapReplay::default();
-    let mut sites = SiteTotals::default();
-    let mut peak = PeakHeap::default();
-    let (mut allocation_calls, mut release_calls, mut bytes_allocated, mut errors) = (0, 0, 0, 0);
-    let mut stacks: HashSet<u32> = HashSet::new();
-    let mut tids: HashSet<u32> = HashSet::new();
-    let mut last_tid = 0;
-    let mut lifecycle = ThreadLifecycle {
-        peak_alive: 1,
-        ..Default::default()
-    };
+    let mut report = crate::pass::run(input, |_| StatsAnalysis::<V>::new(sites_listed))?;
+    report.name_sites(input)?;
+    Ok(report)
+}
 
-    let mut agent_totals = None;
-    let mut scans_skipped = Vec::new();
-    let mut merged = MergedEvents::new(input, &index);
-    for m in merged.by_ref() {
+impl StatsReport {
+    /// Names the stacks of the site views, read from `input` (the trace the
+    /// report is of).
+    pub fn name_sites<R: Read + Seek>(&mut self, input: &mut R) -> Result<(), TraceError> {
+        let named = crate::report::symbolized_stacks(input, &self.sites.stack_ids())?;
+        self.sites.name(&named);
+        Ok(())
+    }
+}
+
+/// Stats, with at most `listed` sites in each site view, as a pass of a
+/// shared read; name the sites afterwards ([`StatsReport::name_sites`]).
+pub fn pass(listed: usize) -> impl crate::pass::Pass<Report = StatsReport> {
+    StatsAnalysis::<Block>::new(Some(listed))
+}
+
+/// Stats as a [`crate::pass::Pass`]. Its report's sites are not named yet:
+/// [`StatsReport::name_sites`] reads their stacks from the trace, which
+/// keeps the frames of the other stacks out of memory.
+pub(crate) struct StatsAnalysis<V: LiveValue> {
+    sites_listed: Option<usize>,
+    facts: Facts,
+    /// (calls, bytes) per function, by format value.
+    calls: [(u64, u64); AllocFn::ALL.len() + 1],
+    failed: [u64; AllocFn::ALL.len() + 1],
+    failed_allocations: u64,
+    heap: HeapReplay<V>,
+    sites: SiteTotals,
+    peak: PeakHeap,
+    allocation_calls: u64,
+    release_calls: u64,
+    bytes_allocated: u64,
+    errors: u64,
+    stacks: HashSet<u32>,
+    tids: HashSet<u32>,
+    last_tid: u32,
+    lifecycle: ThreadLifecycle,
+    agent_totals: Option<RunTotals>,
+    scans_skipped: Vec<SkippedScan>,
+}
+
+impl<V: LiveValue> StatsAnalysis<V> {
+    /// `sites_listed`: the sites per view, None for no site views at all.
+    fn new(sites_listed: Option<usize>) -> Self {
+        StatsAnalysis {
+            sites_listed,
+            facts: Facts::default(),
+            calls: [(0, 0); AllocFn::ALL.len() + 1],
+            failed: [0; AllocFn::ALL.len() + 1],
+            failed_allocations: 0,
+            heap: HeapReplay::default(),
+            sites: SiteTotals::default(),
+            peak: PeakHeap::default(),
+            allocation_calls: 0,
+            release_calls: 0,
+            bytes_allocated: 0,
+            errors: 0,
+            stacks: HashSet::new(),
+            tids: HashSet::new(),
+            last_tid: 0,
+            lifecycle: ThreadLifecycle {
+                peak_alive: 1,
+                ..Default::default()
+            },
+            agent_totals: None,
+            scans_skipped: Vec::new(),
+        }
+    }
+
+    fn count(&mut self, f: AllocFn, bytes: u64) {
+        let c = &mut self.calls[f as usize];
+        c.0 += 1;
+        c.1 += bytes;
+    }
+}
+
+impl<V: LiveValue> crate::pass::Pass for StatsAnalysis<V> {
+    type Report = StatsReport;
+
+    fn observe(&mut self, m: &MergedEvent) {
         // Only the ids matter here: keep the frames out of the facts.
         if let Event::StackDef { id, .. } = &m.event {
-            stacks.insert(*id);
-            facts.events += 1;
-            continue;
+            self.stacks.insert(*id);
+            self.facts.events += 1;
+            return;
         }
         if let Event::RunTotals(t) = &m.event {
-            agent_totals = Some(t.clone());
+            self.agent_totals = Some(t.clone());
         }
-        facts.observe(m.time, &m.event);
-        if m.tid != 0 && m.tid != last_tid {
-            tids.insert(m.tid);
-            last_tid = m.tid;
+        self.facts.observe(m.time, &m.event);
+        if m.tid != 0 && m.tid != self.last_tid {
+            self.tids.insert(m.tid);
+            self.last_tid = m.tid;
         }
-        let mut count = |f: AllocFn, bytes: u64| {
-            let c = &mut calls[f as usize];
-            c.0 += 1;
-            c.1 += bytes;
-        };
-        if with_sites {
-            sites.replay(&mut heap, m.tid, &m.event);
+        if self.sites_listed.is_some() {
+            self.sites.replay(&mut self.heap, m.tid, &m.event);
         } else {
-            heap.apply(&m.event);
+            self.heap.apply(&m.event);
         }
         match &m.event {
             Event::Alloc { size, func, .. } | Event::Realloc { size, func, .. } => {
-                count(*func, *size);
-                allocation_calls += 1;
-                bytes_allocated += size;
+                self.count(*func, *size);
+                self.allocation_calls += 1;
+                self.bytes_allocated += size;
             }
             Event::Free { func, .. } => {
-                count(*func, 0);
-                release_calls += 1;
+                self.count(*func, 0);
+                self.release_calls += 1;
             }
             Event::AllocFailed { func, .. } => {
-                failed[*func as usize] += 1;
-                failed_allocations += 1;
+                self.failed[*func as usize] += 1;
+                self.failed_allocations += 1;
             }
             Event::Error { kind, func, .. } => {
-                errors += 1;
+                self.errors += 1;
                 // A mismatch also has its Free event; other erroneous calls
                 // appear only here.
                 if !kind.performed() {
-                    count(*func, 0);
+                    self.count(*func, 0);
                     if func.is_release() {
-                        release_calls += 1;
+                        self.release_calls += 1;
                     } else {
-                        allocation_calls += 1;
+                        self.allocation_calls += 1;
                     }
                 }
             }
             Event::ThreadStart { .. } => {
-                lifecycle.started += 1;
-                let alive = (1 + lifecycle.started).saturating_sub(lifecycle.ended);
-                lifecycle.peak_alive = lifecycle.peak_alive.max(alive);
+                let life = &mut self.lifecycle;
+                life.started += 1;
+                let alive = (1 + life.started).saturating_sub(life.ended);
+                life.peak_alive = life.peak_alive.max(alive);
             }
-            Event::ThreadEnd { .. } => lifecycle.ended += 1,
-            ev @ Event::ScanSkipped { .. } => scans_skipped.extend(SkippedScan::from_event(ev)),
+            Event::ThreadEnd { .. } => self.lifecycle.ended += 1,
+            ev @ Event::ScanSkipped { .. } => {
+                self.scans_skipped.extend(SkippedScan::from_event(ev))
+            }
             _ => {}
         }
-        if heap.live_bytes > peak.bytes {
-            peak = PeakHeap {
-                bytes: heap.live_bytes,
-                blocks: heap.live.len() as u64,
+        if self.heap.live_bytes > self.peak.bytes {
+            self.peak = PeakHeap {
+                bytes: self.heap.live_bytes,
+                blocks: self.heap.live.len() as u64,
                 time_ns: m.time,
                 time_seconds: seconds(m.time),
             };
         }
     }
-    let stopped = merged.read_status();
-    drop(merged);
-    let mut site_views = sites.views_top(sites_listed.unwrap_or(0));
-    site_views.name(&crate::report::symbolized_stacks(
-        input,
-        &site_views.stack_ids(),
-    )?);
 
-    let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);
-    let calls: Vec<FunctionCalls> = AllocFn::ALL
-        .iter()
-        .filter(|&&f| calls[f as usize].0 > 0 || failed[f as usize] > 0)
-        .map(|&f| FunctionCalls {
-            function: f.name(),
-            calls: calls[f as usize].0,
-            bytes: calls[f as usize].1,
-            failed: failed[f as usize],
+    fn finish(self, index: &TraceIndex, stopped: ReadStatus) -> Result<StatsReport, TraceError> {
+        let StatsAnalysis {
+            sites_listed,
+            facts,
+            calls,
+            failed,
+            failed_allocations,
+            heap,
+            sites,
+            peak,
+            allocation_calls,
+            release_calls,
+            bytes_allocated,
+            errors,
+            stacks,
+            tids,
+            lifecycle,
+            agent_totals,
+            scans_skipped,
+            ..
+        } = self;
+        let site_views = sites.views_top(sites_listed.unwrap_or(0));
+        let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);
+        let calls: Vec<FunctionCalls> = AllocFn::ALL
+            .iter()
+            .filter(|&&f| calls[f as usize].0 > 0 || failed[f as usize] > 0)
+            .map(|&f| FunctionCalls {
+                function: f.name(),
+                calls: calls[f as usize].0,
+                bytes: calls[f as usize].1,
+                failed: failed[f as usize],
+            })
+            .collect();
+        let events = facts.events;
+        Ok(StatsReport {
+            recorded: Recorded {
+                memory: !facts.memory_off,
+                locks: !facts.locks_off,
+            },
+            process: facts.process_report(),
+            duration_ns,
+            duration_seconds: seconds(duration_ns),
+            calls,
+            allocation_calls,
+            release_calls,
+            bytes_allocated,
+            peak_heap: peak,
+            live_at_end: BytesBlocks {
+                bytes: heap.live_bytes,
+                blocks: heap.live.len() as u64,
+            },
+            unfreed_at_exit: facts.exit_snapshot_totals(),
+            scans_skipped,
+            allocations_per_second: (duration_ns > 0)
+                .then(|| allocation_calls as f64 / seconds(duration_ns)),
+            errors,
+            failed_allocations,
+            threads: tids.len() as u64,
+            thread_lifecycle: lifecycle,
+            stacks: stacks.len() as u64,
+            trace_bytes: index.file_len,
+            events,
+            trace_bytes_per_event: (events > 0).then(|| index.file_len as f64 / events as f64),
+            events_lost: facts.events_lost(),
+            untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
+            sites: site_views,
+            agent_totals_match: agent_totals.map(|t| {
+                t == RunTotals {
+                    allocation_calls,
+                    release_calls,
+                    errors,
+                    failed_allocations,
+                    peak_bytes: peak.bytes,
+                    peak_time: peak.time_ns,
+                }
+            }),
+            trace: facts.trace_status(index, stopped),
         })
-        .collect();
-    let events = facts.events;
-    Ok(StatsReport {
-        recorded: Recorded {
-            memory: !facts.memory_off,
-            locks: !facts.locks_off,
-        },
-        process: facts.process_report(),
-        duration_ns,
-        duration_seconds: seconds(duration_ns),
-        calls,
-        allocation_calls,
-        release_calls,
-        bytes_allocated,
-        peak_heap: peak,
-        live_at_end: BytesBlocks {
-            bytes: heap.live_bytes,
-            blocks: heap.live.len() as u64,
-        },
-        unfreed_at_exit: facts.exit_snapshot_totals(),
-        scans_skipped,
-        allocations_per_second: (duration_ns > 0)
-            .then(|| allocation_calls as f64 / seconds(duration_ns)),
-        errors,
-        failed_allocations,
-        threads: tids.len() as u64,
-        thread_lifecycle: lifecycle,
-        stacks: stacks.len() as u64,
-        trace_bytes: index.file_len,
-        events,
-        trace_bytes_per_event: (events > 0).then(|| index.file_len as f64 / events as f64),
-        events_lost: facts.events_lost(),
-        untracked_calls: facts.end.as_ref().map(|(_, _, c)| c.untracked_calls),
-        sites: site_views,
-        agent_totals_match: agent_totals.map(|t| {
-            t == RunTotals {
-                allocation_calls,
-                release_calls,
-                errors,
-                failed_allocations,
-                peak_bytes: peak.bytes,
-                peak_time: peak.time_ns,
-            }
-        }),
-        trace: facts.trace_status(&index, stopped),
-    })
+    }
 }
 
 fn float(v: f64, decimals: usize) -> String {

@@ -421,6 +421,17 @@ pub fn heap_profile_at(
     let heap = load(command, path, |input| {
         trapline_analysis::heap_profile::analyze_at(input, at_ns)
     })?;
+    refuse_at_after_end(command, path, at_ns, &heap)?;
+    Ok(heap)
+}
+
+/// Refuses `--at` past the end of the trace the heap profile is of.
+pub fn refuse_at_after_end(
+    command: &str,
+    path: &Path,
+    at_ns: Option<u64>,
+    heap: &trapline_analysis::heap_profile::HeapProfile,
+) -> Result<(), ExitCode> {
     if let Some(ns) = at_ns.filter(|&ns| ns > heap.end_ns) {
         return Err(fail(
             command,
@@ -432,5 +443,5 @@ pub fn heap_profile_at(
             ),
         ));
     }
-    Ok(heap)
+    Ok(())
 }

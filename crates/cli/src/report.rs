@@ -1,13 +1,13 @@
 //! `trapline report`: one self-contained HTML page of a run's traces.
 
-use std::fs::File;
-use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use trapline_analysis::profile::{self, ProfileError};
-use trapline_analysis::{locks, stats, timeline};
+use trapline_analysis::heap_profile::HeapProfileAnalysis;
+use trapline_analysis::profile::{self, ProfileAnalysis, ProfileError};
+use trapline_analysis::{findings, locks, pass, stats, timeline};
 use trapline_export::html::{self, ProcessPage};
+use trapline_trace::TraceError;
 
 use crate::output;
 
@@ -52,13 +52,41 @@ pub fn main(args: ReportArgs) -> ExitCode {
     }
 }
 
-/// Every analysis of one trace. `stats` reads it first: it refuses a file
-/// that is no usable trace, once, and chooses the sites the timeline
-/// plots. The others then run on two threads, the leak and deadlock
-/// findings (one shared read) beside the rest, as each pass's own work is
-/// bound to one core.
+/// Every analysis of one trace, in two reads. The first feeds stats, the
+/// heap profile and the locks on one thread, and the leak and deadlock
+/// findings and the CPU profile on another (deadlocks' search is the
+/// dearest pass on a service's trace). Stats' sites then name what the
+/// second read follows over time: the timeline of the sites that made the
+/// peak.
 fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
-    let stats = output::load("report", path, stats::analyze)?;
+    let at_ns = at.map(output::nanos);
+    let mut others = None;
+    let stats = output::load("report", path, |input| {
+        let ((mut stats, heap, locks), (findings, profile)) = pass::run_split(input, |index| {
+            (
+                (
+                    stats::pass(trapline_analysis::sites::LISTED),
+                    HeapProfileAnalysis::new(at_ns),
+                    locks::LocksAnalysis::new(None),
+                ),
+                (
+                    findings::pass(index),
+                    ProfileAnalysis::new(profile::ProfileOptions::default()),
+                ),
+            )
+        })?;
+        stats.name_sites(input)?;
+        others = Some((findings, heap, profile, locks));
+        Ok::<_, TraceError>(stats)
+    })?;
+    let ((leaks, deadlocks), heap, profile, locks) =
+        others.expect("the first read gives every report");
+    output::refuse_at_after_end("report", path, at_ns, &heap)?;
+    let profile = match profile {
+        Ok(p) => Some(p),
+        Err(ProfileError::NotProfiled) => None,
+        Err(e) => return Err(output::fail("report", path, e)),
+    };
     let plotted: Vec<_> = stats
         .sites
         .peak_contribution
@@ -67,14 +95,9 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
         .collect();
     let ids: Vec<u32> = plotted.iter().map(|s| s.stack_id).collect();
     let names = plotted.iter().map(|s| html::stack_name(&s.stack)).collect();
-    let (findings, rest) = std::thread::scope(|scope| {
-        let findings =
-            scope.spawn(|| output::load("report", path, trapline_analysis::findings::analyze));
-        let rest = the_rest(path, at, &ids);
-        (findings.join().expect("the findings' thread"), rest)
-    });
-    let (leaks, deadlocks) = findings?;
-    let (heap, timeline, profile, locks) = rest?;
+    let mut input = output::open_trace("report", path)?;
+    let timeline =
+        timeline::analyze(&mut input, &ids).map_err(|e| output::fail("report", path, e))?;
     let has_locks = locks.has_lock_events;
     Ok(ProcessPage {
         leaks,
@@ -86,35 +109,4 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
         locks: has_locks.then_some(locks),
         deadlocks: has_locks.then_some(deadlocks),
     })
-}
-
-type TheRest = (
-    trapline_analysis::heap_profile::HeapProfile,
-    timeline::Timeline,
-    Option<profile::ProfileReport>,
-    locks::LocksReport,
-);
-
-/// The heap profile, the timeline of the sites `ids`, the CPU profile (if
-/// recorded) and the locks.
-fn the_rest(path: &Path, at: Option<f64>, ids: &[u32]) -> Result<TheRest, ExitCode> {
-    let heap = output::heap_profile_at("report", path, at)?;
-    let mut input = output::open_trace("report", path)?;
-    let timeline =
-        timeline::analyze(&mut input, ids).map_err(|e| output::fail("report", path, e))?;
-    rewind(&mut input, path)?;
-    let profile = match profile::analyze(&mut input, profile::ProfileOptions::default()) {
-        Ok(p) => Some(p),
-        Err(ProfileError::NotProfiled) => None,
-        Err(e) => return Err(output::fail("report", path, e)),
-    };
-    rewind(&mut input, path)?;
-    let locks = locks::analyze(&mut input).map_err(|e| output::fail("report", path, e))?;
-    Ok((heap, timeline, profile, locks))
-}
-
-fn rewind(input: &mut BufReader<File>, path: &Path) -> Result<(), ExitCode> {
-    input
-        .rewind()
-        .map_err(|e| output::fail("report", path, format!("cannot read: {e}")))
 }

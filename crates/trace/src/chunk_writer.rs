@@ -6,7 +6,7 @@
 use std::io::{BufWriter, Write};
 
 use crate::event::{encode_to_vec, ChunkContext, Event};
-use crate::format::{encode_chunk, write_file_header};
+use crate::format::{encode_chunk, write_file_header, FILE_HEADER_LEN};
 
 /// Events per chunk at most.
 const CHUNK_EVENTS: u32 = 4096;
@@ -22,6 +22,9 @@ pub struct ChunkWriter<W: Write> {
     scratch: Vec<u8>,
     /// Events written in all.
     pub written: u64,
+    /// Bytes of the file so far (header and chunks written; pending events
+    /// not counted).
+    pub bytes: u64,
 }
 
 impl<W: Write> ChunkWriter<W> {
@@ -39,6 +42,7 @@ impl<W: Write> ChunkWriter<W> {
             last: 0,
             scratch: Vec::new(),
             written: 0,
+            bytes: FILE_HEADER_LEN as u64,
         })
     }
 
@@ -72,6 +76,7 @@ impl<W: Write> ChunkWriter<W> {
                 &self.raw,
             );
             self.out.write_all(&self.scratch)?;
+            self.bytes += self.scratch.len() as u64;
         }
         self.raw.clear();
         self.ctx = ChunkContext::default();

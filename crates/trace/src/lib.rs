@@ -10,6 +10,7 @@ pub mod crc32;
 pub mod event;
 pub mod format;
 pub mod scan;
+pub mod synthetic;
 pub mod varint;
 
 mod builder;

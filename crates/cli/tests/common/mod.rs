@@ -1034,3 +1034,95 @@ pub fn sarif(subcommand: &str, trace: &Path, extra: &[&str]) -> Value {
     );
     log
 }
+
+/// A memory cgroup of the kernel's first version (the one this machine and
+/// CI have) or its second, made for one test and removed after it.
+pub struct MemoryGroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemoryGroup {
+    /// A new group limited to `limit` bytes, if this process may make one
+    /// (root, and a memory controller mounted); if not, says that the test
+    /// does not run.
+    pub fn new(name: &str, limit: u64) -> Option<MemoryGroup> {
+        let group = MemoryGroup::make(name, limit);
+        if group.is_none() {
+            eprintln!(
+                "no memory cgroup can be made here (not root, or no memory controller): not run"
+            );
+        }
+        group
+    }
+
+    fn make(name: &str, limit: u64) -> Option<MemoryGroup> {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        for line in mounts.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let dash = fields.iter().position(|&f| f == "-")?;
+            let (point, fs, opts) = (fields[4], fields[dash + 1], fields[dash + 3]);
+            let (file, v1) = if fs == "cgroup" && opts.split(',').any(|o| o == "memory") {
+                ("memory.limit_in_bytes", true)
+            } else if fs == "cgroup2"
+                && std::fs::read_to_string(format!("{point}/cgroup.subtree_control"))
+                    .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+            {
+                ("memory.max", false)
+            } else {
+                continue;
+            };
+            let dir = Path::new(point).join(format!("{name}-{}", std::process::id()));
+            if std::fs::create_dir(&dir).is_err() {
+                continue;
+            }
+            let group = MemoryGroup { dir };
+            if v1 {
+                // No swap for the group: the limit is the limit.
+                let _ = std::fs::write(group.dir.join("memory.swappiness"), "0");
+            } else {
+                let _ = std::fs::write(group.dir.join("memory.swap.max"), "0");
+            }
+            if std::fs::write(group.dir.join(file), limit.to_string()).is_ok() {
+                return Some(group);
+            }
+        }
+        None
+    }
+
+    /// The group as `/proc/self/cgroup` names it (below the mount's root).
+    pub fn path(&self) -> String {
+        format!(
+            "/{}",
+            self.dir.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        )
+    }
+
+    /// `sh -c 'echo $$ > GROUP/cgroup.procs && exec CMD...'`.
+    pub fn run_inside(&self, cmd: &Command) -> Command {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec \"$@\"",
+                self.dir.display()
+            ))
+            .arg("sh")
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        if let Some(d) = cmd.get_current_dir() {
+            sh.current_dir(d);
+        }
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => sh.env(k, v),
+                None => sh.env_remove(k),
+            };
+        }
+        sh
+    }
+}
+
+impl Drop for MemoryGroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
