@@ -19,6 +19,7 @@ use crate::index::{MergedEvent, ReadStatus, TraceIndex};
 use crate::replay::{Block, HeapReplay};
 use crate::report::{Facts, FrameReport, ProcessReport, TraceStatus};
 use crate::sampling::SamplingReport;
+use crate::stats::{StatsAnalysis, StatsReport};
 
 /// The heap by allocation stack.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -93,30 +94,15 @@ pub fn analyze_at<R: Read + Seek>(
 
 /// The heap profile as a [`crate::pass::Pass`] (see [`analyze_at`]).
 pub struct HeapProfileAnalysis {
-    at_ns: Option<u64>,
-    take_at: Option<u64>,
-    facts: Facts,
     heap: HeapReplay<Block>,
-    sites: HashMap<u32, Totals>,
-    /// By (scan number, 0 for live blocks; stack).
-    snapshot: HashMap<(u32, u32), Totals>,
-    exit_scan: u32,
-    first: u64,
-    last: u64,
+    sites: HeapSites,
 }
 
 impl HeapProfileAnalysis {
     pub fn new(at_ns: Option<u64>) -> Self {
         HeapProfileAnalysis {
-            at_ns,
-            take_at: at_ns,
-            facts: Facts::default(),
             heap: HeapReplay::default(),
-            sites: HashMap::new(),
-            snapshot: HashMap::new(),
-            exit_scan: 0,
-            first: u64::MAX,
-            last: 0,
+            sites: HeapSites::new(at_ns),
         }
     }
 }
@@ -125,16 +111,95 @@ impl crate::pass::Pass for HeapProfileAnalysis {
     type Report = HeapProfile;
 
     fn observe(&mut self, m: &MergedEvent) {
+        self.sites.before_replay(m, &self.heap);
+        self.heap.apply(&m.event);
+        self.sites.after_replay(m);
+    }
+
+    fn finish(self, index: &TraceIndex, stopped: ReadStatus) -> Result<HeapProfile, TraceError> {
+        self.sites.finish(&self.heap, index, stopped)
+    }
+}
+
+/// Stats and the heap profile on one heap replay, stats': the live
+/// blocks are kept once.
+pub fn with_stats(
+    listed: usize,
+    at_ns: Option<u64>,
+) -> impl crate::pass::Pass<Report = (StatsReport, HeapProfile)> {
+    StatsAndHeapProfile {
+        stats: StatsAnalysis::new(Some(listed)),
+        sites: HeapSites::new(at_ns),
+    }
+}
+
+struct StatsAndHeapProfile {
+    stats: StatsAnalysis<Block>,
+    sites: HeapSites,
+}
+
+impl crate::pass::Pass for StatsAndHeapProfile {
+    type Report = (StatsReport, HeapProfile);
+
+    fn observe(&mut self, m: &MergedEvent) {
+        self.sites.before_replay(m, self.stats.heap());
+        self.stats.observe(m);
+        self.sites.after_replay(m);
+    }
+
+    fn finish(
+        self,
+        index: &TraceIndex,
+        read: ReadStatus,
+    ) -> Result<(StatsReport, HeapProfile), TraceError> {
+        let heap = self.sites.finish(self.stats.heap(), index, read.clone())?;
+        Ok((self.stats.finish(index, read)?, heap))
+    }
+}
+
+/// The heap profile's own state, beside a heap replay that another part
+/// applies the events to.
+struct HeapSites {
+    at_ns: Option<u64>,
+    take_at: Option<u64>,
+    facts: Facts,
+    sites: HashMap<u32, Totals>,
+    /// By (scan number, 0 for live blocks; stack).
+    snapshot: HashMap<(u32, u32), Totals>,
+    exit_scan: u32,
+    first: u64,
+    last: u64,
+}
+
+impl HeapSites {
+    fn new(at_ns: Option<u64>) -> Self {
+        HeapSites {
+            at_ns,
+            take_at: at_ns,
+            facts: Facts::default(),
+            sites: HashMap::new(),
+            snapshot: HashMap::new(),
+            exit_scan: 0,
+            first: u64::MAX,
+            last: 0,
+        }
+    }
+
+    /// Before `m` is applied to `heap`: the live blocks at `--at` are the
+    /// ones before the first event after it.
+    fn before_replay(&mut self, m: &MergedEvent, heap: &HeapReplay<Block>) {
         self.facts.observe(m.time, &m.event);
         if m.time != 0 {
             self.first = self.first.min(m.time);
             self.last = self.last.max(m.time);
             if self.take_at.is_some_and(|t| m.time > t) {
                 self.take_at = None;
-                count_live(&self.facts, &self.heap, &mut self.sites, true);
+                count_live(&self.facts, heap, &mut self.sites, true);
             }
         }
-        self.heap.apply(&m.event);
+    }
+
+    fn after_replay(&mut self, m: &MergedEvent) {
         let allocated = match m.event {
             Event::Alloc { size, stack, .. } => Some((size, stack)),
             Event::Realloc {
@@ -178,12 +243,16 @@ impl crate::pass::Pass for HeapProfileAnalysis {
         }
     }
 
-    fn finish(self, index: &TraceIndex, stopped: ReadStatus) -> Result<HeapProfile, TraceError> {
-        let HeapProfileAnalysis {
+    fn finish(
+        self,
+        heap: &HeapReplay<Block>,
+        index: &TraceIndex,
+        stopped: ReadStatus,
+    ) -> Result<HeapProfile, TraceError> {
+        let HeapSites {
             at_ns,
             take_at,
             facts,
-            heap,
             mut sites,
             snapshot,
             exit_scan,
@@ -191,7 +260,7 @@ impl crate::pass::Pass for HeapProfileAnalysis {
             last,
         } = self;
         if take_at.is_some() {
-            count_live(&facts, &heap, &mut sites, true);
+            count_live(&facts, heap, &mut sites, true);
         }
 
         let live_source = if facts.has_exit_snapshot() {
@@ -205,7 +274,7 @@ impl crate::pass::Pass for HeapProfileAnalysis {
             }
             "exit_snapshot"
         } else {
-            count_live(&facts, &heap, &mut sites, false);
+            count_live(&facts, heap, &mut sites, false);
             "replay"
         };
 

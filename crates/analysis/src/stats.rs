@@ -370,12 +370,6 @@ impl StatsReport {
     }
 }
 
-/// Stats, with at most `listed` sites in each site view, as a pass of a
-/// shared read; name the sites afterwards ([`StatsReport::name_sites`]).
-pub fn pass(listed: usize) -> impl crate::pass::Pass<Report = StatsReport> {
-    StatsAnalysis::<Block>::new(Some(listed))
-}
-
 /// Stats as a [`crate::pass::Pass`]. Its report's sites are not named yet:
 /// [`StatsReport::name_sites`] reads their stacks from the trace, which
 /// keeps the frames of the other stacks out of memory.
@@ -403,7 +397,7 @@ pub(crate) struct StatsAnalysis<V: LiveValue> {
 
 impl<V: LiveValue> StatsAnalysis<V> {
     /// `sites_listed`: the sites per view, None for no site views at all.
-    fn new(sites_listed: Option<usize>) -> Self {
+    pub(crate) fn new(sites_listed: Option<usize>) -> Self {
         StatsAnalysis {
             sites_listed,
             facts: Facts::default(),
@@ -427,6 +421,11 @@ impl<V: LiveValue> StatsAnalysis<V> {
             agent_totals: None,
             scans_skipped: Vec::new(),
         }
+    }
+
+    /// The heap replay, which a pass beside this one may read.
+    pub(crate) fn heap(&self) -> &HeapReplay<V> {
+        &self.heap
     }
 
     fn count(&mut self, f: AllocFn, bytes: u64) {

@@ -3,9 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use trapline_analysis::heap_profile::HeapProfileAnalysis;
 use trapline_analysis::profile::{self, ProfileAnalysis, ProfileError};
-use trapline_analysis::{findings, locks, pass, stats, timeline};
+use trapline_analysis::{findings, heap_profile, locks, pass, timeline};
 use trapline_export::html::{self, ProcessPage};
 use trapline_trace::TraceError;
 
@@ -52,8 +51,8 @@ pub fn main(args: ReportArgs) -> ExitCode {
     }
 }
 
-/// Every analysis of one trace, in two reads. The first feeds stats, the
-/// heap profile and the locks on one thread, and the leak and deadlock
+/// Every analysis of one trace, in two reads. The first feeds stats and
+/// the heap profile (on one heap replay) and the locks on one thread, and the leak and deadlock
 /// findings and the CPU profile on another (deadlocks' search is the
 /// dearest pass on a service's trace). Stats' sites then name what the
 /// second read follows over time: the timeline of the sites that made the
@@ -62,11 +61,10 @@ fn page(path: &Path, at: Option<f64>) -> Result<ProcessPage, ExitCode> {
     let at_ns = at.map(output::nanos);
     let mut others = None;
     let stats = output::load("report", path, |input| {
-        let ((mut stats, heap, locks), (findings, profile)) = pass::run_split(input, |index| {
+        let (((mut stats, heap), locks), (findings, profile)) = pass::run_split(input, |index| {
             (
                 (
-                    stats::pass(trapline_analysis::sites::LISTED),
-                    HeapProfileAnalysis::new(at_ns),
+                    heap_profile::with_stats(trapline_analysis::sites::LISTED, at_ns),
                     locks::LocksAnalysis::new(None),
                 ),
                 (
