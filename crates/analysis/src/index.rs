@@ -488,15 +488,19 @@ pub struct MergedEvents<'a, R: Read + Seek> {
     /// Per chunk: the time it starts at (see the module documentation).
     start: Vec<u64>,
     next: usize,
-    /// Per chunk number: the chunk, while it is open.
+    /// The open chunks, in slots reused as chunks close: their number is
+    /// about the number of threads, not of chunks (a slot per chunk of a
+    /// 10 GB trace was 16 MB).
     open: Vec<Option<OpenChunk>>,
-    /// The open chunks' head keys (time, chunk number), but the current's.
-    heap: BinaryHeap<Reverse<(u64, usize)>>,
+    free_slots: Vec<usize>,
+    /// The open chunks' head keys (time, chunk number, slot), but the
+    /// current's. The slot never decides: a chunk has one key.
+    heap: BinaryHeap<Reverse<(u64, usize, usize)>>,
     /// The chunk events are taken from while its head comes before every
-    /// other open chunk's: (head key, chunk number). Keeping it out of the
+    /// other open chunk's: (head time, chunk number, slot). Keeping it out of the
     /// heap saves a sift per event, as a chunk's events run long between
     /// the others' (ties go to the lower chunk number).
-    current: Option<(u64, usize)>,
+    current: Option<(u64, usize, usize)>,
     /// Chunks at or after this offset are not used (a chunk could not be
     /// read at all: an I/O error).
     limit: u64,
@@ -538,7 +542,8 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             order,
             start,
             next: 0,
-            open: (0..index.chunks.len()).map(|_| None).collect(),
+            open: Vec::new(),
+            free_slots: Vec::new(),
             open_count: 0,
             heap: BinaryHeap::new(),
             current: None,
@@ -656,8 +661,15 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             clock: self.start[i],
         };
         if let Some(t) = oc.head_time() {
-            self.heap.push(Reverse((t, i)));
-            self.open[i] = Some(oc);
+            let slot = match self.free_slots.pop() {
+                Some(slot) => slot,
+                None => {
+                    self.open.push(None);
+                    self.open.len() - 1
+                }
+            };
+            self.heap.push(Reverse((t, i, slot)));
+            self.open[slot] = Some(oc);
             self.open_count += 1;
             self.most_open = self.most_open.max(self.open_count);
         }
@@ -681,8 +693,9 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                     self.next += 1;
                     continue;
                 }
-                let in_heap = self.heap.peek().map(|Reverse(key)| *key);
-                let earliest = self.current.into_iter().chain(in_heap).min();
+                let in_heap = self.heap.peek().map(|&Reverse((t, c, _))| (t, c));
+                let current = self.current.map(|(t, c, _)| (t, c));
+                let earliest = current.into_iter().chain(in_heap).min();
                 if !matches!(earliest, Some(key) if (self.start[i], i) > key) {
                     self.next += 1;
                     self.open_chunk(i);
@@ -692,19 +705,20 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
             }
             // The earliest head: the current chunk's unless the heap's top
             // comes first, which then takes the current's place (one sift).
-            let (_, i) = match (self.current, self.heap.peek_mut()) {
+            let (_, i, slot) = match (self.current, self.heap.peek_mut()) {
                 (Some(c), Some(mut top)) if top.0 < c => std::mem::replace(&mut *top, Reverse(c)).0,
                 (Some(c), _) => c,
                 (None, Some(top)) => PeekMut::pop(top).0,
                 (None, None) => return None,
             };
-            let oc = self.open[i]
+            let oc = self.open[slot]
                 .as_mut()
                 .expect("every head key has an open chunk");
             if oc.offset >= self.limit {
                 // Past a corrupt chunk: dropped.
                 self.current = None;
-                self.open[i] = None;
+                self.open[slot] = None;
+                self.free_slots.push(slot);
                 self.open_count -= 1;
                 continue;
             }
@@ -712,10 +726,11 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
             let event = oc.events.next().expect("an open chunk has a head event");
             let tid = oc.tid;
             match oc.head_time() {
-                Some(t) => self.current = Some((t, i)),
+                Some(t) => self.current = Some((t, i, slot)),
                 None => {
                     self.current = None;
-                    self.open[i] = None;
+                    self.open[slot] = None;
+                    self.free_slots.push(slot);
                     self.open_count -= 1;
                 }
             }

@@ -405,8 +405,9 @@ struct LeaksPass {
     /// Each site's latest stale verdict from a watcher (`SiteVerdict`).
     stale: HashMap<(u32, AllocFn), Staleness>,
     /// The alignment of each live block from an aligned `operator new`
-    /// (few programs have many), by address.
-    cxx_aligned: HashMap<u64, u64>,
+    /// (few programs have many), by address; aHash, as every release looks
+    /// here.
+    cxx_aligned: HashMap<u64, u64, ahash::RandomState>,
     /// Per thread, the last such block released (address, alignment): its
     /// `Error` follows the release's `Free` on the same thread.
     cxx_aligned_released: HashMap<u32, (u64, u64)>,
@@ -495,7 +496,11 @@ impl LeaksPass {
                 if *stack != 0 {
                     self.release_fn.entry(*stack).or_insert(*func);
                 }
-                if let Some(align) = self.cxx_aligned.remove(addr) {
+                let aligned = match self.cxx_aligned.is_empty() {
+                    true => None,
+                    false => self.cxx_aligned.remove(addr),
+                };
+                if let Some(align) = aligned {
                     self.cxx_aligned_released.insert(m.tid, (*addr, align));
                 }
             }
