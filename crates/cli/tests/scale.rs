@@ -7,7 +7,7 @@
 //! killer, and the test fails. `report` runs the same passes (bench/results.jsonl
 //! has its peak on this trace); it is left out here for time, as each
 //! analysis takes minutes at this size. `TRAPLINE_SCALE_BYTES` sets another
-//! size (docs/analyses.md, "Memory").
+//! size (docs/analyses.md, "Memory of an analysis").
 
 mod common;
 
