@@ -3,7 +3,9 @@
 # stats, leaks, locks, deadlocks, export --format pprof and report, on
 # TRACE (default: bench/perfetto.sh's memcached trace), interleaved round
 # by round; with HEAPTRACK_FILE (heaptrack's recording of the same program
-# and workload), heaptrack_print on it too, the anchor. Appends one row to
+# and workload), heaptrack_print on it too, the anchor. Every read starts
+# without TRACE.idx but locks+idx and deadlocks+idx, which run right after
+# locks and deadlocks with the index those left. Appends one row to
 # bench/results.jsonl.
 #
 #   bench/analyses.sh [TRACE]
@@ -35,8 +37,13 @@ TRAPLINE=$ROOT/target/release/trapline
 results=$WORK/results.txt
 : >"$results"
 for _ in $(seq "$ROUNDS"); do
-    for what in stats leaks locks deadlocks pprof report ${HEAPTRACK_FILE:+heaptrack_print}; do
+    for what in stats leaks locks locks+idx deadlocks deadlocks+idx pprof report ${HEAPTRACK_FILE:+heaptrack_print}; do
         case $what in
+            *+idx) cmd=("${what%+idx}" "$TRACE") ;;
+            *) rm -f "$TRACE.idx" ;;
+        esac
+        case $what in
+            *+idx) ;;
             heaptrack_print)
                 /usr/bin/time -f "$what %e %M" -a -o "$results" heaptrack_print "$HEAPTRACK_FILE" >/dev/null
                 continue ;;
@@ -66,6 +73,9 @@ row = {
     "median_s": {w: statistics.median(r[0] for r in v) for w, v in runs.items()},
     "seconds": {w: [r[0] for r in v] for w, v in runs.items()},
     "peak_rss_kb": {w: max(r[1] for r in v) for w, v in runs.items()},
+}
+row["indexed_to_first"] = {
+    w: round(row["median_s"][w + "+idx"] / row["median_s"][w], 3) for w in ("locks", "deadlocks")
 }
 if "heaptrack_print" in row["median_s"]:
     anchor = row["median_s"]["heaptrack_print"]

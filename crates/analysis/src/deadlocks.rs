@@ -40,12 +40,12 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
-use std::io::{Read, Seek};
 
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
 
-use crate::index::{MergedEvent, ReadStatus, TraceIndex};
+use crate::index::{ChunkEntry, MergedEvent, ReadStatus, TraceIndex};
+use crate::index_file::{ChunkSummary, IndexFile, Learned, TraceInput};
 use crate::lockstate::{
     errors_text, mode_name, stack_text, Applied, Held, LockError, LockId, LockState,
 };
@@ -871,7 +871,7 @@ fn blocks(request: &Edge, hold: &Edge) -> bool {
 // The analysis.
 
 /// Analyses a trace. Fails only when the input is not a readable trace at all.
-pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<DeadlocksReport, TraceError> {
+pub fn analyze<R: TraceInput>(input: &mut R) -> Result<DeadlocksReport, TraceError> {
     crate::pass::run(input, |_| DeadlocksAnalysis::default())
 }
 
@@ -902,6 +902,7 @@ impl Pass for DeadlocksAnalysis {
     type Report = DeadlocksReport;
     fn observe(&mut self, m: &MergedEvent) {
         self.facts.observe(m.time, &m.event);
+        self.state.at(m);
         if let Event::Lock(LockEvent::Join { joined, stack, .. }) = &m.event {
             // The joiner waited in the segment the join ends.
             let joined = self
@@ -949,6 +950,18 @@ impl Pass for DeadlocksAnalysis {
             return;
         }
         self.state.apply(m.tid, &m.event);
+    }
+    fn needs(&self, chunk: ChunkSummary) -> bool {
+        LockState::needs(chunk)
+    }
+    fn skipped(&mut self, chunk: &ChunkEntry, start: u64) {
+        self.facts.skipped_chunk(chunk, start);
+    }
+    fn use_index(&mut self, file: &IndexFile) {
+        self.state.use_index(file);
+    }
+    fn learned(&self) -> Learned {
+        self.state.learned()
     }
     fn finish(
         self,

@@ -3,7 +3,7 @@
 //! `--error-exitcode`. They used to count on their own, and `run` said
 //! "errors found: 0" of a trace whose `deadlocks` showed a self-deadlock.
 
-use std::io::{Read, Seek};
+use crate::index_file::TraceInput;
 
 use serde::Serialize;
 use trapline_trace::TraceError;
@@ -200,9 +200,7 @@ impl AddBytesBlocks for BytesBlocks {
 
 /// The leaks and deadlocks reports of a trace, from one read of it, with
 /// `trapline leaks`' default options.
-pub fn analyze<R: Read + Seek>(
-    input: &mut R,
-) -> Result<(LeaksReport, DeadlocksReport), TraceError> {
+pub fn analyze<R: TraceInput>(input: &mut R) -> Result<(LeaksReport, DeadlocksReport), TraceError> {
     crate::pass::run(input, pass)
 }
 
@@ -217,7 +215,7 @@ pub fn pass(index: &TraceIndex) -> impl crate::pass::Pass<Report = (LeaksReport,
 
 /// The findings of a trace, from one read of it. Nothing is symbolized:
 /// only counts are kept.
-pub fn of_trace<R: Read + Seek>(input: &mut R) -> Result<Findings, TraceError> {
+pub fn of_trace<R: TraceInput>(input: &mut R) -> Result<Findings, TraceError> {
     let options = LeaksOptions {
         symbolize: false,
         ..LeaksOptions::default()

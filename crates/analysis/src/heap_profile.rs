@@ -9,8 +9,8 @@
 //! sampling heap profiler's are. The caller-only blocks are left out, since
 //! their full stacks are what the estimate stands for.
 
+use crate::index_file::TraceInput;
 use std::collections::HashMap;
-use std::io::{Read, Seek};
 
 use serde::Serialize;
 use trapline_trace::{Event, ScanTrigger, TraceError};
@@ -78,14 +78,14 @@ fn weight(facts: &Facts, stack: u32, size: u64) -> Option<f64> {
 }
 
 /// Analyses a trace.
-pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<HeapProfile, TraceError> {
+pub fn analyze<R: TraceInput>(input: &mut R) -> Result<HeapProfile, TraceError> {
     analyze_at(input, None)
 }
 
 /// Analyses a trace, and takes the live blocks at its time `at_ns` too
 /// (the trace's clock, as every report prints times): as they were before
 /// the first event after that time, at the end when the trace ends before.
-pub fn analyze_at<R: Read + Seek>(
+pub fn analyze_at<R: TraceInput>(
     input: &mut R,
     at_ns: Option<u64>,
 ) -> Result<HeapProfile, TraceError> {

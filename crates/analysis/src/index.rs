@@ -73,6 +73,8 @@ pub struct ChunkEntry {
     pub offset: u64,
     /// The chunk's header (thread, sizes, event count, time range).
     pub header: ChunkHeader,
+    /// The checksum the header gives for the chunk.
+    pub crc: u32,
 }
 
 /// The chunks of a trace, found by reading chunk headers only.
@@ -135,8 +137,12 @@ impl TraceIndex {
         let mut offset = header_len;
         while offset < file_len {
             match Self::chunk_at(input, offset, file_len) {
-                Ok(header) => {
-                    chunks.push(ChunkEntry { offset, header });
+                Ok((header, crc)) => {
+                    chunks.push(ChunkEntry {
+                        offset,
+                        header,
+                        crc,
+                    });
                     offset += CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
                 }
                 Err(e) => match Self::next_good_chunk(input, &file_header, offset + 1, file_len) {
@@ -192,12 +198,13 @@ impl TraceIndex {
                     continue;
                 }
                 let candidate = at + i as u64;
-                let Ok(header) = Self::chunk_at(input, candidate, file_len) else {
+                let Ok((header, crc)) = Self::chunk_at(input, candidate, file_len) else {
                     continue;
                 };
                 let entry = ChunkEntry {
                     offset: candidate,
                     header,
+                    crc,
                 };
                 let len = CHUNK_HEADER_LEN as u64 + u64::from(header.stored_len);
                 let mut raw = Vec::new();
@@ -218,7 +225,7 @@ impl TraceIndex {
         input: &mut R,
         offset: u64,
         file_len: u64,
-    ) -> Result<ChunkHeader, TraceError> {
+    ) -> Result<(ChunkHeader, u32), TraceError> {
         if file_len - offset < CHUNK_HEADER_LEN as u64 {
             return Err(TraceError::Truncated {
                 offset,
@@ -238,7 +245,8 @@ impl TraceIndex {
                 what: "chunk payload",
             });
         }
-        Ok(header)
+        let crc = u32::from_le_bytes([h[40], h[41], h[42], h[43]]);
+        Ok((header, crc))
     }
 
     /// Reads, checks and decompresses one chunk of the index.
@@ -313,28 +321,33 @@ fn unpack_chunk(
     }
 }
 
-/// The events of one chunk, decoded. `Err`: the chunk could not be used at
-/// all. `Ok` with an error: the events before the first one that failed to
-/// decode, and that failure.
-type Decoded = Result<(Vec<Event>, Option<TraceError>), TraceError>;
+/// The events of one chunk, decoded, and the classes they belong to
+/// (`index_file::classes`). `Err`: the chunk could not be used at all. `Ok`
+/// with an error: the events before the first one that failed to decode,
+/// and that failure.
+type Decoded = Result<(Vec<Event>, u16, Option<TraceError>), TraceError>;
 
 /// Decompresses and decodes one chunk from its stored bytes.
 fn decode_chunk(file_header: &[u8], offset: u64, raw: &[u8], events_hint: u32) -> Decoded {
     let chunk = unpack_chunk(file_header, offset, raw)?;
     let mut events = Vec::with_capacity(events_hint.min(1 << 20) as usize);
+    let mut classes = 0;
     for (n, ev) in chunk.events().enumerate() {
         match ev {
-            Ok(ev) => events.push(ev),
+            Ok(ev) => {
+                classes |= crate::index_file::class_of(&ev);
+                events.push(ev);
+            }
             Err(e) => {
                 let err = TraceError::Corrupt {
                     offset,
                     what: format!("event {n} of the chunk does not decode: {e}"),
                 };
-                return Ok((events, Some(err)));
+                return Ok((events, classes, Some(err)));
             }
         }
     }
-    Ok((events, None))
+    Ok((events, classes, None))
 }
 
 /// How many chunks the merge hands to each decoding thread ahead of need.
@@ -445,6 +458,11 @@ impl Drop for DecodeWorker {
 pub struct MergedEvent {
     /// Thread whose chunk held the event (0: the agent's own records).
     pub tid: u32,
+    /// The chunk's number in the trace's index (file order).
+    pub chunk: u32,
+    /// The event's place in its chunk (0 for the first): with `chunk`, it
+    /// names the event across reads of the trace.
+    pub seq: u32,
     /// The event's time, or for an event without one the time of the timed
     /// event before it in its chunk.
     pub time: u64,
@@ -459,9 +477,12 @@ pub fn event_time(ev: &Event) -> Option<u64> {
 
 struct OpenChunk {
     tid: u32,
+    chunk: u32,
     offset: u64,
     /// The events not yet taken; the first is the chunk's head.
     events: std::vec::IntoIter<Event>,
+    /// The chunk's number of events.
+    total: u32,
     /// The effective time of the head event.
     clock: u64,
 }
@@ -513,12 +534,20 @@ pub struct MergedEvents<'a, R: Read + Seek> {
     submitted: usize,
     /// None when no thread could be started: chunks are then decoded here.
     decoder: Option<DecodePool>,
+    /// Per chunk: the classes of its events, once it decoded whole.
+    classes: Vec<Option<u16>>,
 }
 
 impl<'a, R: Read + Seek> MergedEvents<'a, R> {
     /// Starts the merge over the chunks of `index`.
     pub fn new(input: &'a mut R, index: &'a TraceIndex) -> Self {
-        crate::progress::pass_started(index.chunks.len());
+        Self::selected(input, index, |_| true)
+    }
+
+    /// Starts the merge over the chunks of `index` that `read` chooses, by
+    /// their number: the others are left out as if the trace had not them,
+    /// and the events of the rest keep their times and order.
+    pub fn selected(input: &'a mut R, index: &'a TraceIndex, read: impl Fn(usize) -> bool) -> Self {
         let mut last_of_thread: HashMap<u32, u64> = HashMap::new();
         let start: Vec<u64> = index
             .chunks
@@ -534,9 +563,11 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
                 }
             })
             .collect();
-        let mut order: Vec<usize> = (0..index.chunks.len()).collect();
+        let mut order: Vec<usize> = (0..index.chunks.len()).filter(|&i| read(i)).collect();
         order.sort_by_key(|&i| (start[i], i));
+        crate::progress::pass_started(order.len());
         MergedEvents {
+            classes: vec![None; index.chunks.len()],
             input,
             index,
             order,
@@ -566,6 +597,19 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
             stopped: self.stopped.clone(),
             damaged,
         }
+    }
+
+    /// The time chunk `i`'s events start at (see the module documentation):
+    /// an event without a time before the chunk's first timed one has it.
+    pub fn chunk_start(&self, i: usize) -> u64 {
+        self.start[i]
+    }
+
+    /// Per chunk, the classes of its events (`index_file::classes`), when
+    /// the merge read every chunk whole; None otherwise. Complete only once
+    /// the iteration has ended.
+    pub fn chunk_classes(&self) -> Option<Vec<u16>> {
+        self.classes.iter().copied().collect()
     }
 
     /// The largest number of chunks that were open at once.
@@ -636,8 +680,11 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
         crate::progress::chunk_opened();
         let entry = self.index.chunks[i];
         let events = match self.decoded(i) {
-            Ok((events, None)) => events,
-            Ok((events, Some(err))) => {
+            Ok((events, classes, None)) => {
+                self.classes[i] = Some(classes);
+                events
+            }
+            Ok((events, _, Some(err))) => {
                 // The chunk's checksum was right: keep what decoded before
                 // the bad event; the other chunks go on.
                 self.damaged.push(Stopped::from_error(&err, entry.offset));
@@ -656,7 +703,9 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
         };
         let mut oc = OpenChunk {
             tid: entry.header.tid,
+            chunk: i as u32,
             offset: entry.offset,
+            total: events.len() as u32,
             events: events.into_iter(),
             clock: self.start[i],
         };
@@ -723,8 +772,9 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                 continue;
             }
             let time = oc.clock;
+            let seq = oc.total - oc.events.len() as u32;
             let event = oc.events.next().expect("an open chunk has a head event");
-            let tid = oc.tid;
+            let (tid, chunk) = (oc.tid, oc.chunk);
             match oc.head_time() {
                 Some(t) => self.current = Some((t, i, slot)),
                 None => {
@@ -734,7 +784,13 @@ impl<R: Read + Seek> Iterator for MergedEvents<'_, R> {
                     self.open_count -= 1;
                 }
             }
-            return Some(MergedEvent { tid, time, event });
+            return Some(MergedEvent {
+                tid,
+                chunk,
+                seq,
+                time,
+                event,
+            });
         }
     }
 }

@@ -8,10 +8,10 @@
 //! time order (see [`crate::index`]) to find the blocks live at the end of what
 //! was recorded; the report then says that the process did not finish.
 
+use crate::index_file::TraceInput;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{Read, Seek};
 
 use serde::Serialize;
 use trapline_trace::{AllocFn, ErrorKind, Event, TraceError, Verdict};
@@ -581,14 +581,14 @@ impl LeaksPass {
 /// Analyses a trace. Fails only when the input is not a readable trace at all;
 /// a truncated or damaged trace gives a report of what could be read, with
 /// [`TraceStatus::stopped`] set.
-pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LeaksReport, TraceError> {
+pub fn analyze<R: TraceInput>(input: &mut R) -> Result<LeaksReport, TraceError> {
     analyze_with(input, &LeaksOptions::default())
 }
 
 /// Analyses a trace as [`analyze`] does, with options (scan, kinds,
 /// suppressions, history). A `snapshot` the trace does not hold gives a
 /// report whose [`LeaksReport::problem`] says so.
-pub fn analyze_with<R: Read + Seek>(
+pub fn analyze_with<R: TraceInput>(
     input: &mut R,
     options: &LeaksOptions,
 ) -> Result<LeaksReport, TraceError> {

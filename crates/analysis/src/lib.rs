@@ -16,6 +16,7 @@ pub mod findings;
 pub mod growth;
 pub mod heap_profile;
 pub mod index;
+pub mod index_file;
 pub mod leaks;
 pub mod locks;
 pub mod lockstate;

@@ -13,12 +13,12 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{Read, Seek};
 
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMode, LockOp, TraceError};
 
-use crate::index::{MergedEvent, ReadStatus, TraceIndex};
+use crate::index::{ChunkEntry, MergedEvent, ReadStatus, TraceIndex};
+use crate::index_file::{ChunkSummary, IndexFile, Learned, TraceInput};
 use crate::lockstate::{errors_text, mode_name, stack_text, Applied, LockError, LockId, LockState};
 use crate::pass::Pass;
 use crate::report::{
@@ -171,13 +171,13 @@ pub const DEFAULT_TOP: usize = 20;
 
 /// Analyses a trace, every lock listed. Fails only when the input is not a
 /// readable trace at all.
-pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<LocksReport, TraceError> {
+pub fn analyze<R: TraceInput>(input: &mut R) -> Result<LocksReport, TraceError> {
     analyze_top(input, None)
 }
 
 /// Analyses a trace, listing the `top` highest-ranked lock and mode
 /// entries (all with None).
-pub fn analyze_top<R: Read + Seek>(
+pub fn analyze_top<R: TraceInput>(
     input: &mut R,
     top: Option<usize>,
 ) -> Result<LocksReport, TraceError> {
@@ -213,6 +213,7 @@ impl Pass for LocksAnalysis {
 
     fn observe(&mut self, m: &MergedEvent) {
         self.facts.observe(m.time, &m.event);
+        self.state.at(m);
         if let Event::Lock(l) = &m.event {
             if let Some(addr) = l.addr() {
                 let id = self.state.lock_id(addr);
@@ -312,6 +313,18 @@ impl Pass for LocksAnalysis {
         }
     }
 
+    fn needs(&self, chunk: ChunkSummary) -> bool {
+        LockState::needs(chunk)
+    }
+    fn skipped(&mut self, chunk: &ChunkEntry, start: u64) {
+        self.facts.skipped_chunk(chunk, start);
+    }
+    fn use_index(&mut self, file: &IndexFile) {
+        self.state.use_index(file);
+    }
+    fn learned(&self) -> Learned {
+        self.state.learned()
+    }
     fn finish(self, index: &TraceIndex, stopped: ReadStatus) -> Result<LocksReport, TraceError> {
         let LocksAnalysis {
             top,

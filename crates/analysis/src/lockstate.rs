@@ -13,6 +13,8 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMisuse, LockMode, LockOp};
 
+use crate::index::MergedEvent;
+use crate::index_file::{self, classes, marks, HeapStep, IndexFile, Learned, StackUse};
 use crate::replay::AddrTable;
 use crate::report::{serialize_hex, FrameReport, StackSymbolizer};
 
@@ -184,11 +186,23 @@ pub struct LockState {
     ended: bool,
     /// Every lock address seen, for the blocks freed around them.
     lock_addrs: BTreeSet<u64>,
-    /// Live heap blocks: address -> size (to find the locks a free frees),
-    /// in the heap replay's compact table: a block costs 20 to 30 bytes and
-    /// growing never doubles the whole map, which a service's millions of
-    /// live blocks need in a reader with a memory limit.
-    blocks: AddrTable<u64>,
+    /// Live heap blocks: address -> (size, the place of the event that
+    /// allocated it), to find the locks a free frees, in the heap replay's
+    /// compact table: a block costs 28 to 40 bytes and growing never doubles
+    /// the whole map, which a service's millions of live blocks need in a
+    /// reader with a memory limit.
+    blocks: AddrTable<(u64, u64)>,
+    /// The place of the event being applied (`at`): chunk << 32 | seq.
+    place: u64,
+    /// The heap events to apply, by place, with the parts of each
+    /// ([`heap_parts`]), when an earlier read learned them; None: every heap
+    /// event is applied, and those that mattered are noted in `steps`.
+    replaying: Option<FastHashMap<u64, u8>>,
+    /// The heap events that changed what the replay knows, by place, with
+    /// their parts.
+    steps: FastHashMap<u64, u8>,
+    /// The stacks a lock report may name, for the index file's marks.
+    stack_use: StackUse,
     /// Lock address -> where it was destroyed and what kind it was (until
     /// an init).
     destroyed: FastHashMap<u64, (u32, LockKind)>,
@@ -202,7 +216,86 @@ pub struct LockState {
     pub saw_lock_events: bool,
 }
 
+/// The effects of a heap event on the replay, one bit each: what an index
+/// file keeps of the heap events that had any.
+pub mod heap_parts {
+    /// The release of a block around a known lock (or of its old block, for
+    /// a `realloc`).
+    pub const RELEASE: u8 = 1 << 0;
+    /// The allocation of a block around a lock, at its allocation or its
+    /// release (or of the new block, for a `realloc`).
+    pub const ALLOC: u8 = 1 << 1;
+    /// A call of a thread waiting in pthread_join: the wait is over.
+    pub const ENDS_JOIN: u8 = 1 << 2;
+    pub const ALL: u8 = RELEASE | ALLOC | ENDS_JOIN;
+}
+
+/// The event classes a lock replay reads whatever an index file says.
+pub const LOCK_CLASSES: u16 = classes::META | classes::THREAD | classes::LOCK;
+
 impl LockState {
+    /// Notes where the next event applied comes from, and what it tells of
+    /// stacks: call before [`LockState::apply`] with every event a pass sees.
+    pub fn at(&mut self, m: &MergedEvent) {
+        self.place = u64::from(m.chunk) << 32 | u64::from(m.seq);
+        if self.replaying.is_none() {
+            self.stack_use.define(m.chunk, &m.event);
+            if index_file::class_of(&m.event) & LOCK_CLASSES != 0 {
+                self.stack_use.uses(&m.event);
+            }
+        }
+    }
+
+    /// Whether a read needs a chunk so summarised, given what
+    /// [`LockState::learned`] wrote of it.
+    pub fn needs(chunk: index_file::ChunkSummary) -> bool {
+        chunk.holds(LOCK_CLASSES) || chunk.marked(marks::LOCKS)
+    }
+
+    /// Applies only the heap events an earlier read found to matter, if
+    /// `file` knows them.
+    pub fn use_index(&mut self, file: &IndexFile) {
+        if file.known() & marks::LOCK_HEAP != 0 {
+            self.replaying = Some(
+                file.lock_heap
+                    .iter()
+                    .map(|s| (u64::from(s.chunk) << 32 | u64::from(s.seq), s.parts))
+                    .collect(),
+            );
+        }
+    }
+
+    /// What this replay of every event learned for the index file: the
+    /// heap events that mattered, and the chunks defining the stacks it
+    /// may report. Nothing when it replayed from an index.
+    pub fn learned(&self) -> Learned {
+        if self.replaying.is_some() {
+            return Learned::default();
+        }
+        let lock_heap: Vec<HeapStep> = {
+            let mut v: Vec<HeapStep> = self
+                .steps
+                .iter()
+                .map(|(&place, &parts)| HeapStep {
+                    chunk: (place >> 32) as u32,
+                    seq: place as u32,
+                    parts,
+                })
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let mut chunk_marks = self.stack_use.marks(marks::LOCK_STACKS);
+        chunk_marks.extend(lock_heap.iter().map(|s| (s.chunk, marks::LOCK_HEAP)));
+        chunk_marks.sort_unstable();
+        chunk_marks.dedup();
+        Learned {
+            known: marks::LOCKS,
+            marks: chunk_marks,
+            lock_heap,
+        }
+    }
+
     pub fn lock_id(&self, addr: u64) -> LockId {
         LockId {
             addr,
@@ -271,19 +364,35 @@ impl LockState {
         // records none). What the end of the trace records on whichever
         // thread finishes it (a signal's handler may run on the joiner) does
         // not.
+        let heap = matches!(
+            ev,
+            Event::Alloc { .. }
+                | Event::Free { .. }
+                | Event::Realloc { .. }
+                | Event::AllocFailed { .. }
+                | Event::Error { .. }
+        );
+        // From an index, only the heap events that mattered, and only their
+        // parts that did: the others change nothing here.
+        let parts = match &self.replaying {
+            Some(steps) if heap => match steps.get(&self.place) {
+                Some(&parts) => parts,
+                None => return Applied::Other,
+            },
+            _ => heap_parts::ALL,
+        };
         let own_call = match ev {
             Event::Lock(l) => !matches!(l, LockEvent::JoinWait { .. }),
-            Event::Alloc { .. }
-            | Event::Free { .. }
-            | Event::Realloc { .. }
-            | Event::AllocFailed { .. }
-            | Event::Error { .. }
-            | Event::ThreadCreate { .. } => true,
-            _ => false,
+            Event::ThreadCreate { .. } => true,
+            _ => heap,
         };
         if own_call {
-            if let Some(t) = self.threads.get_mut(&tid) {
-                t.joining = None;
+            let ended = self
+                .threads
+                .get_mut(&tid)
+                .is_some_and(|t| t.joining.take().is_some());
+            if ended && heap {
+                self.learn(heap_parts::ENDS_JOIN);
             }
         }
         let l = match ev {
@@ -312,11 +421,15 @@ impl LockState {
                 return Applied::Other;
             }
             Event::Alloc { addr, size, .. } => {
-                self.allocated(*addr, *size);
+                if parts & heap_parts::ALLOC != 0 {
+                    self.allocated(*addr, *size);
+                }
                 return Applied::Other;
             }
             Event::Free { addr, stack, .. } => {
-                self.released_block(*addr, *stack);
+                if parts & heap_parts::RELEASE != 0 {
+                    self.released_block(*addr, *stack);
+                }
                 return Applied::Other;
             }
             Event::Realloc {
@@ -326,10 +439,10 @@ impl LockState {
                 stack,
                 ..
             } => {
-                if *old_addr != 0 {
+                if *old_addr != 0 && parts & heap_parts::RELEASE != 0 {
                     self.released_block(*old_addr, *stack);
                 }
-                if *new_addr != 0 {
+                if *new_addr != 0 && parts & heap_parts::ALLOC != 0 {
                     self.allocated(*new_addr, *size);
                 }
                 return Applied::Other;
@@ -691,19 +804,46 @@ impl LockState {
         }
     }
 
+    /// Notes that the event being applied mattered, by `part`, when the
+    /// replay applies every event.
+    fn learn(&mut self, part: u8) {
+        self.learn_at(self.place, part);
+    }
+
+    fn learn_at(&mut self, place: u64, part: u8) {
+        if self.replaying.is_none() {
+            *self.steps.entry(place).or_default() |= part;
+        }
+    }
+
     fn allocated(&mut self, addr: u64, size: u64) {
-        self.blocks.insert(addr, size);
+        self.blocks.insert(addr, (size, self.place));
+        let mut around_lock = false;
         for a in self.lock_addrs.range(addr..addr.saturating_add(size)) {
             self.freed.remove(a);
+            around_lock = true;
+        }
+        if around_lock {
+            self.learn(heap_parts::ALLOC);
         }
     }
 
     fn released_block(&mut self, addr: u64, stack: u32) {
-        let Some(size) = self.blocks.remove(addr) else {
+        let Some((size, born)) = self.blocks.remove(addr) else {
             return;
         };
+        let mut around_lock = false;
         for &a in self.lock_addrs.range(addr..addr.saturating_add(size)) {
             self.freed.insert(a, stack);
+            around_lock = true;
+        }
+        if around_lock {
+            // Its allocation matters too: a later read must know its size.
+            self.learn(heap_parts::RELEASE);
+            self.learn_at(born, heap_parts::ALLOC);
+            if self.replaying.is_none() {
+                self.stack_use.use_id(stack);
+            }
         }
     }
 

@@ -12,12 +12,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::io::{Read, Seek};
 
 use serde::Serialize;
 use trapline_trace::{Event, ProfileStopReason, TraceError};
 
-use crate::index::{MergedEvent, ReadStatus, TraceIndex};
+use crate::index::{ChunkEntry, MergedEvent, ReadStatus, TraceIndex};
+use crate::index_file::{classes, marks, ChunkSummary, Learned, StackUse, TraceInput};
 use crate::report::{
     command_text, footer_text, prefix, thousands, warnings_text, Facts, FrameReport, ProcessReport,
     TraceStatus,
@@ -223,7 +223,7 @@ pub struct ProfileOptions {
 }
 
 /// Analyses a trace.
-pub fn analyze<R: Read + Seek>(
+pub fn analyze<R: TraceInput>(
     input: &mut R,
     options: ProfileOptions,
 ) -> Result<ProfileReport, ProfileError> {
@@ -243,7 +243,12 @@ pub struct ProfileAnalysis {
     skipped: HashMap<u32, u64>,
     missed: HashMap<u32, u64>,
     names: HashMap<u32, String>,
+    /// The stacks the profile may name, for the index file's marks.
+    stack_use: StackUse,
 }
+
+/// The event classes a profile reads whatever an index file says.
+const PROFILE_CLASSES: u16 = classes::META | classes::SAMPLE;
 
 impl ProfileAnalysis {
     pub fn new(options: ProfileOptions) -> Self {
@@ -256,6 +261,7 @@ impl ProfileAnalysis {
             skipped: HashMap::new(),
             missed: HashMap::new(),
             names: HashMap::new(),
+            stack_use: StackUse::default(),
         }
     }
 }
@@ -265,6 +271,10 @@ impl crate::pass::Pass for ProfileAnalysis {
 
     fn observe(&mut self, m: &MergedEvent) {
         self.facts.observe(m.time, &m.event);
+        self.stack_use.define(m.chunk, &m.event);
+        if crate::index_file::class_of(&m.event) & PROFILE_CLASSES != 0 {
+            self.stack_use.uses(&m.event);
+        }
         match &m.event {
             Event::ProfileStart { hz, signal, .. } => {
                 self.start.get_or_insert((*hz, *signal));
@@ -302,6 +312,19 @@ impl crate::pass::Pass for ProfileAnalysis {
         }
     }
 
+    fn needs(&self, chunk: ChunkSummary) -> bool {
+        chunk.holds(PROFILE_CLASSES) || chunk.marked(marks::SAMPLE_STACKS)
+    }
+    fn skipped(&mut self, chunk: &ChunkEntry, start: u64) {
+        self.facts.skipped_chunk(chunk, start);
+    }
+    fn learned(&self) -> Learned {
+        Learned {
+            known: marks::SAMPLE_STACKS,
+            marks: self.stack_use.marks(marks::SAMPLE_STACKS),
+            lock_heap: Vec::new(),
+        }
+    }
     fn finish(
         self,
         index: &TraceIndex,
@@ -316,6 +339,7 @@ impl crate::pass::Pass for ProfileAnalysis {
             skipped,
             missed,
             names,
+            stack_use: _,
         } = self;
         let thread = options.thread;
         Ok((|| {

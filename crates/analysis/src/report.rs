@@ -398,6 +398,15 @@ impl Facts {
         r
     }
 
+    /// Takes note of a chunk the read left out, which `start` would have
+    /// begun (see `MergedEvents::chunk_start`): what its events would have
+    /// added to the counts. A chunk is left out only when it holds none of
+    /// the events the rest of the facts come from.
+    pub fn skipped_chunk(&mut self, chunk: &crate::index::ChunkEntry, start: u64) {
+        self.events += u64::from(chunk.header.events);
+        self.last_time = self.last_time.max(chunk.header.last_time.max(start));
+    }
+
     /// Takes note of one event.
     pub fn observe(&mut self, time: u64, ev: &Event) {
         self.events += 1;

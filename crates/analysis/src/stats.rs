@@ -6,6 +6,7 @@
 //! replay keeps one entry per live block (address → size), so its memory is
 //! bounded by the traced program's live heap, not by the trace's length.
 
+use crate::index_file::TraceInput;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::io::{Read, Seek};
@@ -330,15 +331,12 @@ fn first_chunk_facts<R: Read + Seek>(
 }
 
 /// Analyses a trace. Fails only when the input is not a readable trace at all.
-pub fn analyze<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError> {
+pub fn analyze<R: TraceInput>(input: &mut R) -> Result<StatsReport, TraceError> {
     analyze_top(input, crate::sites::LISTED)
 }
 
 /// [`analyze`] with at most `listed` sites in each site view.
-pub fn analyze_top<R: Read + Seek>(
-    input: &mut R,
-    listed: usize,
-) -> Result<StatsReport, TraceError> {
+pub fn analyze_top<R: TraceInput>(input: &mut R, listed: usize) -> Result<StatsReport, TraceError> {
     analyze_keeping::<Block, R>(input, Some(listed))
 }
 
@@ -346,12 +344,12 @@ pub fn analyze_top<R: Read + Seek>(
 /// bytes per live block instead of 16, for `trapline run`'s summary of a
 /// trace without the agent's totals, which may be read in the memory
 /// cgroup that just killed the program.
-pub fn analyze_totals<R: Read + Seek>(input: &mut R) -> Result<StatsReport, TraceError> {
+pub fn analyze_totals<R: TraceInput>(input: &mut R) -> Result<StatsReport, TraceError> {
     analyze_keeping::<u64, R>(input, None)
 }
 
 /// `sites_listed`: the sites per view, None for no site views at all.
-fn analyze_keeping<V: LiveValue, R: Read + Seek>(
+fn analyze_keeping<V: LiveValue, R: TraceInput>(
     input: &mut R,
     sites_listed: Option<usize>,
 ) -> Result<StatsReport, TraceError> {

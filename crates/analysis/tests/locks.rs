@@ -44,17 +44,6 @@ fn lock(time: u64, addr: u64) -> Event {
     )
 }
 
-/// A release by the mutex's owner (the agent records it without a stack).
-fn unlock(time: u64, addr: u64) -> Event {
-    Event::Lock(LockEvent::Release {
-        time,
-        addr,
-        kind: LockKind::Mutex,
-        stack: 0,
-        agent_ns: 0,
-    })
-}
-
 /// A release by a thread that the C library did not name as the owner.
 fn foreign_unlock(time: u64, addr: u64) -> Event {
     Event::Lock(LockEvent::Release {

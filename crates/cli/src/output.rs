@@ -158,7 +158,7 @@ pub fn run<T: Report>(
     path: &Path,
     format: impl Into<Output>,
     error_exitcode: Option<u8>,
-    analyze: impl FnOnce(&mut BufReader<File>) -> Result<T, TraceError>,
+    analyze: impl FnOnce(&mut TraceReader) -> Result<T, TraceError>,
 ) -> ExitCode {
     let format = format.into();
     let report = match load(command, path, analyze) {
@@ -212,9 +212,12 @@ pub fn fail(command: &str, path: &Path, msg: impl std::fmt::Display) -> ExitCode
     ExitCode::from(crate::args::EXIT_ANALYSIS_ERROR)
 }
 
+/// A trace file being read, with its index file beside it.
+pub type TraceReader = trapline_analysis::index_file::TraceFile<BufReader<File>>;
+
 /// Opens the trace at `path` for `command`'s reading; a failure is
 /// reported on stderr and becomes the exit status.
-pub fn open_trace(command: &str, path: &Path) -> Result<BufReader<File>, ExitCode> {
+pub fn open_trace(command: &str, path: &Path) -> Result<TraceReader, ExitCode> {
     let file = File::open(path).map_err(|e| fail(command, path, format!("cannot open: {e}")))?;
     match file.metadata() {
         Ok(m) if m.is_dir() => {
@@ -230,7 +233,10 @@ pub fn open_trace(command: &str, path: &Path) -> Result<BufReader<File>, ExitCod
         }
         _ => {}
     }
-    Ok(BufReader::with_capacity(1 << 16, file))
+    Ok(trapline_analysis::index_file::TraceFile::new(
+        BufReader::with_capacity(1 << 16, file),
+        path,
+    ))
 }
 
 /// Why `path` could not be created, naming the directory when it is the
@@ -259,7 +265,7 @@ pub fn why_not_created(path: &Path, e: &std::io::Error) -> String {
 pub fn load<T: Report, E: std::fmt::Display>(
     command: &str,
     path: &Path,
-    analyze: impl FnOnce(&mut BufReader<File>) -> Result<T, E>,
+    analyze: impl FnOnce(&mut TraceReader) -> Result<T, E>,
 ) -> Result<T, ExitCode> {
     let mut input = open_trace(command, path)?;
     let report = crate::progress::while_running(command, || analyze(&mut input))

@@ -172,3 +172,14 @@ pub fn chunk_offsets(chunks: &[(u32, Vec<Event>)]) -> Vec<u64> {
     }
     offsets
 }
+
+/// A release of a mutex by its owner (the agent records it without a stack).
+pub fn unlock(time: u64, addr: u64) -> Event {
+    Event::Lock(trapline_trace::LockEvent::Release {
+        time,
+        addr,
+        kind: trapline_trace::LockKind::Mutex,
+        stack: 0,
+        agent_ns: 0,
+    })
+}

@@ -161,16 +161,15 @@ impl TestDir {
         self.path.join("t.trace")
     }
 
-    /// Files of this directory whose names start with `t.trace.` (the traces
-    /// of the other processes of the tree), sorted.
     /// The traces of the last run's other processes (`t.trace.<pid>...`; an
-    /// earlier run's, moved aside to `t.trace.old*`, are not among them).
+    /// earlier run's, moved aside to `t.trace.old*`, and the index files
+    /// analyses leave beside traces are not among them).
     pub fn other_traces(&self) -> Vec<PathBuf> {
         let mut traces = self.files_starting_with("t.trace.");
         traces.retain(|t| {
-            !t.file_name()
-                .and_then(OsStr::to_str)
-                .is_some_and(|n| n.starts_with("t.trace.old"))
+            !t.file_name().and_then(OsStr::to_str).is_some_and(|n| {
+                n.starts_with("t.trace.old") || n.ends_with(".idx") || n.ends_with(".tmp")
+            })
         });
         traces
     }
