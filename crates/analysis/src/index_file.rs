@@ -13,9 +13,9 @@
 //! index that cannot be written costs nothing but speed.
 //!
 //! ```text
-//! file  := "TLINDEX1" known:u32 trace_len:u64 chunks:u64 chunk* steps:u64 step* crc32:u32
+//! file  := "TLINDEX2" known:u32 trace_len:u64 chunks:u64 chunk* steps:u64 step* crc32:u32
 //! chunk := offset:u64 crc:u32 classes:u16 marks:u8                  (15 bytes)
-//! step  := chunk:u32 seq:u32 parts:u8                                (9 bytes)
+//! step  := chunk:u32 seq:u32 parts:u8 released:u64                  (17 bytes)
 //! ```
 //!
 //! `known` holds the [`marks`] some pass learned: a mark not known is taken
@@ -112,12 +112,14 @@ impl ChunkSummary {
 }
 
 /// A heap event a lock replay applies, named by its place in the trace:
-/// `parts` says which of its effects (`LockState`'s `heap_parts`).
+/// `parts` says which of its effects (`LockState`'s `heap_parts`), and
+/// `released` the size of the block it releases (0 if none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HeapStep {
     pub chunk: u32,
     pub seq: u32,
     pub parts: u8,
+    pub released: u64,
 }
 
 /// What a pass's read of every chunk learned, for later reads to leave
@@ -143,6 +145,7 @@ impl Learned {
             let same = (a.chunk, a.seq) == (b.chunk, b.seq);
             if same {
                 a.parts |= b.parts;
+                a.released = a.released.max(b.released);
             }
             same
         });
@@ -266,10 +269,10 @@ pub fn stacks_of(event: &Event, mut f: impl FnMut(u32)) {
     }
 }
 
-const MAGIC: &[u8; 8] = b"TLINDEX1";
+const MAGIC: &[u8; 8] = b"TLINDEX2";
 const HEAD_LEN: usize = 8 + 4 + 8 + 8;
 const CHUNK_LEN: usize = 8 + 4 + 2 + 1;
-const STEP_LEN: usize = 4 + 4 + 1;
+const STEP_LEN: usize = 4 + 4 + 1 + 8;
 
 /// The index file of the trace at `trace`: `TRACE.idx`.
 pub fn path_for(trace: &Path) -> PathBuf {
@@ -387,6 +390,7 @@ pub fn load(path: &Path, index: &TraceIndex) -> Option<IndexFile> {
             chunk: u32::from_le_bytes(s[0..4].try_into().unwrap()),
             seq: u32::from_le_bytes(s[4..8].try_into().unwrap()),
             parts: s[8],
+            released: u64::from_le_bytes(s[9..17].try_into().unwrap()),
         })
         .collect();
     let in_order = lock_heap
@@ -438,6 +442,7 @@ pub fn store(path: &Path, index: &TraceIndex, file: &IndexFile) {
         bytes.extend_from_slice(&step.chunk.to_le_bytes());
         bytes.extend_from_slice(&step.seq.to_le_bytes());
         bytes.push(step.parts);
+        bytes.extend_from_slice(&step.released.to_le_bytes());
     }
     let mut crc = Crc32::new();
     crc.update(&bytes);

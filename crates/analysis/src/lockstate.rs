@@ -186,21 +186,22 @@ pub struct LockState {
     ended: bool,
     /// Every lock address seen, for the blocks freed around them.
     lock_addrs: BTreeSet<u64>,
-    /// Live heap blocks: address -> (size, the place of the event that
-    /// allocated it), to find the locks a free frees, in the heap replay's
-    /// compact table: a block costs 28 to 40 bytes and growing never doubles
-    /// the whole map, which a service's millions of live blocks need in a
-    /// reader with a memory limit.
-    blocks: AddrTable<(u64, u64)>,
+    /// Live heap blocks: address -> size, to find the locks a free frees,
+    /// in the heap replay's compact table: a block costs 20 to 30 bytes and
+    /// growing never doubles the whole map, which a service's millions of
+    /// live blocks need in a reader with a memory limit. Empty when
+    /// replaying from an index: its release steps carry the sizes.
+    blocks: AddrTable<u64>,
     /// The place of the event being applied (`at`): chunk << 32 | seq.
     place: u64,
     /// The heap events to apply, by place, with the parts of each
-    /// ([`heap_parts`]), when an earlier read learned them; None: every heap
-    /// event is applied, and those that mattered are noted in `steps`.
-    replaying: Option<FastHashMap<u64, u8>>,
+    /// ([`heap_parts`]) and the size of the block each releases, when an
+    /// earlier read learned them; None: every heap event is applied, and
+    /// those that mattered are noted in `steps`.
+    replaying: Option<FastHashMap<u64, (u8, u64)>>,
     /// The heap events that changed what the replay knows, by place, with
-    /// their parts.
-    steps: FastHashMap<u64, u8>,
+    /// their parts and the size of the block each releases.
+    steps: FastHashMap<u64, (u8, u64)>,
     /// The stacks a lock report may name, for the index file's marks.
     stack_use: StackUse,
     /// Lock address -> where it was destroyed and what kind it was (until
@@ -220,10 +221,10 @@ pub struct LockState {
 /// file keeps of the heap events that had any.
 pub mod heap_parts {
     /// The release of a block around a known lock (or of its old block, for
-    /// a `realloc`).
+    /// a `realloc`); the step keeps the block's size.
     pub const RELEASE: u8 = 1 << 0;
-    /// The allocation of a block around a lock, at its allocation or its
-    /// release (or of the new block, for a `realloc`).
+    /// The allocation of a block around a lock address already seen (or of
+    /// the new block, for a `realloc`).
     pub const ALLOC: u8 = 1 << 1;
     /// A call of a thread waiting in pthread_join: the wait is over.
     pub const ENDS_JOIN: u8 = 1 << 2;
@@ -259,7 +260,10 @@ impl LockState {
             self.replaying = Some(
                 file.lock_heap
                     .iter()
-                    .map(|s| (u64::from(s.chunk) << 32 | u64::from(s.seq), s.parts))
+                    .map(|s| {
+                        let place = u64::from(s.chunk) << 32 | u64::from(s.seq);
+                        (place, (s.parts, s.released))
+                    })
                     .collect(),
             );
         }
@@ -276,10 +280,11 @@ impl LockState {
             let mut v: Vec<HeapStep> = self
                 .steps
                 .iter()
-                .map(|(&place, &parts)| HeapStep {
+                .map(|(&place, &(parts, released))| HeapStep {
                     chunk: (place >> 32) as u32,
                     seq: place as u32,
                     parts,
+                    released,
                 })
                 .collect();
             v.sort_unstable();
@@ -374,12 +379,12 @@ impl LockState {
         );
         // From an index, only the heap events that mattered, and only their
         // parts that did: the others change nothing here.
-        let parts = match &self.replaying {
+        let (parts, released) = match &self.replaying {
             Some(steps) if heap => match steps.get(&self.place) {
-                Some(&parts) => parts,
+                Some(&(parts, size)) => (parts, Some(size)),
                 None => return Applied::Other,
             },
-            _ => heap_parts::ALL,
+            _ => (heap_parts::ALL, None),
         };
         let own_call = match ev {
             Event::Lock(l) => !matches!(l, LockEvent::JoinWait { .. }),
@@ -428,7 +433,7 @@ impl LockState {
             }
             Event::Free { addr, stack, .. } => {
                 if parts & heap_parts::RELEASE != 0 {
-                    self.released_block(*addr, *stack);
+                    self.released_block(*addr, *stack, released);
                 }
                 return Applied::Other;
             }
@@ -440,7 +445,7 @@ impl LockState {
                 ..
             } => {
                 if *old_addr != 0 && parts & heap_parts::RELEASE != 0 {
-                    self.released_block(*old_addr, *stack);
+                    self.released_block(*old_addr, *stack, released);
                 }
                 if *new_addr != 0 && parts & heap_parts::ALLOC != 0 {
                     self.allocated(*new_addr, *size);
@@ -807,17 +812,22 @@ impl LockState {
     /// Notes that the event being applied mattered, by `part`, when the
     /// replay applies every event.
     fn learn(&mut self, part: u8) {
-        self.learn_at(self.place, part);
+        self.learn_release(part, 0);
     }
 
-    fn learn_at(&mut self, place: u64, part: u8) {
+    /// [`LockState::learn`], for a release of a block of `size` bytes.
+    fn learn_release(&mut self, part: u8, size: u64) {
         if self.replaying.is_none() {
-            *self.steps.entry(place).or_default() |= part;
+            let step = self.steps.entry(self.place).or_default();
+            step.0 |= part;
+            step.1 = step.1.max(size);
         }
     }
 
     fn allocated(&mut self, addr: u64, size: u64) {
-        self.blocks.insert(addr, (size, self.place));
+        if self.replaying.is_none() {
+            self.blocks.insert(addr, size);
+        }
         let mut around_lock = false;
         for a in self.lock_addrs.range(addr..addr.saturating_add(size)) {
             self.freed.remove(a);
@@ -828,8 +838,10 @@ impl LockState {
         }
     }
 
-    fn released_block(&mut self, addr: u64, stack: u32) {
-        let Some((size, born)) = self.blocks.remove(addr) else {
+    /// The release of the block at `addr`: of `replayed_size` bytes when
+    /// replaying from an index, else of the size it was allocated with.
+    fn released_block(&mut self, addr: u64, stack: u32, replayed_size: Option<u64>) {
+        let Some(size) = replayed_size.or_else(|| self.blocks.remove(addr)) else {
             return;
         };
         let mut around_lock = false;
@@ -838,9 +850,9 @@ impl LockState {
             around_lock = true;
         }
         if around_lock {
-            // Its allocation matters too: a later read must know its size.
-            self.learn(heap_parts::RELEASE);
-            self.learn_at(born, heap_parts::ALLOC);
+            // The step keeps the size, so a later read need not replay
+            // the block's allocation.
+            self.learn_release(heap_parts::RELEASE, size);
             if self.replaying.is_none() {
                 self.stack_use.use_id(stack);
             }

@@ -41,7 +41,7 @@ fn analyses_print_the_same_with_and_without_the_index() {
     }
 
     // Garbage in place of the index: ignored, and written again.
-    std::fs::write(&idx, b"TLINDEX1 not an index").unwrap();
+    std::fs::write(&idx, b"TLINDEX2 not an index").unwrap();
     let whole = analyse(&["locks", "--format", "json"]);
     assert_eq!(whole.0, 0, "{whole:?}");
     assert!(std::fs::read(&idx).unwrap().len() > 30, "rewritten");
