@@ -3,13 +3,12 @@
 //! `--error-exitcode`. They used to count on their own, and `run` said
 //! "errors found: 0" of a trace whose `deadlocks` showed a self-deadlock.
 
-use crate::index_file::TraceInput;
-
 use serde::Serialize;
 use trapline_trace::TraceError;
 
 use crate::deadlocks::{DeadlocksAnalysis, DeadlocksReport};
 use crate::index::TraceIndex;
+use crate::index_file::TraceInput;
 use crate::leaks::{LeaksAnalysis, LeaksOptions, LeaksReport};
 use crate::report::{thousands, BytesBlocks};
 

@@ -322,7 +322,7 @@ fn unpack_chunk(
 }
 
 /// The events of one chunk, decoded, and the classes they belong to
-/// (`index_file::classes`). `Err`: the chunk could not be used at all. `Ok`
+/// (`event_class::classes`). `Err`: the chunk could not be used at all. `Ok`
 /// with an error: the events before the first one that failed to decode,
 /// and that failure.
 type Decoded = Result<(Vec<Event>, u16, Option<TraceError>), TraceError>;
@@ -335,7 +335,7 @@ fn decode_chunk(file_header: &[u8], offset: u64, raw: &[u8], events_hint: u32) -
     for (n, ev) in chunk.events().enumerate() {
         match ev {
             Ok(ev) => {
-                classes |= crate::index_file::class_of(&ev);
+                classes |= crate::event_class::class_of(&ev);
                 events.push(ev);
             }
             Err(e) => {
@@ -605,7 +605,7 @@ impl<'a, R: Read + Seek> MergedEvents<'a, R> {
         self.start[i]
     }
 
-    /// Per chunk, the classes of its events (`index_file::classes`), when
+    /// Per chunk, the classes of its events (`event_class::classes`), when
     /// the merge read every chunk whole; None otherwise. Complete only once
     /// the iteration has ended.
     pub fn chunk_classes(&self) -> Option<Vec<u16>> {

@@ -2,7 +2,7 @@
 //! beside it so that the next analysis reads only the chunks it needs.
 //!
 //! A full read of an undamaged trace writes, per chunk, its offset, its
-//! checksum and the classes of events it holds ([`classes`]). A pass that
+//! checksum and the classes of events it holds ([`crate::event_class`]). A pass that
 //! can leave chunks out also writes what it learned ([`Learned`]): marks on
 //! the chunks it needs beyond their classes ([`marks`]: those defining the
 //! stacks it reports, those whose heap events the lock replay applies) and
@@ -29,29 +29,6 @@ use trapline_trace::Event;
 
 use crate::index::TraceIndex;
 
-/// The classes of events a chunk can hold, one bit each. Passes skip a
-/// chunk by its classes: a class is as fine as some pass needs it to be.
-pub mod classes {
-    /// Process, modules, thread names, recording settings, the end, forks,
-    /// crashes, the bounds of snapshots and scans, sampling's start and
-    /// stop: rare events every analysis reads.
-    pub const META: u16 = 1 << 0;
-    /// Stack definitions.
-    pub const STACK: u16 = 1 << 1;
-    /// Thread creation, start and end.
-    pub const THREAD: u16 = 1 << 2;
-    /// Allocations, releases, failed allocations and allocation errors.
-    pub const HEAP: u16 = 1 << 3;
-    /// The live blocks of a snapshot.
-    pub const LIVE_BLOCK: u16 = 1 << 4;
-    /// A scan's verdicts and a watcher's site verdicts.
-    pub const VERDICT: u16 = 1 << 5;
-    /// CPU samples and the periods without one.
-    pub const SAMPLE: u16 = 1 << 6;
-    /// Lock and thread-synchronisation events.
-    pub const LOCK: u16 = 1 << 7;
-}
-
 /// What a pass learned a chunk holds for it beyond its classes, one bit
 /// each.
 pub mod marks {
@@ -65,32 +42,10 @@ pub mod marks {
     pub const LOCKS: u8 = LOCK_HEAP | LOCK_STACKS;
 }
 
-/// The class of one event.
-pub fn class_of(event: &Event) -> u16 {
-    use classes::*;
-    match event {
-        Event::StackDef { .. } | Event::CallerOnlyStack { .. } => STACK,
-        Event::ThreadCreate { .. } | Event::ThreadStart { .. } | Event::ThreadEnd { .. } => THREAD,
-        Event::Alloc { .. }
-        | Event::Free { .. }
-        | Event::Realloc { .. }
-        | Event::AllocFailed { .. }
-        | Event::Error { .. } => HEAP,
-        Event::LiveBlock { .. } => LIVE_BLOCK,
-        Event::ScanBlock { .. } | Event::SiteVerdict { .. } => VERDICT,
-        Event::Sample { .. }
-        | Event::AgentSamples { .. }
-        | Event::SamplesSkipped { .. }
-        | Event::SamplesMissed { .. } => SAMPLE,
-        Event::Lock(_) => LOCK,
-        _ => META,
-    }
-}
-
 /// What the index file says about one chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkSummary {
-    /// The [`classes`] of the chunk's events, or-ed.
+    /// The [`crate::event_class::classes`] of the chunk's events, or-ed.
     pub classes: u16,
     /// The [`marks`] the chunk has, of those `known`.
     pub marks: u8,

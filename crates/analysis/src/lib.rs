@@ -12,6 +12,7 @@
 
 pub mod deadlocks;
 pub mod diff;
+pub mod event_class;
 pub mod findings;
 pub mod growth;
 pub mod heap_profile;

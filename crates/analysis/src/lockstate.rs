@@ -13,8 +13,9 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Serialize;
 use trapline_trace::{Event, LockEvent, LockKind, LockMisuse, LockMode, LockOp};
 
+use crate::event_class::classes;
 use crate::index::MergedEvent;
-use crate::index_file::{self, classes, marks, HeapStep, IndexFile, Learned, StackUse};
+use crate::index_file::{self, marks, HeapStep, IndexFile, Learned, StackUse};
 use crate::replay::AddrTable;
 use crate::report::{serialize_hex, FrameReport, StackSymbolizer};
 
@@ -241,7 +242,7 @@ impl LockState {
         self.place = u64::from(m.chunk) << 32 | u64::from(m.seq);
         if self.replaying.is_none() {
             self.stack_use.define(m.chunk, &m.event);
-            if index_file::class_of(&m.event) & LOCK_CLASSES != 0 {
+            if crate::event_class::class_of(&m.event) & LOCK_CLASSES != 0 {
                 self.stack_use.uses(&m.event);
             }
         }

@@ -16,8 +16,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use trapline_trace::{Event, ProfileStopReason, TraceError};
 
+use crate::event_class::classes;
 use crate::index::{ChunkEntry, MergedEvent, ReadStatus, TraceIndex};
-use crate::index_file::{classes, marks, ChunkSummary, Learned, StackUse, TraceInput};
+use crate::index_file::{marks, ChunkSummary, Learned, StackUse, TraceInput};
 use crate::report::{
     command_text, footer_text, prefix, thousands, warnings_text, Facts, FrameReport, ProcessReport,
     TraceStatus,
@@ -272,7 +273,7 @@ impl crate::pass::Pass for ProfileAnalysis {
     fn observe(&mut self, m: &MergedEvent) {
         self.facts.observe(m.time, &m.event);
         self.stack_use.define(m.chunk, &m.event);
-        if crate::index_file::class_of(&m.event) & PROFILE_CLASSES != 0 {
+        if crate::event_class::class_of(&m.event) & PROFILE_CLASSES != 0 {
             self.stack_use.uses(&m.event);
         }
         match &m.event {
