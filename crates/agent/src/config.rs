@@ -71,6 +71,11 @@ pub struct Options {
     /// Sampled recording: the mean bytes between allocations that take a
     /// full stack (0: every allocation does).
     pub sample_bytes: AtomicU64,
+    /// Production mode (`env::PRODUCTION`): an unsampled allocation is
+    /// only counted; sampled blocks alone are in the table and the trace.
+    pub production: AtomicBool,
+    /// The samplers' seed (`env::SAMPLE_SEED`; 0: from the clock).
+    pub sample_seed: AtomicU64,
     /// The agent was attached to a running process (`trapline attach`):
     /// releases of blocks it never saw are the program's earlier blocks,
     /// passed on and counted, not errors.
@@ -100,6 +105,8 @@ pub static OPTIONS: Options = Options {
     record_memory: AtomicBool::new(true),
     record_locks: AtomicBool::new(true),
     sample_bytes: AtomicU64::new(0),
+    production: AtomicBool::new(false),
+    sample_seed: AtomicU64::new(0),
     attached: AtomicBool::new(false),
     blocks_predate: AtomicBool::new(false),
 };
@@ -208,6 +215,27 @@ fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
             set(&o.release_stacks, false);
         }
     }
+    if let Some(seed) = var(env::SAMPLE_SEED).and_then(|v| v.parse::<u64>().ok()) {
+        o.sample_seed.store(seed, Ordering::Relaxed);
+    }
+    let production = is(env::PRODUCTION, "1");
+    set(&o.production, production);
+    if production {
+        if o.sample_bytes.load(Ordering::Relaxed) == 0 {
+            o.sample_bytes
+                .store(env::DEFAULT_SAMPLE_BYTES, Ordering::Relaxed);
+        }
+        set(&o.release_stacks, false);
+        // The table holds the sampled blocks only: a scan of it would take
+        // a sampled block that only unsampled ones point to for a leak.
+        set(&o.scan_at_exit, false);
+        o.scan_every_ms.store(0, Ordering::Relaxed);
+        // Releases of blocks not in the table are the unsampled blocks'.
+        set(&o.blocks_predate, true);
+        // Lock recording writes an event per acquisition: not yet cheap
+        // enough to leave on.
+        set(&o.record_locks, false);
+    }
     if !flag(&o.record_memory) {
         // No live table to judge.
         set(&o.scan_at_exit, false);
@@ -240,6 +268,12 @@ pub fn memory_recorded() -> bool {
 #[inline(always)]
 pub fn locks_recorded() -> bool {
     OPTIONS.record_locks.load(Ordering::Relaxed)
+}
+
+/// Whether production mode is on (one load, at every allocation).
+#[inline(always)]
+pub fn production() -> bool {
+    OPTIONS.production.load(Ordering::Relaxed)
 }
 
 /// The mean bytes between sampled allocations (0: not sampling; one load,

@@ -1083,7 +1083,21 @@ pub fn render_text(r: &LeaksReport) -> String {
         )
         .unwrap();
     }
-    if let Some(sampling) = &r.sampling {
+    if let Some((sampling, prod)) = r
+        .sampling
+        .as_ref()
+        .and_then(|s| s.production.as_ref().map(|prod| (s, prod)))
+    {
+        writeln!(
+            out,
+            "{p}PRODUCTION MODE: about 1 block in {} sampled ({} of {} allocation calls; one per {} bytes allocated on average). Only sampled blocks are recorded: each record estimates all blocks of its stack (95% interval); calls per function are exact; double and invalid frees are found for sampled blocks only; no reachability verdicts.",
+            thousands(prod.one_in()),
+            thousands(prod.sampled_allocations),
+            thousands(prod.allocation_calls),
+            thousands(sampling.mean_bytes),
+        )
+        .unwrap();
+    } else if let Some(sampling) = &r.sampling {
         writeln!(
             out,
             "{p}SAMPLED RECORDING: every block is counted, but only about one per {} bytes allocated took its full stack. A record of a full stack counts its sampled blocks and estimates all of them (95% interval); a record of a caller groups the blocks allocated there that took no full stack.",
@@ -1116,14 +1130,27 @@ pub fn render_text(r: &LeaksReport) -> String {
     )
     .unwrap();
     let h = r.summary.total_heap_usage;
-    writeln!(
-        out,
-        "{p}  total heap usage: {} allocs, {} frees, {} bytes allocated",
-        thousands(h.allocs),
-        thousands(h.frees),
-        thousands(h.bytes_allocated)
-    )
-    .unwrap();
+    match r.sampling.as_ref().and_then(|s| s.production.as_ref()) {
+        Some(prod) => {
+            writeln!(
+                out,
+                "{p}  total heap usage: {} allocs, {} frees, {} bytes allocated (every call counted; {} allocs sampled)",
+                thousands(prod.allocation_calls),
+                thousands(prod.release_calls),
+                thousands(prod.bytes_allocated),
+                thousands(h.allocs)
+            )
+            .unwrap();
+        }
+        None => writeln!(
+            out,
+            "{p}  total heap usage: {} allocs, {} frees, {} bytes allocated",
+            thousands(h.allocs),
+            thousands(h.frees),
+            thousands(h.bytes_allocated)
+        )
+        .unwrap(),
+    }
     if !exit_snapshot {
         writeln!(
             out,

@@ -341,6 +341,9 @@ pub(crate) struct Facts {
     pub sampling: Option<crate::sampling::Sampling>,
     /// The stacks that hold only an unsampled allocation's caller.
     pub caller_only: std::collections::HashSet<u32>,
+    /// Production mode (`--production`): the sampled allocations seen,
+    /// and every function's calls and bytes (the latest `CallCounts`).
+    pub production: Option<ProductionFacts>,
     /// See `TraceStatus::attached`.
     pub attached: Option<AttachedReport>,
     /// The `Crash` record and its thread.
@@ -433,7 +436,11 @@ impl Facts {
                 memory_recorded,
                 locks_recorded,
                 sample_bytes,
+                production,
             } => {
+                if *production {
+                    self.production.get_or_insert_with(ProductionFacts::default);
+                }
                 if *sample_bytes != 0 {
                     self.sampling = Some(crate::sampling::Sampling {
                         mean_bytes: *sample_bytes,
@@ -455,6 +462,17 @@ impl Facts {
                 counters,
             } => self.end = Some((*time, *exit, counters.clone())),
             Event::SnapshotBegin { .. } => self.saw_snapshot_begin = true,
+            Event::CallCounts {
+                func, calls, bytes, ..
+            } => {
+                let p = self.production.get_or_insert_with(ProductionFacts::default);
+                p.calls.insert(*func, (*calls, *bytes));
+            }
+            Event::Alloc { .. } | Event::Realloc { new_addr: 1.., .. } => {
+                if let Some(p) = &mut self.production {
+                    p.sampled_allocations += 1;
+                }
+            }
             Event::Attach { time } => {
                 self.attached.get_or_insert(AttachedReport {
                     at_ns: *time,
@@ -562,6 +580,7 @@ impl Facts {
     pub fn sampling_report(&self) -> Option<crate::sampling::SamplingReport> {
         self.sampling.map(|s| crate::sampling::SamplingReport {
             mean_bytes: s.mean_bytes,
+            production: self.production.as_ref().map(ProductionFacts::report),
         })
     }
 
@@ -1028,4 +1047,40 @@ pub fn symbolized_stacks<R: std::io::Read + std::io::Seek>(
         .iter()
         .map(|&id| (id, symbolizer.stack(&facts.stacks, id)))
         .collect())
+}
+
+/// What a production-mode trace says of the calls it did not record.
+#[derive(Clone, Debug, Default)]
+pub struct ProductionFacts {
+    /// Allocations recorded (the sampled ones).
+    pub sampled_allocations: u64,
+    /// Per allocator function: (calls, bytes asked for), every call.
+    pub calls: std::collections::BTreeMap<trapline_trace::AllocFn, (u64, u64)>,
+}
+
+impl ProductionFacts {
+    /// The report's `sampling.production`.
+    pub fn report(&self) -> crate::sampling::ProductionReport {
+        let allocating = || self.calls.iter().filter(|(f, _)| !f.is_release());
+        crate::sampling::ProductionReport {
+            allocation_calls: allocating().map(|(_, (calls, _))| calls).sum(),
+            release_calls: self
+                .calls
+                .iter()
+                .filter(|(f, _)| f.is_release())
+                .map(|(_, (calls, _))| calls)
+                .sum(),
+            bytes_allocated: allocating().map(|(_, (_, bytes))| bytes).sum(),
+            sampled_allocations: self.sampled_allocations,
+            calls: self
+                .calls
+                .iter()
+                .map(|(f, &(calls, bytes))| crate::sampling::CallCount {
+                    func: f.name(),
+                    calls,
+                    bytes,
+                })
+                .collect(),
+        }
+    }
 }

@@ -78,10 +78,47 @@ pub struct Estimate {
 }
 
 /// How a sampled trace was recorded, for the reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SamplingReport {
     /// The mean bytes allocated between two blocks that took a full stack.
     pub mean_bytes: u64,
+    /// Production mode (`--production`): only the sampled blocks were
+    /// recorded; absent for `--sample`, which records every block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub production: Option<ProductionReport>,
+}
+
+/// What production mode counted of every call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProductionReport {
+    /// Calls of allocating functions, every one.
+    pub allocation_calls: u64,
+    /// Calls of releasing functions, every one.
+    pub release_calls: u64,
+    /// Bytes the allocating calls asked for.
+    pub bytes_allocated: u64,
+    /// Allocations recorded, with their full stack (the sample).
+    pub sampled_allocations: u64,
+    /// Per allocator function called: its calls and the bytes they asked
+    /// for, exact.
+    pub calls: Vec<CallCount>,
+}
+
+impl ProductionReport {
+    /// About one block in this many was sampled (0: none was).
+    pub fn one_in(&self) -> u64 {
+        self.allocation_calls
+            .checked_div(self.sampled_allocations)
+            .unwrap_or(0)
+    }
+}
+
+/// One allocator function's calls (`sampling.production.calls[]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CallCount {
+    pub func: &'static str,
+    pub calls: u64,
+    pub bytes: u64,
 }
 
 #[cfg(test)]

@@ -528,16 +528,26 @@ impl<V: LiveValue> crate::pass::Pass for StatsAnalysis<V> {
         } = self;
         let site_views = sites.views_top(sites_listed.unwrap_or(0));
         let duration_ns = facts.end.as_ref().map_or(facts.last_time, |(t, _, _)| *t);
-        let calls: Vec<FunctionCalls> = AllocFn::ALL
+        // Production mode counted every call; the trace holds the sampled.
+        let exact = facts.production.as_ref().map(|p| (p.report(), &p.calls));
+        let count = |f: AllocFn| match &exact {
+            Some((_, by_func)) => by_func.get(&f).copied().unwrap_or((0, 0)),
+            None => calls[f as usize],
+        };
+        let calls_listed: Vec<FunctionCalls> = AllocFn::ALL
             .iter()
-            .filter(|&&f| calls[f as usize].0 > 0 || failed[f as usize] > 0)
+            .filter(|&&f| count(f).0 > 0 || failed[f as usize] > 0)
             .map(|&f| FunctionCalls {
                 function: f.name(),
-                calls: calls[f as usize].0,
-                bytes: calls[f as usize].1,
+                calls: count(f).0,
+                bytes: count(f).1,
                 failed: failed[f as usize],
             })
             .collect();
+        let (all_allocation_calls, all_release_calls, all_bytes) = match &exact {
+            Some((r, _)) => (r.allocation_calls, r.release_calls, r.bytes_allocated),
+            None => (allocation_calls, release_calls, bytes_allocated),
+        };
         let events = facts.events;
         Ok(StatsReport {
             recorded: Recorded {
@@ -547,10 +557,10 @@ impl<V: LiveValue> crate::pass::Pass for StatsAnalysis<V> {
             process: facts.process_report(),
             duration_ns,
             duration_seconds: seconds(duration_ns),
-            calls,
-            allocation_calls,
-            release_calls,
-            bytes_allocated,
+            calls: calls_listed,
+            allocation_calls: all_allocation_calls,
+            release_calls: all_release_calls,
+            bytes_allocated: all_bytes,
             peak_heap: peak,
             live_at_end: BytesBlocks {
                 bytes: heap.live_bytes,
@@ -559,7 +569,7 @@ impl<V: LiveValue> crate::pass::Pass for StatsAnalysis<V> {
             unfreed_at_exit: facts.exit_snapshot_totals(),
             scans_skipped,
             allocations_per_second: (duration_ns > 0)
-                .then(|| allocation_calls as f64 / seconds(duration_ns)),
+                .then(|| all_allocation_calls as f64 / seconds(duration_ns)),
             errors,
             failed_allocations,
             threads: tids.len() as u64,

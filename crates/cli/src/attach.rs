@@ -38,6 +38,10 @@ pub struct AttachArgs {
     /// takes its full stack (default 512K), as `trapline run --sample`.
     #[arg(long, value_name = "BYTES", num_args = 0..=1, default_missing_value = "524288")]
     pub sample: Option<u64>,
+    /// Production mode, as `trapline run --production`: only the sampled
+    /// allocations are recorded; every call is counted by function.
+    #[arg(long, conflicts_with = "record")]
+    pub production: bool,
     /// Replace TRACE if it exists.
     #[arg(long)]
     pub force: bool,
@@ -52,7 +56,7 @@ pub struct DetachArgs {
 pub fn attach(args: AttachArgs) -> ExitCode {
     let pid = args.pid;
     if crate::attach_window::recorded_with_control(pid) {
-        if args.record.is_some() || args.sample.is_some() {
+        if args.record.is_some() || args.sample.is_some() || args.production {
             return fail(
                 "attach",
                 format!(
@@ -118,6 +122,9 @@ pub fn attach(args: AttachArgs) -> ExitCode {
     }
     if let Some(bytes) = args.sample {
         options.push(format!("{}={bytes}", env::SAMPLE_BYTES));
+    }
+    if args.production {
+        options.push(format!("{}=1", env::PRODUCTION));
     }
     let agent = match target_user(pid).map(|u| agent_for(&u, &agent)) {
         Some(Ok(a)) => a,

@@ -518,6 +518,7 @@ fn agent_command(args: &RunArgs, agent: &Path, output: &Path) -> Command {
             (args.control || args.watch.is_some()).then(|| "1".to_string()),
         ),
         (env::SAMPLE_BYTES, args.sample.map(|b| b.to_string())),
+        (env::PRODUCTION, args.production.then(|| "1".to_string())),
         (
             env::DIE_WITH,
             (!args.outlive).then(|| std::process::id().to_string()),

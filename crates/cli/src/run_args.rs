@@ -109,6 +109,14 @@ pub struct RunArgs {
         value_parser = parse_bytes
     )]
     pub sample: Option<u64>,
+    /// Production mode, to leave on in a service: only about one
+    /// allocation per 512K allocated (or per --sample=BYTES) is recorded,
+    /// with its full stack and its release; every other call is only
+    /// counted, by function. Reports estimate the heap by stack with 95%
+    /// intervals; double frees are found for the sampled blocks only. No
+    /// reachability scan and no lock recording.
+    #[arg(long, conflicts_with_all = ["record", "scan_every", "no_release_stacks"])]
+    pub production: bool,
     /// Also judge every live block by reachability every SECS seconds while
     /// the program runs (each scan is a snapshot; see `trapline leaks --history`).
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]

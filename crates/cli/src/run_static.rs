@@ -17,6 +17,7 @@ fn unsupported(args: &RunArgs) -> Option<&'static str> {
         (args.profile.is_some(), "--profile"),
         (args.record.is_some(), "--record"),
         (args.sample.is_some(), "--sample"),
+        (args.production, "--production"),
         (
             args.control || args.watch.is_some(),
             "--control and --watch",

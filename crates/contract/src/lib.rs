@@ -51,6 +51,13 @@ pub mod env {
     /// Sampled recording (`--sample`): the mean bytes allocated between
     /// two allocations that take a full stack (absent: every one does).
     pub const SAMPLE_BYTES: &str = "TRAPLINE_SAMPLE";
+    /// Production mode (`--production`; `1`): only sampled allocations
+    /// are recorded, with their releases; every call is counted by
+    /// function. The mean is `SAMPLE_BYTES`'s (absent: the default).
+    pub const PRODUCTION: &str = "TRAPLINE_PRODUCTION";
+    /// The seed of every thread's sampler, for runs that must sample the
+    /// same blocks each time (tests); absent: drawn from the clock.
+    pub const SAMPLE_SEED: &str = "TRAPLINE_SAMPLE_SEED";
     /// `--sample`'s mean when none is given: about one stack per 512 KiB
     /// allocated, as tcmalloc's and jemalloc's heap profilers sample.
     pub const DEFAULT_SAMPLE_BYTES: u64 = 512 << 10;

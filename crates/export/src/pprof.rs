@@ -312,7 +312,7 @@ pub fn write_heap(p: &HeapProfile, out: &mut impl Write) -> std::io::Result<()> 
             p.live_source.replace('_', " ")
         )),
     }
-    if let Some(s) = p.sampling {
+    if let Some(s) = &p.sampling {
         b.profile.period = clamp(s.mean_bytes);
         b.comment(&format!(
             "sampled recording: one full stack per {} bytes on average; values are estimates",

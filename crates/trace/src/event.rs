@@ -744,6 +744,12 @@ pub enum Event {
         /// others hold only their caller ([`Event::CallerOnlyStack`]). 0:
         /// every allocation's full stack (format version 12).
         sample_bytes: u64,
+        /// Production mode (`--production`; format version 17): only the
+        /// sampled allocations are in the trace, each with its full stack,
+        /// with their releases; the others are counted per function
+        /// ([`Event::CallCounts`]) and nothing else. `sample_bytes` is the
+        /// sampling's mean.
+        production: bool,
     },
     /// The control socket the agent serves (`trapline run --control`),
     /// after `Recording` (format version 11).
@@ -803,6 +809,16 @@ pub enum Event {
         time: u64,
         stack: u32,
     },
+    /// The calls of one allocator function the process made up to `time`,
+    /// every one counted whether recorded or not, and the bytes they asked
+    /// for (production mode; format version 17). The latest one of a
+    /// function stands.
+    CallCounts {
+        time: u64,
+        func: AllocFn,
+        calls: u64,
+        bytes: u64,
+    },
     /// A lock or thread-synchronisation event (tags 64-95).
     Lock(LockEvent),
 }
@@ -847,6 +863,7 @@ impl Event {
             | Event::Attach { time }
             | Event::Crash { time, .. }
             | Event::StoppedAtCrash { time, .. }
+            | Event::CallCounts { time, .. }
             | Event::ProfileStop { time, .. } => Some(*time),
             Event::Lock(l) => Some(l.time()),
             _ => None,
@@ -899,6 +916,8 @@ pub(crate) mod tag {
     pub const CRASH: u8 = 56;
     /// Format version 16.
     pub const STOPPED_AT_CRASH: u8 = 57;
+    /// Format version 17.
+    pub const CALL_COUNTS: u8 = 58;
     // 64..=95: locks and thread synchronisation.
     pub const LOCK_INIT: u8 = 64;
     pub const LOCK_DESTROY: u8 = 65;

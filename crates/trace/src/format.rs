@@ -30,9 +30,10 @@ pub const MAGIC: &[u8; 8] = b"TRAPLINE";
 /// `AgentSamples`, tag 101, and `Recording`'s recorder bits; 12 sampled
 /// recording; 13 `Attach`, tag 54, `AttachTotals`, tag 55, and the exit
 /// kind `Detach`; 14 the guest kernel's allocator functions, `Kmalloc` to
-/// `Vfree`, 38 to 46; 15 `Crash`, tag 56; 16 `StoppedAtCrash`, tag 57;
+/// `Vfree`, 38 to 46; 15 `Crash`, tag 56; 16 `StoppedAtCrash`, tag 57; 17
+/// production mode: `Recording`'s production bit and `CallCounts`, tag 58;
 /// older files are read unchanged).
-pub const FORMAT_VERSION: u16 = 16;
+pub const FORMAT_VERSION: u16 = 17;
 /// Size of the file header.
 pub const FILE_HEADER_LEN: usize = 16;
 /// Marker at the start of every chunk.

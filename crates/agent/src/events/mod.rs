@@ -2,7 +2,10 @@
 //! and thread events into them.
 
 pub mod buffers;
+pub mod call_counts;
+pub mod calls;
 pub mod next_alloc;
+pub mod production;
 pub mod record;
 pub mod sampling;
 pub mod sync;

@@ -114,6 +114,9 @@ fn apply_deferred(ts: &mut ThreadState) {
         let addr = ts.deferred[ts.deferred_n];
         let mut shard = live::shard_of(addr).locked();
         let removed = shard.remove(addr);
+        if removed.is_some() && crate::config::production() {
+            shard.sampled_released(addr);
+        }
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
         ts.last_time = t;
@@ -438,26 +441,24 @@ fn called_from_loader(regs: StartRegs) -> bool {
     regs.pc_is_return_address && (start..end).contains(&regs.pc)
 }
 
-/// Records a release of `addr`; returns whether to pass it to the C library.
-#[inline]
-pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
-    free_stating(
-        func,
-        addr,
-        Stated {
-            size: None,
-            align: 0,
-        },
-        regs,
-    )
-}
-
-/// `free` for a release that states the block's size or alignment.
+/// Records a release of `addr` that may state the block's size or
+/// alignment; returns whether to pass it to the C library.
 #[inline]
 pub fn free_stating(func: AllocFn, addr: *mut u8, stated: Stated, regs: StartRegs) -> bool {
     if addr.is_null() || !crate::config::memory_recorded() {
         return true;
     }
+    free_stating_recorded(func, addr, stated, regs)
+}
+
+/// `free_stating` past its checks: a release the live table may hold.
+#[inline]
+pub fn free_stating_recorded(
+    func: AllocFn,
+    addr: *mut u8,
+    stated: Stated,
+    regs: StartRegs,
+) -> bool {
     let addr = addr as u64;
     match enter() {
         Entry::Record(ts) => {
@@ -511,6 +512,9 @@ fn free_recorded(
             alloc_stack: block.stack,
             free_stack: stack,
         });
+        if crate::config::production() {
+            shard.sampled_released(addr);
+        }
         let t = shard.stamp(clock::tick(), ts.last_time);
         drop(shard);
         // A watched page must be back before the allocator may hand it to
@@ -543,6 +547,10 @@ fn free_recorded(
         return true;
     }
     if untracked::remove(addr) {
+        return true;
+    }
+    if crate::config::production() && !shard.sampled_freed(addr) {
+        // An unsampled block whose address shares the filter's slot.
         return true;
     }
     let freed = shard.recently_freed(addr);
@@ -607,7 +615,7 @@ fn report(ts: &mut ThreadState, ev: Event) {
 
 /// Reports a resize of `addr`, which is no block, with the lock of its
 /// shard (released here); returns whether to pass the call on.
-fn report_invalid_realloc(
+pub(crate) fn report_invalid_realloc(
     ts: &mut ThreadState,
     mut shard: live::Locked<'_>,
     func: AllocFn,
@@ -641,7 +649,7 @@ fn report_invalid_realloc(
 /// table cannot be touched. A tracked block is copied into a new untracked
 /// one and released later through the deferred queue, so its address is not
 /// reused while the table still lists it.
-fn realloc_nested(
+pub(crate) fn realloc_nested(
     ts: &mut ThreadState,
     old: *mut u8,
     size: usize,

@@ -13,6 +13,9 @@
 //! front of the shared stack table, so it costs neither an unwind nor a
 //! lock.
 
+/// Threads whose sampler drew its first gap, for seeded runs.
+static SEEDED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
 /// Caller-only stack ids cached per thread (direct-mapped by address).
 const CALLER_SLOTS: usize = 64;
 
@@ -65,6 +68,7 @@ impl Sampler {
     fn next_point(&mut self, mean: u64) -> bool {
         if !self.drawn {
             self.drawn = true;
+            self.seed_if_asked();
             self.left += self.gap(mean);
             if self.left > 0 {
                 return false;
@@ -72,6 +76,19 @@ impl Sampler {
         }
         self.left = self.gap(mean);
         true
+    }
+
+    /// With a seed given (`env::SAMPLE_SEED`), the n-th thread to sample
+    /// draws from the seed's n-th stream: a single-threaded program samples
+    /// the same blocks in every run.
+    fn seed_if_asked(&mut self) {
+        let seed = crate::config::OPTIONS
+            .sample_seed
+            .load(core::sync::atomic::Ordering::Relaxed);
+        if seed != 0 {
+            let n = SEEDED.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            self.rng = (seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+        }
     }
 
     /// An exponential gap of mean `mean` bytes, at least one byte.

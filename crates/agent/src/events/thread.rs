@@ -88,6 +88,8 @@ pub struct ThreadState {
     pub delegated_new: Option<(trapline_trace::AllocFn, crate::platform::arch::StartRegs)>,
     /// Which allocations take a full stack (`--sample`).
     pub sampler: crate::events::sampling::Sampler,
+    /// Production mode's calls and bytes per allocator function.
+    pub call_counts: crate::events::call_counts::CallCounters,
     /// Lock holds this thread recorded and has not released.
     pub locks_held: u32,
     /// The agent's time inside this thread's lock holds so far, in event
@@ -267,6 +269,7 @@ unsafe extern "C" fn on_thread_exit(p: *mut libc::c_void) {
     if let Some(b) = state.take_buffer() {
         crate::events::buffers::submit(b, true);
     }
+    state.call_counts.add_to(&crate::events::call_counts::ENDED);
     EXITING.fetch_sub(1, Ordering::AcqRel);
     if state.agent_altstack {
         // The side stack goes with the state (to another thread, or
@@ -430,6 +433,7 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
         sampler: crate::events::sampling::Sampler::new(
             u64::from(tid).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ crate::platform::clock::unix_ns(),
         ),
+        call_counts: crate::events::call_counts::CallCounters::new(),
         set_up: false,
         agent_altstack: false,
         delegated_new: None,
@@ -815,6 +819,25 @@ pub fn steal_all_into(spins: u32, mut sink: impl FnMut(Box<Buffer>)) {
     REGISTRY.lock.unlock();
 }
 
+/// Production mode's calls per allocator function: those of the threads
+/// that ended and of those still registered (the finish reads them once
+/// the program's threads are held).
+pub fn call_counts() -> crate::events::call_counts::CallCounters {
+    use crate::events::call_counts::{CallCounters, ENDED};
+    let sum = CallCounters::new();
+    ENDED.add_to(&sum);
+    if REGISTRY.lock.try_lock_for(1000) {
+        // SAFETY: guarded by the registry lock.
+        let reg = unsafe { &*REGISTRY.reg.get() };
+        for &ts in &reg.threads {
+            // SAFETY: registered states stay alive until unregistered under this lock.
+            unsafe { &*ts }.call_counts.add_to(&sum);
+        }
+        REGISTRY.lock.unlock();
+    }
+    sum
+}
+
 /// Takes every thread's sampling periods still pending inside a hook (the
 /// process is finishing: no hook will write them), summed.
 pub fn take_pending_agent_periods() -> u64 {
@@ -877,6 +900,9 @@ pub fn reset_in_child() {
             b.reset(ts.tid, 0);
         }
         ts.tid = sys::gettid();
+        // The child's trace counts its own calls.
+        ts.call_counts.clear();
+        crate::events::call_counts::ENDED.clear();
         for c in &mut ts.captures {
             c.invalidate();
         }

@@ -1,7 +1,7 @@
 //! The C allocation functions.
 
 use crate::events::next_alloc;
-use crate::events::record;
+use crate::events::{calls, record};
 use crate::platform::arch::{with_caller_regs, StartRegs};
 use core::ffi::c_void;
 use trapline_trace::AllocFn;
@@ -14,7 +14,7 @@ with_caller_regs!(malloc => malloc_hook, args: 1);
 extern "C" fn malloc_hook(size: usize, ret: u64, sp: u64, bp: u64) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     let p = next_alloc::malloc(size);
-    record::alloc(AllocFn::Malloc, p, size, 0, regs);
+    calls::alloc(AllocFn::Malloc, p, size, 0, regs);
     p.cast()
 }
 
@@ -23,7 +23,7 @@ extern "C" fn calloc_hook(n: usize, size: usize, ret: u64, sp: u64, bp: u64) -> 
     let regs = StartRegs::caller(ret, sp, bp);
     // The allocator checks n*size for overflow itself.
     let p = next_alloc::calloc(n, size);
-    record::alloc(AllocFn::Calloc, p, n.saturating_mul(size), 0, regs);
+    calls::alloc(AllocFn::Calloc, p, n.saturating_mul(size), 0, regs);
     p.cast()
 }
 
@@ -39,7 +39,7 @@ unsafe extern "C" fn realloc_hook(
 ) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     // SAFETY: `old` was validated against the live table by record::realloc.
-    record::realloc(AllocFn::Realloc, ptr.cast(), size, regs, |old| unsafe {
+    calls::realloc(AllocFn::Realloc, ptr.cast(), size, regs, |old| unsafe {
         next_alloc::realloc(old, size)
     })
     .cast()
@@ -64,7 +64,7 @@ unsafe extern "C" fn reallocarray_hook(
         return core::ptr::null_mut();
     };
     // SAFETY: as for realloc.
-    record::realloc(
+    calls::realloc(
         AllocFn::ReallocArray,
         ptr.cast(),
         total,
@@ -79,7 +79,7 @@ with_caller_regs!(free => free_hook, args: 1);
 /// `ptr` must be NULL or a live block (checked: bad pointers are reported, not passed on).
 unsafe extern "C" fn free_hook(ptr: *mut c_void, ret: u64, sp: u64, bp: u64) {
     let regs = StartRegs::caller(ret, sp, bp);
-    if record::free(AllocFn::Free, ptr.cast(), regs) {
+    if calls::free(AllocFn::Free, ptr.cast(), regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::free(ptr.cast()) };
     }
@@ -97,7 +97,7 @@ unsafe extern "C" fn free_sized_hook(ptr: *mut c_void, size: usize, ret: u64, sp
         size: Some(size as u64),
         align: 0,
     };
-    if record::free_stating(AllocFn::FreeSized, ptr.cast(), stated, regs) {
+    if calls::free_stating(AllocFn::FreeSized, ptr.cast(), stated, regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::free_sized(ptr.cast(), size) };
     }
@@ -119,7 +119,7 @@ unsafe extern "C" fn free_aligned_sized_hook(
         size: Some(size as u64),
         align: 0,
     };
-    if record::free_stating(AllocFn::FreeAlignedSized, ptr.cast(), stated, regs) {
+    if calls::free_stating(AllocFn::FreeAlignedSized, ptr.cast(), stated, regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::free_aligned_sized(ptr.cast(), align, size) };
     }
@@ -138,7 +138,7 @@ extern "C" fn mallocx_hook(size: usize, flags: i32, ret: u64, sp: u64, bp: u64) 
     let regs = StartRegs::caller(ret, sp, bp);
     let p = next_alloc::mallocx(size, flags);
     let align = next_alloc::mallocx_align(flags);
-    record::alloc(AllocFn::Mallocx, p, size, align, regs);
+    calls::alloc(AllocFn::Mallocx, p, size, align, regs);
     p.cast()
 }
 
@@ -155,7 +155,7 @@ unsafe extern "C" fn rallocx_hook(
 ) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     // SAFETY: `old` was validated against the live table by record::realloc.
-    record::realloc(AllocFn::Rallocx, ptr.cast(), size, regs, |old| unsafe {
+    calls::realloc(AllocFn::Rallocx, ptr.cast(), size, regs, |old| unsafe {
         next_alloc::rallocx(old, size, flags)
     })
     .cast()
@@ -175,7 +175,7 @@ unsafe extern "C" fn xallocx_hook(
 ) -> usize {
     let regs = StartRegs::caller(ret, sp, bp);
     // SAFETY: `old` was validated against the live table by record::resize_in_place.
-    record::resize_in_place(AllocFn::Xallocx, ptr.cast(), size, regs, |old| unsafe {
+    calls::resize_in_place(AllocFn::Xallocx, ptr.cast(), size, regs, |old| unsafe {
         next_alloc::xallocx(old, size, extra, flags)
     })
 }
@@ -192,7 +192,7 @@ unsafe extern "C" fn sdallocx_hook(
     bp: u64,
 ) {
     let regs = StartRegs::caller(ret, sp, bp);
-    if record::free(AllocFn::Sdallocx, ptr.cast(), regs) {
+    if calls::free(AllocFn::Sdallocx, ptr.cast(), regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::sdallocx(ptr.cast(), size, flags) };
     }
@@ -203,7 +203,7 @@ with_caller_regs!(dallocx => dallocx_hook, args: 2);
 /// `ptr` must be a live block (checked: bad pointers are reported, not passed on).
 unsafe extern "C" fn dallocx_hook(ptr: *mut c_void, flags: i32, ret: u64, sp: u64, bp: u64) {
     let regs = StartRegs::caller(ret, sp, bp);
-    if record::free(AllocFn::Dallocx, ptr.cast(), regs) {
+    if calls::free(AllocFn::Dallocx, ptr.cast(), regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).
         unsafe { next_alloc::dallocx(ptr.cast(), flags) };
     }
@@ -227,7 +227,7 @@ unsafe extern "C" fn posix_memalign_hook(
         record::failed(AllocFn::PosixMemalign, size as u64, align as u64, regs);
         return rc;
     }
-    record::alloc(AllocFn::PosixMemalign, p, size, align, regs);
+    calls::alloc(AllocFn::PosixMemalign, p, size, align, regs);
     // SAFETY: caller passes a writable pointer.
     unsafe { *out = p.cast() };
     0
@@ -243,7 +243,7 @@ extern "C" fn aligned_alloc_hook(
 ) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     let p = next_alloc::aligned_alloc(align, size);
-    record::alloc(AllocFn::AlignedAlloc, p, size, align, regs);
+    calls::alloc(AllocFn::AlignedAlloc, p, size, align, regs);
     p.cast()
 }
 
@@ -251,7 +251,7 @@ with_caller_regs!(memalign => memalign_hook, args: 2);
 extern "C" fn memalign_hook(align: usize, size: usize, ret: u64, sp: u64, bp: u64) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     let p = next_alloc::memalign(align, size);
-    record::alloc(AllocFn::Memalign, p, size, align, regs);
+    calls::alloc(AllocFn::Memalign, p, size, align, regs);
     p.cast()
 }
 
@@ -259,7 +259,7 @@ with_caller_regs!(valloc => valloc_hook, args: 1);
 extern "C" fn valloc_hook(size: usize, ret: u64, sp: u64, bp: u64) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     let p = next_alloc::valloc(size);
-    record::alloc(AllocFn::Valloc, p, size, 4096, regs);
+    calls::alloc(AllocFn::Valloc, p, size, 4096, regs);
     p.cast()
 }
 
@@ -267,7 +267,7 @@ with_caller_regs!(pvalloc => pvalloc_hook, args: 1);
 extern "C" fn pvalloc_hook(size: usize, ret: u64, sp: u64, bp: u64) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     let p = next_alloc::pvalloc(size);
-    record::alloc(
+    calls::alloc(
         AllocFn::Pvalloc,
         p,
         next_alloc::pvalloc_size(size),

@@ -6,7 +6,7 @@
 
 use super::replaced_operators;
 use crate::events::next_alloc;
-use crate::events::record;
+use crate::events::{calls, record};
 use crate::platform::arch::{with_caller_regs, StartRegs};
 use crate::platform::sys::*;
 use core::ffi::c_void;
@@ -133,7 +133,7 @@ fn new_impl(
             next_alloc::memalign(align, size)
         };
         if !p.is_null() {
-            record::alloc(func, p, size, align, regs);
+            calls::alloc(func, p, size, align, regs);
             return p.cast();
         }
         if nothrow && new_handler().is_some() {
@@ -162,7 +162,7 @@ fn delete_impl(
         replaced_operators::forward_delete(func, ptr, size, stated.align as usize);
         return;
     }
-    if record::free_stating(func, ptr.cast(), stated, regs) {
+    if calls::free_stating(func, ptr.cast(), stated, regs) {
         // SAFETY: live block (or bad frees passed on by request).
         unsafe { next_alloc::free(ptr.cast()) };
     }

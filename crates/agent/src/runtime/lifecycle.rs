@@ -144,6 +144,7 @@ fn header_buffer() -> Box<Buffer> {
     let memory_recorded = config::memory_recorded();
     let locks_recorded = config::locks_recorded();
     let sample_bytes = config::sample_bytes();
+    let production = config::production();
     if no_release_stacks
         || allocator_shadowed_by.is_some()
         || allocator_library.is_some()
@@ -158,6 +159,7 @@ fn header_buffer() -> Box<Buffer> {
             memory_recorded,
             locks_recorded,
             sample_bytes,
+            production,
         };
         if !b.push_event(&recording, None) {
             crate::events::buffers::EVENTS_LOST.fetch_add(1, Ordering::Relaxed);
@@ -966,6 +968,11 @@ fn finish_here(exit: ExitKind, ending: Ending, mut ts: Option<&'static mut threa
     // A fatal signal may have struck between a count and its event.
     if let Some(t) = crate::events::totals::exact(lost).filter(|_| !signal) {
         out.push(&Event::RunTotals(t), None);
+    }
+    if config::production() {
+        // The program's threads are held or gone: their counts are final.
+        let counts = thread::call_counts();
+        crate::events::call_counts::write(&counts, end_time, |ev| out.push(ev, Some(end_time)));
     }
     if config::flag(&OPTIONS.attached) {
         out.push(

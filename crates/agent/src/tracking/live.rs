@@ -225,7 +225,15 @@ struct ShardData {
     freed: Vec<Freed>,
     freed_next: usize,
     bytes: u64,
+    /// Production mode: the addresses of this shard's latest releases of
+    /// sampled blocks (0: none), counted in the filter (`sampled.rs`).
+    sampled_freed: [u64; SAMPLED_FREED],
+    sampled_next: usize,
 }
+
+/// Sampled releases each shard remembers in production mode: 1,024 in
+/// all, so that the filter's released counts stay few.
+const SAMPLED_FREED: usize = 16;
 
 /// One lock and one table, in lines of their own: the lock and the
 /// published locations share the first.
@@ -258,6 +266,8 @@ const EMPTY_SHARD: Shard = Shard {
         freed: Vec::new(),
         freed_next: 0,
         bytes: 0,
+        sampled_freed: [0; SAMPLED_FREED],
+        sampled_next: 0,
     }),
 };
 
@@ -440,6 +450,43 @@ impl Locked<'_> {
         d.freed_next = n + 1;
         let next_at = d.freed.as_ptr() as usize + ((n + 1) & (len - 1)) * size_of::<Freed>();
         self.shard.freed_at.store(next_at, Ordering::Relaxed);
+    }
+
+    /// Production mode: remembers a release of the sampled block at
+    /// `addr`, forgetting the oldest one remembered.
+    pub fn remember_sampled_free(&mut self, addr: u64) {
+        let d = self.data();
+        let at = d.sampled_next % SAMPLED_FREED;
+        let evicted = core::mem::replace(&mut d.sampled_freed[at], addr);
+        d.sampled_next = d.sampled_next.wrapping_add(1);
+        if evicted != 0 {
+            crate::tracking::sampled::freed_removed(evicted);
+        }
+        crate::tracking::sampled::freed_added(addr);
+    }
+
+    /// Production mode: `addr` was allocated again, so its sampled
+    /// releases remembered are no longer the latest word on it.
+    pub fn forget_sampled_free(&mut self, addr: u64) {
+        for slot in self.data().sampled_freed.iter_mut() {
+            if *slot == addr {
+                *slot = 0;
+                crate::tracking::sampled::freed_removed(addr);
+            }
+        }
+    }
+
+    /// Production mode: the table gave up the sampled block at `addr` (its
+    /// release): the filter and the ring of sampled releases follow.
+    pub fn sampled_released(&mut self, addr: u64) {
+        crate::tracking::sampled::live_removed(addr);
+        self.remember_sampled_free(addr);
+    }
+
+    /// Production mode: whether a release of the sampled block at `addr`
+    /// is remembered.
+    pub fn sampled_freed(&mut self, addr: u64) -> bool {
+        self.data().sampled_freed.contains(&addr)
     }
 
     /// The most recent free of `addr` still remembered.

@@ -4,4 +4,5 @@
 pub mod access;
 pub mod allocator_maps;
 pub mod live;
+pub mod sampled;
 pub mod untracked;

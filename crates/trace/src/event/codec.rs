@@ -477,9 +477,11 @@ const RECORDING_NO_LOCKS_BIT: u32 = 4;
 /// Bit saying the mean bytes between sampled stacks follows (format
 /// version 12): a trace without it took every allocation's full stack.
 const RECORDING_SAMPLED_BIT: u32 = 5;
+/// Bit saying the recording was in production mode (format version 17).
+const RECORDING_PRODUCTION_BIT: u32 = 6;
 
 /// `Recording`'s fields, in the order of the event.
-type RecordingFields = (bool, Option<String>, Option<String>, bool, bool, u64);
+type RecordingFields = (bool, Option<String>, Option<String>, bool, bool, u64, bool);
 
 /// `Recording`'s options: a flag word (so later options need no new tag)
 /// whose bits say which of the optional module paths follow it.
@@ -492,6 +494,7 @@ type RecordingRefs<'a> = (
     &'a bool,
     &'a bool,
     &'a u64,
+    &'a bool,
 );
 
 impl Put<RecordingRefs<'_>> for RecordingOptions {
@@ -499,14 +502,15 @@ impl Put<RecordingRefs<'_>> for RecordingOptions {
         &self,
         e: &mut Encoder<'_>,
         _: &mut ChunkContext,
-        (no_release_stacks, shadowed_by, library, memory, locks, sample_bytes): RecordingRefs<'_>,
+        (no_release_stacks, shadowed_by, library, memory, locks, sample_bytes, production): RecordingRefs<'_>,
     ) -> Result<(), NoRoom> {
         let flags = u64::from(*no_release_stacks)
             | u64::from(shadowed_by.is_some()) << RECORDING_SHADOWED_BIT
             | u64::from(library.is_some()) << RECORDING_LIBRARY_BIT
             | u64::from(!*memory) << RECORDING_NO_MEMORY_BIT
             | u64::from(!*locks) << RECORDING_NO_LOCKS_BIT
-            | u64::from(*sample_bytes != 0) << RECORDING_SAMPLED_BIT;
+            | u64::from(*sample_bytes != 0) << RECORDING_SAMPLED_BIT
+            | u64::from(*production) << RECORDING_PRODUCTION_BIT;
         e.u64(flags)?;
         for module in [shadowed_by, library].into_iter().flatten() {
             e.bytes(module.as_bytes())?;
@@ -521,7 +525,7 @@ impl Put<RecordingRefs<'_>> for RecordingOptions {
 impl Get<RecordingFields> for RecordingOptions {
     fn get(&self, d: &mut Decoder<'_>) -> Result<RecordingFields, DecodeError> {
         let flags = d.u64()?;
-        if flags >> (RECORDING_SAMPLED_BIT + 1) != 0 {
+        if flags >> (RECORDING_PRODUCTION_BIT + 1) != 0 {
             return Err(DecodeError::Invalid("recording flags"));
         }
         let bit = |b: u32| flags >> b & 1 != 0;
@@ -550,6 +554,7 @@ impl Get<RecordingFields> for RecordingOptions {
             !bit(RECORDING_NO_MEMORY_BIT),
             !bit(RECORDING_NO_LOCKS_BIT),
             sample_bytes,
+            bit(RECORDING_PRODUCTION_BIT),
         ))
     }
 }
@@ -809,7 +814,7 @@ event_codec! {
     }),
     RECORDING => Recording {
         (no_release_stacks, allocator_shadowed_by, allocator_library, memory_recorded, locks_recorded,
-            sample_bytes): RecordingOptions,
+            sample_bytes, production): RecordingOptions,
     },
 
     LOCK_INIT => Lock(LockEvent::Init { time: Time, addr: Addr, kind: LockKindByte, stack: Stack }),
@@ -880,4 +885,5 @@ event_codec! {
     ATTACH_TOTALS => AttachTotals { earlier_releases: U64 },
     CRASH => Crash { time: Time, signal: U32("signal"), code: Errno, addr: U64, stack: Stack },
     STOPPED_AT_CRASH => StoppedAtCrash { time: Time, stack: Stack },
+    CALL_COUNTS => CallCounts { time: Time, func: Func, calls: U64, bytes: U64 },
 }

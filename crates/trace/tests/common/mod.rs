@@ -454,6 +454,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             memory_recorded: true,
             locks_recorded: true,
             sample_bytes: 0,
+            production: false,
         },
         Event::Recording {
             no_release_stacks: false,
@@ -462,6 +463,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             memory_recorded: true,
             locks_recorded: true,
             sample_bytes: 0,
+            production: false,
         },
         Event::Recording {
             no_release_stacks: true,
@@ -470,6 +472,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             memory_recorded: true,
             locks_recorded: true,
             sample_bytes: 0,
+            production: false,
         },
         Event::Recording {
             no_release_stacks: false,
@@ -478,6 +481,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             memory_recorded: true,
             locks_recorded: true,
             sample_bytes: 0,
+            production: false,
         },
         Event::Recording {
             no_release_stacks: true,
@@ -486,6 +490,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             memory_recorded: true,
             locks_recorded: true,
             sample_bytes: 0,
+            production: false,
         },
         Event::Recording {
             no_release_stacks: false,
@@ -494,6 +499,7 @@ pub fn end_events(base_time: u64) -> Vec<Event> {
             memory_recorded: true,
             locks_recorded: true,
             sample_bytes: 0,
+            production: false,
         },
         Event::RunTotals(RunTotals {
             allocation_calls: u64::MAX,

@@ -1,0 +1,142 @@
+//! `trapline run --production`: only the sampled blocks are recorded, with
+//! their releases; every call is counted by function, exactly; estimates by
+//! stack cover what leaked; a double free of a sampled block is caught.
+//! The sampler is seeded (`TRAPLINE_SAMPLE_SEED`), so each run samples the
+//! same blocks.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+const SOURCE: &str = "sampled_leaks.c";
+
+fn production_run(name: &str, flags: &[&str], args: &[&str]) -> (TestDir, Value) {
+    let dir = TestDir::new(name);
+    let prog = compile_c(&dir, SOURCE);
+    let mut cmd = run_command(&dir, flags, &prog, args);
+    cmd.env("TRAPLINE_SAMPLE_SEED", "20261207");
+    let run = run_of(cmd);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    let report = leaks(&dir.trace());
+    (dir, report)
+}
+
+/// Every allocator function's calls and bytes, as `stats` lists them.
+fn calls_of(trace: &std::path::Path) -> Vec<Value> {
+    as_array(&stats(trace), "calls").clone()
+}
+
+/// Production mode counts each function's calls and bytes as a full
+/// recording does, though it records only a few of them.
+#[test]
+fn production_counts_every_call_as_full_recording_does() {
+    let (full, _) = production_run("production_counts_full", &[], &["no"]);
+    let (prod, report) = production_run("production_counts", &["--production"], &["no"]);
+    let full_calls = calls_of(&full.trace());
+    assert_eq!(calls_of(&prod.trace()), full_calls);
+    let malloc = full_calls
+        .iter()
+        .find(|c| as_str(c, "function") == "malloc")
+        .expect("malloc is called");
+    // 25,000 requests, 100,000 blocks of churn and one more.
+    assert!(as_u64(malloc, "calls") >= 125_001, "{}", pretty(malloc));
+    let production = &report["sampling"]["production"];
+    let sampled = as_u64(production, "sampled_allocations");
+    // About 25.2 MB allocated at one sample per 512 KiB on average.
+    assert!((10..=200).contains(&sampled), "{}", pretty(production));
+    let recorded = as_u64(&stats(&prod.trace()), "events");
+    assert!(
+        recorded < 2_000,
+        "{recorded} events recorded for 250,000 calls"
+    );
+}
+
+/// The leaks of a production run: one record per sampled stack, whose
+/// estimate covers what its path leaked within 15%; the churn's blocks,
+/// released at the address the last one had, are all seen released; no
+/// release is taken for a double free.
+#[test]
+fn production_estimates_each_leaking_stack() {
+    let (dir, report) = production_run(
+        "production_leaks",
+        &["--production", "--sample=64K"],
+        &["no"],
+    );
+    let production = &report["sampling"]["production"];
+    assert_eq!(as_u64(&report["sampling"], "mean_bytes"), 65536);
+    assert!(
+        as_u64(production, "allocation_calls") >= 125_002,
+        "{}",
+        pretty(production)
+    );
+    assert!(errors(&report).is_empty(), "{}", pretty(&report));
+    let node = ("make_node", SOURCE, marker_line(SOURCE, "NODE"));
+    let recs = records(&report);
+    for r in recs {
+        let stack = stack_of(r, "stack");
+        assert!(
+            !stack.iter().any(|f| frame_function(f) == "churn"),
+            "a released block is listed: {}",
+            pretty(r)
+        );
+    }
+    for (function, marker, truth) in [
+        ("parse_request", "PARSE", 20_000_000u64),
+        ("load_config", "LOAD", 1_000_000),
+    ] {
+        let r = record_with_function(&report, function);
+        assert_stack_top(
+            stack_of(r, "stack"),
+            &[node, (function, SOURCE, marker_line(SOURCE, marker))],
+            function,
+        );
+        let e = &r["estimate"];
+        let (estimate, error) = (as_u64(e, "bytes"), as_u64(e, "bytes_error"));
+        assert!(
+            estimate.abs_diff(truth) * 2 <= error * 5,
+            "{function}: estimated {estimate} ± {error}, leaked {truth}"
+        );
+        if function == "parse_request" {
+            assert!(
+                estimate.abs_diff(truth) * 100 <= truth * 15,
+                "{function}: estimated {estimate}, leaked {truth}"
+            );
+        }
+    }
+    let text = leaks_text(&dir.trace(), &[]);
+    assert!(
+        text.contains("PRODUCTION MODE: about 1 block in "),
+        "{text}"
+    );
+    assert!(
+        text.contains("one per 65,536 bytes allocated on average"),
+        "{text}"
+    );
+}
+
+/// A sampled block released twice: the second release is reported with
+/// both stacks and not passed on (the C library would abort).
+#[test]
+fn production_catches_a_double_free_of_a_sampled_block() {
+    let (_dir, report) = production_run(
+        "production_double_free",
+        &["--production", "--sample=64K"],
+        &["double-free-large", "100"],
+    );
+    let doubles: Vec<&Value> = errors(&report)
+        .iter()
+        .filter(|e| as_str(e, "kind") == "double_free")
+        .collect();
+    assert_eq!(doubles.len(), 1, "{}", pretty(&report));
+    assert_stack_top(
+        stack_of(doubles[0], "stack"),
+        &[("main", SOURCE, marker_line(SOURCE, "LARGE-DOUBLE-FREE"))],
+        "the double free",
+    );
+    assert_stack_top(
+        stack_of(doubles[0], "alloc_stack"),
+        &[("main", SOURCE, marker_line(SOURCE, "LARGE-ALLOC"))],
+        "the double-freed block's allocation",
+    );
+}
