@@ -6,7 +6,10 @@
 # (bench/src/threads_pairs.c), run natively, under `trapline run`
 # (full: memory and locks), `trapline run --record mem`, `trapline run
 # --record locks`, sampled (`trapline run --sample`, and with `--record
-# mem`), and `heaptrack -r` (recording only, as trapline does),
+# mem`), production mode (`trapline run --production`), jemalloc
+# preloaded (`jemalloc`) and with its sampled heap profiler
+# (`jemalloc-prof`: prof:true,lg_prof_sample:19, one sample per 512 KiB as
+# trapline's), and `heaptrack -r` (recording only, as trapline does),
 # interleaved round by round. The figure is the wall time of the whole
 # command (start, run, and the tool's exit work: trapline's exit scan and
 # trace, heaptrack's raw file). Prints the medians and appends one row per
@@ -16,7 +19,8 @@
 #
 # Knobs (environment): ROUNDS=3,
 # WORKLOADS="sqlite3 perl python node xz cc1 cc1plus stress",
-# TOOLS="native trapline mem locks sampled sampled-mem heaptrack",
+# TOOLS="native trapline mem locks sampled sampled-mem production jemalloc
+# jemalloc-prof heaptrack",
 # SQLITE_C (cc1's input; default: the registry's sqlite3.c).
 set -euo pipefail
 
@@ -25,10 +29,15 @@ ROOT=$(cd "$BENCH_DIR/.." && pwd)
 WORK=$BENCH_DIR/work/workloads
 ROUNDS=${ROUNDS:-3}
 WORKLOADS=${WORKLOADS:-"sqlite3 perl python node xz cc1 cc1plus stress"}
-TOOLS=${TOOLS:-"native trapline mem locks sampled sampled-mem heaptrack"}
+TOOLS=${TOOLS:-"native trapline mem locks sampled sampled-mem production jemalloc jemalloc-prof heaptrack"}
+JEMALLOC=${JEMALLOC:-$(ldconfig -p | sed -n 's/.*libjemalloc\.so\.2 .*=> //p' | sed -n 1p)}
+if [[ " $TOOLS " == *" jemalloc"* && ! -f $JEMALLOC ]]; then
+    echo "bench/workloads.sh: no libjemalloc.so.2 (apt-get install libjemalloc2, or set JEMALLOC)" >&2
+    exit 1
+fi
 # shellcheck source=bench/sqlite.sh
 source "$BENCH_DIR/sqlite.sh"
-SQLITE_C=${SQLITE_C:-$(registry_sqlite_c)}
+SQLITE_C=${SQLITE_C:-$(registry_sqlite_c || true)}
 if [[ " $WORKLOADS " == *" cc1 "* && ! -f $SQLITE_C ]]; then
     echo "bench/workloads.sh: no sqlite3.c for cc1 (set SQLITE_C)" >&2
     exit 1
@@ -97,6 +106,10 @@ PYTHON_SCRIPT='d = {i: str(i) * (i % 30) for i in range(1500000)}; print(sum(len
 NODE_SCRIPT='const m = new Map(); for (let i = 0; i < 1500000; i++) m.set(i, "x".repeat(i % 100) + i);
 let s = 0; for (const v of m.values()) s += v.length; console.log(s);'
 
+# The interpreter itself, not a version manager's shim script (pyenv's is a
+# shell script that execs several programs, each of which a recorder loads).
+PYTHON=$(command -v /usr/bin/python3.11 || command -v python3.11)
+
 # seconds TOOL NAME: runs workload NAME under TOOL; prints its wall seconds.
 seconds() {
     local tool=$1 name=$2 start end
@@ -104,7 +117,7 @@ seconds() {
     case $name in
         sqlite3) cmd=(sqlite3 :memory: "$SQLITE_SQL") ;;
         perl) cmd=(perl -e "$PERL_SCRIPT") ;;
-        python) cmd=(python3.11 -c "$PYTHON_SCRIPT") ;;
+        python) cmd=("$PYTHON" -c "$PYTHON_SCRIPT") ;;
         node) cmd=(node -e "$NODE_SCRIPT") ;;
         xz) cmd=(xz -T2 -6 -c "$WORK/xz-input") ;;
         cc1) cmd=("$CC1" -quiet -imultiarch "$MULTIARCH" -O2 "$SQLITE_C" -o /dev/null) ;;
@@ -119,6 +132,12 @@ seconds() {
         locks) pre=("$TRAPLINE" run -q --force --record locks -o "$WORK/l.trace" --) ;;
         sampled) pre=("$TRAPLINE" run -q --force --sample -o "$WORK/s.trace" --) ;;
         sampled-mem) pre=("$TRAPLINE" run -q --force --sample --record mem -o "$WORK/sm.trace" --) ;;
+        production) pre=("$TRAPLINE" run -q --force --production -o "$WORK/p.trace" --) ;;
+        jemalloc) pre=(env LD_PRELOAD="$JEMALLOC") ;;
+        jemalloc-prof)
+            rm -f "$WORK"/jeprof.*
+            pre=(env LD_PRELOAD="$JEMALLOC" MALLOC_CONF="prof:true,lg_prof_sample:19,prof_prefix:$WORK/jeprof")
+            ;;
         heaptrack) rm -f "$WORK"/h.*; pre=(heaptrack -r -o "$WORK/h") ;;
     esac
     start=$(date +%s.%N)
@@ -162,7 +181,9 @@ describe = {
 }
 names = {"native": "native", "trapline": "trapline", "mem": "trapline --record mem",
          "locks": "trapline --record locks", "sampled": "trapline --sample",
-         "sampled-mem": "trapline --sample --record mem", "heaptrack": os.environ["HEAPTRACK"] + " -r"}
+         "sampled-mem": "trapline --sample --record mem", "production": "trapline --production",
+         "jemalloc": "jemalloc (preloaded)", "jemalloc-prof": "jemalloc prof:true,lg_prof_sample:19",
+         "heaptrack": os.environ["HEAPTRACK"] + " -r"}
 now = datetime.datetime.now(datetime.timezone.utc)
 with open(sys.argv[2], "a") as out:
     for name, tools in runs.items():
@@ -176,7 +197,10 @@ with open(sys.argv[2], "a") as out:
                 "tool": names[tool], "rounds": len(values),
                 "median_s": round(median, 3), "ratio_to_native": round(median / native, 3),
                 "values": values,
+                "spread_s": round(max(values) - min(values), 3),
             }
+            if tool == "jemalloc-prof" and "jemalloc" in tools:
+                row["ratio_to_jemalloc"] = round(median / statistics.median(tools["jemalloc"]), 3)
             out.write(json.dumps(row) + "\n")
             print(f"{name:8} {names[tool]:28} {median:8.3f} s {median / native:6.2f}x")
 PY

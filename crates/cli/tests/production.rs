@@ -12,14 +12,35 @@ use serde_json::Value;
 const SOURCE: &str = "sampled_leaks.c";
 
 fn production_run(name: &str, flags: &[&str], args: &[&str]) -> (TestDir, Value) {
+    let (dir, _) = production_run_printing(name, flags, args);
+    let report = leaks(&dir.trace());
+    (dir, report)
+}
+
+/// The run, and what the program printed.
+fn production_run_printing(name: &str, flags: &[&str], args: &[&str]) -> (TestDir, String) {
     let dir = TestDir::new(name);
     let prog = compile_c(&dir, SOURCE);
     let mut cmd = run_command(&dir, flags, &prog, args);
     cmd.env("TRAPLINE_SAMPLE_SEED", "20261207");
     let run = run_of(cmd);
     assert_eq!(run.code(), 0, "{}", run.describe());
-    let report = leaks(&dir.trace());
-    (dir, report)
+    (dir, run.stdout)
+}
+
+/// A single-threaded program stays single-threaded: production mode's
+/// writer waits for a second thread of the program's (a thread of the
+/// agent's would end glibc's single-thread fast paths); the trace is
+/// whole all the same.
+#[test]
+fn production_mode_adds_no_thread_to_a_single_threaded_program() {
+    let (dir, stdout) =
+        production_run_printing("production_tasks", &["--production"], &["tasks", "1000"]);
+    assert_eq!(stdout, "tasks=1\n");
+    let (full, stdout) = production_run_printing("production_tasks_full", &[], &["tasks", "1000"]);
+    assert_ne!(stdout, "tasks=1\n", "a full recording's writer runs");
+    assert_eq!(calls_of(&dir.trace()), calls_of(&full.trace()));
+    assert_complete(&leaks(&dir.trace()));
 }
 
 /// Every allocator function's calls and bytes, as `stats` lists them.

@@ -167,6 +167,18 @@ pub fn try_take_buffer(tid: u32, for_new_thread: bool) -> Option<Box<Buffer>> {
 
 /// Queues a filled buffer for writing. With `wait`, blocks while the queue is
 /// over its memory cap (the writer is behind); never blocks before the writer runs.
+/// What starts a writer that waits (production mode), when buffers pile up.
+static WRITER_NEEDED: crate::platform::callback::Callback<fn()> =
+    crate::platform::callback::Callback::new();
+
+/// Registers what starts a writer that waits (`writer::start_deferred`).
+pub fn on_writer_needed(f: fn()) {
+    WRITER_NEEDED.set(f);
+}
+
+/// Queued bytes without a writer from which one is started.
+const PILED_UP_BYTES: usize = 1 << 20;
+
 pub fn submit(b: Box<Buffer>, wait: bool) {
     // Once per buffer, a system call's worth: a child of a raw fork system
     // call has no writer, and its descriptor is the parent's file.
@@ -201,6 +213,11 @@ pub fn submit(b: Box<Buffer>, wait: bool) {
         SPACE.wait(seen, Some(100_000_000));
     }
     WORK.notify_all();
+    if !WRITER_RUNNING.load(Ordering::Acquire) && with_queue(|q| q.queued_bytes) > PILED_UP_BYTES {
+        if let Some(start) = WRITER_NEEDED.get() {
+            start();
+        }
+    }
 }
 
 /// Queues a buffer of the agent's own records ahead of everything else.

@@ -13,7 +13,7 @@
 //! A sampled block is recorded as in a full recording: its full stack,
 //! size and time, an `Alloc` event, and a `Free` event at its release.
 //! Its double and invalid releases are found while its release is among
-//! the latest 1,024 sampled ones remembered (a release of an unsampled
+//! the latest 256 sampled ones remembered (a release of an unsampled
 //! block is the allocator's to check).
 //!
 //! The calls are counted per thread (`call_counts.rs`).

@@ -69,6 +69,8 @@ pub unsafe extern "C" fn pthread_create(
         // What the C library answers when it cannot map a thread's stack.
         return libc::EAGAIN;
     };
+    // Production mode's writer waits for the program's second thread.
+    crate::runtime::lifecycle::writer_needed();
     let create_id = threads::on_create(regs);
     let held = threads::starting_args::hold(arg as u64, create_id);
     let start = Box::into_raw(Box::new(Start {

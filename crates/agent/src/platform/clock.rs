@@ -59,7 +59,10 @@ pub fn reset() {
 const READ: u64 = 1;
 /// In `TICK_NS`: the writer has stopped ticking; the word may be old.
 const ASLEEP: u64 = 2;
-const FLAGS: u64 = READ | ASLEEP;
+/// No writer thread ticks (production mode before the program's second
+/// thread): every read takes the clock.
+const NO_TICKER: u64 = 4;
+const FLAGS: u64 = READ | ASLEEP | NO_TICKER;
 /// The writer stops ticking once its ticks have gone unread this long.
 pub const IDLE_AFTER_NS: u64 = 4_000_000;
 
@@ -79,6 +82,16 @@ fn publish_at_least(t: u64) {
 /// flags); also raises the current tick to it, so every event stamped
 /// after this returns carries this time or a later one (a window of the
 /// trace begins at a control answer's time).
+/// Whether a writer thread publishes the tick: without one (`false`),
+/// every `tick` reads the clock.
+pub fn set_ticker(running: bool) {
+    if running {
+        TICK_NS.fetch_and(!NO_TICKER, Ordering::Relaxed);
+    } else {
+        TICK_NS.fetch_or(NO_TICKER, Ordering::Relaxed);
+    }
+}
+
 pub fn precise_now() -> u64 {
     let t = trace_now() & !FLAGS;
     publish_at_least(t);
@@ -99,6 +112,9 @@ pub fn tick() -> u64 {
 #[cold]
 #[inline(never)]
 fn tick_slow(word: u64) -> u64 {
+    if word & NO_TICKER != 0 {
+        return trace_now() & !FLAGS;
+    }
     if word & ASLEEP == 0 {
         TICK_NS.fetch_or(READ, Ordering::Relaxed);
         return word & !FLAGS;

@@ -479,8 +479,24 @@ fn start_trace() {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
         on_exit(at_exit, core::ptr::null_mut());
     }
-    writer::start(periodic);
+    start_writer();
     crate::services::control::start();
+}
+
+/// Starts the writer thread, or in production mode makes it start with the
+/// program's second thread or when buffers pile up (`writer::defer_start`).
+fn start_writer() {
+    if config::production() {
+        writer::defer_start(periodic);
+        crate::events::buffers::on_writer_needed(writer::start_deferred);
+    } else {
+        writer::start(periodic);
+    }
+}
+
+/// The program starts a thread: a writer that waits starts now.
+pub fn writer_needed() {
+    writer::start_deferred();
 }
 
 /// Whether the dynamic loader preloaded this library (`LD_PRELOAD` names
@@ -1025,7 +1041,7 @@ fn restart_trace() {
     FINISH_CHANGED.notify_all();
     if open_trace(false) {
         crate::events::buffers::submit_first(header_buffer());
-        writer::start(periodic);
+        start_writer();
         phase::set_recording_stopped(false);
         crate::services::control::start();
     } else {

@@ -367,6 +367,32 @@ fn end_for_program(scratch: &mut Vec<u8>) -> ! {
 /// takes back when it becomes the program's last thread (`end_for_program`).
 static CREATOR_MASK: AtomicU64 = AtomicU64::new(0);
 
+/// The periodic work of a writer whose start waits (`defer_start`; 0:
+/// none waits).
+static DEFERRED: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// Production mode: the writer starts only when the program starts a
+/// second thread or its buffers pile up (`start_deferred`). A thread of the
+/// agent's would end glibc's single-thread fast paths (`SINGLE_THREAD_P`:
+/// its malloc and free then lock their arena), which cost a single-threaded
+/// program more than the recording. Until then buffers wait in the queue
+/// and the clock is read at each event.
+pub fn defer_start(periodic: fn()) {
+    crate::platform::clock::set_ticker(false);
+    DEFERRED.store(periodic as *const () as usize, Ordering::Release);
+}
+
+/// Starts the writer whose start waits, if one does.
+pub fn start_deferred() {
+    let periodic = DEFERRED.swap(0, Ordering::AcqRel);
+    if periodic != 0 {
+        // SAFETY: `periodic` was stored from a `fn()` by `defer_start`.
+        let periodic: fn() = unsafe { core::mem::transmute::<usize, fn()>(periodic) };
+        crate::platform::clock::set_ticker(true);
+        start(periodic);
+    }
+}
+
 /// Starts the writer thread, with the agent threads' mask from its first
 /// instruction (`agent_threads::spawn`).
 pub fn start(periodic: fn()) {

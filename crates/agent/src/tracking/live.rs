@@ -231,9 +231,9 @@ struct ShardData {
     sampled_next: usize,
 }
 
-/// Sampled releases each shard remembers in production mode: 1,024 in
-/// all, so that the filter's released counts stay few.
-const SAMPLED_FREED: usize = 16;
+/// Sampled releases each shard remembers in production mode: 256 in all,
+/// so that few of the filter's slots are set for released blocks.
+const SAMPLED_FREED: usize = 4;
 
 /// One lock and one table, in lines of their own: the lock and the
 /// published locations share the first.
@@ -623,6 +623,8 @@ pub fn reset_locks() {
     for s in &TABLE {
         s.lock.reset();
     }
+    // Taken only under a shard lock, so free at a fork; reset all the same.
+    crate::tracking::sampled::reset_locks_in_child();
 }
 
 /// Every shard, for the snapshot.
