@@ -237,6 +237,8 @@ fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
         set(&o.record_locks, false);
     }
     if !flag(&o.record_memory) {
+        // Nothing for production mode to sample.
+        set(&o.production, false);
         // No live table to judge.
         set(&o.scan_at_exit, false);
         o.scan_every_ms.store(0, Ordering::Relaxed);

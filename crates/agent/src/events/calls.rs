@@ -5,10 +5,11 @@ use crate::events::{production, record};
 use crate::platform::arch::StartRegs;
 use trapline_trace::AllocFn;
 
-/// Whether production mode takes the call.
+/// Whether production mode takes the call (it implies memory is
+/// recorded: `config.rs`).
 #[inline(always)]
 fn production_mode() -> bool {
-    crate::config::production() && crate::config::memory_recorded()
+    crate::config::production()
 }
 
 /// An allocation by `func` that returned `addr` for `size` bytes.

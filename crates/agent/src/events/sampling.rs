@@ -53,7 +53,8 @@ impl Sampler {
     pub fn takes_stack(&mut self, size: u64, mean: u64) -> bool {
         // A zero-byte block covers no byte: sampled with probability 0
         // by the rule, but counted as one byte so such blocks are seen.
-        self.left -= size.clamp(1, i64::MAX as u64) as i64;
+        // (No block has 2^63 bytes: the cast keeps every size.)
+        self.left -= (size as i64).max(1);
         if self.left > 0 {
             return false;
         }
