@@ -221,6 +221,7 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     }
     let (mut totals, mut end_lost, mut unfreed, mut exit) = (None, None, None, None);
     let mut skipped = Vec::new();
+    let mut counted = std::collections::BTreeMap::new();
     for entry in index.chunks.iter().rev().take(SUMMARY_TAIL_CHUNKS) {
         let chunk = index.read_chunk(input, entry)?;
         for ev in chunk.events() {
@@ -229,6 +230,11 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
                 what: format!("an event of the chunk does not decode: {e}"),
             })? {
                 Event::RunTotals(t) => totals = Some(t),
+                // Production mode: every call, where the totals count the
+                // sampled ones.
+                Event::CallCounts { func, calls, .. } => {
+                    counted.insert(func, calls);
+                }
                 Event::End {
                     counters, exit: e, ..
                 } => {
@@ -260,9 +266,21 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         .into_iter()
         .chain(allocators.warnings())
         .collect();
+    let all_calls = |release: bool| -> u64 {
+        counted
+            .iter()
+            .filter(|(f, _)| f.is_release() == release)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (allocation_calls, release_calls) = if counted.is_empty() {
+        (t.allocation_calls, t.release_calls)
+    } else {
+        (all_calls(false), all_calls(true))
+    };
     Ok(Some(RunSummary {
-        allocation_calls: t.allocation_calls,
-        release_calls: t.release_calls,
+        allocation_calls,
+        release_calls,
         peak_heap_bytes: t.peak_bytes,
         peak_heap_time_ns: t.peak_time,
         unfreed,

@@ -12,19 +12,25 @@ use serde_json::Value;
 const SOURCE: &str = "sampled_leaks.c";
 
 fn production_run(name: &str, flags: &[&str], args: &[&str]) -> (TestDir, Value) {
-    let (dir, _) = production_run_printing(name, flags, args);
+    let (dir, _) = production_run_finished(name, flags, args);
     let report = leaks(&dir.trace());
     (dir, report)
 }
 
-/// The run, and what the program printed.
-fn production_run_printing(name: &str, flags: &[&str], args: &[&str]) -> (TestDir, String) {
+/// The run, and how `trapline run` ended.
+fn production_run_finished(name: &str, flags: &[&str], args: &[&str]) -> (TestDir, Finished) {
     let dir = TestDir::new(name);
     let prog = compile_c(&dir, SOURCE);
     let mut cmd = run_command(&dir, flags, &prog, args);
     cmd.env("TRAPLINE_SAMPLE_SEED", "20261207");
     let run = run_of(cmd);
     assert_eq!(run.code(), 0, "{}", run.describe());
+    (dir, run)
+}
+
+/// The run, and what the program printed.
+fn production_run_printing(name: &str, flags: &[&str], args: &[&str]) -> (TestDir, String) {
+    let (dir, run) = production_run_finished(name, flags, args);
     (dir, run.stdout)
 }
 
@@ -53,9 +59,18 @@ fn calls_of(trace: &std::path::Path) -> Vec<Value> {
 #[test]
 fn production_counts_every_call_as_full_recording_does() {
     let (full, _) = production_run("production_counts_full", &[], &["no"]);
-    let (prod, report) = production_run("production_counts", &["--production"], &["no"]);
+    let (prod, run) = production_run_finished("production_counts", &["--production"], &["no"]);
+    let report = leaks(&prod.trace());
     let full_calls = calls_of(&full.trace());
     assert_eq!(calls_of(&prod.trace()), full_calls);
+    // The run's summary counts every call too.
+    let s = stats(&full.trace());
+    let line = format!(
+        "==trapline== allocation calls: {} ({} releases)",
+        thousands(as_u64(&s, "allocation_calls")),
+        thousands(as_u64(&s, "release_calls"))
+    );
+    assert!(run.stderr.contains(&line), "{line}\n{}", run.describe());
     let malloc = full_calls
         .iter()
         .find(|c| as_str(c, "function") == "malloc")
