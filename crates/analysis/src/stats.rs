@@ -221,7 +221,7 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
     }
     let (mut totals, mut end_lost, mut unfreed, mut exit) = (None, None, None, None);
     let mut skipped = Vec::new();
-    let mut counted = std::collections::BTreeMap::new();
+    let mut production = crate::report::ProductionFacts::default();
     for entry in index.chunks.iter().rev().take(SUMMARY_TAIL_CHUNKS) {
         let chunk = index.read_chunk(input, entry)?;
         for ev in chunk.events() {
@@ -232,8 +232,10 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
                 Event::RunTotals(t) => totals = Some(t),
                 // Production mode: every call, where the totals count the
                 // sampled ones.
-                Event::CallCounts { func, calls, .. } => {
-                    counted.insert(func, calls);
+                Event::CallCounts {
+                    func, calls, bytes, ..
+                } => {
+                    production.calls.insert(func, (calls, bytes));
                 }
                 Event::End {
                     counters, exit: e, ..
@@ -266,17 +268,11 @@ pub fn summary_from_tail<R: Read + Seek>(input: &mut R) -> Result<Option<RunSumm
         .into_iter()
         .chain(allocators.warnings())
         .collect();
-    let all_calls = |release: bool| -> u64 {
-        counted
-            .iter()
-            .filter(|(f, _)| f.is_release() == release)
-            .map(|(_, n)| n)
-            .sum()
-    };
-    let (allocation_calls, release_calls) = if counted.is_empty() {
+    let (allocation_calls, release_calls) = if production.calls.is_empty() {
         (t.allocation_calls, t.release_calls)
     } else {
-        (all_calls(false), all_calls(true))
+        let r = production.report();
+        (r.allocation_calls, r.release_calls)
     };
     Ok(Some(RunSummary {
         allocation_calls,

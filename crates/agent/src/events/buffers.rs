@@ -165,8 +165,6 @@ pub fn try_take_buffer(tid: u32, for_new_thread: bool) -> Option<Box<Buffer>> {
     Some(b)
 }
 
-/// Queues a filled buffer for writing. With `wait`, blocks while the queue is
-/// over its memory cap (the writer is behind); never blocks before the writer runs.
 /// What starts a writer that waits (production mode), when buffers pile up.
 static WRITER_NEEDED: crate::platform::callback::Callback<fn()> =
     crate::platform::callback::Callback::new();
@@ -179,6 +177,9 @@ pub fn on_writer_needed(f: fn()) {
 /// Queued bytes without a writer from which one is started.
 const PILED_UP_BYTES: usize = 1 << 20;
 
+/// Queues a filled buffer for writing. With `wait`, blocks while the queue is
+/// over its memory cap (the writer is behind); never blocks before the writer
+/// runs, and starts a writer that waits once buffers pile up.
 pub fn submit(b: Box<Buffer>, wait: bool) {
     // Once per buffer, a system call's worth: a child of a raw fork system
     // call has no writer, and its descriptor is the parent's file.
@@ -193,6 +194,7 @@ pub fn submit(b: Box<Buffer>, wait: bool) {
     let size = b.data.len();
     EVENTS_SUBMITTED.fetch_add(u64::from(b.events), Ordering::Relaxed);
     let mut slot = Some(b);
+    let mut queued = 0;
     loop {
         let seen = SPACE.generation();
         with_queue(|q| {
@@ -202,6 +204,7 @@ pub fn submit(b: Box<Buffer>, wait: bool) {
             {
                 q.queued_bytes += size;
                 q.full.extend(slot.take());
+                queued = q.queued_bytes;
             }
         });
         if slot.is_none() {
@@ -213,7 +216,7 @@ pub fn submit(b: Box<Buffer>, wait: bool) {
         SPACE.wait(seen, Some(100_000_000));
     }
     WORK.notify_all();
-    if !WRITER_RUNNING.load(Ordering::Acquire) && with_queue(|q| q.queued_bytes) > PILED_UP_BYTES {
+    if queued > PILED_UP_BYTES && !WRITER_RUNNING.load(Ordering::Acquire) {
         if let Some(start) = WRITER_NEEDED.get() {
             start();
         }

@@ -1,21 +1,15 @@
 //! The allocation hooks' way into the recorders: a full or sampled
-//! recording (`record.rs`), or production mode (`production.rs`).
+//! recording (`record.rs`), or production mode (`production.rs`, which
+//! implies memory is recorded: `config.rs`).
 
 use crate::events::{production, record};
 use crate::platform::arch::StartRegs;
 use trapline_trace::AllocFn;
 
-/// Whether production mode takes the call (it implies memory is
-/// recorded: `config.rs`).
-#[inline(always)]
-fn production_mode() -> bool {
-    crate::config::production()
-}
-
 /// An allocation by `func` that returned `addr` for `size` bytes.
 #[inline(always)]
 pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: StartRegs) {
-    if production_mode() && !addr.is_null() {
+    if crate::config::production() && !addr.is_null() {
         production::alloc(func, addr as u64, size as u64, align as u64, regs);
     } else {
         record::alloc(func, addr, size, align, regs);
@@ -39,7 +33,7 @@ pub fn free(func: AllocFn, addr: *mut u8, regs: StartRegs) -> bool {
 /// `free` for a release that states the block's size or alignment.
 #[inline(always)]
 pub fn free_stating(func: AllocFn, addr: *mut u8, stated: record::Stated, regs: StartRegs) -> bool {
-    if production_mode() && !addr.is_null() {
+    if crate::config::production() && !addr.is_null() {
         production::free(func, addr as u64, stated, regs)
     } else {
         record::free_stating(func, addr, stated, regs)
@@ -55,7 +49,7 @@ pub fn realloc(
     regs: StartRegs,
     real: impl FnOnce(*mut u8) -> *mut u8,
 ) -> *mut u8 {
-    if production_mode() {
+    if crate::config::production() {
         production::realloc(func, old, size, regs, real)
     } else {
         record::realloc(func, old, size, regs, real)
@@ -71,7 +65,7 @@ pub fn resize_in_place(
     regs: StartRegs,
     real: impl FnOnce(*mut u8) -> usize,
 ) -> usize {
-    if production_mode() {
+    if crate::config::production() {
         production::resize_in_place(func, size, || real(ptr))
     } else {
         record::resize_in_place(func, ptr, size, regs, real)

@@ -100,15 +100,7 @@ fn insert_sampled(
 ) {
     let mut shard = live::shard_of(addr).locked();
     let t = shard.stamp(clock::tick(), ts.last_time);
-    shard.insert(
-        addr,
-        Block {
-            size,
-            func,
-            stack,
-            align: if func.cxx_aligned() { align } else { 0 },
-        },
-    );
+    shard.insert(addr, Block::allocated(size, func, stack, align));
     sampled::live_added(addr);
     drop(shard);
     ts.last_time = t;

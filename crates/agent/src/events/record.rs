@@ -338,13 +338,7 @@ pub fn alloc(func: AllocFn, addr: *mut u8, size: usize, align: usize, regs: Star
                 let t = shard.stamp(clock::tick(), ts.last_time);
                 let replaced = shard.insert(
                     addr,
-                    Block {
-                        size: size as u64,
-                        func,
-                        stack,
-                        // Only C++'s aligned forms are held to their alignment.
-                        align: if func.cxx_aligned() { align as u64 } else { 0 },
-                    },
+                    Block::allocated(size as u64, func, stack, align as u64),
                 );
                 drop(shard);
                 ts.last_time = t;

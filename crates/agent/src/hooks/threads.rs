@@ -70,7 +70,7 @@ pub unsafe extern "C" fn pthread_create(
         return libc::EAGAIN;
     };
     // Production mode's writer waits for the program's second thread.
-    crate::runtime::lifecycle::writer_needed();
+    crate::services::writer::start_deferred();
     let create_id = threads::on_create(regs);
     let held = threads::starting_args::hold(arg as u64, create_id);
     let start = Box::into_raw(Box::new(Start {

@@ -494,11 +494,6 @@ fn start_writer() {
     }
 }
 
-/// The program starts a thread: a writer that waits starts now.
-pub fn writer_needed() {
-    writer::start_deferred();
-}
-
 /// Whether the dynamic loader preloaded this library (`LD_PRELOAD` names
 /// it): the constructor starts recording only then. Loaded otherwise, by
 /// `trapline attach` or by a program's own dlopen, it stays idle until

@@ -51,6 +51,19 @@ pub struct Block {
     pub align: u64,
 }
 
+impl Block {
+    /// The block an allocation by `func` made: only C++'s aligned forms
+    /// are held to the alignment they asked for.
+    pub fn allocated(size: u64, func: AllocFn, stack: u32, align: u64) -> Block {
+        Block {
+            size,
+            func,
+            stack,
+            align: if func.cxx_aligned() { align } else { 0 },
+        }
+    }
+}
+
 #[derive(Clone, Copy, Default)]
 struct Entry {
     key: u64, // 0 = empty

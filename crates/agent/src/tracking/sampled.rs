@@ -137,7 +137,7 @@ mod tests {
     /// Bits follow their counts: a release is never taken for one of no
     /// sampled block while a sampled block is live at its address.
     #[test]
-    fn counts_follow_their_blocks_and_saturate_safely() {
+    fn bits_follow_their_counts() {
         let a = 0x7f00_0000_1230u64;
         assert!(!may_be_sampled(a));
         live_added(a);
