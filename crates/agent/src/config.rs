@@ -74,6 +74,8 @@ pub struct Options {
     /// Production mode (`env::PRODUCTION`): an unsampled allocation is
     /// only counted; sampled blocks alone are in the table and the trace.
     pub production: AtomicBool,
+    /// Production mode with locks recorded (one load at every lock hook).
+    pub production_locks: AtomicBool,
     /// The samplers' seed (`env::SAMPLE_SEED`; 0: from the clock).
     pub sample_seed: AtomicU64,
     /// The agent was attached to a running process (`trapline attach`):
@@ -106,6 +108,7 @@ pub static OPTIONS: Options = Options {
     record_locks: AtomicBool::new(true),
     sample_bytes: AtomicU64::new(0),
     production: AtomicBool::new(false),
+    production_locks: AtomicBool::new(false),
     sample_seed: AtomicU64::new(0),
     attached: AtomicBool::new(false),
     blocks_predate: AtomicBool::new(false),
@@ -232,9 +235,6 @@ fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
         o.scan_every_ms.store(0, Ordering::Relaxed);
         // Releases of blocks not in the table are the unsampled blocks'.
         set(&o.blocks_predate, true);
-        // Lock recording writes an event per acquisition: not yet cheap
-        // enough to leave on.
-        set(&o.record_locks, false);
     }
     if !flag(&o.record_memory) {
         // Nothing for production mode to sample.
@@ -243,6 +243,8 @@ fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
         set(&o.scan_at_exit, false);
         o.scan_every_ms.store(0, Ordering::Relaxed);
     }
+    let production_locks = flag(&o.production) && flag(&o.record_locks);
+    set(&o.production_locks, production_locks);
     store(
         &OUTPUT,
         Some(var(env::OUTPUT).unwrap_or_else(|| format!("trapline-{pid}.trace"))),
@@ -276,6 +278,12 @@ pub fn locks_recorded() -> bool {
 #[inline(always)]
 pub fn production() -> bool {
     OPTIONS.production.load(Ordering::Relaxed)
+}
+
+/// Whether production mode records locks (one load, at every lock hook).
+#[inline(always)]
+pub fn production_locks() -> bool {
+    OPTIONS.production_locks.load(Ordering::Relaxed)
 }
 
 /// The mean bytes between sampled allocations (0: not sampling; one load,

@@ -71,6 +71,10 @@ pub struct DeadlocksReport {
     /// Whether locks were recorded (`trapline run --record` without
     /// `locks` leaves them out).
     pub locks_recorded: bool,
+    /// Recorded in production mode (`trapline run --production`): only
+    /// contended acquisitions and the holds of each thread's first
+    /// acquisition at a new pair of lock sites are in the trace.
+    pub production_mode: bool,
     /// Counts.
     pub summary: DeadlocksSummary,
     /// Potential deadlocks first, then lock-order inversions.
@@ -1044,6 +1048,7 @@ fn deadlocks_report(
         process: facts.process_report(),
         has_lock_events: state.saw_lock_events,
         locks_recorded: !facts.locks_off,
+        production_mode: facts.production.is_some(),
         summary: DeadlocksSummary {
             potential_deadlocks: count("potential_deadlock"),
             lock_order_inversions: count("lock_order_inversion"),
@@ -1415,6 +1420,9 @@ pub fn render_text(r: &DeadlocksReport) -> String {
     )
     .unwrap();
     writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
+    if r.production_mode {
+        writeln!(out, "{p}PRODUCTION MODE: each thread records each pair of lock sites (held, requested) once, with the holds it was taken under, and every contended wait: \"seen\" counts recorded pairs, not every acquisition").unwrap();
+    }
     if let Some(why) = crate::report::no_lock_events(
         r.locks_recorded,
         r.has_lock_events,

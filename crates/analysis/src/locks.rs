@@ -39,6 +39,10 @@ pub struct LocksReport {
     /// Whether locks were recorded (`trapline run --record` without
     /// `locks` leaves them out).
     pub locks_recorded: bool,
+    /// Recorded in production mode (`trapline run --production`): only
+    /// contended acquisitions and the holds of each thread's first
+    /// acquisition at a new pair of lock sites are in the trace.
+    pub production_mode: bool,
     /// Totals over every lock.
     pub totals: LockTotals,
     /// Per lock and mode: most contended first, then most owner changes,
@@ -442,6 +446,7 @@ impl Pass for LocksAnalysis {
             process: facts.process_report(),
             has_lock_events: state.saw_lock_events,
             locks_recorded: !facts.locks_off,
+            production_mode: facts.production.is_some(),
             totals,
             locks,
             locks_omitted,
@@ -482,6 +487,9 @@ pub fn render_text(r: &LocksReport) -> String {
     let mut out = String::new();
     writeln!(out, "{p}trapline locks: lock contention").unwrap();
     writeln!(out, "{p}Command: {}", command_text(&r.process)).unwrap();
+    if r.production_mode {
+        writeln!(out, "{p}PRODUCTION MODE: only contended acquisitions, and the holds under which a thread first took a lock at a new pair of sites, are recorded: uncontended acquisitions are neither counted nor timed").unwrap();
+    }
     if let Some(why) = crate::report::no_lock_events(
         r.locks_recorded,
         r.has_lock_events,

@@ -113,8 +113,10 @@ pub struct RunArgs {
     /// allocation per 512K allocated (or per --sample=BYTES) is recorded,
     /// with its full stack and its release; every other call is only
     /// counted, by function. Reports estimate the heap by stack with 95%
-    /// intervals; double frees are found for the sampled blocks only. No
-    /// reachability scan and no lock recording.
+    /// intervals; double frees are found for the sampled blocks only.
+    /// Locks: contended waits and each thread's first acquisition at a new
+    /// pair of lock sites are recorded, enough for `deadlocks`; an
+    /// uncontended lock writes nothing. No reachability scan.
     #[arg(long, conflicts_with_all = ["record", "scan_every", "no_release_stacks"])]
     pub production: bool,
     /// Also judge every live block by reachability every SECS seconds while

@@ -20,6 +20,22 @@ fn lock<'a>(report: &'a Value, address: &str, mode: &str) -> &'a Value {
     found[0]
 }
 
+/// The hand-off lock's one contending site: the waiter's HANDOFF-WAIT.
+fn assert_one_contending_site(handoff: &Value) {
+    let sites = as_array(handoff, "top_sites");
+    assert_eq!(sites.len(), 1, "{}", pretty(handoff));
+    assert_eq!(sites[0]["contended"], json!(1));
+    assert_stack_top(
+        stack_of(&sites[0], "stack"),
+        &[(
+            "waiter",
+            "lock_contention.c",
+            marker_line("lock_contention.c", "HANDOFF-WAIT"),
+        )],
+        "handoff contending site",
+    );
+}
+
 #[test]
 fn contention_profile_counts_every_acquisition() {
     let dir = TestDir::new("locks_contention");
@@ -70,18 +86,7 @@ fn contention_profile_counts_every_acquisition() {
         )],
         "handoff init",
     );
-    let sites = as_array(handoff, "top_sites");
-    assert_eq!(sites.len(), 1, "{}", pretty(handoff));
-    assert_eq!(sites[0]["contended"], json!(1));
-    assert_stack_top(
-        stack_of(&sites[0], "stack"),
-        &[(
-            "waiter",
-            "lock_contention.c",
-            marker_line("lock_contention.c", "HANDOFF-WAIT"),
-        )],
-        "handoff contending site",
-    );
+    assert_one_contending_site(handoff);
     // Most contended first, then most owner changes.
     let order: Vec<(u64, u64)> = as_array(&report, "locks")
         .iter()
@@ -197,4 +202,44 @@ fn locks_destroyed_and_reinitialised_across_threads_are_no_misuse() {
     }
     let report = analysis_json("deadlocks", &dir.trace());
     assert_eq!(report["cycles"], json!([]), "{}", pretty(&report));
+}
+
+/// Production mode: the one contended acquisition is recorded with its
+/// wait and stack; the uncontended rwlock and spinlock, never held while
+/// taking another lock or creating a thread, write no event at all.
+#[test]
+fn production_mode_records_the_contended_acquisition_and_nothing_uncontended() {
+    let dir = TestDir::new("locks_production");
+    let prog = compile_c(&dir, "lock_contention.c");
+    let run = run(&dir, &["--production"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_no_events_lost_in_summary(&run);
+    let addr = printed_addresses(&run.stdout);
+    let finished = analysis("locks", &dir.trace());
+    assert_eq!(finished.code(), 0, "{}", finished.describe());
+    let report: Value = serde_json::from_str(&finished.stdout).expect("JSON");
+    assert_eq!(report["production_mode"], json!(true));
+    assert_eq!(report["errors"], json!([]), "{}", pretty(&report));
+    // Main's hold, recorded as it creates the waiter under it, and the
+    // waiter's.
+    let handoff = lock(&report, &addr["handoff"], "exclusive");
+    assert_eq!(handoff["acquisitions"], json!(2), "{}", pretty(handoff));
+    assert_eq!(handoff["contended"], json!(1));
+    assert!(handoff["wait_ns"]["total"].as_u64().unwrap() > 0);
+    assert_one_contending_site(handoff);
+    for name in ["table", "spin"] {
+        let listed = as_array(&report, "locks")
+            .iter()
+            .any(|l| as_str(l, "address") == addr[name]);
+        assert!(!listed, "{name} has events: {}", pretty(&report));
+    }
+    let mut cmd = std::process::Command::new(trapline());
+    cmd.arg("locks").arg(dir.trace());
+    let text = output_of(cmd, "trapline locks");
+    assert!(
+        text.stdout
+            .contains("PRODUCTION MODE: only contended acquisitions"),
+        "{}",
+        text.stdout
+    );
 }

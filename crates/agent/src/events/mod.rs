@@ -4,8 +4,10 @@
 pub mod buffers;
 pub mod call_counts;
 pub mod calls;
+pub mod held;
 pub mod next_alloc;
 pub mod production;
+pub mod production_sync;
 pub mod record;
 pub mod sampling;
 pub mod sync;

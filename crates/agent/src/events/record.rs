@@ -234,7 +234,7 @@ fn allocation_stack(
 /// The caller-only stack of an allocation returning to `caller`, defined
 /// in the trace being written (0 if ids ran out).
 #[inline]
-fn caller_stack(ts: &mut ThreadState, caller: u64) -> u32 {
+pub fn caller_stack(ts: &mut ThreadState, caller: u64) -> u32 {
     let gen = crate::events::buffers::GEN.load(Ordering::Relaxed);
     match ts.sampler.cached_caller(caller, gen) {
         Some(id) => id,

@@ -53,7 +53,7 @@ static LOCKS: [LockSlot; LOCK_SLOTS] = [const {
 }; LOCK_SLOTS];
 
 #[inline]
-fn slot_of(addr: u64) -> u32 {
+pub(crate) fn slot_of(addr: u64) -> u32 {
     let mut i = ((addr >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize;
     for _ in 0..MAX_PROBES {
         i = (i % (LOCK_SLOTS - 1)) + 1;
@@ -85,7 +85,7 @@ fn slot_of(addr: u64) -> u32 {
 /// acquire/release ordering carries the value to its next holder. Shared
 /// holders (rwlock readers) and the fallback slot use a compare-and-swap.
 #[inline(always)]
-fn stamp(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
+pub(crate) fn stamp(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
     let base = clock::tick().max(ts.last_time);
     let t = if exclusive && slot != 0 {
         let slot = &LOCKS[slot as usize];
@@ -119,7 +119,7 @@ fn stamp(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
 /// the program orders after this call by whatever means it has, atomics
 /// included. It does not write `last_time`: a holder may be stamping it
 /// with a plain store at this moment and would lower it again.
-fn stamp_side(ts: &mut ThreadState, slot: u32) -> u64 {
+pub(crate) fn stamp_side(ts: &mut ThreadState, slot: u32) -> u64 {
     let s = &LOCKS[slot as usize];
     let t = clock::tick()
         .max(ts.last_time)
@@ -157,7 +157,7 @@ pub struct CallSite {
 /// `LOCKS`: cached per (lock, return address, stack pointer), captured and
 /// looked up on a miss.
 #[inline(always)]
-fn site_stack(ts: &mut ThreadState, lock: u64, site: CallSite) -> (u32, u32) {
+pub(crate) fn site_stack(ts: &mut ThreadState, lock: u64, site: CallSite) -> (u32, u32) {
     let gen = crate::events::buffers::GEN.load(Ordering::Relaxed);
     let h = (lock ^ site.ret.rotate_left(21) ^ site.sp.rotate_left(43))
         .wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -238,6 +238,31 @@ pub fn register_fork_handlers() {
 #[inline(always)]
 fn owned_by(ts: &ThreadState, owner: u32) -> bool {
     owner == ts.tid || (owner != 0 && owner == OWNER_BEFORE_FORK.load(Ordering::Relaxed))
+}
+
+/// The type of the mutex at `addr`, from glibc's kind word.
+#[inline]
+pub fn mutex_kind(addr: u64) -> LockKind {
+    let m = addr as *const u8;
+    // SAFETY: `m` is a mutex the C library just operated on; the kind word
+    // lies inside it and is only written by pthread_mutex_init.
+    let k = unsafe {
+        core::ptr::read_volatile(
+            m.add(crate::platform::arch::MUTEX_KIND_OFFSET)
+                .cast::<i32>(),
+        )
+    };
+    // Bits glibc defines: the type (0-3), robust (16), priority inherit
+    // (32) and protect (64), process-shared (128), elision (256, 512).
+    if k & !0x3f3 != 0 {
+        return LockKind::Unknown;
+    }
+    match k & 3 {
+        0 => LockKind::Mutex,
+        1 => LockKind::MutexRecursive,
+        2 => LockKind::MutexErrorCheck,
+        _ => LockKind::MutexAdaptive,
+    }
 }
 
 /// This thread's kernel tid, as the agent cached it (no system call).
@@ -476,7 +501,7 @@ pub fn exiting(regs: StartRegs) {
     });
 }
 
-fn emit_event(ts: &mut ThreadState, ev: LockEvent) {
+pub(crate) fn emit_event(ts: &mut ThreadState, ev: LockEvent) {
     let time = ev.time();
     let ev = Event::Lock(ev);
     ts.emit(Some(time), |e, c| e.event(c, &ev));

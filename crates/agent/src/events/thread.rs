@@ -90,6 +90,8 @@ pub struct ThreadState {
     pub sampler: crate::events::sampling::Sampler,
     /// Production mode's calls and bytes per allocator function.
     pub call_counts: crate::events::call_counts::CallCounters,
+    /// Production mode's locks held by this thread.
+    pub held: crate::events::held::HeldLocks,
     /// Lock holds this thread recorded and has not released.
     pub locks_held: u32,
     /// The agent's time inside this thread's lock holds so far, in event
@@ -434,6 +436,7 @@ fn create(set_up: bool, provision: Option<Provision>) -> *mut ThreadState {
             u64::from(tid).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ crate::platform::clock::unix_ns(),
         ),
         call_counts: crate::events::call_counts::CallCounters::new(),
+        held: crate::events::held::HeldLocks::new(),
         set_up: false,
         agent_altstack: false,
         delegated_new: None,
@@ -903,6 +906,7 @@ pub fn reset_in_child() {
         // The child's trace counts its own calls.
         ts.call_counts.clear();
         crate::events::call_counts::ENDED.clear();
+        ts.held.forked();
         for c in &mut ts.captures {
             c.invalidate();
         }

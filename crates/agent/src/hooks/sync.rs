@@ -7,10 +7,10 @@
 //! trampolines (`with_return_address`) that hand their implementation the
 //! caller's return address, the key of the call-site stack cache.
 
+use crate::events::held::Hold;
+use crate::events::production_sync;
 use crate::events::sync::{self, CallSite};
-use crate::platform::arch::{
-    start_regs, with_return_address, MUTEX_KIND_OFFSET, MUTEX_OWNER_OFFSET,
-};
+use crate::platform::arch::{start_regs, with_return_address, MUTEX_OWNER_OFFSET};
 use crate::platform::clock::monotonic_ns;
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -68,21 +68,29 @@ type SpinFn = unsafe extern "C" fn(*mut pthread_spinlock_t) -> c_int;
 /// The type of a mutex, from glibc's kind word.
 #[inline]
 fn mutex_kind(m: *const pthread_mutex_t) -> LockKind {
-    // SAFETY: `m` is a mutex the C library just operated on; the kind word
-    // lies inside it and is only written by pthread_mutex_init.
-    let k =
-        unsafe { core::ptr::read_volatile(m.cast::<u8>().add(MUTEX_KIND_OFFSET).cast::<i32>()) };
-    // Bits glibc defines: the type (0-3), robust (16), priority inherit
-    // (32) and protect (64), process-shared (128), elision (256, 512).
-    if k & !0x3f3 != 0 {
-        return LockKind::Unknown;
+    sync::mutex_kind(m as u64)
+}
+
+/// Whether the lock's first word, which glibc's mutexes, rwlocks and
+/// spinlocks all keep 0 while they are free and unwaited, is 0 now. A racy
+/// read: production mode takes a free-looking lock directly, without the
+/// trylock that costs more than the rest of its hook (bench/locks.sh).
+#[inline(always)]
+fn looks_free<T>(l: *const T) -> bool {
+    // SAFETY: `l` is the caller's lock, at least 4 bytes, aligned to 4.
+    unsafe { core::ptr::read_volatile(l.cast::<u32>()) == 0 }
+}
+
+/// Production mode's acquisition of a lock that looked free: the real
+/// call, tracked if it took the lock. It waits unrecorded if another
+/// thread took the lock in between (a race of a few instructions).
+#[inline(always)]
+fn take_free_looking(addr: u64, hold: Hold, site: CallSite, wait: impl FnOnce() -> c_int) -> c_int {
+    let r = wait();
+    if acquired_now(r) {
+        production_sync::acquired(addr, hold, site);
     }
-    match k & 3 {
-        0 => LockKind::Mutex,
-        1 => LockKind::MutexRecursive,
-        2 => LockKind::MutexErrorCheck,
-        _ => LockKind::MutexAdaptive,
-    }
+    r
 }
 
 /// The tid glibc stored as the mutex's owner (0 when free).
@@ -96,11 +104,33 @@ fn acquired_now(r: c_int) -> bool {
     r == 0 || r == EOWNERDEAD
 }
 
-/// Records the outcome `r` of a trylock.
+/// The lock was taken without waiting: recorded, or in production mode
+/// tracked (`production_sync.rs`).
+#[inline(always)]
+fn took(addr: u64, kind: LockKind, mode: LockMode, op: LockOp, site: CallSite) {
+    if crate::config::production() {
+        production_sync::acquired(addr, Hold::of(kind, mode, op), site);
+    } else {
+        sync::acquired(addr, kind, mode, op, None, site);
+    }
+}
+
+/// The thread is about to release the lock (see `sync::releasing`).
+#[inline(always)]
+fn releasing(addr: u64, kind: LockKind, exclusive: bool, owner: Option<u32>, site: CallSite) {
+    if crate::config::production() {
+        production_sync::releasing(addr);
+    } else {
+        sync::releasing(addr, kind, exclusive, owner, site);
+    }
+}
+
+/// Records the outcome `r` of a trylock (production mode records no
+/// failed attempt: a spinning program makes millions).
 fn tried(addr: u64, kind: LockKind, mode: LockMode, r: c_int, site: CallSite) -> c_int {
     if acquired_now(r) {
-        sync::acquired(addr, kind, mode, LockOp::Try, None, site);
-    } else {
+        took(addr, kind, mode, LockOp::Try, site);
+    } else if !crate::config::production() {
         sync::failed(addr, kind, mode, LockOp::Try, r, site);
     }
     r
@@ -117,12 +147,21 @@ fn contended(
     site: CallSite,
     wait: impl FnOnce() -> c_int,
 ) -> c_int {
-    sync::requesting(addr, kind, mode, site);
+    let production = crate::config::production();
+    if production {
+        production_sync::requesting(addr, kind, mode, site);
+    } else {
+        sync::requesting(addr, kind, mode, site);
+    }
     let t0 = monotonic_ns();
     let r = wait();
     let waited = monotonic_ns().saturating_sub(t0);
     if acquired_now(r) {
-        sync::acquired(addr, kind, mode, op, Some(waited), site);
+        if production {
+            production_sync::acquired_after_wait(addr, Hold::of(kind, mode, op), waited, site);
+        } else {
+            sync::acquired(addr, kind, mode, op, Some(waited), site);
+        }
     } else {
         if r == EDEADLK {
             sync::misuse(addr, kind, LockMisuse::Refused, r, start_regs());
@@ -165,11 +204,14 @@ fn mutex_acquire(
     if !crate::config::locks_recorded() {
         return wait();
     }
+    let addr = m as u64;
+    if crate::config::production() && looks_free(m) {
+        return take_free_looking(addr, Hold::mutex(op), site, wait);
+    }
     // SAFETY: the caller's mutex, passed through.
     let r = unsafe { real!(pthread_mutex_trylock: MutexFn)(m) };
-    let addr = m as u64;
     if acquired_now(r) {
-        sync::acquired(addr, mutex_kind(m), LockMode::Exclusive, op, None, site);
+        took(addr, mutex_kind(m), LockMode::Exclusive, op, site);
         return r;
     }
     if r != EBUSY {
@@ -178,7 +220,7 @@ fn mutex_acquire(
         let r = wait();
         let kind = mutex_kind(m);
         if acquired_now(r) {
-            sync::acquired(addr, kind, LockMode::Exclusive, op, None, site);
+            took(addr, kind, LockMode::Exclusive, op, site);
         } else {
             sync::failed(addr, kind, LockMode::Exclusive, op, r, site);
         }
@@ -196,10 +238,33 @@ fn mutex_acquire(
 
 extern "C" fn mutex_lock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
     let site = CallSite { ret, sp };
+    if crate::config::production_locks() {
+        return production_mutex_lock(m, site);
+    }
+    full_mutex_lock(m, site)
+}
+
+#[inline(never)]
+fn full_mutex_lock(m: *mut pthread_mutex_t, site: CallSite) -> c_int {
     // SAFETY: the caller's mutex, passed through.
     mutex_acquire(m, LockOp::Blocking, site, || unsafe {
         real!(pthread_mutex_lock: MutexFn)(m)
     })
+}
+
+/// Production mode's pthread_mutex_lock: apart from the full path's frame,
+/// so that a free mutex costs the real call and a push (bench/locks.sh).
+#[inline(never)]
+fn production_mutex_lock(m: *mut pthread_mutex_t, site: CallSite) -> c_int {
+    if !looks_free(m) {
+        return full_mutex_lock(m, site);
+    }
+    // SAFETY: the caller's mutex, passed through.
+    let r = unsafe { real!(pthread_mutex_lock: MutexFn)(m) };
+    if acquired_now(r) {
+        production_sync::acquired(m as u64, Hold::mutex(LockOp::Blocking), site);
+    }
+    r
 }
 with_return_address!(pthread_mutex_lock, mutex_lock, "rsi", "rdx");
 
@@ -247,11 +312,41 @@ with_return_address!(pthread_mutex_trylock, mutex_trylock, "rsi", "rdx");
 /// one it never made; EPERM: an error-checking or recursive one the caller
 /// does not own) is recorded after it, with the kind read before.
 extern "C" fn mutex_unlock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
+    if crate::config::production_locks() {
+        return production_mutex_unlock(m);
+    }
+    full_mutex_unlock(m, CallSite { ret, sp })
+}
+
+#[inline(never)]
+fn production_mutex_unlock(m: *mut pthread_mutex_t) -> c_int {
+    production_sync::releasing(m as u64);
+    // SAFETY: the caller's mutex, passed through.
+    let r = unsafe { real!(pthread_mutex_unlock: MutexFn)(m) };
+    if r != 0 {
+        refused_unlock(m, r);
+    }
+    r
+}
+
+#[cold]
+#[inline(never)]
+fn refused_unlock(m: *mut pthread_mutex_t, r: c_int) {
+    sync::misuse(
+        m as u64,
+        mutex_kind(m),
+        LockMisuse::Refused,
+        r,
+        start_regs(),
+    );
+}
+
+#[inline(never)]
+fn full_mutex_unlock(m: *mut pthread_mutex_t, site: CallSite) -> c_int {
     if !crate::config::locks_recorded() {
         // SAFETY: the caller's mutex, passed through.
         return unsafe { real!(pthread_mutex_unlock: MutexFn)(m) };
     }
-    let site = CallSite { ret, sp };
     let kind = mutex_kind(m);
     sync::releasing(m as u64, kind, true, Some(mutex_owner(m)), site);
     // SAFETY: the caller's mutex, passed through.
@@ -277,7 +372,9 @@ macro_rules! init_and_destroy {
             type F = unsafe extern "C" fn(*mut $lock, *const $attr) -> c_int;
             // SAFETY: the caller's arguments, passed through.
             let r = unsafe { real!($init: F)(l, attr) };
-            if r == 0 {
+            // Production mode keeps no lock's lifetime (a program may
+            // make a lock per object).
+            if r == 0 && !crate::config::production() {
                 sync::lifetime(l as u64, $kind(l), true, regs);
             }
             r
@@ -287,8 +384,9 @@ macro_rules! init_and_destroy {
         /// As the C library's function.
         #[no_mangle]
         pub unsafe extern "C" fn $destroy(l: *mut $lock) -> c_int {
-            let regs = start_regs();
-            sync::lifetime(l as u64, $kind(l), false, regs);
+            if !crate::config::production() {
+                sync::lifetime(l as u64, $kind(l), false, start_regs());
+            }
             type F = unsafe extern "C" fn(*mut $lock) -> c_int;
             // SAFETY: the caller's lock, passed through.
             unsafe { real!($destroy: F)(l) }
@@ -318,6 +416,10 @@ fn rw_acquire(
     if !crate::config::locks_recorded() {
         return wait();
     }
+    if crate::config::production() && looks_free(l) {
+        let hold = Hold::of(LockKind::RwLock, mode, op);
+        return take_free_looking(l as u64, hold, site, wait);
+    }
     // SAFETY: the caller's rwlock, passed through.
     let r = unsafe {
         match mode {
@@ -326,7 +428,7 @@ fn rw_acquire(
         }
     };
     if acquired_now(r) {
-        sync::acquired(l as u64, LockKind::RwLock, mode, op, None, site);
+        took(l as u64, LockKind::RwLock, mode, op, site);
         return r;
     }
     if r != EBUSY {
@@ -445,7 +547,7 @@ rw_try!(
 
 extern "C" fn rw_unlock(l: *mut pthread_rwlock_t, ret: u64, sp: u64) -> c_int {
     let site = CallSite { ret, sp };
-    sync::releasing(l as u64, LockKind::RwLock, false, None, site);
+    releasing(l as u64, LockKind::RwLock, false, None, site);
     // SAFETY: the caller's rwlock, passed through.
     unsafe { real!(pthread_rwlock_unlock: RwFn)(l) }
 }
@@ -468,15 +570,20 @@ extern "C" fn spin_lock(l: *mut pthread_spinlock_t, ret: u64, sp: u64) -> c_int 
         return unsafe { real!(pthread_spin_lock: SpinFn)(l) };
     }
     let site = CallSite { ret, sp };
+    if crate::config::production() && looks_free(l) {
+        let hold = Hold::of(LockKind::Spin, LockMode::Exclusive, LockOp::Blocking);
+        // SAFETY: the caller's spinlock, passed through.
+        let wait = || unsafe { real!(pthread_spin_lock: SpinFn)(l) };
+        return take_free_looking(l as u64, hold, site, wait);
+    }
     // SAFETY: the caller's spinlock, passed through.
     let r = unsafe { real!(pthread_spin_trylock: SpinFn)(l) };
     if r == 0 {
-        sync::acquired(
+        took(
             l as u64,
             LockKind::Spin,
             LockMode::Exclusive,
             LockOp::Blocking,
-            None,
             site,
         );
         return r;
@@ -503,7 +610,7 @@ with_return_address!(pthread_spin_trylock, spin_trylock, "rsi", "rdx");
 
 extern "C" fn spin_unlock(l: *mut pthread_spinlock_t, ret: u64, sp: u64) -> c_int {
     let site = CallSite { ret, sp };
-    sync::releasing(l as u64, LockKind::Spin, true, None, site);
+    releasing(l as u64, LockKind::Spin, true, None, site);
     // SAFETY: the caller's spinlock, passed through.
     unsafe { real!(pthread_spin_unlock: SpinFn)(l) }
 }
@@ -519,6 +626,11 @@ fn cond_wait_around(
     wait: impl FnOnce() -> c_int,
 ) -> c_int {
     if !crate::config::locks_recorded() {
+        return wait();
+    }
+    if crate::config::production() {
+        // The mutex is held again at the return, untracked by the trace.
+        production_sync::cond_waiting(m as u64);
         return wait();
     }
     let kind = mutex_kind(m);

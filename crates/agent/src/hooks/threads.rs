@@ -71,6 +71,9 @@ pub unsafe extern "C" fn pthread_create(
     };
     // Production mode's writer waits for the program's second thread.
     crate::services::writer::start_deferred();
+    if crate::config::production() {
+        crate::events::production_sync::creating_thread();
+    }
     let create_id = threads::on_create(regs);
     let held = threads::starting_args::hold(arg as u64, create_id);
     let start = Box::into_raw(Box::new(Start {
