@@ -17,6 +17,7 @@ RESULTS = Path(__file__).with_name("results.jsonl")
 # Headline figures, in order of preference, and how to print them.
 FIGURES = [
     ("ratio_to_native", lambda v: f"{v:g}x"),
+    ("throughput_ratio", lambda v: f"{v:g}x native throughput"),
     ("ns_added_per_pair", lambda v: f"+{v:g} ns/pair"),
     ("us_added_per_pair", lambda v: f"+{v:g} us/pair"),
     ("us_added_per_thread", lambda v: f"+{v:g} us/thread"),
@@ -43,6 +44,8 @@ def headline(row):
             text = fmt(value)
             if key == "ratio_to_native" and isinstance(row.get("median_s"), (int, float)):
                 text = f"{row['median_s']:g} s, {text}"
+            if key == "throughput_ratio" and isinstance(row.get("requests_per_s_median"), (int, float)):
+                text = f"{row['requests_per_s_median']:,} req/s, {text}"
             return text
     return None
 
