@@ -176,3 +176,25 @@ fn production_catches_a_double_free_of_a_sampled_block() {
         "the double-freed block's allocation",
     );
 }
+
+/// atfork_early_lib.c allocates from its constructor, before the agent's
+/// reads its options: that block is recorded as a full recording records
+/// it, without a stack. Its release (in the library's fork handler) is
+/// recorded too, so it is not left listed as unfreed; it was, since the
+/// release of a block production mode had not sampled went unseen.
+#[test]
+fn a_block_allocated_before_the_agent_started_and_freed_is_not_listed() {
+    let dir = TestDir::new("production_early_block");
+    let lib = compile_c_library(&dir, "atfork_early_lib.c", "libatfork_early_lib.so");
+    let prog = compile_c_linked_to(&dir, "atfork_early.c", &lib);
+    let run = run(&dir, &["--production"], &prog, &[]);
+    assert_eq!(run.code(), 0, "{}", run.describe());
+    assert_eq!(run.stdout, "cc\nprepared 2 times\n");
+    let report = leaks(&dir.trace());
+    assert_complete(&report);
+    let stackless: Vec<&Value> = records(&report)
+        .iter()
+        .filter(|r| r["stack_id"] == 0)
+        .collect();
+    assert!(stackless.is_empty(), "{}", pretty(&report));
+}

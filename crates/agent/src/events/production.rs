@@ -106,6 +106,16 @@ fn insert_sampled(
     ts.last_time = t;
 }
 
+/// Production mode starts with the blocks the C library handed out before
+/// the agent read its options (recorded as a full recording records them,
+/// without a stack: the unwinder was not ready): their releases are looked
+/// for as a sampled block's are, so that none is left listed once freed.
+pub fn adopt_earlier_blocks() {
+    for shard in live::shards() {
+        shard.locked().for_each(|addr, _| sampled::live_added(addr));
+    }
+}
+
 /// A release of `addr` by `func`; returns whether to pass it on.
 #[inline(always)]
 pub fn free(func: AllocFn, addr: u64, stated: record::Stated, regs: StartRegs) -> bool {

@@ -393,6 +393,9 @@ pub fn init(resolve_hooks: fn(), own_hooks: fn() -> Vec<(&'static core::ffi::CSt
     let (_, refused) = crate::runtime::inline_alloc::detour_executable_allocator(own_hooks);
     let ts = begin_process_state();
     config::read_from_environment(phase::owner());
+    if config::production() {
+        crate::events::production::adopt_earlier_blocks();
+    }
     let top = config::flag(&OPTIONS.top);
     let follow = config::flag(&OPTIONS.follow);
     remove_from_environment(env::ROLE.as_bytes());
