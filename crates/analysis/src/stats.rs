@@ -52,6 +52,9 @@ pub struct StatsReport {
     pub release_calls: u64,
     /// Bytes requested by all allocation calls (realloc's new sizes included).
     pub bytes_allocated: u64,
+    /// Recorded in production mode (`--production`): the calls are exact,
+    /// and the heap figures and sites count the sampled blocks only.
+    pub production_mode: bool,
     /// The most bytes live at once.
     pub peak_heap: PeakHeap,
     /// Blocks live at the end of the recorded events (replayed).
@@ -575,6 +578,7 @@ impl<V: LiveValue> crate::pass::Pass for StatsAnalysis<V> {
             allocation_calls: all_allocation_calls,
             release_calls: all_release_calls,
             bytes_allocated: all_bytes,
+            production_mode: exact.is_some(),
             peak_heap: peak,
             live_at_end: BytesBlocks {
                 bytes: heap.live_bytes,
@@ -693,6 +697,13 @@ pub fn render_text(r: &StatsReport) -> String {
         thousands(r.bytes_allocated)
     )
     .unwrap();
+    if r.production_mode {
+        writeln!(
+            out,
+            "{p}  PRODUCTION MODE: the calls above are exact; the heap figures and sites below count the sampled blocks only (`trapline leaks` estimates every stack's)"
+        )
+        .unwrap();
+    }
     writeln!(
         out,
         "{p}  peak heap: {} bytes in {} blocks at {} s",

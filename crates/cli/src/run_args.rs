@@ -94,8 +94,9 @@ pub struct RunArgs {
         value_parser = [env::RECORD_MEMORY, env::RECORD_LOCKS, env::RECORD_CPU]
     )]
     pub record: Option<Vec<String>>,
-    /// Sampled recording, for production: every allocation is still
-    /// recorded (counts, bytes, errors and reachability stay exact), but
+    /// Sampled recording, for staging and CI (for a service, use
+    /// --production): every allocation is still recorded (counts, bytes,
+    /// errors and reachability stay exact), but
     /// only about one per BYTES allocated (default 512K, a Poisson process
     /// over bytes) takes its full call stack; the others record their
     /// caller only. Reports scale the sampled stacks to estimates with

@@ -81,7 +81,10 @@ fn production_counts_every_call_as_full_recording_does() {
     let sampled = as_u64(production, "sampled_allocations");
     // About 25.2 MB allocated at one sample per 512 KiB on average.
     assert!((10..=200).contains(&sampled), "{}", pretty(production));
-    let recorded = as_u64(&stats(&prod.trace()), "events");
+    assert_eq!(stats(&full.trace())["production_mode"], false);
+    let prod_stats = stats(&prod.trace());
+    assert_eq!(prod_stats["production_mode"], true);
+    let recorded = as_u64(&prod_stats, "events");
     assert!(
         recorded < 2_000,
         "{recorded} events recorded for 250,000 calls"
