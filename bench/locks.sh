@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lock benchmarks, side by side: native, trapline, valgrind's helgrind and
-# drd (and mutrace when installed). Called by `bench/run.sh locks` (and
+# Lock benchmarks, side by side: native, trapline (full and --production),
+# valgrind's helgrind and drd (and mutrace when installed). Called by `bench/run.sh locks` (and
 # `all`); runs on its own too. See bench/README.md, "Locks".
 #
 #   1. Uncontended pthread_mutex_lock+unlock pair on one thread: ns per pair
@@ -59,6 +59,7 @@ measure() {
     case $tool in
         native) ;;
         trapline) pre=("$TRAPLINE" run -q -o "$OUT/t.trace" --) ;;
+        production) pre=("$TRAPLINE" run -q --production -o "$OUT/p.trace" --) ;;
         helgrind) pre=(valgrind -q --tool=helgrind) ;;
         drd) pre=(valgrind -q --tool=drd) ;;
         mutrace) pre=(mutrace) ;;
@@ -78,7 +79,7 @@ instructions_per_pair() {
     calc "($b - $a) / $n"
 }
 
-TOOLS=(native trapline)
+TOOLS=(native trapline production)
 command -v valgrind >/dev/null && TOOLS+=(helgrind drd)
 command -v mutrace >/dev/null && TOOLS+=(mutrace)
 
@@ -95,7 +96,7 @@ native_pair=n/a
 for tool in "${TOOLS[@]}"; do
     vals=()
     case $tool in
-        native | trapline | mutrace)
+        native | trapline | production | mutrace)
             for ((i = 0; i < LOCK_REPS; i++)); do
                 log "$tool pair run $((i + 1))/$LOCK_REPS"
                 vals+=("$(measure "$tool" ns_per_pair pair "$LOCK_PAIRS")")
@@ -125,7 +126,7 @@ for work in $LOCK_WORK; do
     for tool in "${TOOLS[@]}"; do
         vals=()
         case $tool in
-            native | trapline | mutrace)
+            native | trapline | production | mutrace)
                 for ((i = 0; i < LOCK_REPS; i++)); do
                     log "$tool contended $work run $((i + 1))/$LOCK_REPS"
                     vals+=("$(measure "$tool" ops_per_sec contended "$LOCK_THREADS" "$LOCK_ROUNDS" "$win" "$wout")")
