@@ -229,9 +229,10 @@ fn read_from(var: impl Fn(&str) -> Option<String>, pid: u32) {
                 .store(env::DEFAULT_SAMPLE_BYTES, Ordering::Relaxed);
         }
         set(&o.release_stacks, false);
-        // The table holds the sampled blocks only: a scan of it would take
-        // a sampled block that only unsampled ones point to for a leak.
-        set(&o.scan_at_exit, false);
+        // The table holds the sampled blocks only: the exit scan reads all
+        // of memory instead of the table's blocks (scan/everything.rs), as
+        // a scan asked for on the control socket does; none periodically
+        // (the CLI refuses `--scan-every`).
         o.scan_every_ms.store(0, Ordering::Relaxed);
         // Releases of blocks not in the table are the unsampled blocks'.
         set(&o.blocks_predate, true);

@@ -19,6 +19,13 @@
 //!
 //! The samples stop short of the run's end, where exit handlers and the C
 //! library's freeres release what a service holds for its whole life.
+//!
+//! Under sampled recording (`--sample`, `--production`), a full stack's
+//! blocks in the trace are a sample of its blocks: its series is then the
+//! estimate of its live bytes, each live sampled block counted at its
+//! weight (`sampling::Sampling::weight_bytes`), so the rule judges what the
+//! stack holds, not the few blocks recorded of it; `Growth::estimated`
+//! says so.
 
 use std::collections::HashMap;
 
@@ -61,6 +68,11 @@ pub struct Growth {
     pub live_bytes_last: u64,
     /// Samples judged (`SAMPLES` unless the run was too short to time).
     pub samples: u32,
+    /// The live bytes (and so the slope) are estimates: the site is a full
+    /// stack of a sampled recording, each of its live sampled blocks
+    /// counted at its weight (absent when false: every block counted).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 /// An allocation site: its stack id and allocation function.
@@ -70,6 +82,8 @@ pub type Site = (u32, AllocFn);
 struct SiteSeries {
     live: u64,
     samples: Vec<u64>,
+    /// Its changes were weighted (`changed_by_weight`).
+    estimated: bool,
 }
 
 /// The per-site series, fed with every heap change in time order.
@@ -120,11 +134,23 @@ impl GrowthTracker {
     /// A block of `size` bytes from `site` was allocated (`true`) or
     /// released.
     pub fn changed(&mut self, site: Site, size: u64, allocated: bool) {
+        self.change(site, size, allocated, false);
+    }
+
+    /// A sampled block of a full stack, standing for `weight` bytes (its
+    /// size over the probability that it was sampled), was allocated
+    /// (`true`) or released: the site's series is an estimate.
+    pub fn changed_by_weight(&mut self, site: Site, weight: u64, allocated: bool) {
+        self.change(site, weight, allocated, true);
+    }
+
+    fn change(&mut self, site: Site, bytes: u64, allocated: bool, estimated: bool) {
         let s = self.sites.entry(site).or_default();
+        s.estimated |= estimated;
         s.live = if allocated {
-            s.live + size
+            s.live + bytes
         } else {
-            s.live.saturating_sub(size)
+            s.live.saturating_sub(bytes)
         };
     }
 
@@ -136,7 +162,8 @@ impl GrowthTracker {
         let mut out = HashMap::new();
         for (site, mut s) in self.sites {
             s.samples.resize(n, 0);
-            if let Some(g) = judge(&times, &s.samples) {
+            if let Some(mut g) = judge(&times, &s.samples) {
+                g.estimated = s.estimated;
                 out.insert(site, g);
             }
         }
@@ -181,6 +208,7 @@ pub fn judge(times: &[f64], ys: &[u64]) -> Option<Growth> {
         live_bytes_first: first,
         live_bytes_last: last,
         samples: n as u32,
+        estimated: false,
     })
 }
 

@@ -147,6 +147,11 @@ pub struct LeaksSummary {
     pub still_reachable: Option<BytesBlocks>,
     /// Blocks hidden by suppressions (null without a scan).
     pub suppressed: Option<BytesBlocks>,
+    /// With a production-mode trace's scan: what every block at the stacks
+    /// of the definitely and indirectly lost sampled blocks comes to,
+    /// estimated from those (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub estimated_lost: Option<Estimate>,
     /// Heap usage computed by replaying the recorded events.
     pub total_heap_usage: HeapUsage,
     /// Number of loss records.
@@ -411,7 +416,26 @@ struct LeaksPass {
     /// Per thread, the last such block released (address, alignment): its
     /// `Error` follows the release's `Free` on the same thread.
     cxx_aligned_released: HashMap<u32, (u64, u64)>,
+    /// The trace's `Recording` was read (or is given up on): events are
+    /// observed as they come. Until then they wait in `held`.
+    recording_read: bool,
+    /// The events read before the trace's `Recording`: how the blocks were
+    /// sampled decides what each one stands for (estimates, growth), and a
+    /// production-mode process ended by a signal writes its `Recording`
+    /// after its heap events (the writer had not started: the agent's own
+    /// records go last), where the merge puts them.
+    held: Vec<MergedEvent>,
 }
+
+/// Events held back waiting for a trace's `Recording`, at most: a
+/// production-mode trace whose `Recording` comes last holds fewer (only its
+/// sampled blocks have events, and its writer starts once 1 MiB of them
+/// waits, writing the agent's records first); a trace without `Recording`
+/// (older than format version 3, or written by a test) was not sampled,
+/// and is read as it comes after these. Bounded so that holding them costs
+/// a few MiB: the run summary's reader runs under memory limits
+/// (`tests/scan_limits.rs`).
+const HELD_FOR_RECORDING: usize = 1 << 15;
 
 /// A map keyed by stack id, hashed with one multiplication: it is updated
 /// for every release of the trace.
@@ -437,6 +461,37 @@ impl Hasher for StackIdHasher {
 }
 
 impl LeaksPass {
+    /// Takes one event of the merge: observed once the trace's `Recording`
+    /// is known (see `held`).
+    fn take(&mut self, m: &MergedEvent) {
+        if self.recording_read {
+            return self.observe(m);
+        }
+        if matches!(m.event, Event::Recording { .. }) {
+            // Observed before the events it came after, with no time of
+            // its own: it moves no series on.
+            self.recording_read = true;
+            self.observe(&MergedEvent {
+                time: 0,
+                ..m.clone()
+            });
+            self.release_held();
+            return;
+        }
+        self.held.push(m.clone());
+        if self.held.len() >= HELD_FOR_RECORDING {
+            self.recording_read = true;
+            self.release_held();
+        }
+    }
+
+    /// Observes the events held back, in their order.
+    fn release_held(&mut self) {
+        for m in std::mem::take(&mut self.held) {
+            self.observe(&m);
+        }
+    }
+
     fn observe(&mut self, m: &MergedEvent) {
         self.facts.observe_merged(m);
         match &mut self.growth {
@@ -446,12 +501,13 @@ impl LeaksPass {
                 }
                 let facts = &self.facts;
                 self.heap.apply_observed(&m.event, |b, allocated| {
-                    // A sampled stack's blocks stand for all of its blocks.
-                    let size = match facts.sampled_full_stack(b.stack) {
-                        Some(s) => s.weight_bytes(b.size),
-                        None => b.size,
-                    };
-                    g.changed((b.stack, b.func), size, allocated)
+                    // A sampled stack's blocks stand for all of its blocks:
+                    // its growth is judged on the estimate.
+                    let site = (b.stack, b.func);
+                    match facts.sampled_full_stack(b.stack) {
+                        Some(s) => g.changed_by_weight(site, s.weight_bytes(b.size), allocated),
+                        None => g.changed(site, b.size, allocated),
+                    }
                 });
             }
             None => self.heap.apply(&m.event),
@@ -617,9 +673,11 @@ impl LeaksAnalysis {
 impl Pass for LeaksAnalysis {
     type Report = LeaksReport;
     fn observe(&mut self, m: &MergedEvent) {
-        self.pass.observe(m);
+        self.pass.take(m);
     }
-    fn finish(self, index: &TraceIndex, read: ReadStatus) -> Result<LeaksReport, TraceError> {
+    fn finish(mut self, index: &TraceIndex, read: ReadStatus) -> Result<LeaksReport, TraceError> {
+        // A trace without `Recording` (older, or cut before it).
+        self.pass.release_held();
         Ok(leaks_report(self.pass, &self.options, index, read))
     }
 }
@@ -669,9 +727,11 @@ fn leaks_report(
             0
         }
     };
+    let production = pass.facts.production.is_some();
     let scan = chosen.checked_sub(1).and_then(|i| {
         pass.scans
             .scan_report(complete[i], chosen as u32, complete.len() as u32)
+            .map(|s| ScanReport { production, ..s })
     });
     let mut history = options.history.then(|| pass.scans.history());
     let scan_groups = match &scan {
@@ -754,6 +814,7 @@ fn leaks_report(
     let shown_kinds: Vec<&str> = options.kinds.iter().map(|k| k.name()).collect();
     let mut kinds_total = [BytesBlocks::default(); 4];
     let mut suppressed = BytesBlocks::default();
+    let mut estimated_lost = None;
     let mut matches: Vec<SuppressionMatch> = Vec::new();
     records.retain_mut(|r| {
         let symbolize =
@@ -797,6 +858,13 @@ fn leaks_report(
         let k = &mut kinds_total[verdict as usize - 1];
         k.bytes += own;
         k.blocks += r.blocks;
+        if let (true, true, Some(e)) = (
+            production,
+            matches!(verdict, Verdict::DefinitelyLost | Verdict::IndirectlyLost),
+            r.estimate,
+        ) {
+            estimated_lost = Some(estimated_lost.map_or(e, |t: Estimate| t.plus(e)));
+        }
         shown_kinds.contains(&r.kind)
     });
     if options.gen_suppressions {
@@ -896,6 +964,8 @@ fn leaks_report(
             possibly_lost: with_scan(Verdict::PossiblyLost),
             still_reachable: with_scan(Verdict::StillReachable),
             suppressed: scan.as_ref().map(|_| suppressed),
+            estimated_lost: (production && scan.is_some())
+                .then(|| estimated_lost.unwrap_or_default()),
             total_heap_usage: pass.heap.usage,
             loss_records: records.len() as u64,
             records_omitted,
@@ -1090,11 +1160,16 @@ pub fn render_text(r: &LeaksReport) -> String {
     {
         writeln!(
             out,
-            "{p}PRODUCTION MODE: about 1 block in {} sampled ({} of {} allocation calls; one per {} bytes allocated on average). Only sampled blocks are recorded: each record estimates all blocks of its stack (95% interval); calls per function are exact; double and invalid frees are found for sampled blocks only; no reachability verdicts.",
+            "{p}PRODUCTION MODE: about 1 block in {} sampled ({} of {} allocation calls; one per {} bytes allocated on average). Only sampled blocks are recorded: each record estimates all blocks of its stack (95% interval), and growth is judged on those estimates; calls per function are exact; double and invalid frees are found for sampled blocks only; {}",
             thousands(prod.one_in()),
             thousands(prod.sampled_allocations),
             thousands(prod.allocation_calls),
             thousands(sampling.mean_bytes),
+            if r.scan.is_some() {
+                "leaks are the sampled blocks a scan of all memory finds lost (below)."
+            } else {
+                "no reachability verdicts."
+            }
         )
         .unwrap();
     } else if let Some(sampling) = &r.sampling {
@@ -1303,16 +1378,22 @@ fn staleness_text(out: &mut String, p: &str, s: &Staleness) {
     .unwrap();
 }
 
-/// "growing: +R bytes/s for S s (confidence C), A -> B bytes live".
+/// "growing: +R bytes/s for S s (confidence C), A -> B bytes live", the
+/// bytes "estimated" under sampled recording.
 fn growth_text(out: &mut String, p: &str, g: &Growth) {
     writeln!(
         out,
-        "{p}   growing: +{} bytes/s for {:.1} s (confidence {:.2}), {} -> {} bytes live",
+        "{p}   growing: +{} bytes/s for {:.1} s (confidence {:.2}), {} -> {} bytes live{}",
         thousands(g.bytes_per_second.round() as u64),
         g.growing_for_seconds,
         g.confidence,
         thousands(g.live_bytes_first),
-        thousands(g.live_bytes_last)
+        thousands(g.live_bytes_last),
+        if g.estimated {
+            " (estimated from the sampled blocks)"
+        } else {
+            ""
+        }
     )
     .unwrap();
 }
@@ -1392,10 +1473,17 @@ fn skipped_scans_text(out: &mut String, p: &str, skipped: &[SkippedScan], judged
     }
 }
 
+/// What a production-mode scan's verdicts mean, for the text report.
+const PRODUCTION_VERDICTS: &str = "Production mode: a sampled block is definitely lost when no word of the process's memory (stacks, registers, data, the whole heap with its blocks not sampled) points into it, nor any block reached from there: never a false leak. A sampled block that only blocks not sampled point to counts as still reachable (referenced), lost or not: a leak reachable only from a leaked structure of unsampled blocks is missed.";
+
 fn scan_text(out: &mut String, p: &str, scan: &ScanReport) {
+    let (blocks, read) = match scan.production {
+        true => ("sampled blocks", "bytes of memory read"),
+        false => ("blocks", "root bytes"),
+    };
     writeln!(
         out,
-        "{p}Reachability scan {} of {} ({}, at {:.3} s): {} blocks, {} root bytes, {} threads, paused {:.1} ms",
+        "{p}Reachability scan {} of {} ({}, at {:.3} s): {} {blocks}, {} {read}, {} threads, paused {:.1} ms",
         scan.snapshot,
         scan.snapshots,
         scan.trigger,
@@ -1406,6 +1494,9 @@ fn scan_text(out: &mut String, p: &str, scan: &ScanReport) {
         scan.pause_ms
     )
     .unwrap();
+    if scan.production {
+        writeln!(out, "{p}{PRODUCTION_VERDICTS}").unwrap();
+    }
     if scan.threads_not_suspended > 0 {
         writeln!(
             out,
@@ -1452,6 +1543,16 @@ fn leak_summary_text(out: &mut String, p: &str, r: &LeaksReport) {
         ("        suppressed", s.suppressed.unwrap_or_default()),
     ] {
         writeln!(out, "{p}{label}: {}", bytes_in_blocks(bb)).unwrap();
+    }
+    if let Some(e) = &s.estimated_lost {
+        writeln!(
+            out,
+            "{p}   (sampled blocks; lost at their stacks, estimated: {} bytes ± {} in {} blocks)",
+            thousands(e.bytes),
+            thousands(e.bytes_error),
+            thousands(e.blocks)
+        )
+        .unwrap();
     }
     writeln!(out, "{p}").unwrap();
     for m in &r.suppressions {
@@ -1622,5 +1723,86 @@ fn error_text(out: &mut String, p: &str, e: &ErrorRecord, release_stacks: bool) 
     }
     if e.passed_on == Some(true) {
         writeln!(out, "{p} (the call was passed on to the C library anyway)").unwrap();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use trapline_trace::{EndCounters, ExitKind, SnapshotKind, TraceBuilder};
+
+    use super::*;
+
+    /// A production-mode trace as a one-threaded program ended by SIGTERM
+    /// leaves it: the thread's sampled blocks first, then the exit
+    /// snapshot, then the agent's own records with `Recording`. A stack
+    /// leaks one sampled 1 KiB block a second: its estimate and its growth
+    /// are of the bytes those blocks stand for, said to be estimates.
+    #[test]
+    fn a_recording_written_last_still_weighs_the_sampled_blocks() {
+        let (mean, size, n) = (512u64 << 10, 1024u64, 40u64);
+        let second = 1_000_000_000u64;
+        let mut thread = vec![Event::StackDef {
+            id: 1,
+            frames: vec![0x1000],
+        }];
+        let block = |i: u64| 0x10_0000 + i * 0x1000;
+        thread.extend((0..n).map(|i| Event::Alloc {
+            time: (i + 1) * second,
+            addr: block(i),
+            size,
+            align: 0,
+            func: AllocFn::Malloc,
+            stack: 1,
+        }));
+        let mut snapshot = vec![Event::SnapshotBegin {
+            time: (n + 1) * second,
+            kind: SnapshotKind::Exit,
+        }];
+        snapshot.extend((0..n).map(|i| Event::LiveBlock {
+            addr: block(i),
+            size,
+            func: AllocFn::Malloc,
+            stack: 1,
+        }));
+        snapshot.push(Event::SnapshotEnd {
+            blocks: n,
+            bytes: n * size,
+        });
+        snapshot.push(Event::End {
+            time: (n + 1) * second,
+            exit: ExitKind::Signal(15),
+            counters: EndCounters::default(),
+        });
+        let agent = [Event::Recording {
+            no_release_stacks: true,
+            allocator_shadowed_by: None,
+            allocator_library: None,
+            memory_recorded: true,
+            locks_recorded: false,
+            sample_bytes: mean,
+            production: true,
+        }];
+        let mut b = TraceBuilder::new();
+        b.chunk(7, &thread).chunk(0, &snapshot).chunk(0, &agent);
+        let report = analyze(&mut std::io::Cursor::new(b.into_bytes())).expect("a trace");
+        let weight = Sampling { mean_bytes: mean }.weight_bytes(size);
+        let r = &report.records[0];
+        let e = r.estimate.expect("an estimate");
+        // Each block's weight is rounded, the estimate's sum is not.
+        assert!(
+            e.bytes.abs_diff(n * weight) <= n && e.sampled_blocks == n,
+            "{e:?}"
+        );
+        let g = r.growth.as_ref().expect("the leak grows");
+        assert!(g.estimated, "{g:?}");
+        assert!(
+            (g.bytes_per_second / weight as f64 - 1.0).abs() < 0.05,
+            "{g:?}, a block of {weight} a second"
+        );
+        let prod = report
+            .sampling
+            .and_then(|s| s.production)
+            .expect("production");
+        assert_eq!(prod.sampled_allocations, n);
     }
 }

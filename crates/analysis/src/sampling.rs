@@ -65,7 +65,7 @@ impl EstimateSum {
 
 /// What the blocks of one full stack come to, estimated from those of
 /// them that were sampled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Estimate {
     /// Estimated bytes of every block with this stack.
     pub bytes: u64,
@@ -75,6 +75,20 @@ pub struct Estimate {
     pub blocks: u64,
     /// Blocks actually recorded with this stack (the sample).
     pub sampled_blocks: u64,
+}
+
+impl Estimate {
+    /// The estimate of two groups together (their errors add in
+    /// quadrature: the groups' samples are independent).
+    pub fn plus(self, other: Estimate) -> Estimate {
+        let error = (self.bytes_error as f64).hypot(other.bytes_error as f64);
+        Estimate {
+            bytes: self.bytes + other.bytes,
+            bytes_error: error.round() as u64,
+            blocks: self.blocks + other.blocks,
+            sampled_blocks: self.sampled_blocks + other.sampled_blocks,
+        }
+    }
 }
 
 /// How a sampled trace was recorded, for the reports.
@@ -102,6 +116,26 @@ pub struct ProductionReport {
     /// Per allocator function called: its calls and the bytes they asked
     /// for, exact.
     pub calls: Vec<CallCount>,
+}
+
+impl SamplingReport {
+    /// One line for an export (pprof comments, the HTML report's note)
+    /// saying how the values were sampled.
+    pub fn export_note(&self) -> String {
+        match &self.production {
+            Some(prod) => format!(
+                "production mode: about 1 block in {} sampled ({} of {} allocation calls, one per {} bytes allocated on average); values are estimates of all blocks by stack",
+                prod.one_in(),
+                prod.sampled_allocations,
+                prod.allocation_calls,
+                self.mean_bytes
+            ),
+            None => format!(
+                "sampled recording: one full stack per {} bytes allocated on average; values are estimates",
+                self.mean_bytes
+            ),
+        }
+    }
 }
 
 impl ProductionReport {

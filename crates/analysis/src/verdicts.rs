@@ -219,6 +219,7 @@ impl ScanCollector {
             blocks: st.blocks,
             bytes: st.bytes,
             mappings_not_excluded: st.mappings_not_excluded,
+            production: false,
         })
     }
 
@@ -312,6 +313,11 @@ pub struct ScanReport {
     /// were read as roots because their tables were full: blocks they point
     /// to counted as reachable, so leaks may have been missed.
     pub mappings_not_excluded: u64,
+    /// A production-mode scan (absent when false): of the sampled blocks
+    /// only, read against all of the process's memory, the heap included;
+    /// `still_reachable` means referenced (docs/analyses.md).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub production: bool,
 }
 
 /// A reachability scan that was due and did not run (`ScanSkipped`): its

@@ -117,7 +117,8 @@ pub struct RunArgs {
     /// intervals; double frees are found for the sampled blocks only.
     /// Locks: contended waits and each thread's first acquisition at a new
     /// pair of lock sites are recorded, enough for `deadlocks`; an
-    /// uncontended lock writes nothing. No reachability scan.
+    /// uncontended lock writes nothing. At exit (unless --no-scan), a scan
+    /// of all memory finds the sampled blocks nothing points to.
     #[arg(long, conflicts_with_all = ["record", "scan_every", "no_release_stacks"])]
     pub production: bool,
     /// Also judge every live block by reachability every SECS seconds while

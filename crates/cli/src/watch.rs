@@ -5,6 +5,7 @@
 //! is killed, leaves the program as it was: it can be started again at
 //! any time.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -323,7 +324,8 @@ pub fn main(args: WatchArgs) -> ExitCode {
         w.watch_for_access(now, &growing, &mut agent);
         w.write_verdicts(now, &growing, &mut agent);
         w.name_stacks(growing.keys().map(|s| s.0).chain(w.largest(args.top)));
-        let look = w.look(now, &growing, args.top);
+        let mut look = w.look(now, &growing, args.top);
+        mark_estimated_growth(&mut look);
         let out = match args.format {
             WatchFormat::Jsonl => {
                 let mut line = serde_json::to_string(&look).unwrap_or_default();
@@ -343,11 +345,24 @@ pub fn main(args: WatchArgs) -> ExitCode {
     }
 }
 
+/// Under sampled recording (`--sample`, `--production`) the agent gives a
+/// full stack's estimated bytes beside its sampled ones, and the policy
+/// judges the site's growth on the estimate: its growth says so.
+fn mark_estimated_growth(look: &mut Look<'_>) {
+    for site in &mut look.sites {
+        if let (Some(_), Some(g)) = (site.estimated_bytes, site.growth.as_mut()) {
+            g.estimated = true;
+        }
+    }
+}
+
 /// A `trapline watch` that `trapline run --watch` started beside the
 /// program, writing its looks to `TRACE.watch.jsonl`.
 pub struct Beside {
     child: std::process::Child,
     looks: PathBuf,
+    /// The trace the looks are of.
+    trace: PathBuf,
 }
 
 /// Starts watching process `pid` every `secs` seconds, its looks next to
@@ -378,7 +393,11 @@ pub fn start_beside(pid: u32, secs: f64, stale_after: Option<f64>, trace: &Path)
             .spawn()
     });
     match started {
-        Ok(child) => Some(Beside { child, looks }),
+        Ok(child) => Some(Beside {
+            child,
+            looks,
+            trace: trace.to_path_buf(),
+        }),
         Err(e) => {
             eprintln!(
                 "==trapline== cannot watch the program ({}): {e}",
@@ -507,6 +526,12 @@ impl Beside {
             last.get("looks").and_then(Value::as_u64).unwrap_or(0),
         )];
         let sites = last.get("sites").and_then(Value::as_array);
+        let judged = |s: &&Value| {
+            s.get("verdicts")
+                .and_then(Value::as_array)
+                .is_some_and(|v| !v.is_empty())
+        };
+        let named = self.stacks_unnamed_at(sites.into_iter().flatten().filter(judged));
         for s in sites.into_iter().flatten() {
             let verdicts: Vec<&str> = s
                 .get("verdicts")
@@ -518,9 +543,12 @@ impl Beside {
             if verdicts.is_empty() {
                 continue;
             }
+            let id = s.get("stack_id").and_then(Value::as_u64).unwrap_or(0);
             let place = s
                 .get("stack")
                 .and_then(Value::as_array)
+                .filter(|frames| !frames.is_empty())
+                .or_else(|| named.get(&id).and_then(Value::as_array))
                 .and_then(|frames| {
                     let named = |f: &&Value| f.get("function").is_some_and(|v| !v.is_null());
                     let wrapper = |f: &&Value| {
@@ -558,7 +586,12 @@ impl Beside {
                 .pointer("/growth/bytes_per_second")
                 .and_then(Value::as_f64)
             {
-                evidence.push(format!("+{} bytes/s", thousands(rate as u64)));
+                let estimated = s.pointer("/growth/estimated") == Some(&Value::Bool(true));
+                evidence.push(format!(
+                    "+{} bytes/s{}",
+                    thousands(rate as u64),
+                    if estimated { " (estimated)" } else { "" }
+                ));
             }
             if verdicts.contains(&"stale") {
                 let n = |k: &str| {
@@ -579,6 +612,38 @@ impl Beside {
             ));
         }
         lines
+    }
+}
+
+impl Beside {
+    /// The stacks of `sites` that the looks could not name, named from the
+    /// trace now that the program has ended (as JSON frames, by stack id):
+    /// a production-mode program with one thread has its trace written at
+    /// its end only, so no look could read its stacks.
+    fn stacks_unnamed_at<'a>(&self, sites: impl Iterator<Item = &'a Value>) -> HashMap<u64, Value> {
+        let ids: Vec<u32> = sites
+            .filter(|s| {
+                s.get("stack")
+                    .and_then(Value::as_array)
+                    .is_none_or(Vec::is_empty)
+            })
+            .filter_map(|s| s.get("stack_id").and_then(Value::as_u64))
+            .filter_map(|id| u32::try_from(id).ok())
+            .collect();
+        if ids.is_empty() {
+            return HashMap::new();
+        }
+        let Ok(mut file) = std::fs::File::open(&self.trace) else {
+            return HashMap::new();
+        };
+        let Ok(named) = trapline_analysis::report::symbolized_stacks(&mut file, &ids) else {
+            return HashMap::new();
+        };
+        named
+            .into_iter()
+            .filter(|(_, frames)| !frames.is_empty())
+            .filter_map(|(id, frames)| Some((u64::from(id), serde_json::to_value(frames).ok()?)))
+            .collect()
     }
 }
 
@@ -627,14 +692,23 @@ fn text(look: &Look, sites: usize, refresh: bool) -> String {
             m.fault_fraction * 100.0
         ));
     }
+    if look.sites.iter().any(|s| s.estimated_bytes.is_some()) {
+        out.push_str(
+            "sampled recording: ~ marks the bytes of a full stack estimated from its sampled blocks; its growth is judged on the estimate\n",
+        );
+    }
     out.push_str(&format!(
         "{:>14} {:>10} {:>12} {:>9}  {:<24} {}\n",
         "bytes", "blocks", "growth/s", "untouched", "verdicts", "site"
     ));
     for site in &look.sites {
         let rate = site.growth.as_ref().map_or_else(String::new, |g| {
-            format!("+{}", thousands(g.bytes_per_second as u64))
+            let about = if g.estimated { "~" } else { "" };
+            format!("+{about}{}", thousands(g.bytes_per_second as u64))
         });
+        let bytes = site
+            .estimated_bytes
+            .map_or_else(|| thousands(site.bytes), |e| format!("~{}", thousands(e)));
         let untouched = site.staleness.as_ref().map_or_else(String::new, |s| {
             format!("{}/{}", s.untouched_blocks, s.watched_blocks)
         });
@@ -648,7 +722,7 @@ fn text(look: &Look, sites: usize, refresh: bool) -> String {
             );
         out.push_str(&format!(
             "{:>14} {:>10} {:>12} {:>9}  {:<24} {place}\n",
-            thousands(site.bytes),
+            bytes,
             thousands(site.blocks),
             rate,
             untouched,

@@ -28,18 +28,7 @@ fn watch(pid: &str, args: &[&str]) -> (i32, String, String) {
 /// `trapline run --control` of watched_service.c, and the service's pid.
 fn start_service(dir: &TestDir) -> (std::process::Child, String) {
     let prog = compile_c(dir, "watched_service.c");
-    let mut child = run_command(dir, &["--control"], &prog, &[])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start trapline run");
-    let first = read_stdout_line(&mut child);
-    let pid = first
-        .trim()
-        .strip_prefix("pid=")
-        .expect("the service prints its pid");
-    (child, pid.to_owned())
+    start_printing(run_command(dir, &["--control"], &prog, &[]), "pid=")
 }
 
 /// Waits (asking with one-look watchers) until the service's cache holds
@@ -349,15 +338,7 @@ fn has_frame_at(v: &Value, file: &str, marker: &str) -> bool {
 /// and the server's pid.
 fn start_server(dir: &TestDir) -> (std::process::Child, String) {
     let prog = compile_c(dir, "leaky_server.c");
-    let mut child = run_command(dir, &["--control"], &prog, &["2000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start trapline run");
-    let first = read_stdout_line(&mut child);
-    let pid = first.trim().strip_prefix("pid=").expect("pid").to_owned();
-    (child, pid)
+    start_printing(run_command(dir, &["--control"], &prog, &["2000"]), "pid=")
 }
 
 fn verdicts(v: &Value) -> Vec<&str> {
@@ -677,19 +658,7 @@ fn the_copies_of_watched_pages_are_not_roots() {
 /// `trapline run FLAG` of forked_worker.c, and the worker's pid.
 fn start_forked_worker(dir: &TestDir, flag: &str) -> (std::process::Child, String) {
     let prog = compile_c(dir, "forked_worker.c");
-    let mut child = isolated(run_command(dir, &[flag], &prog, &[]))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start trapline run");
-    let line = read_stdout_line(&mut child);
-    let worker = line
-        .trim()
-        .strip_prefix("worker ")
-        .expect("the worker prints its pid")
-        .to_owned();
-    (child, worker)
+    start_printing(isolated(run_command(dir, &[flag], &prog, &[])), "worker ")
 }
 
 /// `trapline watch <nginx worker>` was refused ("not started with

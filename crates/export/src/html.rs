@@ -185,11 +185,15 @@ fn process(h: &mut String, p: &ProcessPage) {
         h.push_str("</ul>");
     }
     if let Some(sampling) = &l.sampling {
-        let _ = write!(
-            h,
-            "<p class=\"note\">Sampled recording: one full stack per {} bytes allocated on average; flame graphs are estimates.</p>",
-            thousands(sampling.mean_bytes)
-        );
+        let note = sampling.export_note();
+        let mut chars = note.chars();
+        let capitalized: String = chars
+            .next()
+            .map(|c| c.to_ascii_uppercase())
+            .into_iter()
+            .chain(chars)
+            .collect();
+        let _ = write!(h, "<p class=\"note\">{}.</p>", esc(&capitalized));
     }
 
     h.push_str("<h2>Heap over time</h2>");

@@ -314,10 +314,7 @@ pub fn write_heap(p: &HeapProfile, out: &mut impl Write) -> std::io::Result<()> 
     }
     if let Some(s) = &p.sampling {
         b.profile.period = clamp(s.mean_bytes);
-        b.comment(&format!(
-            "sampled recording: one full stack per {} bytes on average; values are estimates",
-            s.mean_bytes
-        ));
+        b.comment(&s.export_note());
     }
     let at = p.live_at_seconds.is_some();
     for site in &p.sites {

@@ -8,9 +8,10 @@
 
 pub mod arena;
 pub mod blocks;
+pub mod jemalloc;
 pub mod maps;
 pub mod mark;
 pub mod roots;
 
-pub use blocks::{BlockIndex, Buffers, PlainBuffers, Span};
+pub use blocks::{BlockIndex, Buffers, PlainBuffers, Sieve, Span};
 pub use mark::{Marker, Memory};

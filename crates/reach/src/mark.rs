@@ -22,7 +22,7 @@
 //! first word is one too (multiple inheritance). A vtable pointer here is a
 //! word pointing into read-only, non-executable file-backed memory.
 
-use crate::blocks::{BlockIndex, Buffers, Span};
+use crate::blocks::{BlockIndex, Buffers, Sieve, Span};
 use trapline_trace::Verdict;
 
 const UNREACHED: u8 = 0;
@@ -56,6 +56,8 @@ pub struct Marker<'a, B: Span, M: Memory> {
     last_readable: usize,
     /// Read-only, non-executable file-backed memory (where vtables live).
     rodata: &'a [(u64, u64)],
+    /// A sieve of the blocks' pages, checked before the index (`sieve`).
+    sieve: Option<&'a Sieve>,
 }
 
 impl<'a, B: Span, M: Memory> Marker<'a, B, M> {
@@ -86,7 +88,15 @@ impl<'a, B: Span, M: Memory> Marker<'a, B, M> {
             readable,
             last_readable: 0,
             rodata,
+            sieve: None,
         })
+    }
+
+    /// Checks every word against `sieve` before the index: for a few
+    /// blocks among much memory (production mode's scan), where most
+    /// words are pointers elsewhere.
+    pub fn sieve(&mut self, sieve: &'a Sieve) {
+        self.sieve = Some(sieve);
     }
 
     #[inline]
@@ -98,6 +108,9 @@ impl<'a, B: Span, M: Memory> Marker<'a, B, M> {
     /// A word found in a root, or in a block whose state is `definite` or not.
     #[inline]
     pub fn word(&mut self, w: u64, prior_definite: bool) {
+        if self.sieve.is_some_and(|s| !s.may_point(w)) {
+            return;
+        }
         let Some((i, at_start)) = self.index.find(w) else {
             return;
         };

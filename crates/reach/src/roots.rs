@@ -14,6 +14,9 @@
 //!   stacks of its threads (the park table is in its heap);
 //! - kernel and device mappings (`[vvar]`, `[vdso]`, `/dev/*`).
 //!
+//! Production mode knows only the sampled blocks: its plan (`everything`)
+//! reads malloc's memory too, less the sampled blocks' extents.
+//!
 //! A mapping holding the stack pointer of a stopped thread is read from that
 //! stack pointer up, as LeakSanitizer does (the thread's static TLS and
 //! descriptor lie above its stack), and its general registers are read from the
@@ -50,6 +53,11 @@ pub struct Plan<'a> {
     pub next_block: &'a dyn Fn(u64, u64) -> Option<(u64, u64)>,
     /// Reads one word, if readable.
     pub read_word: &'a mut dyn FnMut(u64) -> Option<u64>,
+    /// Production mode: the known blocks are only some of the live ones
+    /// (the sampled), so malloc's memory is read too (`[heap]`, arena
+    /// heaps, mmapped chunks), less the known blocks' extents, which
+    /// marking reads when it reaches them.
+    pub everything: bool,
 }
 
 /// The extent of a glibc arena heap starting at `at` (64 MiB aligned), if
@@ -95,63 +103,160 @@ fn next_malloc_piece(
     }
 }
 
-/// Appends the root ranges to `out` (within its capacity: no allocation).
-pub fn plan(mut p: Plan<'_>, out: &mut Vec<(u64, u64)>) {
+/// Appends the root ranges to `out` within its capacity (no allocation):
+/// false when a range did not fit (then a block may be pointed to from
+/// memory not read).
+pub fn plan(mut p: Plan<'_>, out: &mut Vec<(u64, u64)>) -> bool {
     out.clear();
+    let mut fit = true;
     for m in p.maps {
-        if !m.readable || !m.writable || m.kind == Special::Kernel || m.kind == Special::Heap {
+        if !m.readable
+            || !m.writable
+            || m.kind == Special::Kernel
+            || (m.kind == Special::Heap && !p.everything)
+        {
             continue;
         }
-        let mut lo = m.start;
-        if let Some(sp) = p
-            .stack_starts
-            .iter()
-            .copied()
-            .filter(|&sp| sp >= m.start && sp < m.end)
-            .min()
-        {
-            lo = sp & !7;
-        }
-        if m.file || m.kind == Special::Stack {
-            push_minus(out, lo, m.end, p.excluded);
+        let lo = read_from(m, p.stack_starts);
+        if !p.everything && (m.file || m.kind == Special::Stack) {
+            fit &= push_minus(out, lo, m.end, p.excluded);
             continue;
         }
         let (mut arena, mut arena_cursor) = (None, 0);
         let mut cur = lo;
         while cur < m.end {
-            match next_malloc_piece(&mut p, cur, m.end, &mut arena, &mut arena_cursor) {
+            let piece = match p.everything {
+                true => (p.next_block)(cur, m.end),
+                false => next_malloc_piece(&mut p, cur, m.end, &mut arena, &mut arena_cursor),
+            };
+            match piece {
                 Some((a, b)) => {
-                    push_minus(out, cur, a.max(cur), p.excluded);
+                    fit &= push_minus(out, cur, a.max(cur), p.excluded);
                     cur = cur.max(b);
                 }
                 None => {
-                    push_minus(out, cur, m.end, p.excluded);
+                    fit &= push_minus(out, cur, m.end, p.excluded);
                     break;
                 }
             }
         }
     }
+    fit
 }
 
-/// Pushes `[lo, hi)` minus the excluded ranges.
-fn push_minus(out: &mut Vec<(u64, u64)>, mut lo: u64, hi: u64, excluded: &[(u64, u64)]) {
+/// Where mapping `m` is read from: the lowest stack pointer of a stopped
+/// thread inside it (its live frames are above), else its start.
+fn read_from(m: &Mapping, stack_starts: &[u64]) -> u64 {
+    stack_starts
+        .iter()
+        .copied()
+        .filter(|&sp| sp >= m.start && sp < m.end)
+        .min()
+        .map_or(m.start, |sp| sp & !7)
+}
+
+/// Pushes `[lo, hi)` minus the excluded ranges; false when `out` had no
+/// room for a piece.
+fn push_minus(out: &mut Vec<(u64, u64)>, mut lo: u64, hi: u64, excluded: &[(u64, u64)]) -> bool {
+    let mut fit = true;
+    let mut push = |out: &mut Vec<(u64, u64)>, r| {
+        if out.len() < out.capacity() {
+            out.push(r);
+        } else {
+            fit = false;
+        }
+    };
     if lo >= hi {
-        return;
+        return true;
     }
     let first = excluded.partition_point(|e| e.1 <= lo);
     for &(a, b) in &excluded[first..] {
         if a >= hi {
             break;
         }
-        if a > lo && out.len() < out.capacity() {
-            out.push((lo, a.min(hi)));
+        if a > lo {
+            push(out, (lo, a.min(hi)));
         }
         lo = lo.max(b);
         if lo >= hi {
-            return;
+            return fit;
         }
     }
-    if lo < hi && out.len() < out.capacity() {
-        out.push((lo, hi));
+    if lo < hi {
+        push(out, (lo, hi));
+    }
+    fit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, end: u64, kind: Special) -> Mapping {
+        Mapping {
+            start,
+            end,
+            readable: true,
+            writable: true,
+            executable: false,
+            file: false,
+            kind,
+        }
+    }
+
+    /// Production mode's plan reads malloc's `[heap]` and a stack from its
+    /// thread's pointer up, and leaves out the excluded ranges, the known
+    /// blocks' extents and the kernel's mappings.
+    #[test]
+    fn everything_is_read_but_the_known_blocks_and_the_excluded() {
+        let maps = [
+            mapping(0x1000, 0x9000, Special::Heap),
+            mapping(0x10000, 0x20000, Special::None),
+            mapping(0x30000, 0x31000, Special::Kernel),
+            mapping(0x40000, 0x48000, Special::Stack),
+        ];
+        let blocks = [(0x2000u64, 0x3000u64), (0x12000, 0x12100)];
+        let next_block = |lo: u64, hi: u64| {
+            blocks
+                .iter()
+                .copied()
+                .find(|&(a, _)| a >= lo && a < hi)
+                .map(|(a, b)| (a - 16, b))
+        };
+        let mut out = Vec::with_capacity(16);
+        let fit = plan(
+            Plan {
+                maps: &maps,
+                excluded: &[(0x18000, 0x19000)],
+                stack_starts: &[0x44008],
+                next_block: &next_block,
+                read_word: &mut |_| None,
+                everything: true,
+            },
+            &mut out,
+        );
+        assert!(fit);
+        assert_eq!(
+            out,
+            [
+                (0x1000, 0x1ff0),
+                (0x3000, 0x9000),
+                (0x10000, 0x11ff0),
+                (0x12100, 0x18000),
+                (0x19000, 0x20000),
+                (0x44008, 0x48000),
+            ]
+        );
+        // Without room for every range, the plan says so.
+        let mut out = Vec::with_capacity(2);
+        let whole = Plan {
+            maps: &maps,
+            excluded: &[],
+            stack_starts: &[],
+            next_block: &next_block,
+            read_word: &mut |_| None,
+            everything: true,
+        };
+        assert!(!plan(whole, &mut out));
     }
 }

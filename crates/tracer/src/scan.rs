@@ -169,6 +169,7 @@ pub fn judge(
             stack_starts: &stack_starts,
             next_block: &next_block,
             read_word: &mut read_word,
+            everything: false,
         },
         &mut root_ranges,
     );

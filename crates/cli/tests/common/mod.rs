@@ -477,6 +477,24 @@ pub fn read_stdout_line(child: &mut Child) -> String {
     String::from_utf8_lossy(&line).into_owned()
 }
 
+/// Starts `cmd` with its standard streams piped and reads the first line
+/// its program prints, `PREFIX` and a pid: the child and the pid.
+pub fn start_printing(mut cmd: Command, prefix: &str) -> (Child, String) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
+    let first = read_stdout_line(&mut child);
+    let pid = first
+        .trim()
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("the program printed no {prefix:?} first: {first:?}"));
+    let pid = pid.to_owned();
+    (child, pid)
+}
+
 /// The `NAME=0xADDRESS` lines a fixture printed, by name.
 pub fn printed_addresses(stdout: &str) -> std::collections::HashMap<String, String> {
     stdout

@@ -276,6 +276,12 @@ impl SafeReader {
     /// Calls `f` with each aligned word of `[lo, hi)` that can be read;
     /// returns the number of bytes read.
     pub fn for_each_word(&mut self, lo: u64, hi: u64, mut f: impl FnMut(u64)) -> u64 {
+        self.for_each_chunk(lo, hi, |_, words| words.iter().for_each(|&w| f(w)))
+    }
+
+    /// As `for_each_word`, calling `f(address, words)` with each run of
+    /// words read at once.
+    pub fn for_each_chunk(&mut self, lo: u64, hi: u64, mut f: impl FnMut(u64, &[u64])) -> u64 {
         let mut a = (lo + 7) & !7;
         let hi = hi & !7;
         let mut read = 0;
@@ -288,9 +294,7 @@ impl SafeReader {
                 continue;
             }
             let n = n as usize & !7;
-            for &w in &self.buf[..n / 8] {
-                f(w);
-            }
+            f(a, &self.buf[..n / 8]);
             read += n as u64;
             a += n as u64;
         }

@@ -18,6 +18,7 @@
 mod arena;
 mod blocks;
 mod emit;
+mod everything;
 mod headroom;
 pub(crate) mod mark;
 pub(crate) mod world;
@@ -514,9 +515,19 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     let me = sys::gettid();
     let loader = loader_ranges();
     let mut excluded = agent_module_ranges();
+    // Production mode knows only the sampled blocks: every word may be a
+    // pointer of the program's, the heap's included (everything.rs).
+    let production = crate::config::production();
     // The allocator library's own mappings (its metadata names every block
-    // it handed out): malloc's memory, like glibc's arena heaps.
-    crate::tracking::allocator_maps::allocator_ranges(&mut excluded);
+    // it handed out): malloc's memory, like glibc's arena heaps. Read in
+    // production mode, where the blocks the agent does not know lie.
+    let mut allocator_maps = Vec::new();
+    crate::tracking::allocator_maps::allocator_ranges(if production {
+        &mut allocator_maps
+    } else {
+        &mut excluded
+    });
+    trapline_reach::maps::merge(&mut allocator_maps);
     // glibc's bookkeeping in its own data (arena.rs).
     excluded.extend(arena::main_arena(libc_data_ranges, &mut reader));
     let allocator_tls = allocator_tls_below_thread_pointer();
@@ -583,10 +594,26 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
     else {
         return refused();
     };
+    // Production mode reads the whole heap against a few blocks.
+    let sieve = match production.then(|| trapline_reach::Sieve::new(&index, &blocks::HugeBuffers)) {
+        Some(None) => return refused(),
+        Some(sieve) => sieve,
+        None => None,
+    };
+    if let Some(sieve) = &sieve {
+        marker.sieve(sieve);
+    }
+    let against = sieve.as_ref().map(|sieve| everything::Against {
+        index: &index,
+        sieve,
+        allocator: &allocator_maps,
+    });
     let mut agent_maps = Vec::with_capacity(crate::platform::heap::mapping_count() + 256);
     excluded.reserve(agent_maps.capacity() + max_threads + 8);
+    // A range may be cut by each excluded range and (production mode)
+    // each block.
     let mut root_ranges =
-        Vec::with_capacity(2 * maps.len() + excluded.capacity() + max_threads + 16);
+        Vec::with_capacity(2 * maps.len() + excluded.capacity() + index.len() + max_threads + 16);
     let exit_sp = EXIT_SP.load(Ordering::Acquire);
     let exit_tid = EXIT_TID.load(Ordering::Acquire);
     // Each thread's stack pointer, and where it left its own stack if it did.
@@ -683,7 +710,10 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
             .chain(own_left)
             .filter(|&sp| sp != 0),
     );
-    let next_block = |lo, hi| index.first_block_in(lo, hi);
+    // glibc's chunk header is malloc's, never a root; production mode cuts
+    // out the blocks alone (blocks.rs, `first_extent_in`).
+    let header = if production { 0 } else { 16 };
+    let next_block = |lo, hi| index.first_extent_in(lo, hi, header);
     let mut read_word = |a: u64| {
         let mut reader = mem.reader.borrow_mut();
         // The arena probes look at every 64 MiB of anonymous memory.
@@ -694,16 +724,20 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         reader.for_each_word(a, a + 8, |x| w = Some(x));
         w
     };
-    trapline_reach::roots::plan(
+    // A range left out for want of room (never seen: the room is counted
+    // above) could hide a pointer: production mode then judges no block
+    // lost; the full scan goes on, as it always did.
+    let planned_whole = trapline_reach::roots::plan(
         trapline_reach::roots::Plan {
             maps: &maps,
             excluded: &excluded,
             stack_starts: &stack_starts,
             next_block: &next_block,
             read_word: &mut read_word,
+            everything: production,
         },
         &mut root_ranges,
-    );
+    ) || !production;
     // A thread stopped on a stack that is a heap block (a coroutine's
     // malloc'd stack, an alternate signal stack from malloc): its live part,
     // from the stack pointer up, with the signal frame, is a root too.
@@ -720,7 +754,15 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         // reservation); file mappings whole (their pages may be in the file).
         let anonymous = hi - lo >= mark::SPARSE_FROM
             && crate::platform::proc_maps::containing(&maps, lo).is_some_and(|i| !maps[i].file);
-        {
+        if let Some(against) = &against {
+            root_bytes += everything::read_root(
+                &mut mem.reader.borrow_mut(),
+                (lo, hi),
+                anonymous,
+                against,
+                &mut |w| marker.word(w, true),
+            );
+        } else {
             let mut reader = mem.reader.borrow_mut();
             if anonymous {
                 reader.populated(lo, hi, |reader, a, b| {
@@ -761,8 +803,24 @@ fn run_locked(trigger: ScanTrigger, hold: &mut ExitHold) -> Result<Outcome, Skip
         ));
     }
 
-    let verdicts: Vec<Verdict> = (0..index.len()).map(|i| marker.verdict(i)).collect();
-    let indirect = core::mem::take(&mut marker.indirect);
+    let verdicts: Vec<Verdict> = (0..index.len())
+        .map(|i| match marker.verdict(i) {
+            // Production mode: some word points into the block, from memory
+            // the program may still reach or not (everything.rs). The
+            // trace's still reachable means referenced there.
+            Verdict::PossiblyLost if production => Verdict::StillReachable,
+            // Memory went unread: no block is judged lost.
+            _ if !planned_whole => Verdict::StillReachable,
+            v => v,
+        })
+        .collect();
+    if !planned_whole {
+        sys::warn("reachability scan: too many ranges to read: no block judged lost");
+    }
+    let mut indirect = core::mem::take(&mut marker.indirect);
+    if !planned_whole {
+        indirect.fill(0);
+    }
     drop(marker);
     let bytes = index.blocks.iter().map(Packed::size).sum();
     let stats = ScanStats {
