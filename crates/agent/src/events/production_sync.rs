@@ -1,7 +1,7 @@
 //! Production mode's lock recording: what a service can leave on.
 //!
-//! An uncontended acquisition (the hook's trylock took the lock) and its
-//! release write no event: the thread pushes the lock on its stack of
+//! An uncontended acquisition (the lock looked free and the real call took
+//! it) and its release write no event: the thread pushes the lock on its stack of
 //! held locks (`held.rs`) and pops it. Three things are recorded, each as
 //! the full recording records it, so that `locks` and `deadlocks` read a
 //! production trace as any other:
@@ -27,17 +27,13 @@ use crate::events::record::{self, Entry};
 use crate::events::sync::{self, CallSite};
 use crate::events::thread::{self, ThreadState};
 use core::sync::atomic::Ordering;
-use trapline_trace::{LockEvent, LockKind, LockMode, LockOp};
+use trapline_trace::{LockKind, LockMode, LockOp};
 
-/// The state of the calling thread. Never allocates: a lock hook may run
-/// inside an allocator. The agent's own threads take no pthread lock
-/// through the hooks, and if one did, its holds would only be tracked:
-/// `record::enter` records nothing for them. Holds are still tracked after
-/// recording stopped, and nothing records them either.
-#[inline(always)]
-fn program_thread() -> Option<&'static mut ThreadState> {
-    Some(thread::current_without_allocating())
-}
+// The hot paths use `thread::current_without_allocating` (a lock hook may
+// run inside an allocator). The agent's own threads take no pthread lock
+// through the hooks, and if one did, its holds would only be tracked:
+// `record::enter` records nothing for them. Holds are still tracked after
+// recording stopped, and nothing records them either.
 
 fn generation() -> u32 {
     crate::events::buffers::GEN.load(Ordering::Relaxed)
@@ -51,9 +47,7 @@ fn kind_of(addr: u64, hold: Hold) -> LockKind {
 /// The thread took the lock at `addr` without waiting.
 #[inline(always)]
 pub fn acquired(addr: u64, hold: Hold, site: CallSite) {
-    let Some(ts) = program_thread() else {
-        return;
-    };
+    let ts = thread::current_without_allocating();
     if !ts.held.is_empty()
         && hold.op() == LockOp::Blocking
         && !ts.held.pairs_known(site.ret, generation())
@@ -89,13 +83,8 @@ fn record_acquisition(
     site: CallSite,
 ) {
     let (stack, slot) = sync::site_stack(ts, addr, site);
-    let mode = hold.mode();
-    let (kind, op) = (kind_of(addr, hold), hold.op());
-    let t = sync::stamp(ts, slot, mode == LockMode::Exclusive);
-    ts.emit(Some(t), |e, c| {
-        e.lock_acquire(c, t, addr, kind, mode, op, wait_ns, stack)
-    });
-    if op == LockOp::Blocking {
+    emit_acquire(ts, addr, slot, hold, wait_ns, stack);
+    if hold.op() == LockOp::Blocking {
         ts.held.note_pairs(site.ret, generation());
     }
     if !ts.held.push(addr, site.ret, hold.with_recorded(true)) {
@@ -113,14 +102,27 @@ fn record_holds(ts: &mut ThreadState) {
             continue;
         }
         let stack = record::caller_stack(ts, ret);
-        let mode = hold.mode();
-        let (kind, op) = (kind_of(addr, hold), hold.op());
-        let t = sync::stamp(ts, sync::slot_of(addr), mode == LockMode::Exclusive);
-        ts.emit(Some(t), |e, c| {
-            e.lock_acquire(c, t, addr, kind, mode, op, None, stack)
-        });
+        emit_acquire(ts, addr, sync::slot_of(addr), hold, None, stack);
         ts.held.set_recorded(i, true);
     }
+}
+
+/// Writes the acquisition of the held lock at `addr` (its slot in the
+/// per-lock clock: `slot`), stamped now.
+fn emit_acquire(
+    ts: &mut ThreadState,
+    addr: u64,
+    slot: u32,
+    hold: Hold,
+    wait_ns: Option<u64>,
+    stack: u32,
+) {
+    let mode = hold.mode();
+    let (kind, op) = (kind_of(addr, hold), hold.op());
+    let t = sync::stamp(ts, slot, mode == LockMode::Exclusive);
+    ts.emit(Some(t), |e, c| {
+        e.lock_acquire(c, t, addr, kind, mode, op, wait_ns, stack)
+    });
 }
 
 fn record_release(ts: &mut ThreadState, addr: u64, hold: Hold) {
@@ -132,10 +134,7 @@ fn record_release(ts: &mut ThreadState, addr: u64, hold: Hold) {
 /// The thread is about to release the lock at `addr` (it still holds it).
 #[inline(always)]
 pub fn releasing(addr: u64) {
-    let Some(ts) = program_thread() else {
-        return;
-    };
-    if let Some(hold) = ts.held.pop(addr) {
+    if let Some(hold) = thread::current_without_allocating().held.pop(addr) {
         if hold.recorded() {
             released_recorded(addr, hold);
         }
@@ -153,9 +152,7 @@ fn released_recorded(addr: u64, hold: Hold) {
 /// A condition wait is about to release the mutex at `addr`; it holds it
 /// again when the wait returns (untracked by the trace until recorded anew).
 pub fn cond_waiting(addr: u64) {
-    let Some(ts) = program_thread() else {
-        return;
-    };
+    let ts = thread::current_without_allocating();
     let Some(i) = ts.held.position(addr) else {
         return;
     };
@@ -170,7 +167,7 @@ pub fn cond_waiting(addr: u64) {
 /// new thread runs under them until they are released (a gate lock held
 /// through create and join orders the child's locks).
 pub fn creating_thread() {
-    if program_thread().is_none_or(|ts| ts.held.is_empty()) {
+    if thread::current_without_allocating().held.is_empty() {
         return;
     }
     if let Entry::Record(ts) = record::enter_without_allocating() {
@@ -188,18 +185,7 @@ pub fn requesting(addr: u64, kind: LockKind, mode: LockMode, site: CallSite) {
         return;
     };
     record_holds(ts);
-    let (stack, slot) = sync::site_stack(ts, addr, site);
-    let time = sync::stamp_side(ts, slot);
-    sync::emit_event(
-        ts,
-        LockEvent::Request {
-            time,
-            addr,
-            kind,
-            mode,
-            stack,
-        },
-    );
+    sync::request_in(ts, addr, kind, mode, site);
     record::leave(ts);
 }
 

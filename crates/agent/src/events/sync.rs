@@ -366,11 +366,19 @@ fn end_hold(ts: &mut ThreadState, slot: u32, exclusive: bool) -> u64 {
 /// Records `make(time, stack)` with the cached stack of `site` and a time
 /// in the lock's order (`stamp_side`).
 fn at_site(addr: u64, site: CallSite, make: impl FnOnce(u64, u32) -> LockEvent) {
-    recording(|ts| {
-        let (stack, slot) = site_stack(ts, addr, site);
-        let time = stamp_side(ts, slot);
-        emit_event(ts, make(time, stack));
-    });
+    recording(|ts| at_site_in(ts, addr, site, make));
+}
+
+/// `at_site` for a caller that already holds the thread's state.
+fn at_site_in(
+    ts: &mut ThreadState,
+    addr: u64,
+    site: CallSite,
+    make: impl FnOnce(u64, u32) -> LockEvent,
+) {
+    let (stack, slot) = site_stack(ts, addr, site);
+    let time = stamp_side(ts, slot);
+    emit_event(ts, make(time, stack));
 }
 
 /// Records `make(time, stack)` with a full capture from `regs` (rare events)
@@ -400,7 +408,18 @@ fn captured(
 
 /// The lock is busy and the thread is about to wait for it.
 pub fn requesting(addr: u64, kind: LockKind, mode: LockMode, site: CallSite) {
-    at_site(addr, site, |time, stack| LockEvent::Request {
+    recording(|ts| request_in(ts, addr, kind, mode, site));
+}
+
+/// `requesting` for a caller that already holds the thread's state.
+pub(crate) fn request_in(
+    ts: &mut ThreadState,
+    addr: u64,
+    kind: LockKind,
+    mode: LockMode,
+    site: CallSite,
+) {
+    at_site_in(ts, addr, site, |time, stack| LockEvent::Request {
         time,
         addr,
         kind,

@@ -259,12 +259,11 @@ fn production_mutex_lock(m: *mut pthread_mutex_t, site: CallSite) -> c_int {
     if !looks_free(m) {
         return full_mutex_lock(m, site);
     }
+    let hold = Hold::mutex(LockOp::Blocking);
     // SAFETY: the caller's mutex, passed through.
-    let r = unsafe { real!(pthread_mutex_lock: MutexFn)(m) };
-    if acquired_now(r) {
-        production_sync::acquired(m as u64, Hold::mutex(LockOp::Blocking), site);
-    }
-    r
+    take_free_looking(m as u64, hold, site, || unsafe {
+        real!(pthread_mutex_lock: MutexFn)(m)
+    })
 }
 with_return_address!(pthread_mutex_lock, mutex_lock, "rsi", "rdx");
 
