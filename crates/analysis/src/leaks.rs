@@ -505,7 +505,9 @@ impl LeaksPass {
                     // its growth is judged on the estimate.
                     let site = (b.stack, b.func);
                     match facts.sampled_full_stack(b.stack) {
-                        Some(s) => g.changed_by_weight(site, s.weight_bytes(b.size), allocated),
+                        Some(s) => {
+                            g.changed_by_weight(site, s.weight_bytes(b.size), b.size, allocated)
+                        }
                         None => g.changed(site, b.size, allocated),
                     }
                 });

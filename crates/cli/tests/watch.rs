@@ -85,7 +85,7 @@ fn entry_at<'a>(list: &'a Value, file: &str, marker: &str) -> Option<&'a Value> 
 
 /// Waits, at most `secs` seconds, for the last look `trapline run
 /// --watch` wrote beside the trace of `dir` to satisfy `judged`.
-fn until_a_look(dir: &TestDir, secs: u64, what: &str, judged: impl Fn(&Value) -> bool) {
+fn until_a_look(dir: &TestDir, secs: u64, what: &str, judged: impl Fn(&Value) -> bool) -> Value {
     let mut looks_file = dir.trace().into_os_string();
     looks_file.push(".watch.jsonl");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
@@ -99,8 +99,8 @@ fn until_a_look(dir: &TestDir, secs: u64, what: &str, judged: impl Fn(&Value) ->
             .lines()
             .rev()
             .find_map(|l| serde_json::from_str::<Value>(l).ok());
-        if last.is_some_and(|l| judged(&l)) {
-            return;
+        if let Some(l) = last.filter(|l| judged(l)) {
+            return l;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -274,7 +274,7 @@ fn run_watch_names_the_growing_sites_in_its_summary() {
     read_stdout_line(&mut child);
     let growing =
         |look: &Value, marker| site(look, marker).is_some_and(|s| !field(s, "growth").is_null());
-    until_a_look(&dir, 120, "both growing sites", |l| {
+    let _ = until_a_look(&dir, 120, "both growing sites", |l| {
         growing(l, "LEAK") && growing(l, "LIST")
     });
     drop(child.stdin.take());
@@ -564,26 +564,27 @@ fn stale_sockets_second_watchers_and_killed_watchers_are_handled() {
     assert!(stdout.contains(" history="), "{stdout}");
 }
 
-/// `trapline run --watch --stale-after 4` of leaky_server.c: once a look
-/// has judged both leak sites growing and stale, standard input closes,
-/// and the summary names them by function and line with their verdicts
-/// and evidence, and neither the cache nor the working set.
-#[test]
-fn run_watch_names_a_servers_stale_and_growing_sites_in_its_summary() {
-    let dir = TestDir::new("run_watch_server");
-    let prog = compile_c(&dir, "leaky_server.c");
+/// `trapline run FLAGS --watch --stale-after 4` of leaky_server.c at 2,000
+/// requests a second, until a look (the one returned) judges both leak
+/// sites growing and stale, within `secs` seconds.
+fn run_leaky_server_until_both_leaks_are_stale(
+    dir: &TestDir,
+    flags: &[&str],
+    secs: u64,
+) -> (std::process::Child, Value) {
+    let prog = compile_c(dir, "leaky_server.c");
+    let flags: Vec<&str> = flags
+        .iter()
+        .copied()
+        .chain(["--watch", "--stale-after", "4"])
+        .collect();
     // Unchecked: reading the history back at the end would be an access.
-    let mut child = run_command(
-        &dir,
-        &["--watch", "--stale-after", "4"],
-        &prog,
-        &["2000", "0", "unchecked"],
-    )
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("start trapline run");
+    let mut child = run_command(dir, &flags, &prog, &["2000", "0", "unchecked"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trapline run");
     read_stdout_line(&mut child);
     let judged = |look: &Value, marker| {
         entry_at(field(look, "sites"), "leaky_server.c", marker).is_some_and(|s| {
@@ -591,9 +592,20 @@ fn run_watch_names_a_servers_stale_and_growing_sites_in_its_summary() {
             v.contains(&"growing") && v.contains(&"stale")
         })
     };
-    until_a_look(&dir, 60, "both leak sites growing and stale", |l| {
+    let last = until_a_look(dir, secs, "both leak sites growing and stale", |l| {
         judged(l, "LEAK") && judged(l, "HISTORY")
     });
+    (child, last)
+}
+
+/// `trapline run --watch --stale-after 4` of leaky_server.c: once a look
+/// has judged both leak sites growing and stale, standard input closes,
+/// and the summary names them by function and line with their verdicts
+/// and evidence, and neither the cache nor the working set.
+#[test]
+fn run_watch_names_a_servers_stale_and_growing_sites_in_its_summary() {
+    let dir = TestDir::new("run_watch_server");
+    let (mut child, _) = run_leaky_server_until_both_leaks_are_stale(&dir, &[], 60);
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("trapline run ends");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -609,6 +621,46 @@ fn run_watch_names_a_servers_stale_and_growing_sites_in_its_summary() {
     assert!(stderr.contains("watched blocks untouched"), "{stderr}");
     for function in ["cache_fill", "working_set_init"] {
         assert!(!stderr.contains(function), "{stderr}");
+    }
+}
+
+/// The same server in production mode (`--sample 1024`, so that a few
+/// seconds sample enough of its small blocks): a look judges the dropped
+/// copies and the history growing and stale from their sampled blocks,
+/// and no watched block of theirs was touched. Most of their pages hold
+/// blocks nobody sampled, the cache's and the scratch blocks read at every
+/// request among them: only a touch at one of the watched block's own bytes
+/// (the fault's exact address) counts as its access. `trapline leaks`
+/// shows the verdicts offline.
+#[test]
+fn production_watch_judges_staleness_on_the_sampled_blocks_alone() {
+    let dir = TestDir::new("run_watch_production");
+    let (mut child, last) =
+        run_leaky_server_until_both_leaks_are_stale(&dir, &["--production", "--sample=1024"], 90);
+    for marker in ["LEAK", "HISTORY"] {
+        let s = entry_at(field(&last, "sites"), "leaky_server.c", marker).unwrap();
+        let staleness = field(s, "staleness");
+        assert_eq!(
+            as_u64(staleness, "touched_blocks"),
+            0,
+            "{marker}: {}",
+            pretty(s)
+        );
+        assert!(as_u64(staleness, "untouched_blocks") >= 4, "{}", pretty(s));
+        assert_eq!(field(s, "growth")["estimated"], true, "{}", pretty(s));
+    }
+    let cache = entry_at(field(&last, "sites"), "leaky_server.c", "CACHE")
+        .unwrap_or_else(|| panic!("CACHE in {}", pretty(&last)));
+    assert!(verdicts(cache).is_empty(), "{}", pretty(cache));
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("trapline run ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report = leaks_with(&dir.trace(), &["--kinds", "all"]);
+    for marker in ["LEAK", "HISTORY"] {
+        let record = entry_at(field(&report, "records"), "leaky_server.c", marker)
+            .unwrap_or_else(|| panic!("{marker} record in {}", pretty(&report)));
+        assert!(verdicts(record).contains(&"stale"), "{}", pretty(record));
     }
 }
 

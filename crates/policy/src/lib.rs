@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 use serde_json::Value;
-use trapline_analysis::growth::{judge, Growth};
+use trapline_analysis::growth::{judge, judge_estimated, Growth};
 use trapline_analysis::report::FrameReport;
 use trapline_analysis::staleness::Staleness;
 use trapline_contract::control;
@@ -116,6 +116,8 @@ struct SiteNow {
 /// A block whose pages the agent watches.
 struct BlockWatch {
     site: Site,
+    /// Its bytes: a touch elsewhere on its page is not its own.
+    size: u64,
     pages: Vec<u64>,
     /// Seconds since the first look, when armed.
     armed_at: f64,
@@ -136,7 +138,8 @@ struct Access {
     watched: HashMap<u64, BlockWatch>,
     /// The watched blocks on each watched page.
     on_page: HashMap<u64, Vec<u64>>,
-    /// Blocks seen accessed: not watched again.
+    /// Blocks seen accessed, refused, or on a page busy with another
+    /// block: not watched again.
     done: std::collections::HashSet<u64>,
     sites: HashMap<Site, SiteAccess>,
     monitor: Monitor,
@@ -144,12 +147,20 @@ struct Access {
     previous: Option<(f64, f64)>,
 }
 
+/// Looks whose series a watcher judges, at most (`Watcher::thin_looks`).
+const MAX_LOOKS_KEPT: usize = 256;
+
 /// The policy's state over the looks at one process.
 pub struct Watcher {
     pid: u32,
     trace: Option<PathBuf>,
+    /// Looks taken in all, and the times of those kept.
+    looks: usize,
     times: Vec<f64>,
     series: HashMap<Site, Vec<u64>>,
+    /// The sampling variance of each estimated series' looks (a site whose
+    /// looks gave estimates).
+    variances: HashMap<Site, Vec<f64>>,
     /// Each site's live blocks at the last look.
     current: HashMap<Site, SiteNow>,
     stacks: HashMap<u32, Vec<FrameReport>>,
@@ -175,10 +186,15 @@ impl Access {
         }
     }
 
-    /// Takes an answer to `watches` in: a watched page touched means every
-    /// watched block on it was accessed; one given back unaccessed ends
-    /// its blocks' watches with nothing learned (their other pages are
-    /// given back too).
+    /// Takes an answer to `watches` in: a watched page touched at a byte
+    /// of a watched block means that block was accessed; a touch elsewhere
+    /// on the page (another block, or allocator memory: in production mode
+    /// most of a page is blocks nobody sampled) ends the page's other
+    /// watches with nothing learned, and they are not watched again (their
+    /// page is busy). An agent that cannot say which byte was touched (0)
+    /// counts every watched block on the page accessed. A page given back
+    /// unaccessed ends its blocks' watches with nothing learned. An ended
+    /// block's other pages are given back too.
     fn learn(&mut self, now: f64, answer: &Value, agent: &mut impl FnMut(&str) -> Option<Value>) {
         let mut ended: Vec<u64> = Vec::new();
         let watches = answer.get("watches").and_then(Value::as_array);
@@ -192,14 +208,18 @@ impl Access {
             if outcome == "armed" {
                 continue;
             }
+            let touched_at = v.get(5).and_then(Value::as_u64).unwrap_or(0);
             for addr in self.on_page.remove(&page).unwrap_or_default() {
                 let Some(b) = self.watched.remove(&addr) else {
                     continue;
                 };
                 if outcome == "touched" {
-                    let seen = self.sites.entry(b.site.clone()).or_default();
-                    seen.touched += 1;
-                    seen.last_access = Some(now);
+                    let own = touched_at == 0 || (addr..addr + b.size.max(1)).contains(&touched_at);
+                    if own {
+                        let seen = self.sites.entry(b.site.clone()).or_default();
+                        seen.touched += 1;
+                        seen.last_access = Some(now);
+                    }
                     self.done.insert(addr);
                 }
                 for p in &b.pages {
@@ -283,7 +303,9 @@ impl Watcher {
             pid,
             trace: None,
             times: Vec::new(),
+            looks: 0,
             series: HashMap::new(),
+            variances: HashMap::new(),
             current: HashMap::new(),
             stacks: HashMap::new(),
             access: staleness.map(Access::new),
@@ -348,7 +370,7 @@ impl Watcher {
         // Old enough: a block younger than this is still in use, and a
         // page holding one is hot.
         let min_age_ms = (a.stale_after * 250.0).clamp(1_000.0, 60_000.0) as u64;
-        let mut wanted: HashMap<u64, Site> = HashMap::new();
+        let mut wanted: HashMap<u64, (Site, u64)> = HashMap::new();
         for site in &suspects {
             let have = a.watched.values().filter(|b| &b.site == site).count();
             if have >= a.blocks_per_site {
@@ -368,10 +390,10 @@ impl Watcher {
             let fresh = blocks
                 .into_iter()
                 .flatten()
-                .filter_map(|b| b.get(0).and_then(Value::as_u64))
-                .filter(|addr| !a.watched.contains_key(addr) && !a.done.contains(addr))
+                .filter_map(|b| Some((b.get(0)?.as_u64()?, b.get(1)?.as_u64()?)))
+                .filter(|(addr, _)| !a.watched.contains_key(addr) && !a.done.contains(addr))
                 .take(a.blocks_per_site - have);
-            wanted.extend(fresh.map(|addr| (addr, site.clone())));
+            wanted.extend(fresh.map(|(addr, size)| (addr, (site.clone(), size))));
         }
         if wanted.is_empty() {
             return;
@@ -408,7 +430,7 @@ impl Watcher {
                 continue;
             };
             let pages: Vec<u64> = pages.iter().filter_map(Value::as_u64).collect();
-            let Some(site) = wanted.get(&addr).cloned() else {
+            let Some((site, size)) = wanted.get(&addr).cloned() else {
                 continue;
             };
             for p in &pages {
@@ -418,6 +440,7 @@ impl Watcher {
                 addr,
                 BlockWatch {
                     site,
+                    size,
                     pages,
                     armed_at: now,
                 },
@@ -533,6 +556,7 @@ impl Watcher {
                 .map(PathBuf::from);
         }
         let n = self.times.len();
+        self.looks += 1;
         self.times.push(time);
         self.current.clear();
         let sites = answer.get("sites").and_then(Value::as_array);
@@ -553,6 +577,11 @@ impl Watcher {
             // for all of its blocks: its growth is judged on the estimate.
             let estimated_bytes = v.get("estimated_bytes").and_then(Value::as_u64);
             series.push(estimated_bytes.unwrap_or(bytes));
+            if let Some(variance) = v.get("estimate_variance").and_then(Value::as_f64) {
+                let variances = self.variances.entry(site.clone()).or_default();
+                variances.resize(n, 0.0);
+                variances.push(variance);
+            }
             let ages = v.get("ages").and_then(Value::as_array);
             self.current.insert(
                 site,
@@ -574,13 +603,44 @@ impl Watcher {
         for series in self.series.values_mut() {
             series.resize(n + 1, 0);
         }
+        for variances in self.variances.values_mut() {
+            variances.resize(n + 1, 0.0);
+        }
+        if self.times.len() > MAX_LOOKS_KEPT {
+            self.thin_looks();
+        }
     }
 
-    /// The sites judged growing over the looks so far.
+    /// Keeps every other look, back from the latest: judging costs the
+    /// square of the looks kept, so a watcher left on for days keeps at most
+    /// `MAX_LOOKS_KEPT`, evenly thinned over the run, the recent ones densest.
+    fn thin_looks(&mut self) {
+        fn keep<T: Copy>(v: &mut Vec<T>) {
+            let n = v.len();
+            let kept: Vec<T> = (0..n)
+                .filter(|i| (n - 1 - i).is_multiple_of(2))
+                .map(|i| v[i])
+                .collect();
+            *v = kept;
+        }
+        keep(&mut self.times);
+        self.series.values_mut().for_each(keep);
+        self.variances.values_mut().for_each(keep);
+    }
+
+    /// The sites judged growing over the looks so far: an estimated
+    /// series (production mode, `--sample`) only when it rose by more than
+    /// its sampling noise (`trapline_analysis::growth::judge_estimated`).
     pub fn growing(&self) -> HashMap<Site, Growth> {
         self.series
             .iter()
-            .filter_map(|(site, ys)| judge(&self.times, ys).map(|g| (site.clone(), g)))
+            .filter_map(|(site, ys)| {
+                let judged = match self.variances.get(site) {
+                    Some(v) => judge_estimated(&self.times, ys, v),
+                    None => judge(&self.times, ys),
+                };
+                judged.map(|g| (site.clone(), g))
+            })
             .collect()
     }
 
@@ -653,7 +713,7 @@ impl Watcher {
         Look {
             pid: self.pid,
             time_seconds: *self.times.last().unwrap_or(&0.0),
-            looks: self.times.len(),
+            looks: self.looks,
             live_bytes: self.current.values().map(|v| v.bytes).sum(),
             live_blocks: self.current.values().map(|v| v.blocks).sum(),
             monitor: self.access.as_ref().map(|a| a.monitor.clone()),
@@ -841,5 +901,70 @@ mod tests {
         let look = serde_json::to_value(w.look(19.0, &w.growing(), 2)).unwrap();
         assert_eq!(look["monitor"]["blocks_per_site"], 256);
         assert_eq!(look["sites"][0]["verdicts"], serde_json::json!(["growing"]));
+    }
+
+    /// Three watched blocks of one site share a page. A touch at a byte of
+    /// the second counts it accessed and ends the others' watches with
+    /// nothing learned; a touch between blocks (allocator memory, or a
+    /// block nobody sampled) counts none; an agent that cannot say which
+    /// byte (0) counts every block on the page. None is watched again.
+    #[test]
+    fn a_touch_counts_only_for_the_block_it_reached() {
+        let site: Site = (1, "malloc".into());
+        let touched_after = |at: u64| {
+            let mut a = Access::new(StalenessOptions {
+                stale_after: 5.0,
+                fault_budget: 0.01,
+            });
+            for (k, addr) in [0x1010u64, 0x1410, 0x1810].into_iter().enumerate() {
+                a.on_page.entry(0x1000).or_default().push(addr);
+                a.watched.insert(
+                    addr,
+                    BlockWatch {
+                        site: site.clone(),
+                        size: 0x300 + k as u64,
+                        pages: vec![0x1000],
+                        armed_at: 0.0,
+                    },
+                );
+            }
+            let answer = serde_json::json!({ "watches": [[0x1000, "touched", 0, 0, 9, at]] });
+            let mut disarmed = Vec::new();
+            a.learn(3.0, &answer, &mut |r: &str| {
+                disarmed.push(r.to_owned());
+                Some(serde_json::json!({ "disarmed": 1 }))
+            });
+            assert!(a.watched.is_empty() && a.on_page.is_empty());
+            assert_eq!(a.done.len(), 3);
+            assert_eq!(disarmed.len(), 1);
+            a.sites.get(&site).map_or(0, |s| s.touched)
+        };
+        assert_eq!(touched_after(0x1420), 1);
+        assert_eq!(touched_after(0x1410 + 0x301 - 1), 1);
+        assert_eq!(touched_after(0x1410 + 0x301), 0);
+        assert_eq!(touched_after(0x1008), 0);
+        assert_eq!(touched_after(0), 3);
+    }
+
+    /// A watcher left on keeps at most `MAX_LOOKS_KEPT` looks, the latest
+    /// always, and still judges a leak growing and a steady site not.
+    #[test]
+    fn a_long_watch_keeps_a_bounded_thinned_series() {
+        let mut w = Watcher::new(7, None);
+        for i in 0..1000u64 {
+            w.observe(i as f64, &answer(&[(1, 1000 * (i + 1)), (2, 500_000)]));
+            assert!(w.times.len() <= MAX_LOOKS_KEPT);
+            assert_eq!(w.times.last(), Some(&(i as f64)));
+            assert_eq!(w.series[&(1, "malloc".to_string())].len(), w.times.len());
+        }
+        let growing = w.growing();
+        assert!(growing.contains_key(&(1, "malloc".into())));
+        assert!(!growing.contains_key(&(2, "malloc".into())));
+        let v = serde_json::to_value(w.look(999.0, &growing, 2)).unwrap();
+        assert_eq!(v["looks"], 1000);
+        let slope = v["sites"][0]["growth"]["bytes_per_second"]
+            .as_f64()
+            .unwrap();
+        assert_eq!(slope, 1000.0);
     }
 }

@@ -73,6 +73,8 @@ const MODE_MISSING: u64 = 1;
 const MODE_WP: u64 = 2;
 
 pub const FEATURE_THREAD_ID: u64 = 1 << 8;
+/// A fault's address is the byte accessed, not its page (Linux 5.18).
+pub const FEATURE_EXACT_ADDRESS: u64 = 1 << 11;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
 
@@ -84,7 +86,8 @@ pub struct Message {
     _reserved: [u8; 7],
     /// Page fault: flags; remove and unmap: the range's start.
     pub arg0: u64,
-    /// Page fault: the address; remove and unmap: the range's end.
+    /// Page fault: the address (the byte's with FEATURE_EXACT_ADDRESS, else
+    /// its page's); remove and unmap: the range's end.
     pub arg1: u64,
     /// Page fault: the faulting thread's id (FEATURE_THREAD_ID).
     pub arg2: u64,

@@ -532,8 +532,13 @@ fn sites_answer(out: &mut String, client: &mut Client, pid: u32, time: u64) {
         match s.sampled {
             Sampled::No => {}
             Sampled::CallerOnly => out.push_str(",\"caller_only\":true"),
-            Sampled::FullStack(estimate) => {
-                let _ = write!(out, ",\"estimated_bytes\":{}", estimate.round() as u64);
+            Sampled::FullStack(estimate, variance) => {
+                let _ = write!(
+                    out,
+                    ",\"estimated_bytes\":{},\"estimate_variance\":{}",
+                    estimate.round() as u64,
+                    variance.round() as u64
+                );
             }
         }
         out.push('}');
@@ -814,12 +819,13 @@ fn watches_answer(out: &mut String) {
         let sep = if i == 0 { "" } else { "," };
         let _ = write!(
             out,
-            "{sep}[{},\"{}\",{},{},{}]",
+            "{sep}[{},\"{}\",{},{},{},{}]",
             w.page,
             w.outcome.name(),
             w.armed_at,
             w.ended_at,
-            w.tid
+            w.tid,
+            w.touched_at
         );
     }
     out.push_str("]}\n");
@@ -896,8 +902,10 @@ enum Sampled {
     /// The stack holds only the caller of blocks that took no full stack.
     CallerOnly,
     /// A full stack: the bytes its sampled blocks stand for (each block of
-    /// `size` bytes weighs `size / p`, `p` its chance to be sampled).
-    FullStack(f64),
+    /// `size` bytes weighs `w = size / p`, `p` its chance to be sampled),
+    /// and the estimate's sampling variance (unbiased: the sum of
+    /// `w * (w - size)`), with which a watcher tells growth from noise.
+    FullStack(f64, f64),
 }
 
 /// One allocation site's live blocks.
@@ -927,7 +935,7 @@ fn sites(now: u64, since: u64) -> Vec<SiteNow> {
                 sampled: match crate::capture::stacks::record(b.stack) {
                     _ if mean == 0 => Sampled::No,
                     Some(r) if r.caller_only => Sampled::CallerOnly,
-                    _ => Sampled::FullStack(0.0),
+                    _ => Sampled::FullStack(0.0, 0.0),
                 },
                 bytes: 0,
                 blocks: 0,
@@ -937,9 +945,11 @@ fn sites(now: u64, since: u64) -> Vec<SiteNow> {
             });
             t.bytes += b.size;
             t.blocks += 1;
-            if let Sampled::FullStack(estimate) = &mut t.sampled {
-                *estimate +=
-                    b.size.max(1) as f64 / trapline_trace::event::sample_probability(b.size, mean);
+            if let Sampled::FullStack(estimate, variance) = &mut t.sampled {
+                let size = b.size.max(1) as f64;
+                let weight = size / trapline_trace::event::sample_probability(b.size, mean);
+                *estimate += weight;
+                *variance += weight * (weight - size);
             }
             let age_s = now.saturating_sub(*born) / 1_000_000_000;
             let bucket = control::AGE_BUCKETS_S.partition_point(|&limit| age_s >= limit);

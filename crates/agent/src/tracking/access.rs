@@ -78,6 +78,10 @@ pub struct Watch {
     pub ended_at: u64,
     /// The thread that touched it (0: none).
     pub tid: u32,
+    /// The byte the touching access reached first (0: not known, on a
+    /// kernel without exact fault addresses): a touch of another block on
+    /// the page says nothing of this one.
+    pub touched_at: u64,
 }
 
 struct State {
@@ -116,6 +120,8 @@ static LOWEST: AtomicU64 = AtomicU64::new(u64::MAX);
 static HIGHEST: AtomicU64 = AtomicU64::new(0);
 /// The userfaultfd the fault thread reads (-1: none yet).
 static FD: AtomicI32 = AtomicI32::new(-1);
+/// Its faults name the byte accessed.
+static EXACT: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 
 /// Counters for the control socket.
 pub static FAULTS: AtomicU64 = AtomicU64::new(0);
@@ -142,7 +148,12 @@ pub fn open() -> Result<i32, &'static str> {
             // one is pending the kernel refuses to copy a page back
             // (EAGAIN). Releases give pages back first instead.
             let features = uffd::FEATURE_THREAD_ID;
-            let u = Uffd::open(features)?;
+            let exact = Uffd::open(features | uffd::FEATURE_EXACT_ADDRESS);
+            EXACT.store(exact.is_ok(), Ordering::Relaxed);
+            let u = match exact {
+                Ok(u) => u,
+                Err(_) => Uffd::open(features)?,
+            };
             // Room for every watch now: giving a page back (in a release
             // hook, or before a fork) must not allocate.
             s.watches.reserve(MAX_PAGES);
@@ -237,6 +248,7 @@ pub fn arm(page: u64, now: u64) -> Result<(), Refusal> {
             outcome: Outcome::Armed,
             ended_at: 0,
             tid: 0,
+            touched_at: 0,
         };
         s.watches.push(watch);
         s.aside.push(aside);
@@ -254,7 +266,9 @@ pub fn arm(page: u64, now: u64) -> Result<(), Refusal> {
 }
 
 /// Gives watch `i`'s page back (its contents from aside) with `outcome`.
-fn give_back(s: &mut State, i: usize, outcome: Outcome, now: u64, tid: u32) {
+/// Gives watch `i`'s page back with `outcome`, reached by thread `tid` at
+/// byte `at` (0: none, or not known).
+fn give_back(s: &mut State, i: usize, outcome: Outcome, now: u64, tid: u32, at: u64) {
     let Some(u) = s.uffd.as_ref() else { return };
     let w = &mut s.watches[i];
     if w.outcome != Outcome::Armed {
@@ -273,6 +287,7 @@ fn give_back(s: &mut State, i: usize, outcome: Outcome, now: u64, tid: u32) {
     // The coarse tick may lag the precise time the watch was armed at.
     w.ended_at = now.max(w.armed_at);
     w.tid = tid;
+    w.touched_at = at;
     s.spare.push(s.aside[i]);
     s.aside[i] = 0;
     if ARMED.fetch_sub(1, Ordering::Relaxed) == 1 {
@@ -312,7 +327,7 @@ fn give_back_pages(s: &mut State, first: u64, last: u64, outcome: Outcome) {
     for i in 0..s.watches.len() {
         let page = s.watches[i].page;
         if page >= first && page <= last {
-            give_back(s, i, outcome, now, 0);
+            give_back(s, i, outcome, now, 0, 0);
         }
     }
 }
@@ -385,7 +400,12 @@ pub fn serve(message: &uffd::Message, is_agent: impl Fn(u32) -> bool) {
                     } else {
                         Outcome::Touched
                     };
-                    give_back(s, i, outcome, now, tid);
+                    let at = if EXACT.load(Ordering::Relaxed) {
+                        message.arg1
+                    } else {
+                        0
+                    };
+                    give_back(s, i, outcome, now, tid, at);
                 }
                 None => {
                     // Served already (another thread's fault on the same
