@@ -1162,8 +1162,8 @@ pub fn render_text(r: &LeaksReport) -> String {
     {
         writeln!(
             out,
-            "{p}PRODUCTION MODE: about 1 block in {} sampled ({} of {} allocation calls; one per {} bytes allocated on average). Only sampled blocks are recorded: each record estimates all blocks of its stack (95% interval), and growth is judged on those estimates; calls per function are exact; double and invalid frees are found for sampled blocks only; {}",
-            thousands(prod.one_in()),
+            "{p}PRODUCTION MODE: {} ({} of {} allocation calls; one per {} bytes allocated on average). Only sampled blocks are recorded: each record estimates all blocks of its stack (95% interval), and growth is judged on those estimates; calls per function are exact; double and invalid frees are found for sampled blocks only; {}",
+            prod.share(thousands),
             thousands(prod.sampled_allocations),
             thousands(prod.allocation_calls),
             thousands(sampling.mean_bytes),

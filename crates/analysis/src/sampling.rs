@@ -124,8 +124,8 @@ impl SamplingReport {
     pub fn export_note(&self) -> String {
         match &self.production {
             Some(prod) => format!(
-                "production mode: about 1 block in {} sampled ({} of {} allocation calls, one per {} bytes allocated on average); values are estimates of all blocks by stack",
-                prod.one_in(),
+                "production mode: {} ({} of {} allocation calls, one per {} bytes allocated on average); values are estimates of all blocks by stack",
+                prod.share(|n| n.to_string()),
                 prod.sampled_allocations,
                 prod.allocation_calls,
                 self.mean_bytes
@@ -144,6 +144,15 @@ impl ProductionReport {
         self.allocation_calls
             .checked_div(self.sampled_allocations)
             .unwrap_or(0)
+    }
+
+    /// "about 1 block in N sampled" (N written by `number`), or that none
+    /// was.
+    pub fn share(&self, number: impl Fn(u64) -> String) -> String {
+        match self.one_in() {
+            0 => "no block sampled".to_owned(),
+            n => format!("about 1 block in {} sampled", number(n)),
+        }
     }
 }
 

@@ -40,6 +40,17 @@ impl CallCounters {
         bump(&self.bytes[i], bytes);
     }
 
+    /// Takes back a call `count` counted (one that failed: a failed call
+    /// is recorded as such, not counted).
+    pub fn uncount(&self, func: AllocFn, bytes: u64) {
+        let i = func as usize % FUNCS;
+        let drop = |c: &AtomicU64, n: u64| {
+            c.store(c.load(Ordering::Relaxed).wrapping_sub(n), Ordering::Relaxed)
+        };
+        drop(&self.calls[i], 1);
+        drop(&self.bytes[i], bytes);
+    }
+
     /// Adds these counts to `into` (which other threads may add to).
     pub fn add_to(&self, into: &CallCounters) {
         for i in 0..FUNCS {

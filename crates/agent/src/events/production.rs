@@ -45,6 +45,49 @@ fn outside_agent(ts: &ThreadState) -> bool {
     ts.guard == 0
 }
 
+/// A program thread outside the agent, in production mode while it
+/// records: the state of the thread whose call a fast path may pass on,
+/// in two loads and no call.
+#[inline(always)]
+fn fast_path_thread() -> Option<&'static mut ThreadState> {
+    if !crate::config::production() || crate::phase::recording_stopped() {
+        return None;
+    }
+    thread::current_if_set_up().filter(|ts| !ts.agent_thread && outside_agent(ts))
+}
+
+/// Before the call: an allocation of `size` bytes by `func` that the
+/// sampler does not pick is counted here and needs nothing after the call
+/// but `forget_if_released_lately` (true). False: the call goes the way of
+/// `alloc`.
+#[inline(always)]
+pub fn passes_unsampled(func: AllocFn, size: u64) -> bool {
+    let Some(ts) = fast_path_thread() else {
+        return false;
+    };
+    if !ts.sampler.passes(size) {
+        return false;
+    }
+    ts.call_counts.count(func, size);
+    true
+}
+
+/// Before the call: a release by `func` of `addr` that the filter proves
+/// unsampled is counted here and passed on by the hook (true). False: the
+/// call goes the way of `free` (NULL too: a full recording does not count
+/// it).
+#[inline(always)]
+pub fn release_passes(func: AllocFn, addr: u64) -> bool {
+    if addr == 0 || sampled::may_be_sampled(addr) {
+        return false;
+    }
+    let Some(ts) = fast_path_thread() else {
+        return false;
+    };
+    ts.call_counts.count(func, 0);
+    true
+}
+
 /// An allocation by `func` that returned `addr` (not NULL) for `size`
 /// bytes.
 #[inline(always)]
@@ -61,6 +104,27 @@ pub fn alloc(func: AllocFn, addr: u64, size: u64, align: u64, regs: StartRegs) {
     ts.call_counts.count(func, size);
     if ts.sampler.takes_stack(size, crate::config::sample_bytes()) {
         sampled_alloc(func, addr, size, align, regs);
+    }
+}
+
+/// An allocation `passes_unsampled` passed failed: it is taken back, so
+/// that the call goes the way of a failed one (`record::alloc`).
+#[cold]
+#[inline(never)]
+pub fn unpass(func: AllocFn, size: u64) {
+    if let Some(ts) = thread::current_if_set_up() {
+        ts.call_counts.uncount(func, size);
+        ts.sampler.unpass(size);
+    }
+}
+
+/// After an unsampled allocation at `addr`: if that was a sampled block's
+/// address released lately, the release is forgotten (so the new block's
+/// release is not taken for a second one).
+#[inline(always)]
+pub fn forget_if_released_lately(addr: u64) {
+    if addr != 0 && sampled::may_be_freed(addr) {
+        forget_release(addr);
     }
 }
 

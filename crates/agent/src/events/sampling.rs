@@ -47,6 +47,23 @@ impl Sampler {
         }
     }
 
+    /// Counts down an allocation of `size` bytes that stays short of the
+    /// next sample point; false (nothing counted) if it would reach it.
+    #[inline(always)]
+    pub fn passes(&mut self, size: u64) -> bool {
+        let left = self.left - (size as i64).max(1);
+        if left <= 0 {
+            return false;
+        }
+        self.left = left;
+        true
+    }
+
+    /// Takes back what `passes` counted down for `size` bytes.
+    pub fn unpass(&mut self, size: u64) {
+        self.left += (size as i64).max(1);
+    }
+
     /// Whether an allocation of `size` bytes takes its full stack, with
     /// `mean` bytes between sample points.
     #[inline(always)]

@@ -508,6 +508,19 @@ pub fn current() -> &'static mut ThreadState {
     ts
 }
 
+/// The thread's state if it has one, set up: two loads, and no call (a
+/// hook's fast path, which then needs no frame of its own).
+#[inline(always)]
+pub fn current_if_set_up() -> Option<&'static mut ThreadState> {
+    let p = crate::platform::arch::thread_slot() as *mut ThreadState;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: as in `current`.
+    let ts = unsafe { &mut *p };
+    ts.set_up.then_some(ts)
+}
+
 /// The state of a thread the agent's `pthread_create` started, made from
 /// what its creator took for it (`Provision`).
 pub fn begin(provision: Provision) -> &'static mut ThreadState {

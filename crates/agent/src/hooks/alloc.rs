@@ -1,7 +1,7 @@
 //! The C allocation functions.
 
 use crate::events::next_alloc;
-use crate::events::{calls, record};
+use crate::events::{calls, production, record};
 use crate::platform::arch::{with_caller_regs, StartRegs};
 use core::ffi::c_void;
 use trapline_trace::AllocFn;
@@ -12,6 +12,41 @@ use trapline_trace::AllocFn;
 
 with_caller_regs!(malloc => malloc_hook, args: 1);
 extern "C" fn malloc_hook(size: usize, ret: u64, sp: u64, bp: u64) -> *mut c_void {
+    if production::passes_unsampled(AllocFn::Malloc, size as u64) {
+        let p = next_alloc::malloc(size);
+        if !p.is_null() {
+            production::forget_if_released_lately(p as u64);
+            return p.cast();
+        }
+        // Not kept for this: the caller's frame is found by unwinding.
+        let _ = (ret, sp, bp);
+        return malloc_failed(size);
+    }
+    malloc_recorded(size, ret, sp, bp)
+}
+
+/// A malloc the fast path passed on failed: recorded as a failed one, with
+/// the stack unwound from here through the hook.
+#[cold]
+#[inline(never)]
+fn malloc_failed(size: usize) -> *mut c_void {
+    production::unpass(AllocFn::Malloc, size as u64);
+    let p = core::ptr::null_mut();
+    calls::alloc(
+        AllocFn::Malloc,
+        p,
+        size,
+        0,
+        crate::platform::arch::start_regs(),
+    );
+    p.cast()
+}
+
+// The hooks' fast paths (production mode's unsampled calls) keep no frame
+// of their own: what they need is decided before the real call, and the
+// rest is out of line.
+#[inline(never)]
+extern "C" fn malloc_recorded(size: usize, ret: u64, sp: u64, bp: u64) -> *mut c_void {
     let regs = StartRegs::caller(ret, sp, bp);
     let p = next_alloc::malloc(size);
     calls::alloc(AllocFn::Malloc, p, size, 0, regs);
@@ -78,6 +113,18 @@ with_caller_regs!(free => free_hook, args: 1);
 /// # Safety
 /// `ptr` must be NULL or a live block (checked: bad pointers are reported, not passed on).
 unsafe extern "C" fn free_hook(ptr: *mut c_void, ret: u64, sp: u64, bp: u64) {
+    if production::release_passes(AllocFn::Free, ptr as u64) {
+        // SAFETY: a block the program holds, as far as the agent knows.
+        return unsafe { next_alloc::free(ptr.cast()) };
+    }
+    // SAFETY: as for this function.
+    unsafe { free_recorded(ptr, ret, sp, bp) }
+}
+
+/// # Safety
+/// As for free_hook.
+#[inline(never)]
+unsafe extern "C" fn free_recorded(ptr: *mut c_void, ret: u64, sp: u64, bp: u64) {
     let regs = StartRegs::caller(ret, sp, bp);
     if calls::free(AllocFn::Free, ptr.cast(), regs) {
         // SAFETY: the block is live (or the user asked to pass bad frees on).

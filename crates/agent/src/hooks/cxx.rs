@@ -6,7 +6,7 @@
 
 use super::replaced_operators;
 use crate::events::next_alloc;
-use crate::events::{calls, record};
+use crate::events::{calls, production, record};
 use crate::platform::arch::{with_caller_regs, StartRegs};
 use crate::platform::sys::*;
 use core::ffi::c_void;
@@ -121,17 +121,68 @@ fn new_impl(
     if replaced_operators::forwards(func) {
         return replaced_operators::forward_new(func, size, align, nothrow);
     }
+    // Production mode's unsampled call: decided before it, nothing after.
+    if DELEGATING.load(Ordering::Relaxed) == 0 && production::passes_unsampled(func, size as u64) {
+        let p = allocate(size, align);
+        if !p.is_null() {
+            production::forget_if_released_lately(p as u64);
+            return p.cast();
+        }
+        return new_failed(size, align, func, nothrow);
+    }
+    new_recorded(size, align, func, nothrow, regs, false)
+}
+
+fn allocate(size: usize, align: usize) -> *mut u8 {
+    if align == 0 {
+        next_alloc::malloc(size)
+    } else {
+        next_alloc::memalign(align, size)
+    }
+}
+
+/// The fast path's allocation failed: taken back, and the call goes on
+/// as a recorded one whose first attempt failed, with the stack unwound
+/// from here through the hook.
+#[cold]
+#[inline(never)]
+fn new_failed(size: usize, align: usize, func: AllocFn, nothrow: bool) -> *mut c_void {
+    production::unpass(func, size as u64);
+    new_recorded(
+        size,
+        align,
+        func,
+        nothrow,
+        crate::platform::arch::start_regs(),
+        true,
+    )
+}
+
+/// The operator as the C++ runtime has it: allocate, and on failure call
+/// the new-handler and try again, or fail (`first_failed`: the first
+/// attempt was made, and failed).
+#[inline(never)]
+fn new_recorded(
+    size: usize,
+    align: usize,
+    func: AllocFn,
+    nothrow: bool,
+    regs: crate::platform::arch::StartRegs,
+    first_failed: bool,
+) -> *mut c_void {
     let (func, regs) = if DELEGATING.load(Ordering::Relaxed) == 0 {
         (func, regs)
     } else {
         delegated(func, regs)
     };
+    let mut attempt_made = first_failed;
     loop {
-        let p = if align == 0 {
-            next_alloc::malloc(size)
+        let p = if attempt_made {
+            core::ptr::null_mut()
         } else {
-            next_alloc::memalign(align, size)
+            allocate(size, align)
         };
+        attempt_made = false;
         if !p.is_null() {
             calls::alloc(func, p, size, align, regs);
             return p.cast();
@@ -162,6 +213,20 @@ fn delete_impl(
         replaced_operators::forward_delete(func, ptr, size, stated.align as usize);
         return;
     }
+    if production::release_passes(func, ptr as u64) {
+        // SAFETY: a block the program holds, as far as the agent knows.
+        return unsafe { next_alloc::free(ptr.cast()) };
+    }
+    delete_recorded(ptr, func, stated, regs);
+}
+
+#[inline(never)]
+fn delete_recorded(
+    ptr: *mut c_void,
+    func: AllocFn,
+    stated: record::Stated,
+    regs: crate::platform::arch::StartRegs,
+) {
     if calls::free_stating(func, ptr.cast(), stated, regs) {
         // SAFETY: live block (or bad frees passed on by request).
         unsafe { next_alloc::free(ptr.cast()) };
