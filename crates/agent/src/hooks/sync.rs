@@ -236,32 +236,24 @@ fn mutex_acquire(
     contended(addr, kind, LockMode::Exclusive, op, site, wait)
 }
 
+/// In production mode a mutex that looks free is taken here, by the real
+/// call and a push, with no frame but this one (bench/locks.sh); any
+/// other goes the full path's way, out of line.
 extern "C" fn mutex_lock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
-    let site = CallSite { ret, sp };
-    if crate::config::production_locks() {
-        return production_mutex_lock(m, site);
+    if crate::config::production_locks() && looks_free(m) {
+        let hold = Hold::mutex(LockOp::Blocking);
+        // SAFETY: the caller's mutex, passed through.
+        return take_free_looking(m as u64, hold, CallSite { ret, sp }, || unsafe {
+            real!(pthread_mutex_lock: MutexFn)(m)
+        });
     }
-    full_mutex_lock(m, site)
+    full_mutex_lock(m, CallSite { ret, sp })
 }
 
 #[inline(never)]
 fn full_mutex_lock(m: *mut pthread_mutex_t, site: CallSite) -> c_int {
     // SAFETY: the caller's mutex, passed through.
     mutex_acquire(m, LockOp::Blocking, site, || unsafe {
-        real!(pthread_mutex_lock: MutexFn)(m)
-    })
-}
-
-/// Production mode's pthread_mutex_lock: apart from the full path's frame,
-/// so that a free mutex costs the real call and a push (bench/locks.sh).
-#[inline(never)]
-fn production_mutex_lock(m: *mut pthread_mutex_t, site: CallSite) -> c_int {
-    if !looks_free(m) {
-        return full_mutex_lock(m, site);
-    }
-    let hold = Hold::mutex(LockOp::Blocking);
-    // SAFETY: the caller's mutex, passed through.
-    take_free_looking(m as u64, hold, site, || unsafe {
         real!(pthread_mutex_lock: MutexFn)(m)
     })
 }
@@ -312,20 +304,15 @@ with_return_address!(pthread_mutex_trylock, mutex_trylock, "rsi", "rdx");
 /// does not own) is recorded after it, with the kind read before.
 extern "C" fn mutex_unlock(m: *mut pthread_mutex_t, ret: u64, sp: u64) -> c_int {
     if crate::config::production_locks() {
-        return production_mutex_unlock(m);
+        production_sync::releasing(m as u64);
+        // SAFETY: the caller's mutex, passed through.
+        let r = unsafe { real!(pthread_mutex_unlock: MutexFn)(m) };
+        if r != 0 {
+            refused_unlock(m, r);
+        }
+        return r;
     }
     full_mutex_unlock(m, CallSite { ret, sp })
-}
-
-#[inline(never)]
-fn production_mutex_unlock(m: *mut pthread_mutex_t) -> c_int {
-    production_sync::releasing(m as u64);
-    // SAFETY: the caller's mutex, passed through.
-    let r = unsafe { real!(pthread_mutex_unlock: MutexFn)(m) };
-    if r != 0 {
-        refused_unlock(m, r);
-    }
-    r
 }
 
 #[cold]
