@@ -33,6 +33,9 @@ const ENTRY_POINTS: [(&str, &str); 6] = [
 
 /// The private allocator defined in the ELF file `data`, if any.
 pub fn private_allocator<'data, R: object::ReadRef<'data>>(data: R) -> Option<PrivateAllocator> {
+    if let Some(found) = defined_in_elf64(data) {
+        return found;
+    }
     defined_in(&object::File::parse(data).ok()?)
 }
 
@@ -48,7 +51,49 @@ pub fn private_allocator_of(path: &Path, build_id: &[u8]) -> Option<PrivateAlloc
     if !build_id.is_empty() && object.build_id().ok()?? != build_id {
         return None;
     }
+    if let Some(found) = defined_in_elf64(&data) {
+        return found;
+    }
     defined_in(&object)
+}
+
+/// `defined_in` for a 64-bit ELF file (None: not one), with each symbol
+/// table's strings read in one piece: looking names up one by one through
+/// a lazily read file took 0.3 s for node's 110,000 symbols before every
+/// `trapline run` (8 ms this way).
+fn defined_in_elf64<'data, R: object::ReadRef<'data>>(data: R) -> Option<Option<PrivateAllocator>> {
+    use object::read::elf::{ElfFile64, SectionHeader, Sym};
+    let elf = ElfFile64::<object::Endianness, R>::parse(data).ok()?;
+    let endian = elf.endian();
+    for table in [elf.elf_symbol_table(), elf.elf_dynamic_symbol_table()] {
+        if table.is_empty() {
+            continue;
+        }
+        let header = elf
+            .elf_section_table()
+            .section(table.string_section())
+            .ok()?;
+        let (start, size) = header.file_range(endian)?;
+        let strings = data.read_bytes_at(start, size).ok()?;
+        for sym in table.symbols() {
+            if sym.st_shndx(endian) == object::elf::SHN_UNDEF {
+                continue;
+            }
+            let Some(rest) = strings.get(sym.st_name(endian) as usize..) else {
+                continue;
+            };
+            let name = &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())];
+            if let Some((entry, allocator)) =
+                ENTRY_POINTS.iter().find(|(e, _)| e.as_bytes() == name)
+            {
+                return Some(Some(PrivateAllocator {
+                    allocator,
+                    symbol: entry.to_string(),
+                }));
+            }
+        }
+    }
+    Some(None)
 }
 
 fn defined_in<'data, R: object::ReadRef<'data>>(
