@@ -25,7 +25,9 @@
 //!   reused by others); PEEK is `-` or an offset: read the word
 //!   at the first argument plus it at the call (a field of a structure
 //!   passed); OUT is `out` to read the word the first argument points to
-//!   at the return (a result passed back through a pointer), else `-`;
+//!   at the return (a result passed back through a pointer), `out+OFF` to
+//!   read the word at the first argument plus OFF then (a field the call
+//!   wrote), else `-`;
 //! - `watch START END`: the returns (`ret`) in this code range can end a
 //!   trapped call;
 //! - `ktext START END`: kernel code, where `scan` looks for return
@@ -155,7 +157,8 @@ struct Trap {
     wants_return: bool,
     process_only: bool,
     peek: Option<u64>,
-    out: bool,
+    /// Read the word at the first argument plus this at the return.
+    out: Option<u64>,
     ends: bool,
 }
 
@@ -284,7 +287,13 @@ fn parse_plan(text: &str) -> Result<Plan, String> {
                         "-" => None,
                         p => Some(hex(p)?),
                     },
-                    out: *out == "out",
+                    out: match *out {
+                        "out" => Some(0),
+                        o => match o.strip_prefix("out+") {
+                            Some(off) => Some(hex(off)?),
+                            None => None,
+                        },
+                    },
                     ends: *who == "end",
                 };
                 plan.traps.insert(hex(addr)?, trap);
@@ -528,7 +537,7 @@ impl State {
                 return_address,
                 space,
                 thread: regs[FS_BASE],
-                out: trap.out.then_some(regs[RDI]),
+                out: trap.out.map(|off| regs[RDI].wrapping_add(off)),
             });
             // SAFETY: this vCPU's scoreboard entry, written only from its
             // own callbacks.

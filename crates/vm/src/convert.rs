@@ -16,11 +16,12 @@ use trapline_outside::heap::{Block, Freed, Heap};
 use trapline_outside::traps::Trap;
 use trapline_trace::event::segment_flags;
 use trapline_trace::{
-    AllocFn, ChunkWriter, EndCounters, ErrorKind, Event, ExitKind, ModuleInfo, ProcessInfo,
-    Segment, SnapshotKind,
+    AllocFn, ChunkWriter, EndCounters, ErrorKind, Event, ExitKind, LockEvent, LockKind, LockMisuse,
+    LockMode, LockOp, ModuleInfo, ProcessInfo, Segment, SnapshotKind,
 };
 
-use crate::plan::{self, KernelCall, Layout, Meaning, SizeFrom};
+use crate::locks::{AtCall, Locks};
+use crate::plan::{self, KernelCall, Layout, LockClass, Meaning, SizeFrom, SyncCall};
 use crate::raw::{self, Enter, Record, Stack};
 use crate::recording::Manifest;
 use crate::VmError;
@@ -31,6 +32,12 @@ const MAX_FRAMES: usize = 64;
 const KERNEL_STACK: u64 = 16 << 10;
 /// `ZERO_SIZE_PTR`: what kmalloc(0) returns; no block.
 const ZERO_SIZE_PTR: u64 = 16;
+/// The errors of pthread functions the conversion tells apart (Linux
+/// x86-64 values).
+const EPERM: i32 = 1;
+const EINVAL: i32 = 22;
+const EDEADLK: i32 = 35;
+const EOWNERDEAD: i32 = 130;
 
 pub struct Input<'a> {
     pub raw: &'a [u8],
@@ -136,6 +143,15 @@ struct Active {
     enter: Enter,
     nested: bool,
     stack: u32,
+    /// For a lock acquisition: what it found at its call.
+    at_call: AtCall,
+}
+
+/// A `pthread_create` awaiting its new thread's first event or its return.
+struct Creating {
+    call: u64,
+    space: u64,
+    parent: u32,
 }
 
 struct Converter<'a> {
@@ -153,7 +169,22 @@ struct Converter<'a> {
     symbolizer: trapline_symbols::Symbolizer,
     kernel: KernelFunctions,
     last_time: u64,
+    /// Guest nanoseconds per instruction, as a shift (`-icount shift=N`).
+    ns_shift: u32,
+    locks: Locks,
+    creating: Vec<Creating>,
+    threads_seen: u32,
     counts: Converted,
+}
+
+/// The return address of a user call: the word at `rsp` at its entry.
+fn return_address(e: &Enter) -> Option<u64> {
+    let Stack::Raw(bytes) = &e.stack else {
+        return None;
+    };
+    bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
 }
 
 fn space_of(cr3: u64) -> u64 {
@@ -162,6 +193,18 @@ fn space_of(cr3: u64) -> u64 {
 
 fn write_error(e: std::io::Error) -> VmError {
     VmError::usage(format!("cannot write the trace: {e}"))
+}
+
+/// The `-icount` shift of a recording's clock: each guest instruction
+/// takes 2^shift ns of guest time (0 for `shift=auto`, whose rate
+/// varies: the trace's time is then the instruction count).
+fn icount_shift(clock: &str) -> u32 {
+    clock
+        .split(',')
+        .find_map(|p| p.strip_prefix("shift="))
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n < 16)
+        .unwrap_or(0)
 }
 
 pub fn convert(input: &Input) -> Result<Converted, VmError> {
@@ -206,6 +249,10 @@ pub fn convert(input: &Input) -> Result<Converted, VmError> {
             .map(KernelFunctions::new)
             .unwrap_or_default(),
         last_time: 0,
+        ns_shift: icount_shift(&input.manifest.icount),
+        locks: Locks::default(),
+        creating: Vec::new(),
+        threads_seen: 0,
         counts: Converted::default(),
     };
     c.header()?;
@@ -275,9 +322,10 @@ impl Converter<'_> {
         Ok(())
     }
 
-    /// Trace time: the guest instruction count, strictly increasing.
+    /// Trace time: the guest clock (the instruction count times the
+    /// `-icount` rate), strictly increasing.
     fn time(&mut self, icount: u64) -> u64 {
-        let t = icount.max(self.last_time + 1);
+        let t = (icount << self.ns_shift).max(self.last_time + 1);
         self.last_time = t;
         t
     }
@@ -286,11 +334,37 @@ impl Converter<'_> {
         self.out.push(tid, ev).map_err(write_error)
     }
 
-    /// The trace's thread of a user thread pointer: the main thread has
-    /// the process id, others follow in order of first appearance.
-    fn thread(&mut self, fs_base: u64) -> u32 {
-        let next = self.main_tid() + self.threads.len() as u32;
-        *self.threads.entry(fs_base).or_insert(next)
+    /// A thread number of the trace: the main thread has the process id,
+    /// the others follow in order of first appearance.
+    fn new_tid(&mut self) -> u32 {
+        let tid = self.main_tid() + self.threads_seen;
+        self.threads_seen += 1;
+        tid
+    }
+
+    /// The trace's thread of a user thread pointer. A new
+    /// thread's first event is its `ThreadStart`, linked to the
+    /// `pthread_create` under way in its process.
+    fn thread(&mut self, fs_base: u64, icount: u64) -> Result<u32, VmError> {
+        if let Some(&tid) = self.threads.get(&fs_base) {
+            return Ok(tid);
+        }
+        let tid = self.new_tid();
+        self.threads.insert(fs_base, tid);
+        let space = self.traced_space.unwrap_or(0);
+        if let Some(i) = self.creating.iter().rposition(|c| c.space == space) {
+            let c = self.creating.remove(i);
+            let time = self.time(icount);
+            self.emit(
+                tid,
+                &Event::ThreadStart {
+                    time,
+                    parent_tid: c.parent,
+                    create_id: c.call,
+                },
+            )?;
+        }
+        Ok(tid)
     }
 
     fn context_of(e: &Enter) -> Context {
@@ -329,14 +403,21 @@ impl Converter<'_> {
         }
         let calls = self.active.entry(ctx).or_default();
         let mut nested = !calls.is_empty();
-        if !nested && self.called_by_loader(&e) {
+        let sync = matches!(meaning, Meaning::Sync(c) if c != SyncCall::ThreadEnds);
+        if !nested && sync && self.called_by_c_library(&e) {
+            // The C library's own locking (the loader's lock, taken in
+            // `dl_iterate_phdr`): the agent, at the import slots, never
+            // sees it.
+            nested = true;
+        } else if !nested && self.called_by_loader(&e) {
             // Not the program's: the agent never sees these either.
             self.counts.untracked += 1;
             nested = true;
         }
         let call = e.call;
-        let tid = self.tid_of(&e);
+        let tid = self.tid_of(&e)?;
         let mut stack = 0;
+        let mut at_call = AtCall::Free;
         if nested {
             self.counts.nested += 1;
         } else {
@@ -361,6 +442,7 @@ impl Converter<'_> {
                         }
                     }
                 }
+                Meaning::Sync(sync) => at_call = self.sync_call(tid, sync, &e, stack)?,
                 _ => {}
             }
         }
@@ -369,15 +451,16 @@ impl Converter<'_> {
             enter: e,
             nested,
             stack,
+            at_call,
         });
         Ok(())
     }
 
-    fn tid_of(&mut self, e: &Enter) -> u32 {
+    fn tid_of(&mut self, e: &Enter) -> Result<u32, VmError> {
         if self.traced_space == Some(space_of(e.cr3)) {
-            self.thread(e.fs_base)
+            self.thread(e.fs_base, e.icount)
         } else {
-            self.main_tid()
+            Ok(self.main_tid())
         }
     }
 
@@ -398,8 +481,9 @@ impl Converter<'_> {
             return Ok(());
         }
         let meaning = self.input.plan.traps[active.enter.trap as usize].1;
-        let tid = self.tid_of(&active.enter);
+        let tid = self.tid_of(&active.enter)?;
         match meaning {
+            Meaning::Sync(sync) => self.sync_return(tid, sync, &active, icount, rax, through),
             Meaning::User(Trap::Allocation(func)) => {
                 self.user_allocation(tid, func, &active, icount, rax, through)
             }
@@ -465,6 +549,272 @@ impl Converter<'_> {
             }
         }
         frames
+    }
+
+    /// A mutex's kind from the word peeked at its call; the others' from
+    /// the function.
+    fn lock_kind(&mut self, class: LockClass, addr: u64, peeked: u64) -> LockKind {
+        match class {
+            LockClass::Mutex => self.locks.learn_mutex(addr, peeked),
+            LockClass::RwLock => LockKind::RwLock,
+            LockClass::Spin => LockKind::Spin,
+        }
+    }
+
+    /// A pthread call at its entry, as the agent's hook records it before
+    /// calling the C library: a contended acquisition's request, a relock,
+    /// a release, a destroy, a thread's creation, a join's wait, an exit.
+    fn sync_call(
+        &mut self,
+        tid: u32,
+        call: SyncCall,
+        e: &Enter,
+        stack: u32,
+    ) -> Result<AtCall, VmError> {
+        let addr = e.args[0];
+        let time = self.time(e.icount);
+        let ev = match call {
+            SyncCall::Acquire(class, mode, op) => {
+                let kind = self.lock_kind(class, addr, e.peeked);
+                if op == LockOp::Try || kind == LockKind::Unknown {
+                    // The call itself says (a trylock; a mutex glibc refuses).
+                    return Ok(AtCall::Free);
+                }
+                let at = self
+                    .locks
+                    .at_call(tid, addr, kind, mode, op == LockOp::Blocking);
+                match at {
+                    AtCall::Busy => self.lock_event(
+                        tid,
+                        LockEvent::Request {
+                            time,
+                            addr,
+                            kind,
+                            mode,
+                            stack,
+                        },
+                    )?,
+                    // An error-checking mutex refuses at once (recorded
+                    // at the return); any other never returns.
+                    AtCall::Relock if kind != LockKind::MutexErrorCheck => self.lock_event(
+                        tid,
+                        LockEvent::Misuse {
+                            time,
+                            addr,
+                            kind,
+                            misuse: LockMisuse::SelfDeadlock,
+                            errno: EDEADLK,
+                            stack,
+                        },
+                    )?,
+                    _ => {}
+                }
+                return Ok(at);
+            }
+            SyncCall::Release(LockClass::Spin) if !self.locks.held(addr) => {
+                // glibc's pthread_spin_init is pthread_spin_unlock's code,
+                // at one address: a release of a spinlock nobody holds is
+                // its init, which the agent does not record either.
+                return Ok(AtCall::Free);
+            }
+            SyncCall::Release(class) => {
+                let kind = self.lock_kind(class, addr, e.peeked);
+                // An unlock by the holder glibc names needs no stack.
+                let owned = class == LockClass::Mutex && self.locks.held_by(tid, addr);
+                self.locks.released(tid, addr);
+                LockEvent::Release {
+                    time,
+                    addr,
+                    kind,
+                    stack: if owned { 0 } else { stack },
+                    agent_ns: 0,
+                }
+            }
+            SyncCall::Destroy(class) => LockEvent::Destroy {
+                time,
+                addr,
+                kind: self.lock_kind(class, addr, e.peeked),
+                stack,
+            },
+            SyncCall::CondWait => {
+                let mutex = e.args[1];
+                let owned = self.locks.held_by(tid, mutex);
+                self.locks.released(tid, mutex);
+                LockEvent::Release {
+                    time,
+                    addr: mutex,
+                    kind: self.locks.mutex_kind(mutex),
+                    stack: if owned { 0 } else { stack },
+                    agent_ns: 0,
+                }
+            }
+            SyncCall::Create => {
+                self.creating.push(Creating {
+                    call: e.call,
+                    space: space_of(e.cr3),
+                    parent: tid,
+                });
+                let create = Event::ThreadCreate {
+                    time,
+                    create_id: e.call,
+                    stack,
+                };
+                self.emit(tid, &create)?;
+                return Ok(AtCall::Free);
+            }
+            SyncCall::Join => LockEvent::JoinWait {
+                time,
+                joined: self.threads.get(&addr).copied().unwrap_or(0),
+                stack,
+            },
+            SyncCall::Exit => LockEvent::Exit { time, stack },
+            SyncCall::ThreadEnds if tid != self.main_tid() => {
+                return self
+                    .emit(tid, &Event::ThreadEnd { time })
+                    .map(|_| AtCall::Free);
+            }
+            SyncCall::ThreadEnds => return Ok(AtCall::Free),
+            SyncCall::Init(_) | SyncCall::Detach => return Ok(AtCall::Free),
+        };
+        self.lock_event(tid, ev)?;
+        Ok(AtCall::Free)
+    }
+
+    /// A pthread call at its return: the acquisition or failure, a
+    /// refusal, an init, a condition wait's mutex held again, a new
+    /// thread, a join.
+    fn sync_return(
+        &mut self,
+        tid: u32,
+        call: SyncCall,
+        active: &Active,
+        icount: u64,
+        rax: u64,
+        through: u64,
+    ) -> Result<(), VmError> {
+        let e = &active.enter;
+        let (addr, stack) = (e.args[0], active.stack);
+        let r = rax as u32 as i32;
+        let acquired = r == 0 || r == EOWNERDEAD;
+        let time = self.time(icount);
+        let ev = match call {
+            SyncCall::Acquire(class, mode, op) => {
+                let kind = match class {
+                    LockClass::Mutex => self.locks.mutex_kind(addr),
+                    LockClass::RwLock => LockKind::RwLock,
+                    LockClass::Spin => LockKind::Spin,
+                };
+                if acquired {
+                    self.locks.acquired(tid, addr, mode);
+                    let wait_ns = (active.at_call == AtCall::Busy)
+                        .then(|| (icount.saturating_sub(e.icount)) << self.ns_shift);
+                    LockEvent::Acquire {
+                        time,
+                        addr,
+                        kind,
+                        mode,
+                        op,
+                        wait_ns,
+                        stack,
+                    }
+                } else if active.at_call == AtCall::Relock {
+                    LockEvent::Misuse {
+                        time,
+                        addr,
+                        kind,
+                        misuse: LockMisuse::Refused,
+                        errno: r,
+                        stack,
+                    }
+                } else {
+                    if r == EDEADLK {
+                        let refused = LockEvent::Misuse {
+                            time,
+                            addr,
+                            kind,
+                            misuse: LockMisuse::Refused,
+                            errno: r,
+                            stack,
+                        };
+                        self.lock_event(tid, refused)?;
+                    }
+                    LockEvent::Failed {
+                        time,
+                        addr,
+                        kind,
+                        mode,
+                        op,
+                        errno: r,
+                        stack,
+                    }
+                }
+            }
+            SyncCall::Release(LockClass::Mutex) if r != 0 => LockEvent::Misuse {
+                time,
+                addr,
+                kind: self.locks.mutex_kind(addr),
+                misuse: LockMisuse::Refused,
+                errno: r,
+                stack,
+            },
+            SyncCall::Init(class) if r == 0 => LockEvent::Init {
+                time,
+                addr,
+                kind: self.lock_kind(class, addr, through),
+                stack,
+            },
+            // Every outcome but a refused call holds the mutex again.
+            SyncCall::CondWait if r != EINVAL && r != EPERM => {
+                let mutex = e.args[1];
+                self.locks.acquired(tid, mutex, LockMode::Exclusive);
+                LockEvent::Acquire {
+                    time,
+                    addr: mutex,
+                    kind: self.locks.mutex_kind(mutex),
+                    mode: LockMode::Exclusive,
+                    op: LockOp::CondWait,
+                    wait_ns: None,
+                    stack,
+                }
+            }
+            SyncCall::Create => {
+                let Some(i) = self.creating.iter().position(|c| c.call == e.call) else {
+                    // The new thread has run already: its first event
+                    // was its start.
+                    return Ok(());
+                };
+                let c = self.creating.remove(i);
+                if r != 0 {
+                    return Ok(());
+                }
+                // A new thread, even where its pthread_t is a detached
+                // thread's that ended (glibc reuses cached stacks).
+                let child = self.new_tid();
+                self.threads.insert(through, child);
+                let start = Event::ThreadStart {
+                    time,
+                    parent_tid: c.parent,
+                    create_id: c.call,
+                };
+                return self.emit(child, &start);
+            }
+            SyncCall::Join if r == 0 => LockEvent::Join {
+                time,
+                // Joined, its pthread_t may serve a new thread.
+                joined: self.threads.remove(&addr).unwrap_or(0),
+                stack,
+            },
+            SyncCall::Detach if r == 0 => LockEvent::Detach {
+                time,
+                detached: self.threads.get(&addr).copied().unwrap_or(0),
+            },
+            _ => return Ok(()),
+        };
+        self.lock_event(tid, ev)
+    }
+
+    fn lock_event(&mut self, tid: u32, ev: LockEvent) -> Result<(), VmError> {
+        self.emit(tid, &Event::Lock(ev))
     }
 
     fn user_allocation(
@@ -595,27 +945,31 @@ impl Converter<'_> {
     /// Whether a user call was made by the dynamic loader itself (a
     /// thread's TLS, its DTV).
     fn called_by_loader(&self, e: &Enter) -> bool {
-        let (Some((start, end)), Stack::Raw(bytes)) = (self.input.layout.loader, &e.stack) else {
-            return false;
-        };
-        let Some(ra) = bytes
-            .get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        else {
+        let (Some((start, end)), Some(ra)) = (self.input.layout.loader, return_address(e)) else {
             return false;
         };
         (start..end).contains(&ra)
     }
 
-    /// Whether a release was called by the C library's own teardown.
-    fn by_allocator_teardown(&mut self, e: &Enter) -> bool {
-        let Stack::Raw(bytes) = &e.stack else {
+    /// Whether a user call was made from inside the library that defines
+    /// the function (or by the loader).
+    fn called_by_c_library(&self, e: &Enter) -> bool {
+        let Some(ra) = return_address(e) else {
             return false;
         };
-        let Some(ra) = bytes
-            .get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        else {
+        let home = self
+            .input
+            .layout
+            .modules
+            .iter()
+            .map(plan::Loaded::span)
+            .find(|(a, b)| (*a..*b).contains(&e.rip));
+        home.is_some_and(|(a, b)| (a..b).contains(&ra)) || self.called_by_loader(e)
+    }
+
+    /// Whether a release was called by the C library's own teardown.
+    fn by_allocator_teardown(&mut self, e: &Enter) -> bool {
+        let Some(ra) = return_address(e) else {
             return false;
         };
         self.symbolizer.symbolize(ra).iter().any(|f| {

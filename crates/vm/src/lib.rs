@@ -16,6 +16,7 @@ pub mod console;
 mod convert;
 pub mod cpio;
 pub mod guest;
+mod locks;
 mod plan;
 pub mod qemu;
 pub mod raw;

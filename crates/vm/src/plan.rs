@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use trapline_outside::traps::{Trap, TRAPPED};
 use trapline_trace::event::segment_flags;
-use trapline_trace::{AllocFn, Segment};
+use trapline_trace::{AllocFn, LockMode, LockOp, Segment};
 
 use crate::VmError;
 
@@ -139,7 +139,95 @@ pub enum Meaning {
     End,
     User(Trap),
     Kernel(KernelCall),
+    /// A pthread function of the program's.
+    Sync(SyncCall),
 }
+
+/// Which pthread lock type a call is about.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LockClass {
+    /// A mutex: its type is glibc's kind word, peeked at the call.
+    Mutex,
+    RwLock,
+    Spin,
+}
+
+/// A pthread function the replay traps: the calls the agent wraps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SyncCall {
+    /// lock, rdlock/wrlock, trylock, timedlock and clocklock.
+    Acquire(LockClass, LockMode, LockOp),
+    Release(LockClass),
+    Init(LockClass),
+    Destroy(LockClass),
+    /// `pthread_cond_wait` and its timed forms: the mutex (the second
+    /// argument) is released, then held again at the return.
+    CondWait,
+    /// `pthread_create`: the new thread's `pthread_t` is read through the
+    /// first argument at the return.
+    Create,
+    Join,
+    Detach,
+    Exit,
+    /// glibc's `__call_tls_dtors`, which a thread's start routine's
+    /// caller runs when the thread ends (and `exit` in the thread that
+    /// calls it).
+    ThreadEnds,
+}
+
+/// Where glibc keeps a mutex's kind word (`__kind`), and so the peek at
+/// each mutex call and the read after `pthread_mutex_init`.
+pub const MUTEX_KIND_OFFSET: u64 = 16;
+
+/// The pthread functions trapped, by name.
+const SYNC_TRAPPED: &[(&str, SyncCall)] = {
+    use LockClass::*;
+    use LockMode::*;
+    use LockOp::{Blocking, Timed, Try};
+    use SyncCall::*;
+    &[
+        ("pthread_mutex_lock", Acquire(Mutex, Exclusive, Blocking)),
+        ("pthread_mutex_timedlock", Acquire(Mutex, Exclusive, Timed)),
+        ("pthread_mutex_clocklock", Acquire(Mutex, Exclusive, Timed)),
+        ("pthread_mutex_trylock", Acquire(Mutex, Exclusive, Try)),
+        ("pthread_mutex_unlock", Release(Mutex)),
+        ("pthread_mutex_init", Init(Mutex)),
+        ("pthread_mutex_destroy", Destroy(Mutex)),
+        ("pthread_rwlock_rdlock", Acquire(RwLock, Shared, Blocking)),
+        (
+            "pthread_rwlock_wrlock",
+            Acquire(RwLock, Exclusive, Blocking),
+        ),
+        ("pthread_rwlock_timedrdlock", Acquire(RwLock, Shared, Timed)),
+        (
+            "pthread_rwlock_timedwrlock",
+            Acquire(RwLock, Exclusive, Timed),
+        ),
+        ("pthread_rwlock_clockrdlock", Acquire(RwLock, Shared, Timed)),
+        (
+            "pthread_rwlock_clockwrlock",
+            Acquire(RwLock, Exclusive, Timed),
+        ),
+        ("pthread_rwlock_tryrdlock", Acquire(RwLock, Shared, Try)),
+        ("pthread_rwlock_trywrlock", Acquire(RwLock, Exclusive, Try)),
+        ("pthread_rwlock_unlock", Release(RwLock)),
+        ("pthread_rwlock_init", Init(RwLock)),
+        ("pthread_rwlock_destroy", Destroy(RwLock)),
+        ("pthread_spin_lock", Acquire(Spin, Exclusive, Blocking)),
+        ("pthread_spin_trylock", Acquire(Spin, Exclusive, Try)),
+        // pthread_spin_init and _destroy are not recorded (nor by the
+        // agent): the first is pthread_spin_unlock's code (`Release`).
+        ("pthread_spin_unlock", Release(Spin)),
+        ("pthread_cond_wait", CondWait),
+        ("pthread_cond_timedwait", CondWait),
+        ("pthread_cond_clockwait", CondWait),
+        ("pthread_create", Create),
+        ("pthread_join", Join),
+        ("pthread_detach", Detach),
+        ("pthread_exit", Exit),
+        ("__call_tls_dtors", ThreadEnds),
+    ]
+};
 
 /// A kernel allocator function: which argument holds the size or the
 /// block.
@@ -279,6 +367,44 @@ pub fn build(
             layout.modules[0].path.display()
         )));
     }
+    for (name, call) in SYNC_TRAPPED {
+        // Every version a library defines (glibc keeps an old
+        // `pthread_cond_wait@GLIBC_2.2.5`): a program binds to one.
+        let Some(addrs) = layout
+            .modules
+            .iter()
+            .map(|m| definitions(m, name))
+            .find(|a| !a.is_empty())
+        else {
+            continue;
+        };
+        let peek = match call {
+            SyncCall::Acquire(LockClass::Mutex, ..)
+            | SyncCall::Release(LockClass::Mutex)
+            | SyncCall::Destroy(LockClass::Mutex) => format!("{MUTEX_KIND_OFFSET:x}"),
+            _ => "-".into(),
+        };
+        let out = match call {
+            SyncCall::Init(LockClass::Mutex) => format!("out+{MUTEX_KIND_OFFSET:x}"),
+            SyncCall::Create => "out".into(),
+            _ => "-".into(),
+        };
+        let ret = if *call == SyncCall::Exit {
+            "noret"
+        } else {
+            "ret"
+        };
+        for addr in addrs {
+            if traps.iter().any(|(a, _)| *a == addr) {
+                continue;
+            }
+            text.push_str(&format!(
+                "trap {addr:x} {} user raw {ret} any {peek} {out}\n",
+                traps.len()
+            ));
+            traps.push((addr, Meaning::Sync(*call)));
+        }
+    }
     for m in &layout.modules {
         for (a, b) in m.code() {
             text.push_str(&format!("watch {a:x} {b:x}\n"));
@@ -352,16 +478,29 @@ fn kernel_index(symbols: &str) -> std::collections::HashMap<String, u64> {
 
 /// The guest address of function `name` defined in module `m`.
 fn defined(m: &Loaded, name: &str) -> Option<u64> {
-    let file = object::File::parse(&*m.data).ok()?;
-    file.dynamic_symbols()
-        .chain(file.symbols())
-        .find(|s| {
-            s.is_definition()
-                && s.kind() == object::SymbolKind::Text
-                && s.name()
-                    .is_ok_and(|n| n == name || n.split('@').next() == Some(name))
-        })
-        .map(|s| s.address().wrapping_add(m.bias))
+    definitions(m, name).first().copied()
+}
+
+/// The guest addresses of every definition of function `name` in module
+/// `m` (a versioned symbol may have several), in symbol table order.
+fn definitions(m: &Loaded, name: &str) -> Vec<u64> {
+    let Ok(file) = object::File::parse(&*m.data) else {
+        return Vec::new();
+    };
+    let mut found: Vec<u64> = Vec::new();
+    for s in file.dynamic_symbols().chain(file.symbols()) {
+        if s.is_definition()
+            && s.kind() == object::SymbolKind::Text
+            && s.name()
+                .is_ok_and(|n| n == name || n.split('@').next() == Some(name))
+        {
+            let addr = s.address().wrapping_add(m.bias);
+            if !found.contains(&addr) {
+                found.push(addr);
+            }
+        }
+    }
+    found
 }
 
 /// The unwind sections of a module, for framehop.

@@ -252,17 +252,7 @@ pub fn mutex_kind(addr: u64) -> LockKind {
                 .cast::<i32>(),
         )
     };
-    // Bits glibc defines: the type (0-3), robust (16), priority inherit
-    // (32) and protect (64), process-shared (128), elision (256, 512).
-    if k & !0x3f3 != 0 {
-        return LockKind::Unknown;
-    }
-    match k & 3 {
-        0 => LockKind::Mutex,
-        1 => LockKind::MutexRecursive,
-        2 => LockKind::MutexErrorCheck,
-        _ => LockKind::MutexAdaptive,
-    }
+    LockKind::of_glibc_mutex(k)
 }
 
 /// This thread's kernel tid, as the agent cached it (no system call).

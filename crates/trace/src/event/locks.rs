@@ -59,6 +59,23 @@ impl LockKind {
     pub fn is_recursive(self) -> bool {
         self == LockKind::MutexRecursive
     }
+
+    /// The type of a glibc mutex from its kind word (`__kind`): the bits
+    /// glibc defines are the type (0-3), robust (16), priority inherit
+    /// (32) and protect (64), process-shared (128) and elision (256, 512);
+    /// any other bit means the memory is not a mutex glibc made.
+    #[inline]
+    pub fn of_glibc_mutex(kind_word: i32) -> LockKind {
+        if kind_word & !0x3f3 != 0 {
+            return LockKind::Unknown;
+        }
+        match kind_word & 3 {
+            0 => LockKind::Mutex,
+            1 => LockKind::MutexRecursive,
+            2 => LockKind::MutexErrorCheck,
+            _ => LockKind::MutexAdaptive,
+        }
+    }
 }
 
 /// Exclusive (mutex, spinlock, rwlock write) or shared (rwlock read).
