@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod vm;
+
 use serde_json::Value;
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
