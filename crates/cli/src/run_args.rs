@@ -192,7 +192,7 @@ fn parse_percent(s: &str) -> Result<f64, String> {
 
 /// CPU samples per second of a thread's CPU time, when not given.
 pub(crate) const DEFAULT_PROFILE_HZ: u32 = 999;
-const DEFAULT_PROFILE_HZ_TEXT: &str = "999";
+pub const DEFAULT_PROFILE_HZ_TEXT: &str = "999";
 
 /// A positive number of seconds (decimals allowed), at least a millisecond.
 pub(crate) fn parse_seconds(s: &str) -> Result<f64, String> {

@@ -67,6 +67,20 @@ struct ReplayArgs {
     /// its call stack is unwound.
     #[arg(long, default_value_t = 4096, value_name = "BYTES")]
     stack_bytes: usize,
+    /// Sample the traced process's CPU use with call stacks, HZ times per
+    /// second of the guest's clock while it runs (default 999), as
+    /// `trapline run --profile` samples CPU time; see `trapline profile`.
+    /// A sample falls at the first block of guest code entered after
+    /// each period's instructions, so two replays sample alike.
+    #[arg(
+        long,
+        value_name = "HZ",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = crate::run_args::DEFAULT_PROFILE_HZ_TEXT,
+        value_parser = clap::value_parser!(u32).range(1..=100_000)
+    )]
+    profile: Option<u32>,
     /// Replace TRACE even when it is a file that is not a trapline trace.
     #[arg(long)]
     force: bool,
@@ -168,6 +182,7 @@ fn replay(a: ReplayArgs) -> ExitCode {
         timeout: a.timeout.map(Duration::from_secs_f64),
         verify: a.verify,
         stack_bytes: a.stack_bytes,
+        profile_hz: a.profile,
     };
     match trapline_vm::replay(&req) {
         Ok(done) => {
@@ -191,6 +206,9 @@ fn replay(a: ReplayArgs) -> ExitCode {
                 c.live_bytes,
                 c.guest_instructions
             );
+            if a.profile.is_some() {
+                eprintln!("==trapline== {} CPU samples", c.samples);
+            }
             eprintln!("==trapline== trace: {}", a.output.display());
             ExitCode::SUCCESS
         }

@@ -31,7 +31,9 @@
 //! - `watch START END`: the returns (`ret`) in this code range can end a
 //!   trapped call;
 //! - `ktext START END`: kernel code, where `scan` looks for return
-//!   addresses.
+//!   addresses;
+//! - `sample N` (decimal): a CPU sample of the traced process every N
+//!   guest instructions (at the first block entered after N more ran).
 //!
 //! Raw log: the magic `TLVMRAW1`, then records, little-endian:
 //! - `1` enter: trap id u32, call number u64, instruction count u64, cr3
@@ -41,7 +43,11 @@
 //! - `2` return: call number u64, instruction count u64, rax u64, the
 //!   word read through the first argument u64;
 //! - `3` end: instruction count u64, calls trapped u64, returns u64,
-//!   calls whose return was never seen u64.
+//!   calls whose return was never seen u64;
+//! - `4` sample: instruction count u64, cr3 u64, fs_base u64, rip rsp rbp
+//!   (u64 each), the user rip rsp rbp (the same in user mode; in the
+//!   kernel, those its entry saved at the top of the task's stack, or 0),
+//!   length u32 and the user stack's bytes from the user rsp up.
 //!
 //! The instruction count is the guest's, counted at each translated
 //! block's entry: the same in every replay of one recording.
@@ -88,6 +94,7 @@ struct ScoreU64 {
 
 const CB_R_REGS: c_int = 1;
 const COND_NE: c_int = 3;
+const COND_GE: c_int = 7;
 const INLINE_ADD_U64: c_int = 0;
 
 extern "C" {
@@ -102,6 +109,7 @@ extern "C" {
         userdata: *mut c_void,
     );
     fn qemu_plugin_tb_n_insns(tb: *const c_void) -> usize;
+    fn qemu_plugin_tb_vaddr(tb: *const c_void) -> u64;
     fn qemu_plugin_tb_get_insn(tb: *const c_void, idx: usize) -> *mut c_void;
     fn qemu_plugin_insn_data(insn: *const c_void, dest: *mut c_void, len: usize) -> usize;
     fn qemu_plugin_insn_vaddr(insn: *const c_void) -> u64;
@@ -113,6 +121,15 @@ extern "C" {
     );
     fn qemu_plugin_register_vcpu_insn_exec_cond_cb(
         insn: *mut c_void,
+        cb: extern "C" fn(c_uint, *mut c_void),
+        flags: c_int,
+        cond: c_int,
+        entry: ScoreU64,
+        imm: u64,
+        userdata: *mut c_void,
+    );
+    fn qemu_plugin_register_vcpu_tb_exec_cond_cb(
+        tb: *mut c_void,
         cb: extern "C" fn(c_uint, *mut c_void),
         flags: c_int,
         cond: c_int,
@@ -168,6 +185,8 @@ struct Plan {
     traps: HashMap<u64, Trap>,
     watched: Vec<(u64, u64)>,
     kernel_text: Vec<(u64, u64)>,
+    /// Instructions between two CPU samples; 0: no sampling.
+    sample_every: u64,
 }
 
 /// The registers read at a trap, by their names in QEMU's x86-64 gdb
@@ -177,6 +196,7 @@ const REGS: [&str; 12] = [
 ];
 const RIP: usize = 0;
 const RSP: usize = 1;
+const RBP: usize = 2;
 const RDI: usize = 3;
 const RSI: usize = 4;
 const RDX: usize = 5;
@@ -217,8 +237,10 @@ unsafe impl Send for State {}
 
 static PLAN: std::sync::OnceLock<Plan> = std::sync::OnceLock::new();
 static STATE: Mutex<Option<State>> = Mutex::new(None);
-/// Per vCPU: the instruction count (offset 0) and the number of calls
-/// awaiting their return (offset 8), read inline by the `ret` condition.
+/// Per vCPU: the instruction count (offset 0), the number of calls
+/// awaiting their return (offset 8), read inline by the `ret` condition,
+/// and the instructions since the last CPU sample (offset 16), read
+/// inline by the sampling condition.
 static SCOREBOARD: std::sync::atomic::AtomicPtr<c_void> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
@@ -247,7 +269,7 @@ fn score(offset: usize) -> ScoreU64 {
 
 fn score_ptr(vcpu: c_uint, offset: usize) -> *mut u64 {
     let board = SCOREBOARD.load(std::sync::atomic::Ordering::Relaxed);
-    // SAFETY: the scoreboard was made with 16-byte entries in install and
+    // SAFETY: the scoreboard was made with 24-byte entries in install and
     // lives for the plugin's lifetime; QEMU returns this vCPU's entry.
     unsafe { (qemu_plugin_scoreboard_find(board, vcpu) as *mut u8).add(offset) as *mut u64 }
 }
@@ -300,6 +322,7 @@ fn parse_plan(text: &str) -> Result<Plan, String> {
             }
             ["watch", a, b] => plan.watched.push((hex(a)?, hex(b)?)),
             ["ktext", a, b] => plan.kernel_text.push((hex(a)?, hex(b)?)),
+            ["sample", n] => plan.sample_every = n.parse().map_err(|e| format!("{n}: {e}"))?,
             _ => return Err(format!("cannot read the plan line {line:?}")),
         }
     }
@@ -545,6 +568,62 @@ impl State {
         }
     }
 
+    /// A CPU sample, when the vCPU runs the traced process (its user code
+    /// or the kernel on its behalf).
+    fn sample(&mut self, plan: &Plan, icount: u64, block: u64) {
+        let regs = self.registers();
+        if self.ended || self.traced_space != Some(cr3_space(regs[CR3])) {
+            return;
+        }
+        // QEMU's rip is not kept up to date inside a block: the sample is
+        // at the block's start.
+        let (rip, rsp, rbp) = (block, regs[RSP], regs[RBP]);
+        let user = if rip >> 63 == 0 {
+            Some((rip, rsp, rbp))
+        } else {
+            self.user_registers_saved(rsp)
+        };
+        let (urip, ursp, urbp) = user.unwrap_or((0, 0, 0));
+        let bytes = if user.is_some() {
+            self.raw_stack(ursp, plan.stack_bytes)
+        } else {
+            Vec::new()
+        };
+        let mut record = Vec::with_capacity(80 + bytes.len());
+        record.push(4u8);
+        for v in [
+            icount,
+            regs[CR3],
+            regs[FS_BASE],
+            rip,
+            rsp,
+            rbp,
+            urip,
+            ursp,
+            urbp,
+        ] {
+            record.extend_from_slice(&v.to_le_bytes());
+        }
+        record.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        record.extend_from_slice(&bytes);
+        self.write(&record);
+    }
+
+    /// The user rip, rsp and rbp the kernel's entry saved (`struct
+    /// pt_regs`, 21 words at the top of the task's 16 KiB stack), when
+    /// `rsp` is on that stack and the saved code segment is user mode's.
+    fn user_registers_saved(&mut self, rsp: u64) -> Option<(u64, u64, u64)> {
+        const USER_CS: u64 = 0x33;
+        let top = (rsp | (KERNEL_STACK - 1)).wrapping_add(1);
+        let regs = top.wrapping_sub(21 * 8);
+        let word = |s: &mut Self, i: u64| s.word(regs + i * 8);
+        if word(self, 17)? != USER_CS {
+            return None;
+        }
+        let (rip, sp, rbp) = (word(self, 16)?, word(self, 19)?, word(self, 4)?);
+        (rip >> 47 == 0 && sp >> 47 == 0).then_some((rip, sp, rbp))
+    }
+
     fn returning(&mut self, icount: u64, vcpu: c_uint) {
         let rsp = {
             let handles = match self.registers {
@@ -639,6 +718,29 @@ extern "C" fn on_return(vcpu: c_uint, userdata: *mut c_void) {
     }
 }
 
+/// A translated block, for its sampling callback.
+struct Block {
+    start: u64,
+    instructions: u64,
+}
+
+extern "C" fn on_sample(vcpu: c_uint, userdata: *mut c_void) {
+    let Some(plan) = PLAN.get() else { return };
+    // SAFETY: userdata is a leaked `Block` made in on_translate.
+    let block = unsafe { &*(userdata as *const Block) };
+    // SAFETY: this vCPU's entries, written only from its own callbacks;
+    // the block's count was added at its entry, before this callback.
+    let icount = unsafe {
+        *score_ptr(vcpu, 16) -= plan.sample_every;
+        (*score_ptr(vcpu, 0)).saturating_sub(block.instructions)
+    };
+    if let Ok(mut guard) = STATE.lock() {
+        if let Some(state) = guard.as_mut() {
+            state.sample(plan, icount, block.start);
+        }
+    }
+}
+
 extern "C" fn on_translate(_id: PluginId, tb: *mut c_void) {
     let Some(plan) = PLAN.get() else { return };
     // SAFETY: `tb` is the block QEMU is translating; its instructions are
@@ -647,6 +749,28 @@ extern "C" fn on_translate(_id: PluginId, tb: *mut c_void) {
     unsafe {
         let n = qemu_plugin_tb_n_insns(tb);
         qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(tb, INLINE_ADD_U64, score(0), n as u64);
+        if plan.sample_every > 0 {
+            // Registered after the count: QEMU runs a block's callbacks in
+            // the order they were registered.
+            qemu_plugin_register_vcpu_tb_exec_inline_per_vcpu(
+                tb,
+                INLINE_ADD_U64,
+                score(16),
+                n as u64,
+            );
+            qemu_plugin_register_vcpu_tb_exec_cond_cb(
+                tb,
+                on_sample,
+                CB_R_REGS,
+                COND_GE,
+                score(16),
+                plan.sample_every,
+                Box::into_raw(Box::new(Block {
+                    start: qemu_plugin_tb_vaddr(tb),
+                    instructions: n as u64,
+                })) as *mut c_void,
+            );
+        }
         for i in 0..n {
             let insn = qemu_plugin_tb_get_insn(tb, i);
             let vaddr = qemu_plugin_insn_vaddr(insn);
@@ -794,7 +918,7 @@ pub unsafe extern "C" fn qemu_plugin_install(
     }
     let _ = PLAN.set(plan);
     // SAFETY: QEMU's allocators, called from its install callback.
-    let (board, scratch) = unsafe { (qemu_plugin_scoreboard_new(16), g_byte_array_new()) };
+    let (board, scratch) = unsafe { (qemu_plugin_scoreboard_new(24), g_byte_array_new()) };
     SCOREBOARD.store(board, std::sync::atomic::Ordering::Relaxed);
     if let Ok(mut guard) = STATE.lock() {
         *guard = Some(State {

@@ -48,6 +48,8 @@ pub struct Input<'a> {
     /// The guest kernel's code symbols (`/proc/kallsyms` lines).
     pub kernel_symbols: Option<&'a str>,
     pub output: &'a Path,
+    /// The CPU sampling rate asked for, when the plan samples.
+    pub profile_hz: Option<u32>,
 }
 
 /// The guest kernel's functions, by start address.
@@ -129,6 +131,10 @@ pub struct Converted {
     pub live_bytes: u64,
     pub guest_instructions: u64,
     pub events: u64,
+    /// CPU samples of the traced process.
+    pub samples: u64,
+    /// CPU samples of kernel threads on the process's page tables.
+    pub samples_elsewhere: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -174,7 +180,16 @@ struct Converter<'a> {
     locks: Locks,
     creating: Vec<Creating>,
     threads_seen: u32,
+    /// The first CPU sample was written, after its `ProfileStart`.
+    profiling: bool,
     counts: Converted,
+}
+
+/// The word at `addr` of stack bytes copied from `copied_at`.
+fn word_at(bytes: &[u8], copied_at: u64, addr: u64) -> Option<u64> {
+    let off = usize::try_from(addr.checked_sub(copied_at)?).ok()?;
+    let b = bytes.get(off..off.checked_add(8)?)?;
+    Some(u64::from_le_bytes(b.try_into().ok()?))
 }
 
 /// The return address of a user call: the word at `rsp` at its entry.
@@ -205,6 +220,12 @@ fn icount_shift(clock: &str) -> u32 {
         .and_then(|n| n.parse().ok())
         .filter(|&n| n < 16)
         .unwrap_or(0)
+}
+
+/// Guest instructions between two CPU samples at `hz` samples per
+/// second of the guest's clock.
+pub fn instructions_per_sample(hz: u32, clock: &str) -> u64 {
+    (1_000_000_000 / (u64::from(hz.max(1)) << icount_shift(clock))).max(1)
 }
 
 pub fn convert(input: &Input) -> Result<Converted, VmError> {
@@ -253,6 +274,7 @@ pub fn convert(input: &Input) -> Result<Converted, VmError> {
         locks: Locks::default(),
         creating: Vec::new(),
         threads_seen: 0,
+        profiling: false,
         counts: Converted::default(),
     };
     c.header()?;
@@ -266,6 +288,7 @@ pub fn convert(input: &Input) -> Result<Converted, VmError> {
                 rax,
                 through,
             } => c.returned(call, icount, rax, through)?,
+            Record::Sample(sample) => c.sample(sample)?,
             Record::End {
                 icount, abandoned, ..
             } => {
@@ -520,35 +543,107 @@ impl Converter<'_> {
         Ok(id)
     }
 
+    /// The stack of a trapped call, from its return address at `rsp`.
     fn unwind(&mut self, rsp: u64, rbp: u64, bytes: &[u8]) -> Vec<u64> {
-        let word = |addr: u64| -> Result<u64, ()> {
-            let off = addr.checked_sub(rsp).ok_or(())? as usize;
-            let b = bytes.get(off..off + 8).ok_or(())?;
-            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
-        };
-        let Ok(ra) = word(rsp) else {
+        let Some(ra) = word_at(bytes, rsp, rsp) else {
             return Vec::new();
         };
-        let mut frames = vec![ra];
-        let mut regs = UnwindRegsX86_64::new(ra, rsp + 8, rbp);
-        let mut read = word;
-        let mut at = ra;
+        let regs = UnwindRegsX86_64::new(ra, rsp + 8, rbp);
+        self.unwind_from(FrameAddress::from_return_address(ra), regs, bytes, rsp)
+    }
+
+    /// Frames from `first` (kept) outwards, reading the stack copied from
+    /// `copied_at`.
+    fn unwind_from(
+        &mut self,
+        first: Option<FrameAddress>,
+        mut regs: UnwindRegsX86_64,
+        bytes: &[u8],
+        copied_at: u64,
+    ) -> Vec<u64> {
+        let Some(mut address) = first else {
+            return Vec::new();
+        };
+        let mut frames = vec![address.address()];
+        let mut read = |addr: u64| word_at(bytes, copied_at, addr).ok_or(());
         while frames.len() < MAX_FRAMES {
-            let Some(address) = FrameAddress::from_return_address(at) else {
-                break;
-            };
             match self
                 .unwinder
                 .unwind_frame(address, &mut regs, &mut self.cache, &mut read)
             {
                 Ok(Some(next)) if next != 0 => {
                     frames.push(next);
-                    at = next;
+                    match FrameAddress::from_return_address(next) {
+                        Some(a) => address = a,
+                        None => break,
+                    }
                 }
                 _ => break,
             }
         }
         frames
+    }
+
+    /// A CPU sample of the traced process: the interrupted instruction,
+    /// then (in the kernel) the user instruction the kernel entered
+    /// from, then the user stack's return addresses.
+    fn sample(&mut self, s: raw::Sample) -> Result<(), VmError> {
+        if self.ended || self.traced_space != Some(space_of(s.cr3)) {
+            return Ok(());
+        }
+        if s.fs_base == 0 && s.rip >> 63 == 1 {
+            // A kernel thread (or the idle task) running on the traced
+            // process's page tables, which it borrowed: not the process.
+            self.counts.samples_elsewhere += 1;
+            return Ok(());
+        }
+        let tid = self.thread(s.fs_base, s.icount)?;
+        let time = self.time(s.icount);
+        if !self.profiling {
+            self.profiling = true;
+            let hz = self.input.profile_hz.unwrap_or(0);
+            self.emit(
+                tid,
+                &Event::ProfileStart {
+                    time,
+                    hz,
+                    signal: 0,
+                },
+            )?;
+        }
+        let mut frames = Vec::new();
+        if s.rip >> 63 == 1 {
+            frames.push(s.rip);
+        }
+        if s.user_rip != 0 {
+            let regs = UnwindRegsX86_64::new(s.user_rip, s.user_rsp, s.user_rbp);
+            let first = if frames.is_empty() {
+                Some(FrameAddress::from_instruction_pointer(s.user_rip))
+            } else {
+                // Where a system call or a fault returns to.
+                FrameAddress::from_return_address(s.user_rip)
+            };
+            frames.extend(self.unwind_from(first, regs, &s.stack, s.user_rsp));
+        }
+        frames.truncate(MAX_FRAMES);
+        let stack = if frames.is_empty() {
+            0
+        } else {
+            let (id, new) = self.heap.intern(frames);
+            if let Some(frames) = new {
+                self.emit(tid, &Event::StackDef { id, frames })?;
+            }
+            id
+        };
+        self.counts.samples += 1;
+        self.emit(
+            tid,
+            &Event::Sample {
+                time,
+                stack,
+                periods: 1,
+            },
+        )
     }
 
     /// A mutex's kind from the word peeked at its call; the others' from

@@ -313,6 +313,9 @@ pub struct ReplayRequest {
     pub verify: bool,
     /// Bytes of a user stack copied at each trapped call.
     pub stack_bytes: usize,
+    /// CPU samples per second of the guest's clock, while the traced
+    /// process runs (`trapline run --profile`'s rate, in guest time).
+    pub profile_hz: Option<u32>,
 }
 
 pub struct ReplayOutcome {
@@ -373,7 +376,15 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
     let layout = plan::Layout::new(&m.program, &ran.libraries)?;
     let tmp = TempDir::new()?;
     let plan_path = tmp.0.join("plan");
-    let plan = plan::build(&layout, kernel_symbols.as_deref(), req.stack_bytes)?;
+    let sample_every = req
+        .profile_hz
+        .map(|hz| convert::instructions_per_sample(hz, &m.icount));
+    let plan = plan::build(
+        &layout,
+        kernel_symbols.as_deref(),
+        req.stack_bytes,
+        sample_every,
+    )?;
     std::fs::write(&plan_path, &plan.text).map_err(|e| VmError::cannot_run(e.to_string()))?;
     let rounds = if req.verify { 2 } else { 1 };
     let mut raws = Vec::new();
@@ -472,6 +483,7 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
         kernel_map: kernel_map.as_ref().map(|(p, _)| p.as_path()),
         kernel_symbols: kernel_symbols.as_deref(),
         output: &req.output,
+        profile_hz: req.profile_hz,
     })?;
     Ok(ReplayOutcome {
         converted,

@@ -324,9 +324,13 @@ pub fn build(
     layout: &Layout,
     kernel_symbols: Option<&str>,
     stack_bytes: usize,
+    sample_every: Option<u64>,
 ) -> Result<Plan, VmError> {
     let mut traps: Vec<(u64, Meaning)> = Vec::new();
     let mut text = format!("stack {stack_bytes}\n");
+    if let Some(n) = sample_every {
+        text.push_str(&format!("sample {n}\n"));
+    }
     let entry = {
         let main = &layout.modules[0];
         let file = object::File::parse(&*main.data)

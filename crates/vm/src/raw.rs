@@ -50,6 +50,24 @@ pub enum Record {
         returns: u64,
         abandoned: u64,
     },
+    Sample(Sample),
+}
+
+/// A CPU sample of the traced process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub icount: u64,
+    pub cr3: u64,
+    pub fs_base: u64,
+    /// Where the vCPU was: in user code, or in the kernel.
+    pub rip: u64,
+    /// The user registers (the same in user mode; those the kernel's
+    /// entry saved, or 0 when they could not be read).
+    pub user_rip: u64,
+    pub user_rsp: u64,
+    pub user_rbp: u64,
+    /// The user stack's bytes from `user_rsp` up.
+    pub stack: Vec<u8>,
 }
 
 pub struct Reader<'a> {
@@ -153,6 +171,24 @@ impl<'a> Reader<'a> {
                 returns: self.u64()?,
                 abandoned: self.u64()?,
             }),
+            4 => {
+                let (icount, cr3, fs_base) = (self.u64()?, self.u64()?, self.u64()?);
+                let (rip, _rsp, _rbp) = (self.u64()?, self.u64()?, self.u64()?);
+                let (user_rip, user_rsp, user_rbp) = (self.u64()?, self.u64()?, self.u64()?);
+                let len = self.u32()? as usize;
+                let stack = self.data.get(self.at..self.at + len)?.to_vec();
+                self.at += len;
+                Some(Record::Sample(Sample {
+                    icount,
+                    cr3,
+                    fs_base,
+                    rip,
+                    user_rip,
+                    user_rsp,
+                    user_rbp,
+                    stack,
+                }))
+            }
             _ => None,
         }
     }
@@ -197,6 +233,7 @@ pub fn last_event(data: &[u8]) -> String {
             format!("call {call} returned at guest instruction {icount}")
         }
         Some(Record::End { icount, .. }) => format!("the end, at guest instruction {icount}"),
+        Some(Record::Sample(s)) => format!("a CPU sample at guest instruction {}", s.icount),
         None => "none".into(),
     }
 }
@@ -233,6 +270,9 @@ pub fn first_difference(a: &[u8], b: &[u8]) -> String {
                 }
                 Some(Record::End { icount, .. }) => {
                     format!("the end at guest instruction {icount}")
+                }
+                Some(Record::Sample(s)) => {
+                    format!("a CPU sample at guest instruction {}", s.icount)
                 }
                 None => "nothing".into(),
             };
