@@ -39,13 +39,21 @@ struct RecordArgs {
     /// A kernel module to load in the guest before CMD runs (repeatable).
     #[arg(long = "kernel-module", value_name = "KO")]
     modules: Vec<PathBuf>,
-    /// Another file to carry into the guest, at the same path (repeatable).
+    /// Another file, or a directory with all it holds, to carry into the
+    /// guest at the same path (repeatable). CMD starts in the current
+    /// directory, and its arguments that name files are carried without
+    /// --file.
     #[arg(long = "file", value_name = "PATH")]
     files: Vec<PathBuf>,
-    /// The guest's memory.
+    /// The guest's memory, which also holds every file carried in.
     #[arg(long, default_value_t = 256, value_name = "MIB")]
     memory: u32,
-    /// Stop the guest (and fail, exit 124) after this many seconds.
+    /// Stop CMD after this many seconds of the guest's time (its clock is
+    /// the instruction count; idle time passes at once) with SIGTERM, and
+    /// SIGKILL 10 s later if it is still running, as `trapline run
+    /// --timeout` does; the recording is kept and can be replayed. Exit
+    /// status 124 then. A guest that does not power off within 10 times
+    /// SECONDS of wall time plus 2 minutes is stopped from the host.
     #[arg(long, value_name = "SECONDS", value_parser = crate::run_args::parse_seconds)]
     timeout: Option<f64>,
     /// The command and its arguments.
@@ -115,6 +123,20 @@ fn record(a: RecordArgs) -> ExitCode {
             )
         }
     };
+    let cwd = match std::env::current_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            return fail(
+                "record",
+                VmError::usage(format!("the current directory: {e}")),
+            )
+        }
+    };
+    let files = a
+        .files
+        .iter()
+        .map(|f| trapline_vm::guest::absolute(f, &cwd))
+        .collect();
     let req = RecordRequest {
         output: a.output.clone(),
         program,
@@ -125,14 +147,19 @@ fn record(a: RecordArgs) -> ExitCode {
             .collect(),
         kernel: a.kernel,
         kernel_allocs: a.kernel_allocs,
-        files: absolute(a.files),
+        files,
         modules: absolute(a.modules),
+        cwd,
         memory_mb: a.memory,
         timeout: a.timeout.map(Duration::from_secs_f64),
+        warn: |w| eprintln!("==trapline== warning: {w}"),
     };
     match trapline_vm::record(&req) {
         Ok(done) => {
-            print!("{}", done.output);
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(&done.stdout);
+            let _ = std::io::stdout().flush();
+            let _ = std::io::stderr().write_all(&done.stderr);
             let m = &done.manifest;
             eprintln!(
                 "==trapline== recorded {} in a guest: {:.1} s, {} bytes of replay log; exit status {}",
@@ -145,6 +172,18 @@ fn record(a: RecordArgs) -> ExitCode {
                 "==trapline== next: trapline vm replay {} -o TRACE",
                 a.output.display()
             );
+            if !done.stopped.is_empty() {
+                eprintln!(
+                    "==trapline== the command was stopped by --timeout after {} s of guest time ({}); the recording is complete: replay it (if it hung on a lock, see trapline deadlocks TRACE)",
+                    a.timeout.unwrap_or_default(),
+                    done.stopped
+                        .iter()
+                        .map(|s| format!("SIG{s}"))
+                        .collect::<Vec<_>>()
+                        .join(", then ")
+                );
+                return ExitCode::from(trapline_vm::EXIT_TIMED_OUT);
+            }
             ExitCode::from((m.exit_status & 0xff) as u8)
         }
         Err(e) => fail("record", e),
@@ -208,6 +247,12 @@ fn replay(a: ReplayArgs) -> ExitCode {
             );
             if a.profile.is_some() {
                 eprintln!("==trapline== {} CPU samples", c.samples);
+            }
+            if let Some(secs) = done.manifest.stopped_after_seconds {
+                eprintln!(
+                    "==trapline== the command was stopped by --timeout after {secs} s of guest time (exit status {})",
+                    done.manifest.exit_status
+                );
             }
             eprintln!("==trapline== trace: {}", a.output.display());
             ExitCode::SUCCESS

@@ -175,9 +175,10 @@ fn a_kernel_modules_leaks_are_reported_with_its_function() {
 }
 
 /// Bad input: an existing recording directory, a static program, no QEMU,
-/// an old QEMU, a damaged or incomplete recording, a program that never
-/// exits, a guest that panics. Each gets its status and a clear message,
-/// and no QEMU is left running.
+/// an old QEMU, a damaged or incomplete recording, a guest that panics.
+/// Each gets its status and a clear message, and no QEMU is left running.
+/// A program that never exits is stopped at --timeout (exit 124) with its
+/// recording kept, which replays.
 #[test]
 fn bad_input_gets_clear_errors() {
     let dir = TestDir::new("vm_bad_input");
@@ -296,14 +297,33 @@ fn bad_input_gets_clear_errors() {
         missing.stderr
     );
 
+    // A program that never exits is stopped by the guest at --timeout, in
+    // guest time, and its recording is complete.
     let forever = compile_c(&dir, "vm_forever.c");
     let stopped = record(&dir, "forever", &["--timeout", "20"], &forever);
     assert_eq!(stopped.code(), 124, "{}", stopped.describe());
-    assert!(stopped.stderr.contains("--timeout"), "{}", stopped.stderr);
-    assert!(!dir.path().join("forever/replay.bin").exists());
+    assert!(
+        stopped
+            .stderr
+            .contains("stopped by --timeout after 20 s of guest time (SIGTERM)"),
+        "{}",
+        stopped.stderr
+    );
     assert!(
         !qemu_running_in(dir.path()),
         "QEMU left running after --timeout"
+    );
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("forever/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["exit_status"], 128 + 15, "{}", pretty(&manifest));
+    let replayed = vm(&dir, &["replay", "forever", "-o", "forever.trace"]);
+    assert_eq!(replayed.code(), 0, "{}", replayed.describe());
+    let text = leaks_text(&dir.path().join("forever.trace"), &[]);
+    assert!(
+        text.contains("Exit: killed by signal 15 (SIGTERM)"),
+        "{text}"
     );
 
     let panics = compile_c(&dir, "vm_panic.c");
@@ -328,4 +348,91 @@ fn qemu_running_in(dir: &Path) -> bool {
             let text = String::from_utf8_lossy(&cmdline);
             text.contains("qemu-system") && text.contains(&needle)
         })
+}
+
+/// The command starts in the host's directory, with the file its relative
+/// argument names and a `--file` directory tree (a nested file, a link in
+/// it) carried in; its stdout and stderr are not a terminal and stay apart,
+/// byte for byte, and its exit status is its own. Files that would not fit
+/// in the guest's memory, and a missing --file, are refused before a boot.
+#[test]
+fn a_guest_has_the_hosts_directory_files_and_no_terminal() {
+    let dir = TestDir::new("vm_files");
+    let program = compile_c(&dir, "vm_files.c");
+    let program = program.to_str().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    std::fs::write(dir.path().join("data/in.txt"), "relative\n").unwrap();
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("a/b")).unwrap();
+    std::fs::write(tree.join("a/b/nested.txt"), "nested\n").unwrap();
+    std::os::unix::fs::symlink("a/b/nested.txt", tree.join("link")).unwrap();
+    let nested = tree.join("a/b/nested.txt");
+    let nested = nested.to_str().unwrap();
+    let kernel = guest_kernel().image.to_string_lossy().into_owned();
+    let tree_arg = tree.to_str().unwrap();
+    let args = [
+        "record",
+        "-o",
+        "rec",
+        "--kernel",
+        &kernel,
+        "--file",
+        tree_arg,
+        "--",
+        program,
+        "data/in.txt",
+        nested,
+        "tree/link",
+    ];
+    let recorded = vm(&dir, &args);
+    assert_eq!(recorded.code(), 3, "{}", recorded.describe());
+    let cwd = dir.path().canonicalize().unwrap();
+    assert_eq!(
+        recorded.stdout,
+        format!(
+            "cwd {}\nisatty(1)=0 isatty(2)=0\ndata/in.txt: relative\n{nested}: nested\ntree/link: nested\nend",
+            cwd.display()
+        )
+    );
+    assert!(
+        recorded
+            .stderr
+            .starts_with("to stderr\n==trapline== recorded rec"),
+        "{}",
+        recorded.stderr
+    );
+    let replayed = vm(&dir, &["replay", "rec", "-o", "files.trace"]);
+    assert_eq!(replayed.code(), 0, "{}", replayed.describe());
+
+    let missing = vm(
+        &dir,
+        &[
+            "record",
+            "-o",
+            "missing",
+            "--file",
+            "no-such-dir",
+            "--",
+            program,
+        ],
+    );
+    assert_eq!(missing.code(), 2, "{}", missing.describe());
+    assert!(
+        missing.stderr.contains("--file ") && missing.stderr.contains("no-such-dir: No such file"),
+        "{}",
+        missing.stderr
+    );
+    let small = vm(
+        &dir,
+        &["record", "-o", "small", "--memory", "64", "--", program],
+    );
+    assert_eq!(small.code(), 2, "{}", small.describe());
+    assert!(
+        small
+            .stderr
+            .contains("--memory 64 is too little, give --memory 192 or more"),
+        "{}",
+        small.stderr
+    );
+    assert!(!dir.path().join("missing").exists() && !dir.path().join("small").exists());
 }

@@ -74,16 +74,32 @@ pub struct RecordRequest {
     pub argv: Vec<String>,
     pub kernel: Option<PathBuf>,
     pub kernel_allocs: bool,
+    /// `--file`s, absolute: regular files and directory trees.
     pub files: Vec<PathBuf>,
     pub modules: Vec<PathBuf>,
+    /// The host's current directory, absolute: the command starts there in
+    /// the guest, and its file arguments are found from it.
+    pub cwd: PathBuf,
     pub memory_mb: u32,
+    /// Guest time after which the guest's `/init` stops the command.
     pub timeout: Option<Duration>,
+    /// Told what is left out of the guest, before it boots.
+    pub warn: fn(&str),
 }
 
 pub struct RecordOutcome {
     pub manifest: Manifest,
-    /// What the program wrote to the guest's console.
-    pub output: String,
+    /// What the command wrote to its stdout and its stderr.
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// The signals `--timeout` sent it ("TERM", then "KILL"), if it did.
+    pub stopped: Vec<String>,
+}
+
+/// The wall-clock bound of a recording with `--timeout` (guest time): a
+/// guest that never powers off is stopped from the host.
+pub fn wall_limit(timeout: Duration) -> Duration {
+    timeout * 10 + Duration::from_secs(120)
 }
 
 /// The newest kernel in /boot.
@@ -141,23 +157,31 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
             kernel.display()
         )));
     }
-    for f in req.files.iter().chain(&req.modules) {
+    for f in &req.modules {
         if !f.is_file() {
             return Err(VmError::usage(format!("{}: no such file", f.display())));
         }
     }
-    let qemu = qemu::binary()?;
-    let qemu_version = qemu::version(&qemu)?;
     let marker = marker();
     let spec = guest::Guest {
         program: &req.program,
         argv: &req.argv,
         files: &req.files,
         modules: &req.modules,
+        cwd: &req.cwd,
+        timeout: req.timeout,
         kernel_symbols: req.kernel_allocs,
         marker: &marker,
     };
-    let initramfs = guest::initramfs(&spec)?;
+    let contents = guest::Contents::of(&spec)?;
+    for w in &contents.warnings {
+        (req.warn)(w);
+    }
+    qemu::check_fits(contents.size(), req.memory_mb)?;
+    let qemu = qemu::binary()?;
+    let qemu_version = qemu::version(&qemu)?;
+    let initramfs = guest::initramfs(&spec, &contents)?;
+    qemu::check_fits(initramfs.len() as u64, req.memory_mb)?;
     std::fs::create_dir_all(dir).map_err(|e| VmError::usage(format!("{}: {e}", dir.display())))?;
     let write = |name: &str, data: &[u8]| {
         std::fs::write(dir.join(name), data)
@@ -175,15 +199,16 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
         symbols: req.kernel_allocs.then_some(symbols.as_path()),
     };
     let log = dir.join(recording::REPLAY_LOG);
+    let wall = req.timeout.map(wall_limit);
     if req.kernel_allocs {
-        dump_kernel_symbols(&qemu, &kernel, dir, req.timeout)?;
+        dump_kernel_symbols(&qemu, &kernel, dir, wall)?;
     }
     let started = Instant::now();
     let child = qemu::command(&qemu, &machine, Some(("record", &log)))
         .spawn()
         .map_err(|e| VmError::cannot_run(format!("{}: {e}", qemu.display())))?;
-    let finished = qemu::wait(child, req.timeout, started);
-    let text = std::fs::read_to_string(&console).unwrap_or_default();
+    let finished = qemu::wait(child, wall, started);
+    let text = std::fs::read(&console).unwrap_or_default();
     let ran = console::parse(&text, &marker);
     let fail = |message: String, code: u8| {
         // A recording that did not end is no recording: its log goes, the
@@ -197,9 +222,9 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
     if finished.timed_out {
         return Err(fail(
             format!(
-                "the guest did not finish within --timeout ({:.0} s): QEMU was stopped{}",
-                req.timeout.unwrap_or_default().as_secs_f64(),
-                if ran.pid.is_some() {
+                "the guest did not power off within {:.0} s of wall time (10 times --timeout, plus 2 minutes): QEMU was stopped{}",
+                wall.unwrap_or_default().as_secs_f64(),
+                if ran.pid.is_some() && ran.exit_status.is_none() {
                     ", the command had not exited"
                 } else {
                     ""
@@ -247,13 +272,17 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
         replay_log_bytes: log_bytes,
         replay_log_crc32: log_crc,
         initramfs_crc32: crc32fast::hash(&initramfs),
-        console_crc32: crc32fast::hash(text.as_bytes()),
+        console_crc32: crc32fast::hash(&text),
+        stopped_after_seconds: (!ran.stopped.is_empty())
+            .then(|| req.timeout.unwrap_or_default().as_secs_f64()),
     };
     let json = serde_json::to_string_pretty(&manifest).expect("serializable");
     write(recording::MANIFEST, json.as_bytes())?;
     Ok(RecordOutcome {
         manifest,
-        output: ran.output,
+        stdout: ran.stdout,
+        stderr: ran.stderr,
+        stopped: ran.stopped,
     })
 }
 
@@ -266,7 +295,7 @@ fn dump_kernel_symbols(
     timeout: Option<Duration>,
 ) -> Result<(), VmError> {
     let initramfs = dir.join("symbols-initramfs.cpio");
-    let archive = guest::archive(&[], guest::SYMBOLS_INIT)?;
+    let archive = guest::archive(guest::SYMBOLS_INIT)?;
     std::fs::write(&initramfs, archive)
         .map_err(|e| VmError::usage(format!("{}: {e}", initramfs.display())))?;
     let console = dir.join("symbols-console.log");
@@ -292,7 +321,7 @@ fn dump_kernel_symbols(
         return Err(VmError::cannot_run(format!(
             "the boot that dumps the kernel's symbols failed{}: {}; its console is in {}",
             if finished.timed_out {
-                " (--timeout)"
+                " (it did not end in time)"
             } else {
                 ""
             },
@@ -365,8 +394,8 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
     }
     let qemu = qemu::binary()?;
     qemu::version(&qemu)?;
-    let console_text = std::fs::read_to_string(rec.path(recording::CONSOLE))
-        .map_err(|e| VmError::damaged(e.to_string()))?;
+    let console_text =
+        std::fs::read(rec.path(recording::CONSOLE)).map_err(|e| VmError::damaged(e.to_string()))?;
     let ran = console::parse(&console_text, &m.marker);
     let kernel_symbols = if m.kernel_allocs {
         Some(recording::all_kernel_symbols(&rec)?)
@@ -441,7 +470,7 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
             };
             return Err(VmError::cannot_run(why));
         }
-        let replayed = std::fs::read_to_string(&console).unwrap_or_default();
+        let replayed = std::fs::read(&console).unwrap_or_default();
         if replayed != console_text {
             return Err(VmError::damaged(format!(
                 "the replay diverged from its recording: {} (last event: {last})",

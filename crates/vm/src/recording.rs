@@ -44,6 +44,10 @@ pub struct Manifest {
     pub replay_log_crc32: u32,
     pub initramfs_crc32: u32,
     pub console_crc32: u32,
+    /// The guest seconds after which `--timeout` stopped the command, when
+    /// it did (its exit status is then the signal's, 128 + N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_after_seconds: Option<f64>,
 }
 
 fn clock_before_it_was_kept() -> String {
