@@ -24,15 +24,18 @@ struct Both {
     guest_addresses: HashMap<String, String>,
 }
 
-fn host_and_guest(name: &str, source: &str, args: &[&str]) -> Both {
+/// `flags` go to both `trapline run` and `trapline vm record`.
+fn host_and_guest(name: &str, source: &str, flags: &[&str], args: &[&str]) -> Both {
     let dir = TestDir::new(name);
     let program = compile_c(&dir, source);
-    let host = run(&dir, &[], &program, args);
+    let host = run(&dir, flags, &program, args);
     let recorded = {
         let kernel = guest_kernel();
         let image = kernel.image.to_string_lossy().into_owned();
         let program = program.to_string_lossy().into_owned();
-        let mut a = vec!["record", "-o", "rec", "--kernel", &image, "--", &program];
+        let mut a = vec!["record", "-o", "rec", "--kernel", &image];
+        a.extend_from_slice(flags);
+        a.extend_from_slice(&["--", &program]);
         a.extend_from_slice(args);
         vm(&dir, &a)
     };
@@ -111,7 +114,7 @@ fn normalized(v: &Value, names: &HashMap<String, String>, ignored: &[&str]) -> V
 /// contention depends on the host's scheduling, so it is left out there.
 #[test]
 fn a_replayed_guest_has_the_hosts_lock_profile() {
-    let both = host_and_guest("vm_lock_contention", "lock_contention.c", &[]);
+    let both = host_and_guest("vm_lock_contention", "lock_contention.c", &[], &[]);
     let host = analysis_json("locks", &both.host);
     let guest = analysis_json("locks", &both.guest);
     assert_eq!(guest["has_lock_events"], json!(true));
@@ -172,7 +175,7 @@ fn a_replayed_guest_has_the_hosts_lock_profile() {
 /// an error-checking relock, each with its stacks, as on the host.
 #[test]
 fn a_replayed_guest_has_the_hosts_lock_misuse() {
-    let both = host_and_guest("vm_lock_misuse", "lock_misuse.c", &["errors"]);
+    let both = host_and_guest("vm_lock_misuse", "lock_misuse.c", &[], &["errors"]);
     let host = analysis_json("deadlocks", &both.host);
     let guest = analysis_json("deadlocks", &both.guest);
     // lock_misuse.c prints no addresses: each error's stacks name its lock.
@@ -202,7 +205,7 @@ fn a_replayed_guest_has_the_hosts_lock_misuse() {
 /// locks, each edge by its own thread, with the host's stacks.
 #[test]
 fn a_replayed_guest_has_the_hosts_three_lock_cycle() {
-    let both = host_and_guest("vm_lock_ring", "lock_ring.c", &["3"]);
+    let both = host_and_guest("vm_lock_ring", "lock_ring.c", &[], &["3"]);
     let host = analysis_json("deadlocks", &both.host);
     let guest = analysis_json("deadlocks", &both.guest);
     let ignored = ["address", "process", "trace"];
@@ -216,5 +219,50 @@ fn a_replayed_guest_has_the_hosts_three_lock_cycle() {
             .map(|e| e["thread"].to_string())
             .collect();
     assert_eq!(threads.len(), 3, "{}", pretty(&guest));
+    assert_eq!(guest["errors"], json!([]));
+}
+
+/// lock_deadlock.c hangs in an ABBA deadlock: stopped by --timeout on the
+/// host and in the guest (guest time there, the recording kept), its
+/// replay has the host's actual deadlock: each thread waiting for the
+/// lock the other took, at the host's functions and lines.
+#[test]
+fn a_replayed_guest_that_hung_has_the_hosts_actual_deadlock() {
+    let both = host_and_guest(
+        "vm_lock_deadlock",
+        "lock_deadlock.c",
+        &["--timeout", "3"],
+        &[],
+    );
+    let host = analysis_json("deadlocks", &both.host);
+    let guest = analysis_json("deadlocks", &both.guest);
+    assert_eq!(
+        process_exit(&guest),
+        &json!({"signal": 15}),
+        "{}",
+        pretty(&guest)
+    );
+    let ignored = [
+        "address",
+        "process",
+        "trace",
+        "held_by",
+        "waits_for",
+        "lock",
+    ];
+    let want = normalized(&host["actual_deadlocks"], &both.host_addresses, &ignored);
+    assert_eq!(want.as_array().map(Vec::len), Some(1), "{}", pretty(&host));
+    assert_eq!(
+        normalized(&guest["actual_deadlocks"], &both.guest_addresses, &ignored),
+        want,
+        "guest:\n{}",
+        pretty(&guest)
+    );
+    // Who waits for whom: each thread for the other.
+    let threads = as_array(&as_array(&guest, "actual_deadlocks")[0], "threads");
+    assert_eq!(threads.len(), 2, "{}", pretty(&guest));
+    assert_eq!(threads[0]["held_by"], threads[1]["thread"]);
+    assert_eq!(threads[1]["held_by"], threads[0]["thread"]);
+    assert_eq!(guest["cycles"], json!([]));
     assert_eq!(guest["errors"], json!([]));
 }
