@@ -12,14 +12,18 @@
 # few dozen allocations), bench/src/threads_pairs.c with PAIRS
 # malloc+free pairs, and tests/fixtures/vm_kleak_writer.c recorded with
 # --kernel-allocs and the kleak module (built here against the kernel's
-# headers), whose replay traps the kernel's allocator too. KVM is tried once: the row says why when the host
-# cannot run a guest under it. Wall seconds of each; the recording's size
-# per guest second (the guest's uptime at power-off, from its console).
+# headers), whose replay traps the kernel's allocator too, and an idle
+# guest (/bin/sleep IDLE: the log's growth per guest second when nothing
+# runs). Each replay is also run with `--profile` (the CPU sampler; the
+# allocator and pthread traps are always on). KVM is tried once: the row
+# says why when the host cannot run a guest under it. Wall seconds of
+# each, and each replay's ratio to its record; the recording's size per
+# guest second (the guest's uptime at power-off, from its console).
 # Appends rows to bench/results.jsonl.
 #
 #   bench/vm.sh        (release build of this tree)
 #
-# Knobs (environment): ROUNDS=3, PAIRS=20000.
+# Knobs (environment): ROUNDS=3, PAIRS=20000, IDLE=20.
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -27,6 +31,7 @@ ROOT=$(cd "$BENCH_DIR/.." && pwd)
 WORK=$BENCH_DIR/work/vm
 ROUNDS=${ROUNDS:-3}
 PAIRS=${PAIRS:-20000}
+IDLE=${IDLE:-20}
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
@@ -37,6 +42,7 @@ QEMU=$(command -v qemu-system-x86_64)
 gcc -O2 -g -o "$WORK/leaks" "$ROOT/tests/fixtures/leaks.c"
 gcc -O2 -g -pthread -o "$WORK/pairs" "$BENCH_DIR/src/threads_pairs.c"
 gcc -O2 -g -o "$WORK/kernel" "$ROOT/tests/fixtures/vm_kleak_writer.c"
+ln -sf /bin/sleep "$WORK/idle"
 KERNEL_IMAGE=$(ls /boot/vmlinuz-* | sort -V | tail -1)
 cp "$ROOT/tests/fixtures/vm_kleak/kleak.c" "$ROOT/tests/fixtures/vm_kleak/Kbuild" "$WORK/"
 make -s -C "/lib/modules/${KERNEL_IMAGE#/boot/vmlinuz-}/build" M="$WORK" modules >&2
@@ -66,10 +72,10 @@ wall() { # prints the wall seconds of a command
 
 results=$WORK/results.txt
 : >"$results"
-declare -A args=([leaks]="" [pairs]="$PAIRS 1" [kernel]="")
-declare -A record_flags=([leaks]="" [pairs]="" [kernel]="--kernel-allocs --kernel-module $WORK/kleak.ko")
+declare -A args=([leaks]="" [pairs]="$PAIRS 1" [kernel]="" [idle]="$IDLE")
+declare -A record_flags=([leaks]="" [pairs]="" [kernel]="--kernel-allocs --kernel-module $WORK/kleak.ko" [idle]="")
 for round in $(seq "$ROUNDS"); do
-    for prog in leaks pairs kernel; do
+    for prog in leaks pairs kernel idle; do
         rec=$WORK/rec-$prog-$round
         # shellcheck disable=SC2086
         echo "$prog native $(wall "$WORK/$prog" ${args[$prog]})" >>"$results"
@@ -83,6 +89,7 @@ for round in $(seq "$ROUNDS"); do
         echo "$prog replay $(wall "$QEMU" "${MACHINE[@]}" -accel tcg -icount "shift=3,sleep=off,rr=replay,rrfile=$rec/replay.bin")" >>"$results"
         grep -q "EXIT 0" "$WORK/console.out"
         echo "$prog trapline_replay $(wall "$TRAPLINE" vm replay "$rec" -o "$WORK/$prog.trace")" >>"$results"
+        echo "$prog trapline_replay_profile $(wall "$TRAPLINE" vm replay "$rec" --profile -o "$WORK/$prog.profile.trace")" >>"$results"
         uptime=$(tr -d '\r' <"$rec/console.log" | sed -n 's/^\[ *\([0-9.]*\)\].*Power down.*/\1/p' | tail -1)
         bytes=$(stat -c %s "$rec/replay.bin")
         echo "$prog guest_seconds $uptime" >>"$results"
@@ -103,7 +110,7 @@ fi
 CPU=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | sed -n 1p)
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD)
 QEMU_VERSION=$("$QEMU" --version | head -1)
-CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS QEMU_VERSION=$QEMU_VERSION PYTHONPATH=$BENCH_DIR \
+CPU=$CPU COMMIT=$COMMIT PAIRS=$PAIRS IDLE=$IDLE QEMU_VERSION=$QEMU_VERSION PYTHONPATH=$BENCH_DIR \
     python3 - "$results" "$ROOT/bench/results.jsonl" <<'PY'
 import json, os, statistics, sys
 import loop_times
@@ -123,6 +130,7 @@ workloads = {
     "leaks": "leaks.c (62 allocations) in a QEMU guest, whole-system record and replay (bench/vm.sh)",
     "pairs": f"threads_pairs.c, {pairs:,} malloc+free pairs, in a QEMU guest, whole-system record and replay (bench/vm.sh)",
     "kernel": "vm_kleak_writer.c and the kleak module in a QEMU guest, recorded with --kernel-allocs (the record includes the boot that dumps the kernel's symbols) (bench/vm.sh)",
+    "idle": f"/bin/sleep {os.environ['IDLE']} in a QEMU guest: an idle guest, whole-system record and replay (bench/vm.sh)",
 }
 names = {
     "native": "native on the host",
@@ -131,11 +139,13 @@ names = {
     "record": "trapline vm record",
     "replay": "QEMU rr=replay, no plugin",
     "trapline_replay": "trapline vm replay (plugin and conversion)",
+    "trapline_replay_profile": "trapline vm replay --profile (CPU samples too)",
 }
 with open(sys.argv[2], "a") as out:
     for prog, workload in workloads.items():
         r = runs[prog]
         base = statistics.median(r["tcg"])
+        record = statistics.median(r["record"])
         for key, name in names.items():
             secs = r[key]
             row = {**stamp, "workload": workload, "qemu": os.environ["QEMU_VERSION"],
@@ -143,6 +153,8 @@ with open(sys.argv[2], "a") as out:
                    "median_s": round(statistics.median(secs), 3)}
             if key not in ("native", "tcg"):
                 row["ratio_to_plain_tcg"] = round(statistics.median(secs) / base, 2)
+            if key.startswith("trapline_replay"):
+                row["ratio_to_record"] = round(statistics.median(secs) / record, 2)
             if key == "record":
                 log = statistics.median(r["log_bytes"])
                 guest = statistics.median(r["guest_seconds"])
