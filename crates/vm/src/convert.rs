@@ -812,35 +812,30 @@ impl Converter<'_> {
                         wait_ns,
                         stack,
                     }
-                } else if active.at_call == AtCall::Relock {
-                    LockEvent::Misuse {
+                } else {
+                    let refused = LockEvent::Misuse {
                         time,
                         addr,
                         kind,
                         misuse: LockMisuse::Refused,
                         errno: r,
                         stack,
-                    }
-                } else {
-                    if r == EDEADLK {
-                        let refused = LockEvent::Misuse {
+                    };
+                    if active.at_call == AtCall::Relock {
+                        refused
+                    } else {
+                        if r == EDEADLK {
+                            self.lock_event(tid, refused)?;
+                        }
+                        LockEvent::Failed {
                             time,
                             addr,
                             kind,
-                            misuse: LockMisuse::Refused,
+                            mode,
+                            op,
                             errno: r,
                             stack,
-                        };
-                        self.lock_event(tid, refused)?;
-                    }
-                    LockEvent::Failed {
-                        time,
-                        addr,
-                        kind,
-                        mode,
-                        op,
-                        errno: r,
-                        stack,
+                        }
                     }
                 }
             }
