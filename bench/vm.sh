@@ -53,9 +53,10 @@ machine() {
     local rec=$1
     local kernel
     kernel=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kernel"])' "$rec/manifest.json")
+    kernel_args=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["kernel_args"])' "$rec/manifest.json")
     MACHINE=(-nodefaults -no-user-config -machine pc -smp 1 -m 256 -display none -monitor none
         -no-reboot -kernel "$kernel" -initrd "$rec/initramfs.cpio"
-        -append "console=ttyS0 loglevel=1 nokaslr panic=-1 rdinit=/init"
+        -append "$kernel_args"
         -serial "file:$WORK/console.out")
     if [ -e "$rec/modules.kallsyms.gz" ]; then
         MACHINE+=(-serial "file:$WORK/symbols.out")

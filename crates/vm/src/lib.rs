@@ -193,6 +193,7 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
     let machine = qemu::Machine {
         kernel: &kernel,
         icount: qemu::ICOUNT,
+        kernel_args: qemu::KERNEL_ARGS,
         initramfs: &dir.join(recording::INITRAMFS),
         memory_mb: req.memory_mb,
         console: &console,
@@ -262,6 +263,7 @@ pub fn record(req: &RecordRequest) -> Result<RecordOutcome, VmError> {
         kernel: kernel.canonicalize().unwrap_or(kernel),
         memory_mb: req.memory_mb,
         icount: qemu::ICOUNT.into(),
+        kernel_args: qemu::KERNEL_ARGS.into(),
         program: req.program.clone(),
         argv: req.argv.clone(),
         kernel_allocs: req.kernel_allocs,
@@ -303,6 +305,7 @@ fn dump_kernel_symbols(
     let machine = qemu::Machine {
         kernel,
         icount: qemu::ICOUNT,
+        kernel_args: qemu::KERNEL_ARGS,
         initramfs: &initramfs,
         memory_mb: 256,
         console: &console,
@@ -425,6 +428,7 @@ pub fn replay(req: &ReplayRequest) -> Result<ReplayOutcome, VmError> {
         let machine = qemu::Machine {
             kernel: &m.kernel,
             icount: &m.icount,
+            kernel_args: &m.kernel_args,
             initramfs: &rec.path(recording::INITRAMFS),
             memory_mb: m.memory_mb,
             console: &console,

@@ -31,6 +31,9 @@ pub struct Manifest {
     /// (recordings without it used `shift=auto`).
     #[serde(default = "clock_before_it_was_kept")]
     pub icount: String,
+    /// The kernel's command line, which its replays must use.
+    #[serde(default = "kernel_args_before_they_were_kept")]
+    pub kernel_args: String,
     pub program: PathBuf,
     pub argv: Vec<String>,
     pub kernel_allocs: bool,
@@ -52,6 +55,10 @@ pub struct Manifest {
 
 fn clock_before_it_was_kept() -> String {
     "shift=auto".into()
+}
+
+fn kernel_args_before_they_were_kept() -> String {
+    crate::qemu::KERNEL_ARGS_BEFORE_KEPT.into()
 }
 
 pub fn crc_of(path: &Path) -> Result<(u64, u32), VmError> {
