@@ -286,10 +286,7 @@ impl Contents {
                 continue;
             }
             if let Err(e) = c.file(&at, &source, true) {
-                c.warnings.push(format!(
-                    "{}: not carried into the guest ({e})",
-                    source.display()
-                ));
+                c.left_out(&source, &e);
             }
         }
         for m in guest.modules {
@@ -353,6 +350,14 @@ impl Contents {
         Ok(())
     }
 
+    /// Warns that `path` is not carried, and why.
+    fn left_out(&mut self, path: &Path, why: &dyn std::fmt::Display) {
+        self.warnings.push(format!(
+            "{}: not carried into the guest ({why})",
+            path.display()
+        ));
+    }
+
     fn add(&mut self, at: PathBuf, entry: Entry, explicit: bool) {
         if at == Path::new("/") {
             return;
@@ -385,10 +390,7 @@ impl Contents {
         let read = match std::fs::read_dir(dir) {
             Ok(r) => r,
             Err(e) => {
-                self.warnings.push(format!(
-                    "{}: not carried into the guest ({e})",
-                    dir.display()
-                ));
+                self.left_out(dir, &e);
                 return;
             }
         };
@@ -399,10 +401,7 @@ impl Contents {
             let meta = match std::fs::symlink_metadata(&path) {
                 Ok(m) => m,
                 Err(e) => {
-                    self.warnings.push(format!(
-                        "{}: not carried into the guest ({e})",
-                        path.display()
-                    ));
+                    self.left_out(&path, &e);
                     continue;
                 }
             };
@@ -411,10 +410,7 @@ impl Contents {
                 let target = match std::fs::read_link(&path) {
                     Ok(t) => t,
                     Err(e) => {
-                        self.warnings.push(format!(
-                            "{}: not carried into the guest ({e})",
-                            path.display()
-                        ));
+                        self.left_out(&path, &e);
                         continue;
                     }
                 };
@@ -426,8 +422,7 @@ impl Contents {
                     match std::fs::metadata(&path) {
                         Ok(m) if m.is_file() => {
                             if let Err(e) = self.file(&resolved, &path, false) {
-                                self.warnings
-                                    .push(format!("{}: not carried into the guest ({e})", resolved.display()));
+                                self.left_out(&resolved, &e);
                             }
                         }
                         Ok(m) if m.is_dir() => self.warnings.push(format!(
